@@ -1,0 +1,3 @@
+"""hypic: a serving engine for hybrid-attention LLMs with position-independent caching."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,58 @@
+"""Short causal depthwise convolution over packed sequences, with conv tails.
+
+GDN, KDA and Mamba2 convolve their q/k/v projections with a kernel of width W (4) before the
+recurrence, so the first W−1 tokens of a span read the previous span's last W−1 *raw* inputs.
+A span's ``tail`` is exactly those raw inputs; passing the predecessor's tail as ``initial_tail``
+makes a split computation equal to the unsplit one ("conv warm-up").
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class ConvOutput(NamedTuple):
+    y: Tensor  # [T, D]
+    tail: Tensor  # [N, W-1, D]: each sequence's last W−1 raw inputs, oldest first
+
+
+def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_seqlens: Tensor | None = None,
+                  initial_tail: Tensor | None = None, activation: Literal["silu"] | None = None) -> ConvOutput:
+    """``y_t = act(bias + Σ_w weight[:, w] · x_{t−W+1+w})`` per sequence; x: [T, D], weight: [D, W].
+
+    Inputs before a sequence's start come from ``initial_tail`` [N, W−1, D] (zeros when None).
+    """
+    if not isinstance(x, Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a tensor [T, D], got {getattr(x, 'shape', type(x).__name__)}")
+    T, D = x.shape
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or weight.shape[0] != D:
+        raise ValueError(f"weight: expected shape [{D}, W], got {getattr(weight, 'shape', None)}")
+    if activation not in (None, "silu"):
+        raise ValueError(f"activation: expected None or 'silu', got {activation!r}")
+    W = weight.shape[1]
+    cu = torch.tensor([0, T]) if cu_seqlens is None else cu_seqlens.to(torch.long).cpu()
+    if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {T}")
+    N = len(cu) - 1
+    if initial_tail is None:
+        initial_tail = x.new_zeros(N, W - 1, D)
+    elif tuple(initial_tail.shape) != (N, W - 1, D):
+        raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")
+    dev = x.device
+    lengths = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(N), lengths)
+    # ext packs [tail_i ; x_i] per sequence: sequence i starts at cu[i] + i·(W−1) in ext.
+    ext_pos = torch.arange(T) + (seq + 1) * (W - 1)  # [T] where each token lands in ext
+    tail_pos = (cu[:-1] + torch.arange(N) * (W - 1))[:, None] + torch.arange(W - 1)  # [N, W−1]
+    ext = x.new_empty(T + N * (W - 1), D)
+    ext[ext_pos.to(dev)] = x
+    ext[tail_pos.reshape(-1).to(dev)] = initial_tail.to(x.dtype).reshape(-1, D)
+    y = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(T, D).clone()
+    for w in range(W):
+        y = y + weight[:, w].to(x.dtype) * ext[(ext_pos - (W - 1) + w).to(dev)]
+    new_tail = ext[(tail_pos + lengths[:, None]).reshape(-1).to(dev)].reshape(N, W - 1, D)
+    return ConvOutput(F.silu(y) if activation == "silu" else y, new_tail)

@@ -1,0 +1,91 @@
+"""The one call site for linear-attention prefill: packed varlen sequences, one initial state each,
+outputs, final states and, on request, each sequence's summary ``(T, S)`` from the same pass.
+
+Two backends behind one signature: ``torch`` (chunked PyTorch, any device, every family) and
+``fla`` (flash-linear-attention Triton kernels on CUDA: gdn, kda, scalar). ``auto`` picks fla
+when the tensors are on CUDA and the family has a kernel there.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from hypic.ops.chunk import chunk_linear_attention
+from hypic.ops.family import check_inputs, check_state, get_family
+from hypic.ops.recurrence import Summary, _apply_transition
+
+Backend = Literal["auto", "torch", "fla"]
+FLA_FAMILIES = ("gdn", "kda", "scalar")
+
+
+class LinearOutput(NamedTuple):
+    o: Tensor  # [T, HV, V], input dtype
+    final_state: Tensor  # [N, HV, K, V], fp32 (fp64 for fp64 inputs)
+    summary: Summary | None  # per sequence: transition [N, ...], state [N, HV, K, V]
+
+
+def _check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
+    if cu_seqlens is None:
+        return torch.tensor([0, total], dtype=torch.long)
+    if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
+        raise ValueError("cu_seqlens: expected a 1-D integer tensor [N + 1] of sequence offsets")
+    if cu_seqlens.is_floating_point():
+        raise ValueError(f"cu_seqlens: expected an integer dtype, got {cu_seqlens.dtype}")
+    cu = cu_seqlens.cpu()
+    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {total}")
+    return cu_seqlens
+
+
+def resolve_backend(backend: Backend, family: str, device: torch.device) -> Literal["torch", "fla"]:
+    if backend not in ("auto", "torch", "fla"):
+        raise ValueError(f"backend: expected 'auto', 'torch' or 'fla', got {backend!r}")
+    if backend == "auto":
+        return "fla" if device.type == "cuda" and family in FLA_FAMILIES else "torch"
+    if backend == "fla" and (device.type != "cuda" or family not in FLA_FAMILIES):
+        raise ValueError(f"backend: 'fla' needs CUDA tensors and a family in {FLA_FAMILIES}; "
+                         f"got {family!r} on {device.type}")
+    return backend
+
+
+def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
+                     beta: Tensor | None = None, a: Tensor | None = None, b: Tensor | None = None,
+                     cu_seqlens: Tensor | None = None, initial_state: Tensor | None = None,
+                     scale: float | None = None, output_summary: bool = False,
+                     backend: Backend = "auto") -> LinearOutput:
+    """Chunked prefill over packed sequences (q, k ``[T, H, K]``, v ``[T, HV, V]``, gates per family).
+
+    With ``output_summary`` each sequence's summary is returned too: ``S`` is the state the span
+    builds from zero, ``T`` its transition, so ``final_state = T·initial_state + S``.
+    """
+    fam = get_family(family)
+    dims = check_inputs(fam, q, k, v, g, beta, a, b)
+    cu = _check_cu_seqlens(cu_seqlens, dims.length)
+    num_seqs = len(cu) - 1
+    ct = torch.float64 if k.dtype == torch.float64 else torch.float32
+    if initial_state is not None:
+        check_state("initial_state", initial_state, dims, initial_state.dtype, batch=num_seqs)
+        if not initial_state.is_floating_point():
+            raise ValueError(f"initial_state: expected a floating dtype, got {initial_state.dtype}")
+        initial_state = initial_state.to(ct)
+    scale = dims.key_dim**-0.5 if scale is None else float(scale)
+    matrix = output_summary and fam.transition == "matrix"
+    if resolve_backend(backend, fam.name, k.device) == "fla":
+        from hypic.ops.linear_fla import fla_linear_attention
+
+        o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu.to(k.device), initial_state, scale, matrix)
+    else:
+        o, final = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
+        T = None
+        if matrix:
+            final, T = final[..., : dims.value_dim], final[..., dims.value_dim :]
+    if not output_summary:
+        return LinearOutput(o, final, None)
+    if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence
+        seq = torch.repeat_interleave(torch.arange(num_seqs, device=k.device), (cu[1:] - cu[:-1]).to(k.device))
+        T = g.to(ct).new_zeros(num_seqs, *g.shape[1:]).index_add_(0, seq, g.to(ct))
+    state = final if initial_state is None else final - _apply_transition(fam, T, initial_state)
+    return LinearOutput(o, final, Summary(T, state))
