@@ -7,7 +7,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first: the CPU build (a local file on the dev machines); an unpinned torch pulls CUDA.
-	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.6,<2.15" --index-url https://download.pytorch.org/whl/cpu
+	$(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
