@@ -49,7 +49,7 @@ def _check_tensor(name: str, x: object, shape: tuple[int | None, ...], dtype: to
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
-    if x.dim() != len(shape) or any(d is not None and d != s for d, s in zip(shape, x.shape)):
+    if x.dim() != len(shape) or any(d is not None and d != s for d, s in zip(shape, x.shape, strict=False)):
         raise ValueError(f"{name}: expected shape {want}, got {list(x.shape)}")
     if x.dtype != dtype:
         raise ValueError(f"{name}: dtype {x.dtype} does not match k's dtype {dtype}")

@@ -34,10 +34,10 @@ def _check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
         raise ValueError("cu_seqlens: expected a 1-D integer tensor [N + 1] of sequence offsets")
     if cu_seqlens.is_floating_point():
         raise ValueError(f"cu_seqlens: expected an integer dtype, got {cu_seqlens.dtype}")
-    cu = cu_seqlens.cpu()
+    cu = cu_seqlens.cpu()  # a device sync when given on the GPU: callers pass host offsets
     if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {total}")
-    return cu_seqlens
+    return cu.to(torch.long)
 
 
 def resolve_backend(backend: Backend, family: str, device: torch.device) -> Literal["torch", "fla"]:
@@ -76,7 +76,7 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
     if resolve_backend(backend, fam.name, k.device) == "fla":
         from hypic.ops.linear_fla import fla_linear_attention
 
-        o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu.to(k.device), initial_state, scale, matrix)
+        o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu, initial_state, scale, matrix)
     else:
         o, final = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
         T = None
@@ -85,7 +85,7 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
     if not output_summary:
         return LinearOutput(o, final, None)
     if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence
-        seq = torch.repeat_interleave(torch.arange(num_seqs, device=k.device), (cu[1:] - cu[:-1]).to(k.device))
+        seq = torch.repeat_interleave(torch.arange(num_seqs), cu[1:] - cu[:-1]).to(k.device)
         T = g.to(ct).new_zeros(num_seqs, *g.shape[1:]).index_add_(0, seq, g.to(ct))
     state = final if initial_state is None else final - _apply_transition(fam, T, initial_state)
     return LinearOutput(o, final, Summary(T, state))
