@@ -28,7 +28,7 @@ from fla.ops.kda import chunk_kda  # noqa: E402
 from fla.ops.simple_gla import chunk_simple_gla  # noqa: E402
 from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
-from fla.ops.utils.index import prepare_chunk_indices  # noqa: E402
+from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets  # noqa: E402
 
 CHUNK = 64
 # How the GDN transition pass is scheduled: "stream" overlaps it with the output pass on a side
@@ -47,13 +47,14 @@ def _identity(n: int, heads: int, dim: int, device: torch.device) -> Tensor:
     return torch.eye(dim, dtype=torch.float32, device=device).expand(n, heads, dim, dim).contiguous()
 
 
-def _transition_pass(k: Tensor, w: Tensor, g: Tensor, cu: Tensor, cu_cpu: Tensor, chunks: Tensor) -> Tensor:
+def _transition_pass(k: Tensor, w: Tensor, g: Tensor, cu: Tensor, cu_cpu: Tensor, chunks: Tensor,
+                     offsets: Tensor) -> Tensor:
     """T of every sequence: the state pass with zero values from h0 = I."""
     K, HV, N = k.shape[-1], w.shape[2], len(cu_cpu) - 1
     _, _, T = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=w.new_zeros(*w.shape[:-1], K), g=g,
                                            initial_state=_identity(N, HV, K, k.device), output_final_state=True,
                                            save_new_value=False, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                                           chunk_indices=chunks, chunk_size=CHUNK)
+                                           chunk_indices=chunks, chunk_offsets=offsets, chunk_size=CHUNK)
     return T
 
 
@@ -62,7 +63,10 @@ def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Te
                 with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """q, k [T, H, K], v [T, HV, V], g, beta [T, HV]; returns o, final [N, HV, K, V], T [N, HV, K, K]."""
     q, k, v, beta = (x[None].contiguous() for x in (q, k, v, beta))
+    # Every chunk plan is made here, on the main stream, before the side stream forks: fla caches
+    # them, and a plan first computed on the side stream would be read on main unsynchronised.
     chunks = prepare_chunk_indices(cu, CHUNK, cu_seqlens_cpu=cu_cpu)
+    offsets = prepare_chunk_offsets(cu, CHUNK)
     g = chunk_local_cumsum(g[None].float(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=chunks)
     w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_size=CHUNK,
                                                chunk_indices=chunks)
@@ -71,17 +75,18 @@ def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Te
         main, side = torch.cuda.current_stream(k.device), _side_stream(k.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            T = _transition_pass(k, w, g, cu, cu_cpu, chunks)
+            T = _transition_pass(k, w, g, cu, cu_cpu, chunks, offsets)
     h, v_new, final = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, initial_state=initial_state,
                                                    output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                                                   chunk_indices=chunks, chunk_size=CHUNK)
+                                                   chunk_indices=chunks, chunk_offsets=offsets, chunk_size=CHUNK)
     o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=chunks)
     if with_transition and GDN_T_SCHEDULE == "stream":
         main.wait_stream(side)
-        for x in (k, w, g, T):
+        for x in (k, w, g):  # made on main, read on side
             x.record_stream(side)
+        T.record_stream(main)  # made on side, read on main
     elif with_transition:
-        T = _transition_pass(k, w, g, cu, cu_cpu, chunks)
+        T = _transition_pass(k, w, g, cu, cu_cpu, chunks, offsets)
     return o[0], final, T
 
 
