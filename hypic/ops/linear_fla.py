@@ -2,15 +2,18 @@
 
 GDN runs at the WY level so the summary costs one extra state pass and nothing else: the
 intra-chunk work (``w``, ``u``) is done once, the state pass from ``S_in`` gives the outputs and
-final state, and a second state pass with ``u = 0`` from ``h0 = I`` gives ``T`` (every value
-column evolves on its own, so a zero-value run from the identity is the span's transition).
+final state, and hypic's transition kernel (``triton_transition``) runs the same state recurrence
+with zero values from ``h0 = I`` to give ``T`` (every value column evolves on its own, so a
+zero-value run from the identity is the span's transition), overlapped on a side stream.
 KDA uses the public kernel with values ``[v | 0]`` and ``h0 = [S_in | I]``; scalar decay needs
 no T pass (``T = exp(Σg)``, added by the caller). Imported only when a CUDA call needs it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,7 +31,8 @@ from fla.ops.kda import chunk_kda  # noqa: E402
 from fla.ops.simple_gla import chunk_simple_gla  # noqa: E402
 from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
-from fla.ops.utils.index import prepare_chunk_indices, prepare_chunk_offsets  # noqa: E402
+
+from hypic.ops.triton_transition import gdn_transition  # noqa: E402
 
 CHUNK = 64
 # How the GDN transition pass is scheduled: "stream" overlaps it with the output pass on a side
@@ -43,30 +47,49 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
     return _side_streams[device]
 
 
+class ChunkPlan(NamedTuple):
+    """Where fla's chunks lie, made on the host and copied once, without a device sync (fla's own
+    helpers copy from pageable memory, which synchronises the stream on every call)."""
+
+    cu: Tensor  # [N + 1] sequence offsets
+    indices: Tensor  # [NC, 2] (sequence, chunk within it) of every chunk
+    offsets: Tensor  # [N + 1] first chunk of every sequence
+
+
+@functools.lru_cache(maxsize=64)
+def _chunk_plan(cu_key: tuple[int, ...], device: torch.device) -> ChunkPlan:
+    cu = torch.tensor(cu_key, dtype=torch.long)
+    counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    offsets = torch.cat([cu.new_zeros(1), counts.cumsum(0)])
+    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    within = torch.arange(int(offsets[-1])) - offsets[:-1][seq]
+    host = torch.cat([cu, torch.stack([seq, within], 1).reshape(-1), offsets]).pin_memory()
+    dev = host.to(device, non_blocking=True)
+    n, nc = len(cu), len(seq)
+    return ChunkPlan(dev[:n], dev[n : n + 2 * nc].view(nc, 2), dev[n + 2 * nc :])
+
+
+def chunk_plan(cu_cpu: Tensor, device: torch.device) -> ChunkPlan:
+    return _chunk_plan(tuple(cu_cpu.tolist()), device)
+
+
 def _identity(n: int, heads: int, dim: int, device: torch.device) -> Tensor:
     return torch.eye(dim, dtype=torch.float32, device=device).expand(n, heads, dim, dim).contiguous()
 
 
-def _transition_pass(k: Tensor, w: Tensor, g: Tensor, cu: Tensor, cu_cpu: Tensor, chunks: Tensor,
-                     offsets: Tensor) -> Tensor:
-    """T of every sequence: the state pass with zero values from h0 = I."""
-    K, HV, N = k.shape[-1], w.shape[2], len(cu_cpu) - 1
-    _, _, T = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=w.new_zeros(*w.shape[:-1], K), g=g,
-                                           initial_state=_identity(N, HV, K, k.device), output_final_state=True,
-                                           save_new_value=False, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                                           chunk_indices=chunks, chunk_offsets=offsets, chunk_size=CHUNK)
-    return T
+def _transition_pass(k: Tensor, w: Tensor, g: Tensor, plan: ChunkPlan) -> Tensor:
+    """T of every sequence: the state pass with zero values from h0 = I (hypic's own kernel)."""
+    return gdn_transition(k[0], w[0], g[0], plan.cu, chunk_size=CHUNK)
 
 
-def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Tensor, cu_cpu: Tensor,
+def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: ChunkPlan,
                 initial_state: Tensor | None, scale: float,
                 with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """q, k [T, H, K], v [T, HV, V], g, beta [T, HV]; returns o, final [N, HV, K, V], T [N, HV, K, K]."""
     q, k, v, beta = (x[None].contiguous() for x in (q, k, v, beta))
-    # Every chunk plan is made here, on the main stream, before the side stream forks: fla caches
-    # them, and a plan first computed on the side stream would be read on main unsynchronised.
-    chunks = prepare_chunk_indices(cu, CHUNK, cu_seqlens_cpu=cu_cpu)
-    offsets = prepare_chunk_offsets(cu, CHUNK)
+    # The plan is passed everywhere so that fla never derives (and caches) one itself: a plan first
+    # derived on the side stream would be read on the main stream unsynchronised.
+    cu, chunks, offsets = plan
     g = chunk_local_cumsum(g[None].float(), chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu, chunk_indices=chunks)
     w, u, _ = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu, chunk_size=CHUNK,
                                                chunk_indices=chunks)
@@ -75,10 +98,10 @@ def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Te
         main, side = torch.cuda.current_stream(k.device), _side_stream(k.device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            T = _transition_pass(k, w, g, cu, cu_cpu, chunks, offsets)
+            T = _transition_pass(k, w, g, plan)
     h, v_new, final = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, initial_state=initial_state,
-                                                   output_final_state=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
-                                                   chunk_indices=chunks, chunk_offsets=offsets, chunk_size=CHUNK)
+                                                   output_final_state=True, cu_seqlens=cu, chunk_indices=chunks,
+                                                   chunk_offsets=offsets, chunk_size=CHUNK)
     o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, cu_seqlens=cu, chunk_size=CHUNK, chunk_indices=chunks)
     if with_transition and GDN_T_SCHEDULE == "stream":
         main.wait_stream(side)
@@ -86,7 +109,7 @@ def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Te
             x.record_stream(side)
         T.record_stream(main)  # made on side, read on main
     elif with_transition:
-        T = _transition_pass(k, w, g, cu, cu_cpu, chunks, offsets)
+        T = _transition_pass(k, w, g, plan)
     return o[0], final, T
 
 
@@ -121,9 +144,10 @@ def fla_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor
                          cu_cpu: Tensor, initial_state: Tensor | None, scale: float,
                          with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """cu_cpu: the sequence offsets on the host (no device sync is needed to plan chunks)."""
-    cu = cu_cpu.to(k.device, non_blocking=True)
+    plan = chunk_plan(cu_cpu, k.device)
+    cu = plan.cu
     if fam.name == "gdn":
-        return gdn_forward(q, k, v, g, beta, cu, cu_cpu, initial_state, scale, with_transition)
+        return gdn_forward(q, k, v, g, beta, plan, initial_state, scale, with_transition)
     if fam.name == "kda":
         return kda_forward(q, k, v, g, beta, cu, cu_cpu, initial_state, scale, with_transition)
     return scalar_forward(q, k, v, g, cu, cu_cpu, initial_state, scale)
