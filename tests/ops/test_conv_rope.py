@@ -1,0 +1,81 @@
+"""Short convolution tails across a split; RoPE re-rotation of keys and of linear states."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hypic.ops import recurrence as R
+from hypic.ops.conv import causal_conv1d
+from hypic.ops.rope import apply_rope, rotate_key_axis
+from tests.ops.inputs import family_inputs, token_kwargs
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def _conv_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    W = weight.shape[1]
+    return F.conv1d(F.pad(x.T[None], (W - 1, 0)), weight[:, None, :], groups=x.shape[1])[0].T
+
+
+@pytest.mark.parametrize("split", [1, 2, 3, 4, 17])
+def test_conv_tail_makes_a_split_exact(split: int) -> None:
+    x = torch.randn(40, 6, dtype=torch.float64, generator=GEN)
+    w = torch.randn(6, 4, dtype=torch.float64, generator=GEN)
+    whole = causal_conv1d(x, w, activation="silu")
+    assert torch.allclose(whole.y, F.silu(_conv_reference(x, w)), atol=1e-12)
+    first = causal_conv1d(x[:split], w, activation="silu")
+    second = causal_conv1d(x[split:], w, initial_tail=first.tail, activation="silu")
+    assert torch.allclose(torch.cat([first.y, second.y]), whole.y, atol=1e-12)
+    assert torch.equal(second.tail, whole.tail) and torch.equal(whole.tail[0], x[-3:])
+
+
+def test_conv_varlen_short_sequences_keep_older_tail() -> None:
+    x = torch.randn(12, 5, dtype=torch.float64, generator=GEN)
+    w = torch.randn(5, 4, dtype=torch.float64, generator=GEN)
+    tails = torch.randn(3, 3, 5, dtype=torch.float64, generator=GEN)
+    cu = torch.tensor([0, 1, 1, 12])
+    out = causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails)
+    assert torch.equal(out.tail[0], torch.cat([tails[0, 1:], x[:1]]))  # one new input pushes the oldest out
+    assert torch.equal(out.tail[1], tails[1])  # empty sequence keeps its tail
+    alone = causal_conv1d(x[1:], w, initial_tail=tails[2:])
+    assert torch.allclose(out.y[1:], alone.y, atol=1e-12)
+    with pytest.raises(ValueError, match="initial_tail"):
+        causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails[:2])
+
+
+def test_rope_shift_composes() -> None:
+    """Keys roped at canonical positions then rotated by δ equal keys roped at the shifted positions."""
+    k = torch.randn(20, 3, 16, dtype=torch.float64, generator=GEN)
+    pos = torch.arange(20)
+    canonical = apply_rope(k, pos, rotary_dim=8, theta=10000.0)
+    shifted = rotate_key_axis(canonical, 1234, rotary_dim=8, theta=10000.0)
+    assert torch.allclose(shifted, apply_rope(k, pos + 1234, rotary_dim=8, theta=10000.0), atol=1e-10)
+    assert torch.equal(shifted[..., 8:], k[..., 8:])  # partial rotary: the rest is untouched
+    assert torch.allclose(rotate_key_axis(shifted, -1234, rotary_dim=8, theta=10000.0), canonical, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["linear", "scalar", "deltanet", "gdn"])
+def test_rerotate_moves_a_span_exactly(family: str) -> None:
+    """A span summarized at canonical positions and re-rotated by δ equals the span computed at +δ."""
+    x = family_inputs(family, 50, key_dim=16, seed=9)
+    delta, spec = 777, dict(rotary_dim=8, theta=1e6)
+    pos = torch.arange(50)
+
+    def summarize_at(offset: int) -> R.Summary:
+        k = apply_rope(x["k"], pos + offset, **spec)
+        return R.summarize(family, k, x["v"], **token_kwargs(x))
+
+    moved = R.rerotate(family, summarize_at(0), delta, **spec)
+    direct = summarize_at(delta)
+    assert torch.allclose(moved.state, direct.state, atol=1e-9)
+    if moved.transition is not None:
+        assert torch.allclose(moved.transition, direct.transition, atol=1e-9)
+
+
+def test_rerotate_refuses_per_channel_decay() -> None:
+    x = family_inputs("kda", 5)
+    s = R.summarize("kda", x["k"], x["v"], **token_kwargs(x))
+    with pytest.raises(ValueError, match="family"):
+        R.rerotate("kda", s, 3, rotary_dim=4, theta=1e4)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rotate_key_axis(s.state, 3, rotary_dim=5, theta=1e4)

@@ -1,0 +1,93 @@
+"""The chunked torch kernel (the CPU backend) against the token loop, varlen and with summaries."""
+
+import pytest
+import torch
+
+from hypic.ops import recurrence as R
+from hypic.ops.family import FAMILIES
+from hypic.ops.linear import linear_attention
+from tests.ops.inputs import family_inputs, token_kwargs
+
+LENGTHS = [1, 3, 63, 64, 65, 500]
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300)).item()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_chunked_varlen_matches_run(family: str) -> None:
+    """Packed sequences of every test length, GVA (2 key heads, 4 value heads), each with its own S_in."""
+    cu = torch.tensor([0, *LENGTHS]).cumsum(0)
+    x = family_inputs(family, int(cu[-1]), heads=2, value_heads=4, seed=11)
+    s0 = torch.randn(len(LENGTHS), 4, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x32 = {n: t.float() for n, t in x.items()}
+    out = linear_attention(family, x32["q"], x32["k"], x32["v"], **token_kwargs(x32), cu_seqlens=cu,
+                           initial_state=s0.float(), output_summary=True)
+    assert out.o.shape == (int(cu[-1]), 4, 4) and out.o.dtype == torch.float32
+    assert out.final_state.shape == (len(LENGTHS), 4, 8, 4)
+    for i in range(len(LENGTHS)):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        ref = R.run(family, x["q"][sl], x["k"][sl], x["v"][sl], initial_state=s0[i], **token_kwargs(x, sl))
+        summ = R.summarize(family, x["k"][sl], x["v"][sl], **token_kwargs(x, sl))
+        assert _rel(out.o[sl], ref.o) <= 1e-5
+        assert _rel(out.final_state[i], ref.final_state) <= 1e-5
+        assert _rel(out.summary.state[i], summ.state) <= 1e-5
+        if summ.transition is not None:  # T contracts; measure its error on the scale of the state it maps
+            assert (out.summary.transition[i].double() - summ.transition).norm() <= 1e-5 * max(
+                1.0, summ.transition.norm().item())
+        # the summary reproduces the final state from the initial one
+        assert _rel(R.apply(family, R.Summary(*(None if t is None else t[i] for t in out.summary)), s0[i].float()),
+                    ref.final_state) <= 1e-5
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_chunked_fp64_is_exact(family: str) -> None:
+    x = family_inputs(family, 200, seed=4)
+    out = linear_attention(family, x["q"], x["k"], x["v"], **token_kwargs(x), output_summary=True)
+    ref = R.run(family, x["q"], x["k"], x["v"], **token_kwargs(x))
+    assert out.final_state.dtype == torch.float64
+    assert _rel(out.o, ref.o) < 1e-12 and _rel(out.final_state, ref.final_state) < 1e-12
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda", "scalar"])
+def test_packed_equals_alone(family: str) -> None:
+    """Two sequences in one varlen call give what each gives alone (chunks never cross sequences)."""
+    x = family_inputs(family, 150, seed=8, dtype=torch.float32)
+    both = linear_attention(family, x["q"], x["k"], x["v"], **token_kwargs(x), cu_seqlens=torch.tensor([0, 70, 150]))
+    for i, sl in enumerate((slice(0, 70), slice(70, 150))):
+        alone = linear_attention(family, x["q"][sl], x["k"][sl], x["v"][sl], **token_kwargs(x, sl))
+        assert torch.allclose(both.o[sl], alone.o, atol=1e-6)
+        assert torch.allclose(both.final_state[i], alone.final_state[0], atol=1e-6)
+
+
+def test_empty_sequence_keeps_its_state() -> None:
+    x = family_inputs("gdn", 10, dtype=torch.float32)
+    s0 = torch.randn(2, 2, 8, 4)
+    out = linear_attention("gdn", x["q"], x["k"], x["v"], **token_kwargs(x), cu_seqlens=torch.tensor([0, 0, 10]),
+                           initial_state=s0, output_summary=True)
+    assert torch.equal(out.final_state[0], s0[0])
+    assert torch.allclose(out.summary.transition[0], torch.eye(8).expand(2, 8, 8))
+
+
+def test_bad_inputs_name_the_argument() -> None:
+    x = family_inputs("gdn", 10, dtype=torch.float32)
+    kw = token_kwargs(x)
+    cases = [
+        (dict(family="mamba9"), "family"),
+        (dict(k=x["k"][:, :, :4]), "q"),
+        (dict(v=x["v"][:5]), "v"),
+        (dict(g=None), "g"),
+        (dict(beta=None), "beta"),
+        (dict(g=x["g"].double()), "g"),
+        (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
+        (dict(cu_seqlens=torch.tensor([0.0, 10.0])), "cu_seqlens"),
+        (dict(initial_state=torch.zeros(2, 8, 4)), "initial_state"),
+        (dict(backend="cuda-magic"), "backend"),
+    ]
+    for override, name in cases:
+        args = dict(family="gdn", q=x["q"], k=x["k"], v=x["v"], **kw) | override
+        with pytest.raises(ValueError, match=name):
+            linear_attention(args.pop("family"), args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    with pytest.raises(ValueError, match="beta"):
+        linear_attention("scalar", x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"])
