@@ -45,13 +45,13 @@ def get_family(family: str | Family) -> Family:
     return FAMILIES[family]
 
 
-def _check_tensor(name: str, x: object, shape: tuple[int | None, ...], dtype: torch.dtype) -> Tensor:
+def _check_tensor(name: str, x: object, shape: tuple[int | None, ...], dtype: torch.dtype | None) -> Tensor:
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     want = "[" + ", ".join("*" if d is None else str(d) for d in shape) + "]"
     if x.dim() != len(shape) or any(d is not None and d != s for d, s in zip(shape, x.shape, strict=False)):
         raise ValueError(f"{name}: expected shape {want}, got {list(x.shape)}")
-    if x.dtype != dtype:
+    if dtype is not None and x.dtype != dtype:
         raise ValueError(f"{name}: dtype {x.dtype} does not match k's dtype {dtype}")
     return x
 
@@ -65,6 +65,12 @@ class Dims:
     value_heads: int
     key_dim: int
     value_dim: int
+
+
+def _gate_dtype(k: Tensor) -> torch.dtype | None:
+    """Gates may be fp32 while q/k/v are bf16: models compute decays in fp32 (an exp of a bf16
+    log-decay loses the precision the state needs)."""
+    return k.dtype if k.dtype in (torch.float32, torch.float64) else None
 
 
 def check_inputs(
@@ -97,11 +103,15 @@ def check_inputs(
     elif g is None:
         raise ValueError(f"g: family {family.name!r} needs a gate g (log decay)")
     else:
-        _check_tensor("g", g, (L, HV) if family.gate == "head" else (L, HV, K), k.dtype)
+        _check_tensor("g", g, (L, HV) if family.gate == "head" else (L, HV, K), _gate_dtype(k))
+        if g.dtype not in (k.dtype, torch.float32, torch.float64):
+            raise ValueError(f"g: dtype {g.dtype} must be fp32 or the dtype of k ({k.dtype})")
     if family.beta:
         if beta is None:
             raise ValueError(f"beta: family {family.name!r} needs beta of shape [L, HV]")
-        _check_tensor("beta", beta, (L, HV), k.dtype)
+        _check_tensor("beta", beta, (L, HV), _gate_dtype(k))
+        if beta.dtype not in (k.dtype, torch.float32, torch.float64):
+            raise ValueError(f"beta: dtype {beta.dtype} must be fp32 or the dtype of k ({k.dtype})")
     elif beta is not None:
         raise ValueError(f"beta: family {family.name!r} takes no beta")
     if family.lowrank:

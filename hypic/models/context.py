@@ -1,0 +1,122 @@
+"""What a forward pass needs besides the weights.
+
+A forward computes *runs*: packed token spans (``cu_seqlens``) at given positions. Where each
+run's incoming linear state, conv tail and attention keys come from differs by caller: a plain
+prefill or decode step continues each sequence's own state (``SequenceContext`` here); the
+engine's combine pass composes cached segment summaries and re-ropes cached keys. Layers ask the
+context and never know which: one model forward serves every mode.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from hypic.ops.attention import attention
+from hypic.ops.linear import LinearOutput
+from hypic.ops.rope import apply_rope
+
+# (initial_state [N, HV, K, V] | None, output_summary) -> LinearOutput over the context's runs
+LinearRun = Callable[[Tensor | None, bool], LinearOutput]
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    rotary_dim: int
+    theta: float
+
+    def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
+        return apply_rope(x, positions, rotary_dim=self.rotary_dim, theta=self.theta)
+
+
+class ForwardContext(ABC):
+    """The runs of one forward and the source of every layer's incoming state."""
+
+    cu_seqlens: Tensor  # host [N + 1]: run boundaries in the packed tokens
+    positions: Tensor  # [T] on the model's device: each token's true position
+
+    @abstractmethod
+    def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
+        """Initial conv tails [N, W−1, D] for the runs, given this layer's raw conv inputs [T, D]."""
+
+    @abstractmethod
+    def save_conv(self, layer: int, tails: Tensor) -> None:
+        """Each run's last W−1 raw inputs after this layer's conv."""
+
+    @abstractmethod
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        """Run the layer's linear attention over the runs (choosing initial states); return o."""
+
+    @abstractmethod
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
+        """Attention of the runs' queries over their visible keys. q, k are normed and *before*
+        RoPE (the context ropes them at true positions); returns [T, Hq, Dv]."""
+
+
+@dataclass
+class SequenceState:
+    """Everything one sequence carries between forwards: the decode state."""
+
+    linear: dict[int, Tensor] = field(default_factory=dict)  # layer → state [HV, K, V] fp32
+    conv: dict[int, Tensor] = field(default_factory=dict)  # layer → tail [W−1, D]
+    keys: dict[int, Tensor] = field(default_factory=dict)  # layer → roped keys [L, Hkv, D]
+    values: dict[int, Tensor] = field(default_factory=dict)  # layer → values [L, Hkv, Dv]
+    length: int = 0  # tokens seen: the next position
+
+
+class SequenceContext(ForwardContext):
+    """Continue each sequence from its own state: plain prefill (from empty states) and decode."""
+
+    def __init__(self, states: list[SequenceState], lengths: list[int], device: torch.device) -> None:
+        self.states = states
+        self.lengths = lengths
+        self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
+        starts = [s.length for s in states]
+        self.positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]).to(device)
+        self._starts = starts
+
+    def _runs(self) -> list[slice]:
+        cu = self.cu_seqlens.tolist()
+        return [slice(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True)]
+
+    def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
+        if all(layer not in s.conv for s in self.states):
+            return None
+        return torch.stack([s.conv[layer] for s in self.states]).to(raw.dtype)
+
+    def save_conv(self, layer: int, tails: Tensor) -> None:
+        for s, t in zip(self.states, tails, strict=True):
+            s.conv[layer] = t
+
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        have = [layer in s.linear for s in self.states]
+        initial = torch.stack([s.linear[layer] for s in self.states]) if any(have) else None
+        if any(have) and not all(have):
+            raise ValueError(f"layer {layer}: some sequences have a linear state and some do not")
+        out = run(initial, False)
+        for s, f in zip(self.states, out.final_state, strict=True):
+            s.linear[layer] = f
+        return out.o
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
+        if rope is not None:
+            q, k = rope(q, self.positions), rope(k, self.positions)
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        for s, run, start in zip(self.states, self._runs(), self._starts, strict=True):
+            if run.start == run.stop:
+                continue
+            keys = k[run] if start == 0 else torch.cat([s.keys[layer], k[run]])
+            values = v[run] if start == 0 else torch.cat([s.values[layer], v[run]])
+            s.keys[layer], s.values[layer] = keys, values
+            k_pos = torch.arange(keys.shape[0], device=q.device)
+            out[run] = attention(q[run], keys, values, q_positions=self.positions[run], k_positions=k_pos,
+                                 scale=scale, causal_prefill=start == 0)
+        return out
+
+    def finish(self) -> None:
+        for s, n in zip(self.states, self.lengths, strict=True):
+            s.length += n

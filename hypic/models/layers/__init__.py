@@ -1,0 +1,1 @@
+"""Building blocks shared by the model families: norms, MLP/MoE, linear-attention mixers, attention."""

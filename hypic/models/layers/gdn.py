@@ -1,0 +1,92 @@
+"""Gated DeltaNet mixer (Qwen3.5 and Qwen3-Next linear-attention layers).
+
+``[q|k|v] = silu(conv(proj(x)))`` with a width-W causal conv, l2-normalised q/k, ``β = σ(b)``,
+``g = −exp(A_log)·softplus(a + dt_bias)``, then the gated delta rule; the output is normalised per
+head, gated by ``silu(z)`` and projected back. Qwen3-Next interleaves its projections per key-head
+group (``in_proj_qkvz``, ``in_proj_ba``); Qwen3.5 keeps them apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hypic.models.context import ForwardContext
+from hypic.models.layers.norm import GatedRMSNorm
+from hypic.ops.conv import causal_conv1d
+from hypic.ops.linear import linear_attention
+
+
+@dataclass(frozen=True)
+class GDNConfig:
+    hidden: int
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+    conv_width: int
+    eps: float
+    interleaved: bool  # Qwen3-Next's fused, per-group-interleaved projections
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: GDNConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        kd, vd = cfg.key_heads * cfg.key_dim, cfg.value_heads * cfg.value_dim
+        self.conv_dim = 2 * kd + vd
+        if cfg.interleaved:
+            self.in_proj_qkvz = nn.Linear(cfg.hidden, 2 * kd + 2 * vd, bias=False)
+            self.in_proj_ba = nn.Linear(cfg.hidden, 2 * cfg.value_heads, bias=False)
+        else:
+            self.in_proj_qkv = nn.Linear(cfg.hidden, self.conv_dim, bias=False)
+            self.in_proj_z = nn.Linear(cfg.hidden, vd, bias=False)
+            self.in_proj_b = nn.Linear(cfg.hidden, cfg.value_heads, bias=False)
+            self.in_proj_a = nn.Linear(cfg.hidden, cfg.value_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, cfg.conv_width, groups=self.conv_dim, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(cfg.value_heads))
+        self.A_log = nn.Parameter(torch.zeros(cfg.value_heads))
+        self.norm = GatedRMSNorm(cfg.value_dim, cfg.eps)
+        self.out_proj = nn.Linear(vd, cfg.hidden, bias=False)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """mixed [T, 2·kd + vd] (q|k|v, pre-conv), z [T, HV, V], b, a [T, HV]."""
+        c, T = self.cfg, x.shape[0]
+        if not c.interleaved:
+            z = self.in_proj_z(x).view(T, c.value_heads, c.value_dim)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        r = c.value_heads // c.key_heads  # value heads per key-head group
+        qkvz = self.in_proj_qkvz(x).view(T, c.key_heads, 2 * c.key_dim + 2 * r * c.value_dim)
+        q, k, v, z = torch.split(qkvz, [c.key_dim, c.key_dim, r * c.value_dim, r * c.value_dim], dim=-1)
+        b, a = torch.split(self.in_proj_ba(x).view(T, c.key_heads, 2 * r), [r, r], dim=-1)
+        mixed = torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1)
+        return mixed, z.reshape(T, c.value_heads, c.value_dim), b.reshape(T, -1), a.reshape(T, -1)
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        c, T = self.cfg, x.shape[0]
+        mixed, z, b, a = self._project(x)
+        conv = causal_conv1d(mixed, self.conv1d.weight[:, 0], cu_seqlens=ctx.cu_seqlens,
+                             initial_tail=ctx.conv_tails(self.layer, mixed), activation="silu")
+        ctx.save_conv(self.layer, conv.tail)
+        kd = c.key_heads * c.key_dim
+        q, k, v = torch.split(conv.y, [kd, kd, c.value_heads * c.value_dim], dim=-1)
+        q = l2norm(q.view(T, c.key_heads, c.key_dim).float()).to(x.dtype)
+        k = l2norm(k.view(T, c.key_heads, c.key_dim).float()).to(x.dtype)
+        v = v.reshape(T, c.value_heads, c.value_dim)
+        beta = torch.sigmoid(b.float())
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+
+        def run(initial: Tensor | None, summary: bool):
+            return linear_attention("gdn", q, k, v, g=g, beta=beta, cu_seqlens=ctx.cu_seqlens,
+                                    initial_state=initial, output_summary=summary)
+
+        o = ctx.linear(self.layer, "gdn", run, None)  # [T, HV, V]
+        o = self.norm(o, z).reshape(T, -1)
+        return self.out_proj(o)

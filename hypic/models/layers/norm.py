@@ -1,0 +1,38 @@
+"""RMS norms: plain (``w·x̂``), zero-centred (``(1 + w)·x̂``, Qwen3-Next/3.5) and gated (``w·x̂·act(z)``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rms(x: Tensor, eps: float) -> Tensor:
+    """x̂ = x / sqrt(mean(x²) + eps) over the last dim, in fp32."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6, *, zero_centred: bool = False) -> None:
+        super().__init__()
+        self.eps, self.zero_centred = eps, zero_centred
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight.float()
+        return (rms(x, self.eps) * (1.0 + w if self.zero_centred else w)).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """``w · x̂ · act(gate)`` per head (the linear-attention output norm)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, activation: str = "silu") -> None:
+        super().__init__()
+        self.eps = eps
+        self.activation = {"silu": F.silu, "sigmoid": torch.sigmoid}[activation]
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        y = self.weight * rms(x, self.eps).to(x.dtype)
+        return (y * self.activation(gate.float())).to(x.dtype)

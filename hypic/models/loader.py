@@ -1,0 +1,117 @@
+"""Load a local Hugging Face model folder: config.json, one or many *.safetensors (with
+model.safetensors.index.json), tokenizer.json / tokenizer_config.json. Nothing is fetched.
+
+The model is built on the meta device, given uninitialised storage on the target device and
+dtype, and each checkpoint tensor is read lazily and copied into its parameter: no second full
+copy of the weights is ever held.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from hypic.models.hybrid import HybridLM
+from hypic.models.registry import resolve
+
+
+@dataclass
+class LoadedModel:
+    model: HybridLM
+    config: dict[str, Any]
+    path: Path
+    tokenizer: Any | None  # tokenizers.Tokenizer
+    tokenizer_config: dict[str, Any]
+    device: torch.device
+    dtype: torch.dtype
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        if not files:
+            raise ValueError(f"{index}: weight_map is empty")
+        for name in files:
+            if not (path / name).exists():
+                raise ValueError(f"{path / name}: shard listed in {index.name} is missing")
+        return [path / f for f in files]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors checkpoint found")
+    return files
+
+
+def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device: torch.device,
+                 dtype: torch.dtype) -> None:
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                target = arch_name_map(name)
+                if target is None:
+                    continue
+                if target not in params:
+                    if target == "lm_head.weight" and model.tie_embeddings:
+                        continue
+                    raise ValueError(f"{file.name}: tensor {name!r} does not belong to this model")
+                tensor = f.get_tensor(name)
+                param = params[target]
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise ValueError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, "
+                                     f"the model expects {list(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(tensor.to(device=device, dtype=dtype))
+                loaded.add(target)
+    missing = sorted(set(params) - loaded - ({"lm_head.weight"} if model.tie_embeddings else set()))
+    if missing:
+        raise ValueError(f"{files[0].parent}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+def load_model(path: str | Path, *, device: str | torch.device | None = None,
+               dtype: torch.dtype | str | None = None) -> LoadedModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"model: {path} is not a directory")
+    config = _read_json(path / "config.json")
+    arch = resolve(config)
+    device = torch.device(device) if device is not None else default_device()
+    if isinstance(dtype, str):
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
+        if dtype is None:
+            raise ValueError("dtype: expected float32, bfloat16 or float16")
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    files = checkpoint_files(path)
+    with torch.device("meta"):
+        model = arch.build(config)
+    model = model.to_empty(device=device).to(dtype)
+    if model.tie_embeddings:  # to_empty unties shared parameters
+        model.lm_head.weight = model.model.embed_tokens.weight
+    load_weights(model, files, arch.checkpoint_name, device, dtype)
+    model.eval().requires_grad_(False)
+    tokenizer = None
+    if (path / "tokenizer.json").exists():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    return LoadedModel(model, config, path, tokenizer, tok_cfg, device, dtype)

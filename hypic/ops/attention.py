@@ -1,0 +1,34 @@
+"""Softmax attention over packed sequences with position-causal visibility.
+
+A query sees a key of its own sequence when the key's position is ≤ the query's. With keys in
+position order this is ordinary causal attention for a prefill, full visibility for a decode step,
+and, for the combine pass, exactly what a recomputed seam needs: every earlier segment and its own
+seam, never its own body (whose positions come later).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor, scale: float,
+              causal_prefill: bool = False) -> Tensor:
+    """One sequence: q [Tq, Hq, D], k/v [Tk, Hkv, D(v)] → [Tq, Hq, Dv]; Hq a multiple of Hkv (GQA).
+
+    ``causal_prefill`` says the keys are exactly the queries' own tokens in order, so the fused
+    causal kernel applies without building a mask (the caller knows this without a device sync).
+    """
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"q: {q.shape[1]} heads is not a multiple of the {k.shape[1]} key heads")
+    groups = q.shape[1] // k.shape[1]
+    qi, ki, vi = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, T, D]
+    if groups > 1:
+        ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
+    if causal_prefill:
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
+    else:
+        mask = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
+        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
+    return o.transpose(0, 1)
