@@ -9,6 +9,7 @@ copy of the weights is ever held.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,9 +61,26 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _destination(params: dict[str, torch.nn.Parameter], target: str) -> tuple[str, torch.Tensor] | None:
+    """The parameter (or the slice of a stacked expert parameter) a checkpoint tensor fills."""
+    if target in params:
+        return target, params[target]
+    m = _EXPERT.match(target)
+    if m and f"{m[1]}.{m[3]}" in params:
+        stacked = params[f"{m[1]}.{m[3]}"]
+        if int(m[2]) < stacked.shape[0]:
+            return f"{m[1]}.{m[3]}[{m[2]}]", stacked[int(m[2])]
+    return None
+
+
 def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device: torch.device,
                  dtype: torch.dtype) -> None:
     params = dict(model.named_parameters())
+    stacked = {n: p.shape[0] for n, p in params.items() if n.endswith(("experts.gate_proj", "experts.up_proj",
+                                                                      "experts.down_proj"))}
     loaded: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
@@ -70,18 +88,22 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                 target = arch_name_map(name)
                 if target is None:
                     continue
-                if target not in params:
+                dest = _destination(params, target)
+                if dest is None:
                     if target == "lm_head.weight" and model.tie_embeddings:
                         continue
                     raise ValueError(f"{file.name}: tensor {name!r} does not belong to this model")
+                target, param = dest
                 tensor = f.get_tensor(name)
-                param = params[target]
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ValueError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, "
                                      f"the model expects {list(param.shape)}")
                 with torch.no_grad():
                     param.copy_(tensor.to(device=device, dtype=dtype))
                 loaded.add(target)
+    for name, experts in stacked.items():  # a stacked parameter is loaded when every slice is
+        if all(f"{name}[{e}]" in loaded for e in range(experts)):
+            loaded.add(name)
     missing = sorted(set(params) - loaded - ({"lm_head.weight"} if model.tie_embeddings else set()))
     if missing:
         raise ValueError(f"{files[0].parent}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")

@@ -8,7 +8,6 @@ seam, never its own body (whose positions come later).
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 

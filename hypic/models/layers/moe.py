@@ -1,0 +1,124 @@
+"""Mixture of experts with optional shared experts, and the routers the hybrid families use.
+
+Tokens are sorted by expert and every expert runs one matmul over its rows (``torch._grouped_mm``
+when the dtype allows, else one matmul per expert): no Python loop over tokens. Routers:
+
+- ``softmax`` (Qwen3-Next, Qwen3.5-MoE): softmax over all experts, top-k, optional renormalisation;
+  the shared expert is scaled by ``sigmoid(shared_expert_gate(x))``.
+- ``sigmoid`` (Kimi-Linear, Ring-linear; DeepSeek-V3 style): sigmoid scores, a selection bias
+  (``e_score_correction_bias``) and group-limited top-k choose the experts; the unbiased scores,
+  optionally renormalised, times ``routed_scaling_factor`` weight them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from hypic.models.layers.mlp import SwiGLU
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    hidden: int
+    experts: int
+    top_k: int
+    intermediate: int
+    router: Literal["softmax", "sigmoid"]
+    renormalize: bool = True
+    shared_intermediate: int = 0  # 0: no shared expert
+    shared_gate: bool = False  # Qwen: sigmoid-gated shared expert
+    scaling: float = 1.0  # routed_scaling_factor
+    groups: int = 1  # n_group
+    top_groups: int = 1  # topk_group
+    selection_bias: bool = False  # e_score_correction_bias
+
+
+class Router(nn.Module):
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.experts, cfg.hidden))
+        if cfg.selection_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.experts))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(weights [T, k] fp32, experts [T, k])."""
+        c = self.cfg
+        logits = F.linear(x.float(), self.weight.float())
+        if c.router == "softmax":
+            probs = logits.softmax(-1)
+            weights, experts = probs.topk(c.top_k, dim=-1)
+        else:
+            scores = logits.sigmoid()
+            choice = scores + self.e_score_correction_bias.float() if c.selection_bias else scores
+            if c.groups > 1:
+                grouped = choice.view(-1, c.groups, c.experts // c.groups)
+                group_score = grouped.topk(2, dim=-1).values.sum(-1)  # [T, groups]
+                keep = torch.zeros_like(group_score).scatter_(1, group_score.topk(c.top_groups, -1).indices, 1.0)
+                choice = choice.masked_fill(~keep.bool().repeat_interleave(c.experts // c.groups, 1), 0.0)
+            experts = choice.topk(c.top_k, dim=-1).indices
+            weights = scores.gather(1, experts)
+        if c.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + (1e-20 if c.router == "sigmoid" else 0.0))
+        return weights * c.scaling, experts
+
+
+class Experts(nn.Module):
+    """Stacked expert weights ``[E, I, D]`` / ``[E, D, I]``; checkpoints' per-expert tensors load
+    into their slice (``experts.{e}.gate_proj.weight`` → ``experts.gate_proj[e]``)."""
+
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Parameter(torch.empty(cfg.experts, cfg.intermediate, cfg.hidden))
+        self.up_proj = nn.Parameter(torch.empty(cfg.experts, cfg.intermediate, cfg.hidden))
+        self.down_proj = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.intermediate))
+
+    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
+        """x: rows sorted by expert, counts [E] rows per expert."""
+        if x.dtype in (torch.float32, torch.bfloat16) and hasattr(torch, "_grouped_mm") and (
+                x.device.type == "cuda" or x.dtype == torch.float32):
+            offs = counts.cumsum(0).to(torch.int32)
+            gate = torch._grouped_mm(x, self.gate_proj.transpose(1, 2), offs=offs)
+            up = torch._grouped_mm(x, self.up_proj.transpose(1, 2), offs=offs)
+            return torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
+        out, start = torch.empty_like(x), 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                rows = slice(start, start + n)
+                h = F.silu(x[rows] @ self.gate_proj[e].T) * (x[rows] @ self.up_proj[e].T)
+                out[rows] = h @ self.down_proj[e].T
+            start += n
+        return out
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: MoEConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gate = Router(cfg)
+        self.experts = Experts(cfg)
+        if cfg.shared_intermediate:
+            self.shared_expert = SwiGLU(cfg.hidden, cfg.shared_intermediate)
+            if cfg.shared_gate:
+                self.shared_expert_gate = nn.Linear(cfg.hidden, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        k = self.cfg.top_k
+        weights, experts = self.gate(x)
+        flat = experts.reshape(-1)
+        order = flat.argsort(stable=True)
+        token = order // k
+        counts = torch.bincount(flat, minlength=self.cfg.experts)
+        out = self.experts(x[token], counts)
+        y = torch.zeros_like(x).index_add_(0, token, (out.float() * weights.reshape(-1)[order, None]).to(x.dtype))
+        if self.cfg.shared_intermediate:
+            shared = self.shared_expert(x)
+            if self.cfg.shared_gate:
+                shared = shared * torch.sigmoid(self.shared_expert_gate(x))
+            y = y + shared
+        return y
