@@ -1,0 +1,57 @@
+"""What the cache holds for one segment (DESIGN §4).
+
+For a segment of tokens ``x[0:L)`` with seam ``w`` (``w ≤ L − 1``) the entry keeps the token ids
+(collision check), per linear layer the body ``[w, L)`` summary ``(T, S)`` in fp32 and the
+segment's conv tail (its last W−1 raw conv inputs), and per full-attention layer the body keys
+*before RoPE* and values. Everything is stored at canonical positions (as if the segment started
+at position 0) and placed at its true position on reuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from hypic.cache.keys import SegmentKey
+from hypic.ops.recurrence import Summary
+
+
+def _nbytes(t: Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+@dataclass
+class Entry:
+    key: SegmentKey
+    token_ids: tuple[int, ...]
+    seam: int  # w: tokens [0, w) are recomputed in context on every reuse
+    summaries: dict[int, Summary] = field(default_factory=dict)  # linear layer → body (T [H,..], S [H, K, V])
+    conv_tails: dict[int, Tensor] = field(default_factory=dict)  # linear layer → [W−1, D]
+    keys: dict[int, Tensor] = field(default_factory=dict)  # attention layer → body keys pre-RoPE [L−w, Hkv, D]
+    values: dict[int, Tensor] = field(default_factory=dict)  # attention layer → body values [L−w, Hkv, Dv]
+    tier: str = "device"
+    hits: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def body_length(self) -> int:
+        return self.length - self.seam
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.conv_tails.values(), *self.keys.values(), *self.values.values()]
+        tensors += [t for s in self.summaries.values() for t in s]
+        return sum(_nbytes(t) for t in tensors)
+
+    def to(self, device: torch.device | str, tier: str) -> Entry:
+        """A copy of the entry on another device (demotion to host memory, promotion back)."""
+        move = (lambda t: None if t is None else t.to(device, non_blocking=True))  # noqa: E731
+        return Entry(self.key, self.token_ids, self.seam,
+                     {i: Summary(move(s.transition), move(s.state)) for i, s in self.summaries.items()},
+                     {i: move(t) for i, t in self.conv_tails.items()}, {i: move(t) for i, t in self.keys.items()},
+                     {i: move(t) for i, t in self.values.items()}, tier, self.hits)

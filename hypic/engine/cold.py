@@ -1,0 +1,60 @@
+"""Cold standalone prefill: every missing segment computed on its own, from position 0 and zero
+state, all in one varlen batch, producing its cache entry.
+
+Attention is block-diagonal (each segment sees only itself), so the cost is Σ L_i², and the
+segments are independent work. Linear layers run two passes over the packed segments split into
+``[seam_i | body_i]`` sequences: the first from zero gives each seam's end state, the second
+starts each body there and returns outputs with the body's summary ``(T, S)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hypic.cache.entry import Entry
+from hypic.cache.keys import SegmentKey
+from hypic.models.context import ForwardContext, LinearRun, RopeSpec
+from hypic.ops.attention import attention
+from hypic.ops.recurrence import Summary
+
+
+class ColdContext(ForwardContext):
+    def __init__(self, segments: list[tuple[list[int], int, SegmentKey]], device: torch.device) -> None:
+        """segments: (token ids, seam w, key) of every cold segment."""
+        self.entries = [Entry(key, tuple(ids), w) for ids, w, key in segments]
+        lengths = [len(ids) for ids, _, _ in segments]
+        self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
+        split = [n for (_, w, _), L in zip(segments, lengths, strict=True) for n in (w, L - w)]
+        self.linear_cu = torch.tensor([0, *split]).cumsum(0)  # [seam_0, body_0, seam_1, ...]
+        self.positions = torch.cat([torch.arange(L) for L in lengths]).to(device)
+        self.input_ids = torch.tensor([t for ids, _, _ in segments for t in ids], device=device)
+
+    def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
+        return None  # each segment starts with no history
+
+    def save_conv(self, layer: int, tails: Tensor) -> None:
+        for entry, tail in zip(self.entries, tails, strict=True):
+            entry.conv_tails[layer] = tail
+
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        seams = run(self.linear_cu, None, False).final_state[0::2]  # [n, HV, K, V]
+        initial = torch.zeros(2 * len(self.entries), *seams.shape[1:], dtype=seams.dtype, device=seams.device)
+        initial[1::2] = seams
+        out = run(self.linear_cu, initial, True)
+        T, S = out.summary
+        for i, entry in enumerate(self.entries):
+            entry.summaries[layer] = Summary(None if T is None else T[2 * i + 1], S[2 * i + 1])
+        return out.o
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
+        qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        cu = self.cu_seqlens.tolist()
+        for entry, a, b in zip(self.entries, cu[:-1], cu[1:], strict=True):
+            pos = self.positions[a:b]
+            out[a:b] = attention(qr[a:b], kr[a:b], v[a:b], q_positions=pos, k_positions=pos, scale=scale,
+                                 causal_prefill=True)
+            entry.keys[layer] = k[a + entry.seam:b].clone()  # before RoPE: placed anywhere on reuse
+            entry.values[layer] = v[a + entry.seam:b].clone()
+        return out

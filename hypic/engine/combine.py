@@ -1,0 +1,193 @@
+"""The combine pass: only the recompute set runs through the model, at true positions.
+
+Per request, the prompt in position order is a list of *items*: recompute runs (seams, the query,
+in-context segments) and cached bodies. Linear layers fold the items' summaries left to right
+(``state ← T·state + S``) to get every run's incoming state: runs' zero-start summaries come from
+a first pass, bodies' from the cache (re-rotated to their true position when the layer has RoPE
+inside); a second pass computes the runs' outputs from those states. Conv runs (maximal contiguous
+recompute spans) start from the preceding body's conv tail. Attention layers see every key in
+position order — recomputed keys and cached body keys roped at their true positions — with
+position-causal visibility, so a seam sees all earlier segments and its own seam, never its own body.
+The pass also leaves each request's decode state and builds the entries of in-context segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hypic.cache.entry import Entry
+from hypic.engine.modes import Assembly
+from hypic.engine.plan import RequestPlan, SegmentPlan
+from hypic.models.context import ForwardContext, LinearRun, RopeSpec, SequenceState
+from hypic.ops import recurrence
+from hypic.ops.attention import attention
+from hypic.ops.recurrence import Summary
+
+
+@dataclass(frozen=True)
+class _Run:
+    rows: tuple[int, int]  # packed recompute rows
+
+
+@dataclass(frozen=True)
+class _Body:
+    entry: Entry
+    start: int  # true position of the segment's first token (the body starts at start + seam)
+
+
+@dataclass(frozen=True)
+class _Extract:
+    """An in-context segment whose entry this pass builds: body rows and the linear run index."""
+
+    entry: Entry
+    seg: SegmentPlan
+    rows: tuple[int, int]  # body rows
+    run: int  # index of the body's linear run
+    conv_run: int  # index of the conv run holding the segment
+    conv_end: int  # the segment's last row + 1
+
+
+class CombineContext(ForwardContext):
+    def __init__(self, plans: list[RequestPlan], assembly: Assembly, device: torch.device) -> None:
+        self.plans, self.assembly = plans, assembly
+        self.items: list[list[tuple[str, int | _Body]]] = []  # per request: ("run", index) | ("body", _Body)
+        ids: list[int] = []
+        positions: list[int] = []
+        linear_rows: list[tuple[int, int]] = []
+        conv_rows: list[tuple[int, int]] = []
+        self.conv_preceding: list[Entry | None] = []
+        self.extracts: list[_Extract] = []
+        self.request_rows: list[tuple[int, int]] = []
+        self.last_run: list[int] = []
+        self.last_conv: list[int] = []
+        for plan in plans:
+            items: list[tuple[str, int | _Body]] = []
+            first_row, end_pos = len(ids), None
+            for seg in plan.segments:
+                a, b = seg.recompute
+                if b > a:
+                    row = len(ids)
+                    if end_pos != seg.start + a:  # a new conv run after a body (or at the start)
+                        last = items[-1][1] if items else None
+                        self.conv_preceding.append(last.entry if isinstance(last, _Body) else None)
+                        conv_rows.append((row, row))
+                    ids += seg.token_ids[a:b]
+                    positions += range(seg.start + a, seg.start + b)
+                    conv_rows[-1] = (conv_rows[-1][0], len(ids))
+                    cuts = [a, b]
+                    if seg.in_context and seg.key is not None:  # build its entry: split seam | body
+                        seg.entry = Entry(seg.key, tuple(seg.token_ids), seg.seam)
+                        cuts = [a, seg.seam, b] if 0 < seg.seam < b else cuts
+                    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+                        items.append(("run", len(linear_rows)))
+                        linear_rows.append((row + lo - a, row + hi - a))
+                    if seg.in_context and seg.key is not None:
+                        self.extracts.append(_Extract(seg.entry, seg, (row + seg.seam - a, row + b - a),
+                                                      len(linear_rows) - 1, len(conv_rows) - 1, row + b - a))
+                    end_pos = seg.start + b
+                if not seg.in_context and seg.entry is not None:
+                    items.append(("body", _Body(seg.entry, seg.start)))
+                    end_pos = None
+            self.items.append(items)
+            self.request_rows.append((first_row, len(ids)))
+            self.last_run.append(len(linear_rows) - 1)
+            self.last_conv.append(len(conv_rows) - 1)
+        self.input_ids = torch.tensor(ids, device=device)
+        self.positions = torch.tensor(positions, device=device)
+        self.cu_seqlens = torch.tensor([0, *[b for _, b in conv_rows]])
+        self.linear_cu = torch.tensor([0, *[b for _, b in linear_rows]])
+        self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
+        self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
+
+    def logits_rows(self) -> Tensor:
+        return torch.tensor([b - 1 for _, b in self.request_rows], device=self.positions.device)
+
+    def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
+        tails = None
+        if self.assembly.conv_warmup:
+            known = [e.conv_tails[layer] for e in self.conv_preceding if e is not None]
+            if known:
+                tails = raw.new_zeros(len(self.conv_preceding), *known[0].shape)
+                for i, e in enumerate(self.conv_preceding):
+                    if e is not None:
+                        tails[i] = e.conv_tails[layer]
+        self._raw[layer] = (raw, tails)
+        return tails
+
+    def save_conv(self, layer: int, tails: Tensor) -> None:
+        raw, initial = self._raw.pop(layer)
+        width = tails.shape[1]  # W − 1
+        for state, c in zip(self.decode_states, self.last_conv, strict=True):
+            state.conv[layer] = tails[c]
+        cu = self.cu_seqlens.tolist()
+        for x in self.extracts:  # the segment's last W−1 raw inputs, reaching into the run's initial tail
+            start = cu[x.conv_run]
+            history = initial[x.conv_run] if initial is not None else raw.new_zeros(width, raw.shape[1])
+            x.entry.conv_tails[layer] = torch.cat([history, raw[start:x.conv_end]])[-width:].clone()
+
+    def _fold(self, family: str, state: Tensor | None, s: Summary) -> Tensor:
+        if state is None:
+            return s.state
+        if not self.assembly.use_transition:
+            return state + s.state
+        return recurrence.apply(family, s, state)
+
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        single = all(sum(kind == "run" for kind, _ in items) <= 1 for items in self.items)
+        runs = None if single and not self.extracts else run(self.linear_cu, None, True).summary
+        initial: Tensor | None = None
+        for items in self.items:
+            state = None
+            for kind, item in items:
+                if kind == "run":
+                    if state is not None:
+                        if initial is None:
+                            initial = state.new_zeros(len(self.linear_cu) - 1, *state.shape)
+                        initial[item] = state
+                    if runs is not None:
+                        s = Summary(None if runs.transition is None else runs.transition[item], runs.state[item])
+                        state = self._fold(family, state, s)
+                else:
+                    s = item.entry.summaries[layer]
+                    if rope is not None and self.assembly.rerotate:
+                        s = recurrence.rerotate(family, s, item.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
+                    state = self._fold(family, state, s)
+        out = run(self.linear_cu, initial, False)
+        for state, r in zip(self.decode_states, self.last_run, strict=True):
+            state.linear[layer] = out.final_state[r]
+        for x in self.extracts:
+            s = Summary(None if runs.transition is None else runs.transition[x.run], runs.state[x.run])
+            if rope is not None:  # entries are canonical: as if the segment started at position 0
+                s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
+            x.entry.summaries[layer] = s
+        return out.o
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
+        qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        linear_cu = self.linear_cu.tolist()
+        for items, (ra, rb), state in zip(self.items, self.request_rows, self.decode_states, strict=True):
+            keys, values, key_pos = [], [], []
+            for kind, item in items:
+                if kind == "run":
+                    a, b = linear_cu[item], linear_cu[item + 1]
+                    keys.append(kr[a:b])
+                    values.append(v[a:b])
+                    key_pos.append(self.positions[a:b])
+                else:
+                    e = item.entry
+                    pos = torch.arange(item.start + e.seam, item.start + e.length, device=q.device)
+                    body_k = e.keys[layer].to(k.dtype)
+                    keys.append(body_k if rope is None else rope(body_k, pos))
+                    values.append(e.values[layer].to(v.dtype))
+                    key_pos.append(pos)
+            K, V, P = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
+            out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=P, scale=scale)
+            state.keys[layer], state.values[layer] = K, V
+        for x in self.extracts:
+            a, b = x.rows
+            x.entry.keys[layer], x.entry.values[layer] = k[a:b].clone(), v[a:b].clone()
+        return out

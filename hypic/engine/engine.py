@@ -1,0 +1,199 @@
+"""The engine: one entry point, ``generate``, for every mode of the ladder.
+
+``hypic``/``transition``/``naive``: plan each request against the segment store, prefill the
+misses (standalone, as one varlen batch, or in context), run the combine pass over the recompute
+set, then decode. ``full`` runs the whole prompt; ``prefix`` reuses exact states of leading
+segments. Decoding is batched across the requests of a call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+
+import torch
+
+from hypic.cache.keys import segment_key
+from hypic.cache.store import SegmentStore
+from hypic.engine.cold import ColdContext
+from hypic.engine.combine import CombineContext
+from hypic.engine.modes import ASSEMBLY, check_mode
+from hypic.engine.plan import RequestPlan, SegmentPlan, effective_seam
+from hypic.engine.prefix import PrefixCache, chain
+from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
+from hypic.engine.sampling import sample
+from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.loader import LoadedModel
+
+COLD_STRATEGIES = ("standalone", "in_context")
+
+
+def _eos_ids(loaded: LoadedModel) -> set[int]:
+    ids: set[int] = set()
+    sources = [loaded.config, loaded.config.get("text_config", {})]
+    gen = loaded.path / "generation_config.json"
+    if gen.exists():
+        sources.append(json.loads(gen.read_text()))
+    for src in sources:
+        eos = src.get("eos_token_id")
+        ids |= set(eos) if isinstance(eos, list) else ({eos} if isinstance(eos, int) else set())
+    return ids
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
+                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None) -> None:
+        if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
+            raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
+        if cold not in COLD_STRATEGIES:
+            raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
+        self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
+        self.seam, self.cold = seam, cold
+        self.store = SegmentStore(self.device, device_bytes=cache_device_bytes, host_bytes=cache_host_bytes)
+        self.prefix = PrefixCache()
+        self.eos = _eos_ids(loaded)
+        self.dtype_name = str(loaded.dtype).removeprefix("torch.")
+        self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
+                                           str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
+        self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
+        seam = self.seam if ASSEMBLY[mode].seam else 0
+        plans, start = [], 0
+        for i, ids in enumerate(segments):
+            query = i == len(segments) - 1
+            key = None if query else segment_key(ids, model_fingerprint=self.fingerprint, seam=seam,
+                                                 dtype=self.dtype_name, salt=salt)
+            plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=query))
+            start += len(ids)
+        plan = RequestPlan(plans, salt)
+        for s in plans[:-1]:
+            s.entry = self.store.lookup(s.key, tuple(s.token_ids))
+            s.hit = s.entry is not None
+        plan.pinned = [s.key for s in plans[:-1]]
+        self.store.pin(plan.pinned)
+        return plan
+
+    def _cold_prefill(self, plans: list[RequestPlan]) -> int:
+        """Fill every miss; returns the tokens computed. Standalone: one varlen batch of the
+        distinct missing segments. In context: misses join the combine pass's recompute set."""
+        misses = [s for p in plans for s in p.segments[:-1] if s.entry is None]
+        if self.cold == "in_context":
+            for s in misses:
+                s.in_context = True
+            return 0
+        distinct = {s.key: s for s in misses}
+        if not distinct:
+            return 0
+        ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
+        self.model.hidden_states(ctx.input_ids, ctx)
+        built = {e.key: e for e in ctx.entries}
+        for s in misses:
+            s.entry = built[s.key]
+        for e in ctx.entries:
+            self.store.insert(e)
+        return sum(e.length for e in ctx.entries)
+
+    def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
+                  metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
+        """Prefill every prompt by ``mode``; returns first-token logits [N, vocab] and decode states."""
+        if mode == "full":
+            states = [SequenceState() for _ in prompts]
+            lengths = [sum(len(s) for s in p) for p in prompts]
+            ctx = SequenceContext(states, lengths, self.device)
+            ids = torch.tensor([t for p in prompts for s in p for t in s], device=self.device)
+            logits = self.model(ids, ctx, self.model.last_token_rows(ctx.cu_seqlens).to(self.device))
+            ctx.finish()
+            for m, n in zip(metrics, lengths, strict=True):
+                m.recomputed_tokens = n
+            return logits, states
+        if mode == "prefix":
+            return self._prefix(prompts, salts, metrics)
+        plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
+        try:
+            cold_tokens = self._cold_prefill(plans)
+            ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
+            logits = self.model(ctx.input_ids, ctx, ctx.logits_rows())
+            for p in plans:
+                for s in p.segments[:-1]:
+                    if s.in_context:
+                        self.store.insert(s.entry)
+            for m, p in zip(metrics, plans, strict=True):
+                cached = p.segments[:-1]
+                m.segment_hits = sum(s.hit for s in cached)
+                m.segment_misses = len(cached) - m.segment_hits
+                m.cached_tokens = sum(s.length - s.seam for s in cached if s.hit)
+                m.recomputed_tokens = p.recompute_tokens + (cold_tokens if m.segment_misses else 0)
+            return logits, ctx.decode_states
+        finally:
+            for p in plans:
+                self.store.unpin(p.pinned)
+
+    def _prefix(self, prompts: list[list[list[int]]], salts: list[str | None],
+                metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
+        rows, states = [], []
+        for segments, salt, m in zip(prompts, salts, metrics, strict=True):
+            keys = [segment_key(s, model_fingerprint=self.fingerprint, seam=0, dtype=self.dtype_name, salt=salt)
+                    for s in segments[:-1]]
+            links = chain(keys)
+            reused, state = self.prefix.longest(links)
+            state = state or SequenceState()
+            m.segment_hits, m.segment_misses = reused, len(keys) - reused
+            m.cached_tokens = sum(len(s) for s in segments[:reused])
+            logits = None
+            for i in range(reused, len(segments)):
+                ctx = SequenceContext([state], [len(segments[i])], self.device)
+                ids = torch.tensor(segments[i], device=self.device)
+                if i == len(segments) - 1:
+                    logits = self.model(ids, ctx, torch.tensor([len(ids) - 1], device=self.device))
+                else:
+                    self.model.hidden_states(ids, ctx)
+                ctx.finish()
+                if i < len(segments) - 1:
+                    self.prefix.put(links[i], state)
+            m.recomputed_tokens = sum(len(s) for s in segments[reused:])
+            rows.append(logits)
+            states.append(state)
+        return torch.cat(rows), states
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
+                 salts: list[str | None] | None = None) -> list[RequestOutput]:
+        """Prompts already tokenized by segment (the last segment is the query); text is left empty."""
+        mode = check_mode(mode)
+        salts = salts or [None] * len(prompts)
+        with self._lock:
+            t0 = time.perf_counter()
+            metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
+            logits, states = self._assemble(prompts, mode, salts, metrics)
+            gens = [None if p.seed is None else torch.Generator().manual_seed(p.seed) for p in params]
+            tokens, tops = sample(logits, params, gens)
+            ttft = time.perf_counter() - t0
+            outs = [RequestOutput("", [], [] if p.logprobs else None, m) for p, m in zip(params, metrics, strict=True)]
+            for m in metrics:
+                m.ttft_s = ttft
+            active = list(range(len(prompts)))
+            while True:
+                still = []
+                for i, t, lp in zip(active, tokens, tops, strict=True):
+                    outs[i].token_ids.append(t)
+                    if lp is not None:
+                        outs[i].logprobs.append(lp)
+                    if t in self.eos:
+                        outs[i].finish_reason = "stop"
+                    elif len(outs[i].token_ids) < params[i].max_tokens:
+                        still.append(i)
+                active = still
+                if not active:
+                    return outs
+                ctx = SequenceContext([states[i] for i in active], [1] * len(active), self.device)
+                ids = torch.tensor([outs[i].token_ids[-1] for i in active], device=self.device)
+                logits = self.model(ids, ctx)
+                ctx.finish()
+                tokens, tops = sample(logits, [params[i] for i in active], [gens[i] for i in active])

@@ -1,0 +1,52 @@
+"""The ``prefix`` mode's cache: exact decode states at segment boundaries, keyed by the chain of
+segments before them — what SGLang and vLLM give hybrid models. A later prompt reuses the longest
+run of leading segments it shares, in the same order, and computes the rest in context.
+
+Snapshots share tensors with the states they came from: a forward replaces a state's tensors
+rather than writing into them, so a snapshot is a copy of the dicts, not of the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+from hypic.cache.keys import SegmentKey
+from hypic.models.context import SequenceState
+
+
+def snapshot(state: SequenceState) -> SequenceState:
+    return SequenceState(dict(state.linear), dict(state.conv), dict(state.keys), dict(state.values), state.length)
+
+
+def chain(keys: list[SegmentKey]) -> list[bytes]:
+    """chain[i] identifies the prompt prefix made of segments 0..i, in that order."""
+    out, h = [], b""
+    for k in keys:
+        h = hashlib.blake2b(h + k.digest, digest_size=20).digest()
+        out.append(h)
+    return out
+
+
+class PrefixCache:
+    def __init__(self, max_states: int = 256) -> None:
+        self.max_states = max_states
+        self._states: OrderedDict[bytes, SequenceState] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def longest(self, links: list[bytes]) -> tuple[int, SequenceState | None]:
+        """(number of leading segments reused, a copy of the state after them)."""
+        with self._lock:
+            for i in range(len(links), 0, -1):
+                if links[i - 1] in self._states:
+                    self._states.move_to_end(links[i - 1])
+                    return i, snapshot(self._states[links[i - 1]])
+        return 0, None
+
+    def put(self, link: bytes, state: SequenceState) -> None:
+        with self._lock:
+            self._states[link] = snapshot(state)
+            self._states.move_to_end(link)
+            while len(self._states) > self.max_states:
+                self._states.popitem(last=False)

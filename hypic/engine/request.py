@@ -1,0 +1,45 @@
+"""Requests, sampling parameters and outputs of the offline API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    logprobs: int = 0  # top-n log-probabilities of every generated token
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens: expected an integer ≥ 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed: expected an integer or None, got {self.seed!r}")
+        if not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs: expected an integer in [0, 20], got {self.logprobs!r}")
+
+
+@dataclass
+class RequestMetrics:
+    ttft_s: float = 0.0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from entries that existed before this request
+    recomputed_tokens: int = 0  # tokens run through the model for this prompt (cold prefill + combine)
+    segment_hits: int = 0
+    segment_misses: int = 0
+
+
+@dataclass
+class RequestOutput:
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] | None  # per generated token: top-n token → log-probability
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    finish_reason: str = "length"  # "length" | "stop"

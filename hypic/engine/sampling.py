@@ -1,0 +1,36 @@
+"""Choosing the next token: greedy, or temperature with nucleus (top-p) sampling, seeded per
+request; plus the top-n log-probabilities a request asked for."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hypic.engine.request import SamplingParams
+
+
+def sample(logits: Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> tuple[list[int], list[dict[int, float] | None]]:
+    """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    tokens: list[int] = []
+    tops: list[dict[int, float] | None] = []
+    for row, p, gen in zip(logprobs, params, generators, strict=True):
+        if p.temperature == 0.0:
+            tok = int(row.argmax())
+        else:
+            probs = torch.softmax(row / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, order = probs.sort(descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # the smallest prefix reaching top_p
+                probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+            tok = int(torch.multinomial(probs.cpu(), 1, generator=gen))
+        tokens.append(tok)
+        if p.logprobs:
+            values, ids = row.topk(p.logprobs)
+            top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+            top.setdefault(tok, float(row[tok]))
+            tops.append(top)
+        else:
+            tops.append(None)
+    return tokens, tops

@@ -1,0 +1,109 @@
+"""The offline API: ``LLM(model).generate(prompts, sampling, mode=...)``.
+
+A prompt is a list of segments — each a string (tokenized on its own, without special tokens) or
+a list of token ids — whose last element is the query, or one string split on ``<<PIC_SEP>>``.
+``generate`` takes one prompt or a list of prompts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hypic.engine.engine import Engine
+from hypic.engine.request import RequestOutput, SamplingParams
+from hypic.models.loader import load_model
+
+SEPARATOR = "<<PIC_SEP>>"
+Prompt = str | list[str | list[int]]
+
+
+def bundled_model_path() -> Path:
+    return Path(__file__).parent / "assets" / "default_model"
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, device: str | torch.device | None = None,
+                 dtype: str | torch.dtype | None = None, seam: int = 8, cold: str = "standalone",
+                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None) -> None:
+        if model is None:
+            model = str(bundled_model_path())
+            if not Path(model).is_dir():
+                raise ValueError("model: no bundled default model in this installation; pass a model folder")
+        self.loaded = load_model(model, device=device, dtype=dtype)
+        self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
+                             cache_host_bytes=cache_host_bytes)
+        self.tokenizer = self.loaded.tokenizer
+        self.max_positions = self.loaded.model.max_positions
+        self.vocab_size = self.loaded.model.vocab_size
+
+    def _segment_ids(self, segment: Any, where: str) -> list[int]:
+        if isinstance(segment, str):
+            if not segment:
+                raise ValueError(f"{where}: empty segment")
+            if self.tokenizer is None:
+                raise ValueError(f"{where}: this model has no tokenizer.json; pass token ids")
+            ids = self.tokenizer.encode(segment, add_special_tokens=False).ids
+            if not ids:
+                raise ValueError(f"{where}: segment has no tokens")
+            return ids
+        if isinstance(segment, (list, tuple)):
+            if not segment:
+                raise ValueError(f"{where}: empty segment")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in segment):
+                raise ValueError(f"{where}: token ids must be integers")
+            bad = [t for t in segment if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{where}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+            return list(segment)
+        raise ValueError(f"{where}: a segment must be a string or a list of token ids, got {type(segment).__name__}")
+
+    def tokenize(self, prompt: Prompt, where: str = "prompt") -> list[list[int]]:
+        """A prompt → token ids per segment (validated)."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError(f"{where}: empty prompt")
+            parts: list[Any] = prompt.split(SEPARATOR)
+        elif isinstance(prompt, (list, tuple)):
+            parts = list(prompt)
+        else:
+            raise ValueError(f"{where}: expected a string or a list of segments, got {type(prompt).__name__}")
+        if not parts:
+            raise ValueError(f"{where}: empty prompt")
+        segments = [self._segment_ids(s, f"{where}.segments[{i}]") for i, s in enumerate(parts)]
+        total = sum(len(s) for s in segments)
+        if total >= self.max_positions:
+            raise ValueError(f"{where}: {total} tokens exceed the model's limit of {self.max_positions - 1}")
+        return segments
+
+    def _normalize(self, prompts: Prompt | list[Prompt]) -> list[Prompt]:
+        if isinstance(prompts, str):
+            return [prompts]
+        if isinstance(prompts, (list, tuple)):
+            if not prompts:
+                raise ValueError("prompts: empty list")
+            return list(prompts)
+        raise ValueError(f"prompts: expected a prompt or a list of prompts, got {type(prompts).__name__}")
+
+    def generate(self, prompts: Prompt | list[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None,
+                 *, mode: str = "hypic", cache_salt: str | None = None) -> list[RequestOutput]:
+        items = self._normalize(prompts)
+        ids = [self.tokenize(p, f"prompts[{i}]") for i, p in enumerate(items)]
+        sampling = sampling or SamplingParams()
+        params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
+        if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
+            raise ValueError("sampling: expected a SamplingParams or one per prompt")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError("cache_salt: expected a string")
+        outs = self.engine.generate(ids, params, mode=mode, salts=[cache_salt] * len(ids))
+        if self.tokenizer is not None:
+            for o in outs:
+                o.text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+        return outs
+
+    def cache_stats(self) -> dict[str, Any]:
+        s = self.engine.store.stats()
+        return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
+                "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions}
