@@ -101,11 +101,16 @@ class SegmentStore:
                 self.hits += 1
                 entry.hits += 1
                 self._tiers[tier].move_to_end(key)
-                if tier == "host" and self._fits("device", entry.nbytes) and self._make_room("device", entry.nbytes):
-                    self._remove("host", key)
-                    entry = entry.to(self.device, "device")
-                    self._add("device", entry)
-                    self.promotions += 1
+                if tier == "host" and self._fits("device", entry.nbytes):
+                    self._remove("host", key)  # first, so making room on the device cannot evict it
+                    if self._make_room("device", entry.nbytes):
+                        entry = entry.to(self.device, "device")
+                        self._add("device", entry)
+                        self.promotions += 1
+                    elif self._make_room("host", entry.nbytes):
+                        self._add("host", entry)
+                    else:
+                        self.evictions += 1
                 return entry
             self.misses += 1
             return None

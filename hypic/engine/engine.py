@@ -67,23 +67,26 @@ class Engine:
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
         for i, ids in enumerate(segments):
-            query = i == len(segments) - 1
-            key = None if query else segment_key(ids, model_fingerprint=self.fingerprint, seam=seam,
-                                                 dtype=self.dtype_name, salt=salt)
-            plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=query))
+            # The query is never cached; a segment no longer than the seam is all seam: recomputed
+            # in context every time, so caching it would save nothing.
+            in_context = i == len(segments) - 1 or (seam > 0 and len(ids) <= seam)
+            key = None if in_context else segment_key(ids, model_fingerprint=self.fingerprint, seam=seam,
+                                                      dtype=self.dtype_name, salt=salt)
+            plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))
             start += len(ids)
         plan = RequestPlan(plans, salt)
-        for s in plans[:-1]:
-            s.entry = self.store.lookup(s.key, tuple(s.token_ids))
-            s.hit = s.entry is not None
-        plan.pinned = [s.key for s in plans[:-1]]
+        for s in plans:
+            if s.key is not None:
+                s.entry = self.store.lookup(s.key, tuple(s.token_ids))
+                s.hit = s.entry is not None
+        plan.pinned = [s.key for s in plans if s.key is not None]
         self.store.pin(plan.pinned)
         return plan
 
     def _cold_prefill(self, plans: list[RequestPlan]) -> int:
         """Fill every miss; returns the tokens computed. Standalone: one varlen batch of the
         distinct missing segments. In context: misses join the combine pass's recompute set."""
-        misses = [s for p in plans for s in p.segments[:-1] if s.entry is None]
+        misses = [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
         if self.cold == "in_context":
             for s in misses:
                 s.in_context = True
@@ -121,11 +124,11 @@ class Engine:
             ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
             logits = self.model(ctx.input_ids, ctx, ctx.logits_rows())
             for p in plans:
-                for s in p.segments[:-1]:
-                    if s.in_context:
+                for s in p.segments:
+                    if s.in_context and s.key is not None:
                         self.store.insert(s.entry)
             for m, p in zip(metrics, plans, strict=True):
-                cached = p.segments[:-1]
+                cached = [s for s in p.segments if s.key is not None]
                 m.segment_hits = sum(s.hit for s in cached)
                 m.segment_misses = len(cached) - m.segment_hits
                 m.cached_tokens = sum(s.length - s.seam for s in cached if s.hit)
@@ -161,6 +164,16 @@ class Engine:
             rows.append(logits)
             states.append(state)
         return torch.cat(rows), states
+
+    @torch.no_grad()
+    def prefill_logits(self, prompts: list[list[list[int]]], *, mode: str = "hypic",
+                       salts: list[str | None] | None = None) -> tuple[torch.Tensor, list[RequestMetrics]]:
+        """First-token logits [N, vocab] (fp32) of each prompt under ``mode``; no decoding."""
+        mode = check_mode(mode)
+        metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
+        with self._lock:
+            logits, _ = self._assemble(prompts, mode, salts or [None] * len(prompts), metrics)
+        return logits, metrics
 
     @torch.no_grad()
     def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",

@@ -20,8 +20,9 @@ from hypic.ops.attention import attention
 from hypic.ops.linear import LinearOutput
 from hypic.ops.rope import apply_rope
 
-# (initial_state [N, HV, K, V] | None, output_summary) -> LinearOutput over the context's runs
-LinearRun = Callable[[Tensor | None, bool], LinearOutput]
+# (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary) -> LinearOutput. The context
+# chooses the split: it may cut its runs finer for linear layers (e.g. a seam apart from its body).
+LinearRun = Callable[[Tensor, Tensor | None, bool], LinearOutput]
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class SequenceContext(ForwardContext):
         initial = torch.stack([s.linear[layer] for s in self.states]) if any(have) else None
         if any(have) and not all(have):
             raise ValueError(f"layer {layer}: some sequences have a linear state and some do not")
-        out = run(initial, False)
+        out = run(self.cu_seqlens, initial, False)
         for s, f in zip(self.states, out.final_state, strict=True):
             s.linear[layer] = f
         return out.o

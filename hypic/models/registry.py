@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hypic.models import qwen3_5
+from hypic.models import kimi_linear, qwen3_5, qwen3_next, ring_linear
 from hypic.models.hybrid import HybridLM
 
 
@@ -17,10 +17,23 @@ class Architecture:
 
 
 ARCHITECTURES: dict[str, Architecture] = {
+    "BailingMoeLinearV2ForCausalLM": Architecture(ring_linear.build_ring_linear, ring_linear.checkpoint_name),
+    "KimiLinearForCausalLM": Architecture(kimi_linear.build_kimi_linear, kimi_linear.checkpoint_name),
     "Qwen3_5ForCausalLM": Architecture(qwen3_5.build_qwen3_5, qwen3_5.checkpoint_name),
     "Qwen3_5ForConditionalGeneration": Architecture(qwen3_5.build_qwen3_5, qwen3_5.checkpoint_name),
+    "Qwen3NextForCausalLM": Architecture(qwen3_next.build_qwen3_next, qwen3_5.checkpoint_name),
+    "Qwen3_5MoeForCausalLM": Architecture(qwen3_next.build_qwen3_5_moe, qwen3_5.checkpoint_name),
+    "Qwen3_5MoeForConditionalGeneration": Architecture(qwen3_next.build_qwen3_5_moe, qwen3_5.checkpoint_name),
 }
-MODEL_TYPES: dict[str, str] = {"qwen3_5": "Qwen3_5ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
+MODEL_TYPES: dict[str, str] = {
+    "bailing_moe_linear": "BailingMoeLinearV2ForCausalLM",
+    "kimi_linear": "KimiLinearForCausalLM",
+    "qwen3_5": "Qwen3_5ForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5_moe": "Qwen3_5MoeForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+}
 
 
 def resolve(config: dict[str, Any]) -> Architecture:

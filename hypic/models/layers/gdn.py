@@ -83,8 +83,8 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        def run(initial: Tensor | None, summary: bool):
-            return linear_attention("gdn", q, k, v, g=g, beta=beta, cu_seqlens=ctx.cu_seqlens,
+        def run(cu: Tensor, initial: Tensor | None, summary: bool):
+            return linear_attention("gdn", q, k, v, g=g, beta=beta, cu_seqlens=cu,
                                     initial_state=initial, output_summary=summary)
 
         o = ctx.linear(self.layer, "gdn", run, None)  # [T, HV, V]

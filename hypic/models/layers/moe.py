@@ -36,6 +36,7 @@ class MoEConfig:
     groups: int = 1  # n_group
     top_groups: int = 1  # topk_group
     selection_bias: bool = False  # e_score_correction_bias
+    dropped_group_score: float = 0.0  # what unchosen groups' experts score: 0 (DeepSeek-V3), −inf (Bailing)
 
 
 class Router(nn.Module):
@@ -60,7 +61,8 @@ class Router(nn.Module):
                 grouped = choice.view(-1, c.groups, c.experts // c.groups)
                 group_score = grouped.topk(2, dim=-1).values.sum(-1)  # [T, groups]
                 keep = torch.zeros_like(group_score).scatter_(1, group_score.topk(c.top_groups, -1).indices, 1.0)
-                choice = choice.masked_fill(~keep.bool().repeat_interleave(c.experts // c.groups, 1), 0.0)
+                choice = choice.masked_fill(~keep.bool().repeat_interleave(c.experts // c.groups, 1),
+                                            c.dropped_group_score)
             experts = choice.topk(c.top_k, dim=-1).indices
             weights = scores.gather(1, experts)
         if c.renormalize:

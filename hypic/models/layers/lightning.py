@@ -1,0 +1,110 @@
+"""Lightning attention mixer (Ring-linear / ``BailingMoeLinearV2`` linear layers).
+
+A scalar-decay linear attention: ``S_t = γ_h·S_{t−1} + k_t v_tᵀ``, ``o_t = d^-½·S_tᵀ q_t`` with a fixed
+per-head decay ``γ_h = exp(−slope_h·layer_factor)`` (ALiBi slopes; no data-dependent gate, no conv, no
+β). q and k are RMS-normed per head and then partially roped *before* they enter the state, so the
+state carries positions: the layer hands its ``RopeSpec`` to the context, which is what lets a cached
+state be re-rotated to new positions (the scalar decay commutes with the rotation). The output is
+RMS-normed in ``group_norm_size`` groups over all heads, gated by ``sigmoid(g_proj(x))`` and projected.
+Linear layers are multi-head: ``num_key_value_heads`` applies to the full-attention layers only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from hypic.models.context import ForwardContext, RopeSpec
+from hypic.models.layers.norm import RMSNorm, rms
+from hypic.ops.linear import LinearOutput, linear_attention
+
+
+@dataclass(frozen=True)
+class LightningConfig:
+    hidden: int
+    heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    eps: float
+    norm_groups: int  # group_norm_size: RMSNorm groups over the heads·head_dim output
+    layers: int  # num_hidden_layers: the decay depends on depth
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi base slopes ``2^(−8(h+1)/H)``; a head count that is not a power of two takes the slopes
+    of the power below and every other slope of the power above (as ALiBi does)."""
+    if math.log2(heads).is_integer():
+        return [2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)]
+    below = 2 ** math.floor(math.log2(heads))
+    return alibi_slopes(below) + alibi_slopes(2 * below)[0::2][: heads - below]
+
+
+def layer_decay(heads: int, layer: int, layers: int) -> list[float]:
+    """Per-head natural-log decay ``g_h = −slope_h · (1 − (l − 1)/(L − 1) + 1e−5)`` of layer l (0-based).
+
+    Ports disagree on the layer factor: the HF remote code (``modeling_bailing_moe_linear_v2.py``, as
+    quoted by the sgl-jax and Megatron ports that match it) uses the unclamped ``l − 1`` with a
+    0-based l, so layer 0 gets ``1 + 1/(L − 1)``; mlx-lm clamps ``max(0, l − 1)`` and SGLang's lightning
+    backend uses ``l``. We follow the HF remote code: it ships with the checkpoints, and a training
+    port reported its loss recovering only after switching to it.
+    """
+    factor = 1.0 - (layer - 1) / max(layers - 1, 1) + 1e-5
+    return [-s * factor for s in alibi_slopes(heads)]
+
+
+class GroupRMSNorm(nn.Module):
+    """RMSNorm over ``groups`` contiguous channel groups of the flattened heads, one weight per channel."""
+
+    def __init__(self, dim: int, groups: int, eps: float) -> None:
+        super().__init__()
+        if dim % groups:
+            raise ValueError(f"group_norm_size: {groups} does not divide the {dim} output channels")
+        self.groups, self.eps = groups, eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        grouped = rms(x.view(*x.shape[:-1], self.groups, -1), self.eps)  # [T, G, dim / G] fp32
+        return (grouped.view(x.shape) * self.weight.float()).to(x.dtype)
+
+
+class LightningAttention(nn.Module):
+    def __init__(self, cfg: LightningConfig, layer: int) -> None:
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        inner = cfg.heads * cfg.head_dim
+        self.query_key_value = nn.Linear(cfg.hidden, 3 * inner, bias=False)
+        self.query_layernorm = RMSNorm(cfg.head_dim, cfg.eps)
+        self.key_layernorm = RMSNorm(cfg.head_dim, cfg.eps)
+        self.g_proj = nn.Linear(cfg.hidden, inner, bias=False)
+        self.g_norm = GroupRMSNorm(inner, cfg.norm_groups, cfg.eps)
+        self.dense = nn.Linear(inner, cfg.hidden, bias=False)
+        self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
+        # A plain list, not a buffer: the loader builds on the meta device and to_empty() would leave
+        # a buffer uninitialised; the tensor is made once per device on first use.
+        self.decay = layer_decay(cfg.heads, layer, cfg.layers)
+        self._decay_tensor: Tensor | None = None
+
+    def _decay_on(self, device: torch.device) -> Tensor:
+        if self._decay_tensor is None or self._decay_tensor.device != device:
+            self._decay_tensor = torch.tensor(self.decay, dtype=torch.float32, device=device)  # [H]
+        return self._decay_tensor
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        c, T = self.cfg, x.shape[0]
+        qkv = self.query_key_value(x).view(T, 3 * c.heads, c.head_dim)
+        q, k, v = torch.split(qkv, c.heads, dim=1)  # each [T, H, d]
+        q = self.rope(self.query_layernorm(q), ctx.positions)
+        k = self.rope(self.key_layernorm(k), ctx.positions)
+        g = self._decay_on(x.device).expand(T, c.heads).contiguous()  # [T, H]
+
+        def run(cu: Tensor, initial: Tensor | None, summary: bool) -> LinearOutput:
+            return linear_attention("scalar", q, k, v, g=g, cu_seqlens=cu, initial_state=initial,
+                                    output_summary=summary, scale=c.head_dim**-0.5)
+
+        o = ctx.linear(self.layer, "scalar", run, self.rope).reshape(T, -1)  # [T, H·d]
+        o = self.g_norm(o) * torch.sigmoid(self.g_proj(x))
+        return self.dense(o)
