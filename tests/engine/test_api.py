@@ -1,0 +1,112 @@
+"""The offline API: generation, sampling, logprobs, metrics, concurrency, and bad input."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from hypic import LLM, SamplingParams
+
+
+def _segments(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_5_path):
+    return LLM(str(qwen3_5_path), device="cpu")
+
+
+def test_generate_greedy_matches_full_and_reports_metrics(llm) -> None:
+    prompt = _segments(0, [20, 50, 40, 8])
+    sp = SamplingParams(max_tokens=6)
+    full = llm.generate([prompt], sp, mode="full")[0]
+    cold = llm.generate([prompt], sp)[0]
+    warm = llm.generate([prompt], sp)[0]
+    assert len(full.token_ids) == 6 and full.finish_reason == "length"
+    assert cold.metrics.segment_misses == 3 and cold.metrics.cached_tokens == 0
+    assert warm.metrics.segment_hits == 3 and warm.metrics.cached_tokens == (20 - 8) + (50 - 8) + (40 - 8)
+    assert warm.metrics.recomputed_tokens == 3 * 8 + 8 and warm.metrics.prompt_tokens == 118
+    assert warm.metrics.ttft_s > 0 and warm.token_ids == cold.token_ids
+
+
+def test_batched_generate_equals_one_by_one(llm) -> None:
+    prompts = [_segments(i, [30, 25 + i, 7]) for i in range(3)]
+    sp = SamplingParams(max_tokens=5)
+    together = llm.generate(prompts, sp, mode="full")
+    alone = [llm.generate([p], sp, mode="full")[0] for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+
+
+def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
+    prompt = _segments(3, [40, 10])
+    sp = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7, logprobs=3)
+    a, b = llm.generate([prompt], sp)[0], llm.generate([prompt], sp)[0]
+    assert a.token_ids == b.token_ids
+    assert len(a.logprobs) == 8 and all(len(lp) >= 3 for lp in a.logprobs)
+    for tok, lp in zip(a.token_ids, a.logprobs, strict=True):
+        assert tok in lp and all(v <= 0 for v in lp.values())
+    greedy = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=1))[0]
+    assert max(greedy.logprobs[0], key=greedy.logprobs[0].get) == greedy.token_ids[0]
+
+
+def test_concurrent_generate_calls(llm) -> None:
+    prompts = [_segments(10 + i, [30, 40, 20, 6]) for i in range(4)]
+    sp = SamplingParams(max_tokens=4)
+    got: dict[int, list[int]] = {}
+
+    def worker(i: int) -> None:
+        got[i] = llm.generate([prompts[i]], sp)[0].token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(got[i]) == 4 for i in range(4))
+    assert llm.engine.store.check_integrity()
+    assert [llm.generate([p], sp)[0].token_ids for p in prompts] == [got[i] for i in range(4)]
+
+
+@pytest.mark.parametrize("prompt, needle", [
+    ([], "empty"),
+    ("", "empty prompt"),
+    ([[1, 2], []], "empty segment"),
+    ([[1, 2], [3, 99999]], "outside the vocabulary"),
+    ([[1, 2], [3, -1]], "outside the vocabulary"),
+    ([[1, 2.5]], "integers"),
+    ([[1, 2], 7], "segment must be"),
+    ([[1] * 5000], "exceed the model's limit"),
+    (42, "expected"),
+    (["text needs a tokenizer"], "tokenizer"),
+])
+def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        llm.generate(prompt if prompt == [] or isinstance(prompt, (str, int)) else [prompt])
+    assert llm.generate([[[5, 6, 7], [8, 9]]], SamplingParams(max_tokens=2))[0].token_ids
+    assert llm.engine.store.check_integrity()
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
+    (dict(logprobs=-2), "logprobs"), (dict(seed="x"), "seed"),
+])
+def test_bad_sampling_params(kwargs, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(**kwargs)
+
+
+def test_bad_engine_arguments(llm, qwen3_5_path) -> None:
+    with pytest.raises(ValueError, match="mode"):
+        llm.generate([[[1, 2], [3]]], mode="magic")
+    with pytest.raises(ValueError, match="seam"):
+        LLM(str(qwen3_5_path), device="cpu", seam=-1)
+    with pytest.raises(ValueError, match="cold"):
+        LLM(str(qwen3_5_path), device="cpu", cold="lukewarm")
+    with pytest.raises(ValueError, match="cache_device_bytes"):
+        LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=-5)
+    with pytest.raises(ValueError, match="not a directory"):
+        LLM("/nonexistent/model", device="cpu")
+    assert torch.isfinite(llm.engine.prefill_logits([[[1, 2, 3], [4]]])[0]).all()

@@ -1,0 +1,85 @@
+"""Invariants that must hold for every family: GDN (conv tails), KDA + NoPE MLA, and scalar decay
+with RoPE inside the linear layers (state re-rotation)."""
+
+import random
+
+import pytest
+import torch
+
+from hypic import LLM
+
+FAMILIES = ["qwen3_5", "kimi_linear", "ring_linear"]
+TOL = 1e-4
+
+
+def _segments(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+
+
+def _logits(llm: LLM, prompt: list[list[int]], mode: str) -> tuple[torch.Tensor, object]:
+    logits, metrics = llm.engine.prefill_logits([prompt], mode=mode)
+    return logits[0], metrics[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_segment_and_prefix_equal_full(model_paths, family) -> None:
+    llm = LLM(str(model_paths[family]), device="cpu")
+    one = _segments(0, [70])
+    full = _logits(llm, one, "full")[0]
+    for mode in ("hypic", "prefix"):
+        assert (_logits(llm, one, mode)[0] - full).abs().max() <= TOL
+    prompt = _segments(1, [25, 60, 40, 9])
+    full = _logits(llm, prompt, "full")[0]
+    for _ in range(2):  # cold, then warm
+        assert (_logits(llm, prompt, "prefix")[0] - full).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_seam_covering_every_segment_equals_full(model_paths, family) -> None:
+    llm = LLM(str(model_paths[family]), device="cpu", seam=100)
+    prompt = _segments(2, [40, 70, 33, 12])
+    assert (_logits(llm, prompt, "hypic")[0] - _logits(llm, prompt, "full")[0]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_entries_built_in_context_reproduce_full_exactly(model_paths, family) -> None:
+    """In-context entries of one order, reused in that same order, give the full computation back:
+    composed (T, S) and re-rotation for the linear layers, re-roped body keys and recomputed seams
+    for attention, conv warm-up from cached tails — every mechanism exact at once."""
+    llm = LLM(str(model_paths[family]), device="cpu", cold="in_context")
+    prompt = _segments(3, [30, 64, 65, 50, 11])
+    full = _logits(llm, prompt, "full")[0]
+    cold, m = _logits(llm, prompt, "hypic")
+    assert m.segment_misses == 4 and (cold - full).abs().max() <= TOL
+    warm, m = _logits(llm, prompt, "hypic")
+    assert m.segment_hits == 4 and m.recomputed_tokens == 4 * 8 + 11
+    assert (warm - full).abs().max() <= TOL
+    shifted = [prompt[0], *prompt[1:]]  # the same entries after a different head: positions move
+    other_head = _segments(4, [45])[0]
+    moved, m = _logits(llm, [other_head, *shifted[1:]], "hypic")
+    assert m.segment_hits == 3
+    assert torch.isfinite(moved).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_warm_reuse_in_any_order_equals_cold_standalone(model_paths, family) -> None:
+    head, *docs = _segments(5, [20, 60, 45, 80, 33])
+    query = _segments(6, [9])[0]
+    warm = LLM(str(model_paths[family]), device="cpu")
+    _logits(warm, [head, *docs, query], "hypic")
+    for order in ([3, 1, 0, 2], [2, 3, 1, 0]):
+        prompt = [head, *[docs[i] for i in order], query]
+        got, m = _logits(warm, prompt, "hypic")
+        assert m.segment_hits == 5 and m.segment_misses == 0
+        cold = LLM(str(model_paths[family]), device="cpu")
+        assert (got - _logits(cold, prompt, "hypic")[0]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_naive_is_measurably_worse_than_hypic(model_paths, family) -> None:
+    llm = LLM(str(model_paths[family]), device="cpu")
+    prompt = _segments(7, [16, 120, 120, 120, 10])
+    full = _logits(llm, prompt, "full")[0]
+    err = {m: (_logits(llm, prompt, m)[0] - full).abs().max().item() for m in ("hypic", "naive")}
+    assert err["naive"] > 5 * err["hypic"] and err["naive"] > 1e-3, err
