@@ -1,0 +1,59 @@
+"""The tiered store: budgets, LRU demotion and eviction, promotion, pinning, collisions, integrity."""
+
+import pytest
+import torch
+
+from hypic.cache.entry import Entry
+from hypic.cache.keys import SegmentKey, segment_key
+from hypic.cache.store import SegmentStore
+from hypic.ops.recurrence import Summary
+
+
+def _entry(ids: list[int], floats: int = 100) -> Entry:
+    key = segment_key(ids, model_fingerprint="m", seam=2, dtype="float32")
+    e = Entry(key, tuple(ids), 2)
+    e.summaries[0] = Summary(torch.zeros(1, 2, 2), torch.zeros(floats - 4))
+    return e
+
+
+def test_keys_depend_on_content_seam_salt_not_position() -> None:
+    k = segment_key([1, 2, 3], model_fingerprint="m", seam=8, dtype="bf16")
+    assert k == segment_key([1, 2, 3], model_fingerprint="m", seam=8, dtype="bf16")
+    for other in (segment_key([1, 2, 4], model_fingerprint="m", seam=8, dtype="bf16"),
+                  segment_key([1, 2, 3], model_fingerprint="m", seam=4, dtype="bf16"),
+                  segment_key([1, 2, 3], model_fingerprint="m", seam=8, dtype="bf16", salt="t"),
+                  segment_key([1, 2, 3], model_fingerprint="n", seam=8, dtype="bf16")):
+        assert other != k
+
+
+def test_lru_demotes_to_host_then_evicts_and_promotes_back() -> None:
+    a, b, c = _entry([1]), _entry([2]), _entry([3])
+    store = SegmentStore(torch.device("cpu"), device_bytes=a.nbytes * 2, host_bytes=a.nbytes)
+    for e in (a, b, c):
+        assert store.insert(e)
+        assert store.check_integrity()
+    s = store.stats()
+    assert s.entries == {"device": 2, "host": 1} and s.demotions == 1
+    assert store.lookup(a.key, a.token_ids).tier == "device"  # promoted, b (LRU) demoted into its place
+    s = store.stats()
+    assert s.promotions == 1 and s.demotions == 2 and s.entries == {"device": 2, "host": 1} and s.evictions == 0
+    assert store.lookup(b.key, b.token_ids).tier == "device" and store.stats().entries == {"device": 2, "host": 1}
+    assert store.check_integrity()
+
+
+def test_pinned_entries_stay_and_collisions_miss() -> None:
+    a, b = _entry([1]), _entry([2])
+    store = SegmentStore(torch.device("cpu"), device_bytes=a.nbytes, host_bytes=0)
+    store.insert(a)
+    store.pin([a.key])
+    assert not store.insert(b)  # a is pinned, nothing may leave, no tier has room
+    store.unpin([a.key])
+    assert store.insert(b) and store.lookup(a.key, a.token_ids) is None
+    forged = SegmentKey(b.key.digest, 1)
+    assert store.lookup(forged, (999,)) is None  # same digest, other tokens: never served
+    assert store.stats().misses == 2 and store.check_integrity()
+
+
+def test_budgets_are_validated() -> None:
+    with pytest.raises(ValueError, match="cache_host_bytes"):
+        SegmentStore(torch.device("cpu"), host_bytes=-1)
