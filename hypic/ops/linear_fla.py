@@ -86,7 +86,7 @@ def gdn_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, plan: 
                 initial_state: Tensor | None, scale: float,
                 with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """q, k [T, H, K], v [T, HV, V], g, beta [T, HV]; returns o, final [N, HV, K, V], T [N, HV, K, K]."""
-    q, k, v, beta = (x[None].contiguous() for x in (q, k, v, beta))
+    q, k, v, beta = (x[None].contiguous() for x in (q, k, v, beta.to(k.dtype)))
     # The plan is passed everywhere so that fla never derives (and caches) one itself: a plan first
     # derived on the side stream would be read on the main stream unsynchronised.
     cu, chunks, offsets = plan
@@ -122,7 +122,7 @@ def kda_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Te
     if with_transition:
         v = torch.cat([v, v.new_zeros(*v.shape[:-1], K)], dim=-1)
         h0 = torch.cat([h0, _identity(N, HV, K, v.device)], dim=-1)
-    o, final = chunk_kda(q[None], k[None], v[None].contiguous(), g[None].float(), beta[None], scale=scale,
+    o, final = chunk_kda(q[None], k[None], v[None].contiguous(), g[None].float(), beta[None].to(k.dtype), scale=scale,
                          initial_state=h0.float().contiguous(), output_final_state=True, cu_seqlens=cu,
                          cu_seqlens_cpu=cu_cpu)
     if not with_transition:
