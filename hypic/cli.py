@@ -67,6 +67,36 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if worst < 1e-4 else 1
 
 
+def bench_ttft(args: argparse.Namespace) -> int:
+    import datetime
+    import platform
+
+    from hypic.bench.shapes import SHAPES
+    from hypic.bench.ttft import RagShape, report, run
+    from hypic.engine.engine import Engine
+    from hypic.models.loader import load_model
+    from hypic.models.random_init import random_model
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype or
+                                                                   ("bfloat16" if device.type == "cuda" else "float32")]
+    if args.model:
+        loaded, title = load_model(args.model, device=device, dtype=dtype), args.model
+    else:
+        loaded, title = random_model(SHAPES[args.shape], device=device, dtype=dtype), f"{args.shape} (random weights)"
+    shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
+    res = run(Engine(loaded, seam=args.seam), shape, reps=args.reps)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = report(res, shape, f"TTFT: {title}, {dtype}, seam {args.seam}") + (
+        f"\n\nCommand: `hypic bench ttft {' '.join(sys.argv[3:])}` · {machine} · torch {torch.__version__} · {when}\n")
+    print(text)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write("\n" + text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -74,6 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--length", type=int, default=300)
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)
+    p_bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = p_bench.add_subparsers(dest="bench", required=True)
+    p_ttft = bench_sub.add_parser("ttft", help="TTFT across the mode ladder on RAG prompts")
+    p_ttft.add_argument("--model", help="a model folder (default: random weights of --shape)")
+    p_ttft.add_argument("--shape", default="qwen3.5-9b", choices=["qwen3.5-9b", "qwen3.5-35b-a3b", "tiny"])
+    p_ttft.add_argument("--device")
+    p_ttft.add_argument("--dtype", choices=["bfloat16", "float32"])
+    p_ttft.add_argument("--seam", type=int, default=8)
+    p_ttft.add_argument("--docs", type=int, default=32)
+    p_ttft.add_argument("--doc-tokens", type=int, default=1024)
+    p_ttft.add_argument("--head-tokens", type=int, default=512)
+    p_ttft.add_argument("--query-tokens", type=int, default=64)
+    p_ttft.add_argument("--reps", type=int, default=5)
+    p_ttft.add_argument("--out", help="append the table to this markdown file")
+    p_ttft.set_defaults(func=bench_ttft)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -1,0 +1,29 @@
+"""The TTFT benchmark runs end to end on a tiny random model (timings are not asserted)."""
+
+import torch
+
+from hypic.bench.shapes import SHAPES
+from hypic.bench.ttft import RagShape, rag_prompts, report, run
+from hypic.cli import main
+from hypic.engine.engine import Engine
+from hypic.models.random_init import random_model
+
+
+def test_rag_prompts_shuffle_one_document_pool() -> None:
+    shape = RagShape(docs=5, doc_tokens=7, head_tokens=3, query_tokens=2)
+    a, b = rag_prompts(shape, 100, 2, seed=1)
+    assert a[0] == b[0] and sorted(map(tuple, a[1:-1])) == sorted(map(tuple, b[1:-1])) and a[-1] != b[-1]
+    assert rag_prompts(shape, 100, 2, seed=1) == [a, b]
+
+
+def test_ttft_rows_and_recompute_set(tmp_path) -> None:
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    shape = RagShape(docs=4, doc_tokens=40, head_tokens=20, query_tokens=6)
+    res = run(engine, shape, reps=2)
+    assert res["recompute_tokens"] == 5 * 4 + 6  # head and documents: their seams; the query: all of it
+    assert all(res[k] > 0 for k in ("full", "prefix", "hypic_warm", "hypic_cold", "lower_bound", "bytes_per_doc"))
+    assert "hypic warm" in report(res, shape, "tiny")
+    out = tmp_path / "bench.md"
+    assert main(["bench", "ttft", "--shape", "tiny", "--docs", "3", "--doc-tokens", "30", "--head-tokens", "10",
+                 "--query-tokens", "4", "--reps", "1", "--out", str(out)]) == 0
+    assert "Command: `hypic bench ttft" in out.read_text()
