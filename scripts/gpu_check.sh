@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every GPU check of hypic on the H200 machine (never in CI): GPU-marked tests, then the
 # ops, model and engine benchmarks. Needs the fla wheels in .whl/ (../shared/tools/gpu-wheels.sh)
-# carried with the call. Details land in $OUT; the tables print last.
+# carried with the call. Details land in $OUT; the tables print last. Sections: SKIP_GPU_TESTS=1,
+# GPU_OPS=0, GPU_MODELS=1 (see below).
 set -eu
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
@@ -10,4 +11,11 @@ export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLA_DISABLE_BACKEND_DISPATCH=1
 if [ "${SKIP_GPU_TESTS:-0}" != 1 ]; then
   python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 15
 fi
-python3 scripts/gpu_check.py --out "$OUT" "$@"
+if [ "${GPU_OPS:-1}" = 1 ]; then
+  python3 scripts/gpu_check.py --out "$OUT" "$@"
+fi
+# Whole models (scripts/gpu_models.py: 9B and 35B-A3B shapes, 32k prefill, decode, vs transformers):
+# only with GPU_MODELS=1; GPU_MODELS_ARGS passes it flags, GPU_OPS=0 skips the ops check above.
+if [ "${GPU_MODELS:-0}" = 1 ]; then
+  python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
+fi

@@ -25,6 +25,7 @@ from hypic.models.context import ForwardContext, LinearRun, RopeSpec, SequenceSt
 from hypic.ops import recurrence
 from hypic.ops.attention import attention
 from hypic.ops.recurrence import Summary
+from hypic.ops.scan import prefix_states
 
 
 @dataclass(frozen=True)
@@ -128,33 +129,34 @@ class CombineContext(ForwardContext):
             history = initial[x.conv_run] if initial is not None else raw.new_zeros(width, raw.shape[1])
             x.entry.conv_tails[layer] = torch.cat([history, raw[start:x.conv_end]])[-width:].clone()
 
-    def _fold(self, family: str, state: Tensor | None, s: Summary) -> Tensor:
-        if state is None:
-            return s.state
-        if not self.assembly.use_transition:
-            return state + s.state
-        return recurrence.apply(family, s, state)
-
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         single = all(sum(kind == "run" for kind, _ in items) <= 1 for items in self.items)
         runs = None if single and not self.extracts else run(self.linear_cu, None, True).summary
         initial: Tensor | None = None
         for items in self.items:
-            state = None
+            chain: list[Summary] = []  # every span before the request's last run, in position order
+            starts: list[tuple[int, int]] = []  # (run index, its place in the chain)
             for kind, item in items:
                 if kind == "run":
-                    if state is not None:
-                        if initial is None:
-                            initial = state.new_zeros(len(self.linear_cu) - 1, *state.shape)
-                        initial[item] = state
+                    starts.append((item, len(chain)))
                     if runs is not None:
-                        s = Summary(None if runs.transition is None else runs.transition[item], runs.state[item])
-                        state = self._fold(family, state, s)
+                        chain.append(Summary(None if runs.transition is None else runs.transition[item],
+                                             runs.state[item]))
                 else:
                     s = item.entry.summaries[layer]
                     if rope is not None and self.assembly.rerotate:
                         s = recurrence.rerotate(family, s, item.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
-                    state = self._fold(family, state, s)
+                    chain.append(s)
+            if not chain:
+                continue
+            T = None if chain[0].transition is None else torch.stack([s.transition for s in chain])
+            X = prefix_states(family, T, torch.stack([s.state for s in chain]),
+                              naive=not self.assembly.use_transition)
+            for index, place in starts:
+                if place > 0:
+                    if initial is None:
+                        initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
+                    initial[index] = X[place]
         out = run(self.linear_cu, initial, False)
         for state, r in zip(self.decode_states, self.last_run, strict=True):
             state.linear[layer] = out.final_state[r]
