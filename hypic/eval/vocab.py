@@ -57,7 +57,7 @@ STAFF_SIZES = "twelve twenty thirty forty fifty sixty seventy eighty ninety".spl
 RISKS = "flooding theft fire debt drought rust rot fraud storms pests".split()
 ADVICE = (
     "hire more clerks", "repair the roof", "sell spare stock", "train new staff", "raise its prices",
-    "open a new branch", "cut its costs", "buy new tools",
+    "open a branch", "cut its costs", "buy new tools",
 )
 
 # Filler: padding sentences with no facts in them.
@@ -69,7 +69,7 @@ FILLER_OBJECTS = (
 )
 FILLER_TIMES = (
     "last spring", "on most mornings", "before the winter", "after the long rain", "every week",
-    "during the holidays", "late at night", "in the early autumn", "once a month", "without any help",
+    "during the holidays", "late at night", "in the early autumn", "once a month", "at dawn",
 )
 FILLER_HABITS = (
     "rarely talks about", "often writes letters about", "enjoys long talks about",
@@ -95,5 +95,5 @@ ORG_FILLER_OBJECTS = (
 SCENES = (
     "the weather was calm", "many people came to the square", "the streets were busy",
     "a small crowd gathered near the well", "the evening bells rang", "the roads were muddy",
-    "the market stalls opened early", "the river ran high",
+    "the market stalls were full", "the river ran high",
 )

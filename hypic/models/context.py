@@ -115,7 +115,7 @@ class SequenceContext(ForwardContext):
             s.keys[layer], s.values[layer] = keys, values
             k_pos = torch.arange(keys.shape[0], device=q.device)
             out[run] = attention(q[run], keys, values, q_positions=self.positions[run], k_positions=k_pos,
-                                 scale=scale, causal_prefill=start == 0)
+                                 scale=scale, causal_prefill=start == 0, all_visible=run.stop - run.start == 1)
         return out
 
     def finish(self) -> None:

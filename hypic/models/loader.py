@@ -125,7 +125,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
     files = checkpoint_files(path)
     with torch.device("meta"):
         model = arch.build(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = model.to(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, files, arch.checkpoint_name, device, dtype)

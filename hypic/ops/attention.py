@@ -13,21 +13,23 @@ from torch import Tensor
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor, scale: float,
-              causal_prefill: bool = False) -> Tensor:
+              causal_prefill: bool = False, all_visible: bool = False) -> Tensor:
     """One sequence: q [Tq, Hq, D], k/v [Tk, Hkv, D(v)] → [Tq, Hq, Dv]; Hq a multiple of Hkv (GQA).
 
-    ``causal_prefill`` says the keys are exactly the queries' own tokens in order, so the fused
-    causal kernel applies without building a mask (the caller knows this without a device sync).
+    ``causal_prefill``: the keys are exactly the queries' own tokens in order; ``all_visible``:
+    every key precedes every query (a decode step). Either lets the fused kernels run without a
+    mask, and the caller knows it without a device sync.
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q: {q.shape[1]} heads is not a multiple of the {k.shape[1]} key heads")
-    groups = q.shape[1] // k.shape[1]
-    qi, ki, vi = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # [H, T, D]
-    if groups > 1:
-        ki, vi = ki.repeat_interleave(groups, 0), vi.repeat_interleave(groups, 0)
+    # 4-D [1, H, T, D]: the fused SDPA kernels take only batched inputs (3-D falls back to math).
+    qi, ki, vi = (x.transpose(0, 1)[None] for x in (q, k, v))
+    gqa = q.shape[1] != k.shape[1]
     if causal_prefill:
-        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
+    elif all_visible:
+        o = F.scaled_dot_product_attention(qi, ki, vi, scale=scale, enable_gqa=gqa)
     else:
         mask = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
-        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale)
-    return o.transpose(0, 1)
+        o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return o[0].transpose(0, 1)

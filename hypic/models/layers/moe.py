@@ -110,14 +110,16 @@ class MoE(nn.Module):
                 self.shared_expert_gate = nn.Linear(cfg.hidden, 1, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        k = self.cfg.top_k
+        T, k = x.shape[0], self.cfg.top_k
         weights, experts = self.gate(x)
         flat = experts.reshape(-1)
         order = flat.argsort(stable=True)
-        token = order // k
-        counts = torch.bincount(flat, minlength=self.cfg.experts)
-        out = self.experts(x[token], counts)
-        y = torch.zeros_like(x).index_add_(0, token, (out.float() * weights.reshape(-1)[order, None]).to(x.dtype))
+        # counts by scatter, not bincount: bincount sizes its output on the host (a device sync)
+        counts = torch.zeros(self.cfg.experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
+        out = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)
+        out[order] = self.experts(x[order // k], counts)  # back to (token, choice) order
+        y = (out.view(T, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)  # no atomics: deterministic
         if self.cfg.shared_intermediate:
             shared = self.shared_expert(x)
             if self.cfg.shared_gate:
