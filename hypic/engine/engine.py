@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +29,26 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.loader import LoadedModel
 
 COLD_STRATEGIES = ("standalone", "in_context")
+
+
+@dataclass
+class Running:
+    """A request being decoded: its sampling, decode state and output so far."""
+
+    params: SamplingParams
+    state: SequenceState
+    output: RequestOutput
+    generator: torch.Generator | None
+    done: bool = False
+
+    def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
+        self.output.token_ids.append(token)
+        if logprobs is not None:
+            self.output.logprobs.append(logprobs)
+        if token in eos:
+            self.output.finish_reason, self.done = "stop", True
+        elif len(self.output.token_ids) >= self.params.max_tokens:
+            self.output.finish_reason, self.done = "length", True
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:
@@ -176,37 +197,44 @@ class Engine:
         return logits, metrics
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
-                 salts: list[str | None] | None = None) -> list[RequestOutput]:
-        """Prompts already tokenized by segment (the last segment is the query); text is left empty."""
+    def start(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
+              salts: list[str | None] | None = None) -> list[Running]:
+        """Prefill prompts (tokenized by segment, the query last) and sample their first tokens."""
         mode = check_mode(mode)
         salts = salts or [None] * len(prompts)
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
             logits, states = self._assemble(prompts, mode, salts, metrics)
-            gens = [None if p.seed is None else torch.Generator().manual_seed(p.seed) for p in params]
-            tokens, tops = sample(logits, params, gens)
+            runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs else None, m),
+                            None if p.seed is None else torch.Generator().manual_seed(p.seed))
+                    for p, st, m in zip(params, states, metrics, strict=True)]
+            tokens, tops = sample(logits, params, [r.generator for r in runs])
             ttft = time.perf_counter() - t0
-            outs = [RequestOutput("", [], [] if p.logprobs else None, m) for p, m in zip(params, metrics, strict=True)]
-            for m in metrics:
-                m.ttft_s = ttft
-            active = list(range(len(prompts)))
-            while True:
-                still = []
-                for i, t, lp in zip(active, tokens, tops, strict=True):
-                    outs[i].token_ids.append(t)
-                    if lp is not None:
-                        outs[i].logprobs.append(lp)
-                    if t in self.eos:
-                        outs[i].finish_reason = "stop"
-                    elif len(outs[i].token_ids) < params[i].max_tokens:
-                        still.append(i)
-                active = still
-                if not active:
-                    return outs
-                ctx = SequenceContext([states[i] for i in active], [1] * len(active), self.device)
-                ids = torch.tensor([outs[i].token_ids[-1] for i in active], device=self.device)
-                logits = self.model(ids, ctx)
-                ctx.finish()
-                tokens, tops = sample(logits, [params[i] for i in active], [gens[i] for i in active])
+            for r, t, lp in zip(runs, tokens, tops, strict=True):
+                r.output.metrics.ttft_s = ttft
+                r.accept(t, lp, self.eos)
+        return runs
+
+    @torch.no_grad()
+    def step(self, runs: list[Running]) -> None:
+        """One batched decode step for every unfinished sequence of ``runs``."""
+        active = [r for r in runs if not r.done]
+        if not active:
+            return
+        with self._lock:
+            ctx = SequenceContext([r.state for r in active], [1] * len(active), self.device)
+            ids = torch.tensor([r.output.token_ids[-1] for r in active], device=self.device)
+            logits = self.model(ids, ctx)
+            ctx.finish()
+            tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])
+        for r, t, lp in zip(active, tokens, tops, strict=True):
+            r.accept(t, lp, self.eos)
+
+    def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
+                 salts: list[str | None] | None = None) -> list[RequestOutput]:
+        """Prefill and decode to the end; text is left empty (the caller detokenizes)."""
+        runs = self.start(prompts, params, mode=mode, salts=salts)
+        while not all(r.done for r in runs):
+            self.step(runs)
+        return [r.output for r in runs]

@@ -1,0 +1,160 @@
+"""The serving loop: requests arrive from many threads; one worker thread owns the engine.
+
+Each iteration admits waiting requests (prefilled together, per mode), runs one decode step for
+every running request — decode is batched across requests — and hands new tokens to each
+request's event queue. The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
+A cancelled request leaves at the next iteration; shutdown stops admitting, then finishes or
+cancels what runs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from hypic.engine.engine import Engine, Running
+from hypic.engine.request import RequestOutput, SamplingParams
+
+
+class QueueFull(Exception):
+    """The waiting queue is at its limit."""
+
+
+@dataclass
+class Event:
+    kind: str  # "token" | "done" | "error"
+    token: int | None = None
+    logprobs: dict[int, float] | None = None
+    output: RequestOutput | None = None
+    error: Exception | None = None
+
+
+@dataclass
+class Submission:
+    prompt: list[list[int]]
+    params: SamplingParams
+    mode: str
+    salt: str | None
+    events: queue.Queue = field(default_factory=queue.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    run: Running | None = None
+    sent: int = 0  # tokens already handed out
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def stream(self, timeout: float | None = None):
+        """Yield events until ``done`` or ``error`` (raises queue.Empty after ``timeout`` seconds idle)."""
+        while True:
+            event = self.events.get(timeout=timeout)
+            yield event
+            if event.kind in ("done", "error"):
+                return
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, max_running: int = 32, max_queue: int = 128) -> None:
+        self.engine, self.max_running, self.max_queue = engine, max_running, max_queue
+        self._waiting: deque[Submission] = deque()
+        self._running: list[Submission] = []
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="hypic-scheduler", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> tuple[int, int]:
+        """(waiting, running)."""
+        with self._cv:
+            return len(self._waiting), len(self._running)
+
+    def submit(self, prompt: list[list[int]], params: SamplingParams, *, mode: str = "hypic",
+               salt: str | None = None) -> Submission:
+        sub = Submission(prompt, params, mode, salt)
+        with self._cv:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) >= self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (limit {self.max_queue})")
+            self._waiting.append(sub)
+            self._cv.notify()
+        return sub
+
+    def _emit(self, sub: Submission) -> None:
+        out = sub.run.output
+        for i in range(sub.sent, len(out.token_ids)):
+            lp = out.logprobs[i] if out.logprobs is not None else None
+            sub.events.put(Event("token", out.token_ids[i], lp))
+        sub.sent = len(out.token_ids)
+        if sub.run.done:
+            sub.events.put(Event("done", output=out))
+
+    def _admit(self) -> None:
+        with self._cv:
+            room = self.max_running - len(self._running)
+            batch = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        for sub in batch:
+            if sub.cancelled.is_set():
+                sub.events.put(Event("error", error=RuntimeError("cancelled")))
+        batch = [s for s in batch if not s.cancelled.is_set()]
+        for mode in {s.mode for s in batch}:
+            group = [s for s in batch if s.mode == mode]
+            try:
+                runs = self.engine.start([s.prompt for s in group], [s.params for s in group], mode=mode,
+                                         salts=[s.salt for s in group])
+            except Exception as e:  # one bad batch must not stop the loop: fail its requests
+                for s in group:
+                    s.events.put(Event("error", error=e))
+                continue
+            for s, r in zip(group, runs, strict=True):
+                s.run = r
+                self._emit(s)
+                if not r.done:
+                    with self._cv:
+                        self._running.append(s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._running and not self._stopping:
+                    self._cv.wait()
+                if self._stopping and not self._running and not self._waiting:
+                    return
+            self._admit()
+            with self._cv:
+                running = list(self._running)
+            for s in running:
+                if s.cancelled.is_set():
+                    s.run.done = True
+                    s.run.output.finish_reason = "cancelled"
+                    s.events.put(Event("error", error=RuntimeError("cancelled")))
+            live = [s for s in running if not s.run.done]
+            if live:
+                try:
+                    self.engine.step([s.run for s in live])
+                except Exception as e:
+                    for s in live:
+                        s.run.done = True
+                        s.events.put(Event("error", error=e))
+                else:
+                    for s in live:
+                        self._emit(s)
+            with self._cv:
+                self._running = [s for s in self._running if not s.run.done]
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Stop admitting; let running requests finish (cancel them after ``timeout`` seconds)."""
+        with self._cv:
+            self._stopping = True
+            for s in self._waiting:
+                s.events.put(Event("error", error=QueueFull("the server is shutting down")))
+            self._waiting.clear()
+            self._cv.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            with self._cv:
+                for s in self._running:
+                    s.cancel()
+            self._thread.join()

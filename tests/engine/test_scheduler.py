@@ -1,0 +1,63 @@
+"""The serving loop: batched decode across concurrent requests, streaming, bounds, cancellation."""
+
+import random
+import threading
+
+import pytest
+
+from hypic import LLM, SamplingParams
+from hypic.engine.scheduler import QueueFull, Scheduler
+
+
+def _prompt(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in (30, 40, 6)]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_5_path):
+    return LLM(str(qwen3_5_path), device="cpu")
+
+
+def test_concurrent_streams_equal_offline_generate(llm) -> None:
+    sched = Scheduler(llm.engine, max_running=4)
+    prompts = [_prompt(i) for i in range(6)]
+    sp = SamplingParams(max_tokens=5)
+    want = [llm.generate([p], sp)[0].token_ids for p in prompts]
+    results: dict[int, list[int]] = {}
+
+    def client(i: int) -> None:
+        sub = sched.submit(prompts[i], sp)
+        events = list(sub.stream(timeout=60))
+        assert events[-1].kind == "done"
+        streamed = [e.token for e in events if e.kind == "token"]
+        assert streamed == events[-1].output.token_ids
+        results[i] = streamed
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(6)] == want
+    sched.shutdown()
+    assert llm.engine.store.check_integrity()
+
+
+def test_queue_bound_cancellation_and_shutdown(llm) -> None:
+    sched = Scheduler(llm.engine, max_running=1, max_queue=1)
+    long = sched.submit(_prompt(1), SamplingParams(max_tokens=400))
+    next(long.stream(timeout=60))  # running now
+    waiting = sched.submit(_prompt(2), SamplingParams(max_tokens=2))
+    with pytest.raises(QueueFull):
+        sched.submit(_prompt(3), SamplingParams(max_tokens=2))
+    long.cancel()
+    assert [e for e in long.stream(timeout=60)][-1].kind == "error"
+    assert [e.kind for e in waiting.stream(timeout=60)][-1] == "done"
+    bad = sched.submit([[1, 2], [3]], SamplingParams(max_tokens=2), mode="nonsense")
+    assert list(bad.stream(timeout=60))[-1].kind == "error"
+    ok = sched.submit(_prompt(4), SamplingParams(max_tokens=2))  # the loop survived the bad request
+    assert list(ok.stream(timeout=60))[-1].kind == "done"
+    sched.shutdown()
+    with pytest.raises(QueueFull):
+        sched.submit(_prompt(5), SamplingParams(max_tokens=2))
