@@ -8,6 +8,9 @@ when the tensors are on CUDA and the family has a kernel there.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Literal, NamedTuple
 
 import torch
@@ -19,6 +22,19 @@ from hypic.ops.recurrence import Summary, _apply_transition
 
 Backend = Literal["auto", "torch", "fla"]
 FLA_FAMILIES = ("gdn", "kda", "scalar")
+# What "auto" means in this context: training forces "torch" (fla's backward is unusable on the
+# target machine's Triton, and hypic's fla path is forward-only).
+_AUTO: ContextVar[str] = ContextVar("hypic_linear_backend", default="auto")
+
+
+@contextlib.contextmanager
+def backend_override(backend: Backend) -> Iterator[None]:
+    """Within the block, ``backend="auto"`` calls use ``backend``."""
+    token = _AUTO.set(backend)
+    try:
+        yield
+    finally:
+        _AUTO.reset(token)
 
 
 class LinearOutput(NamedTuple):
@@ -43,6 +59,8 @@ def _check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
 def resolve_backend(backend: Backend, family: str, device: torch.device) -> Literal["torch", "fla"]:
     if backend not in ("auto", "torch", "fla"):
         raise ValueError(f"backend: expected 'auto', 'torch' or 'fla', got {backend!r}")
+    if backend == "auto":
+        backend = _AUTO.get()
     if backend == "auto":
         return "fla" if device.type == "cuda" and family in FLA_FAMILIES else "torch"
     if backend == "fla" and (device.type != "cuda" or family not in FLA_FAMILIES):

@@ -1,0 +1,5 @@
+import sys
+
+from hypic.train.loop import main
+
+sys.exit(main())

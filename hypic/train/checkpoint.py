@@ -1,0 +1,73 @@
+"""Checkpoints small enough to carry between short GPU runs: tensors in safetensors shards of at
+most 15 MiB, parameters in fp32, Adam moments in bf16, the loop's state in JSON. The same folder
+is a loadable HF model folder (config.json, tokenizer.json, index of the weight shards)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+SHARD_BYTES = 15 * 2**20
+
+
+def save_sharded(tensors: dict[str, torch.Tensor], folder: Path, prefix: str) -> dict[str, str]:
+    """Write tensors into ``{prefix}-NNNNN.safetensors`` shards; returns name → file."""
+    for old in folder.glob(f"{prefix}-*.safetensors"):
+        old.unlink()
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if size and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t.detach().contiguous().cpu()
+        size += nbytes
+    where = {}
+    for i, shard in enumerate(shards):
+        file = f"{prefix}-{i:05d}.safetensors"
+        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        where |= {name: file for name in shard}
+    return where
+
+
+def load_sharded(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob(f"{prefix}-*.safetensors")):
+        out |= load_file(str(file))
+    return out
+
+
+def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                    weights_dtype: torch.dtype = torch.float32) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    params = {n: p.to(weights_dtype) for n, p in model.named_parameters() if n != "lm_head.weight"
+              or not getattr(model, "tie_embeddings", False)}
+    where = save_sharded(params, folder, "model")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}, indent=1))
+    moments = {}
+    names = {p: n for n, p in model.named_parameters()}
+    for p, s in optimizer.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            moments[f"{names[p]}.{key}"] = s[key].to(torch.bfloat16)
+    save_sharded(moments, folder, "optim")
+    (folder / "train_state.json").write_text(json.dumps(state, indent=1))
+
+
+def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, t in load_sharded(folder, "model").items():
+            params[name].copy_(t)
+    moments = load_sharded(folder, "optim")
+    state = json.loads((folder / "train_state.json").read_text())
+    for name, p in params.items():
+        if f"{name}.exp_avg" in moments:
+            optimizer.state[p] = {"step": torch.tensor(float(state["step"])),
+                                  "exp_avg": moments[f"{name}.exp_avg"].to(p.device, torch.float32),
+                                  "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(p.device, torch.float32)}
+    return state

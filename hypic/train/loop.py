@@ -1,0 +1,133 @@
+"""The training loop for the bundled model: ``python -m hypic.train --out DIR --minutes 8 [--resume]``.
+
+Qwen3.5 dense architecture (GDN layers, every 4th full attention), trained with hypic's own model
+code and the chunked PyTorch linear-attention kernel (differentiable; fla's backward does not run
+on the GPU machine's Triton). bf16 autocast on CUDA, AdamW with warm-up and cosine decay over
+``--total-steps``; each run stops after ``--minutes`` and saves a resumable checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+
+from hypic.eval.tokenizer import END, END_OF_TEXT
+from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.random_init import random_model
+from hypic.ops.linear import backend_override
+from hypic.train.checkpoint import load_checkpoint, save_checkpoint
+from hypic.train.data import Stream, difficulty_at
+
+
+def model_config(tok: Tokenizer, preset: str) -> dict:
+    vocab = 64 * math.ceil(tok.get_vocab_size() / 64)
+    sizes = {"tiny": dict(hidden_size=64, num_hidden_layers=4, intermediate_size=128, heads=2, kv=1, hd=32),
+             "default": dict(hidden_size=256, num_hidden_layers=8, intermediate_size=512, heads=4, kv=2, hd=64)}
+    s = sizes[preset]
+    return dict(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=vocab,
+                hidden_size=s["hidden_size"], num_hidden_layers=s["num_hidden_layers"], full_attention_interval=4,
+                num_attention_heads=s["heads"], num_key_value_heads=s["kv"], head_dim=s["hd"],
+                intermediate_size=s["intermediate_size"], linear_num_key_heads=s["heads"],
+                linear_num_value_heads=s["heads"], linear_key_head_dim=s["hd"], linear_value_head_dim=s["hd"],
+                linear_conv_kernel_dim=4, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                tie_word_embeddings=True, attn_output_gate=True, hidden_act="silu",
+                eos_token_id=tok.token_to_id(END), pad_token_id=tok.token_to_id(END_OF_TEXT),
+                bos_token_id=None, torch_dtype="float32")
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def loss_of(model: torch.nn.Module, batch, device: torch.device) -> torch.Tensor:
+    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        hidden = model.hidden_states(batch.input_ids.to(device), ctx)
+        logits = model.lm_head(hidden).float()
+    nll = F.cross_entropy(logits, batch.labels.to(device), reduction="none")
+    w = batch.weights.to(device)
+    return (nll * w).sum() / w.sum()
+
+
+def train(args: argparse.Namespace) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json")) if args.tokenizer else \
+        Tokenizer.from_file(str(out / "tokenizer.json"))
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    config = json.loads((out / "config.json").read_text()) if args.resume else model_config(tok, args.preset)
+    model = random_model(config, device=device, dtype=torch.float32, seed=args.seed).model.train()
+    model.requires_grad_(True)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or "embed" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    state = {"step": 0, "tokens": 0, "log": []}
+    if args.resume:
+        state = load_checkpoint(out, model, opt)
+    else:
+        (out / "config.json").write_text(json.dumps(config, indent=1))
+        tok.save(str(out / "tokenizer.json"))
+        (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
+                                                                "model_max_length": 32768}))
+    stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
+                    doc_weight=args.doc_weight, workers=args.workers)
+    t0, last = time.time(), time.time()
+    try:
+        with backend_override("torch"):
+            while time.time() - t0 < args.minutes * 60 and state["step"] < args.total_steps:
+                step = state["step"]
+                batch = stream.batch(step)
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, args.lr, args.warmup, args.total_steps)
+                loss = loss_of(model, batch, device)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                state["step"] += 1
+                state["tokens"] += int(batch.input_ids.numel())
+                if state["step"] % args.log_every == 0:
+                    dt = time.time() - last
+                    last = time.time()
+                    row = {"step": state["step"], "loss": round(loss.item(), 4), "grad_norm": round(norm.item(), 3),
+                           "lr": g["lr"], "difficulty": round(difficulty_at(step, args.ramp_steps), 3),
+                           "tok_per_s": round(args.log_every * batch.input_ids.numel() / dt)}
+                    state["log"].append(row)
+                    print(json.dumps(row), flush=True)
+    finally:
+        stream.close()
+    save_checkpoint(out, model, opt, state)
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hypic.train", description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="checkpoint folder (also a loadable model folder)")
+    p.add_argument("--tokenizer", help="folder with tokenizer.json (first run)")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--preset", default="default", choices=["default", "tiny"])
+    p.add_argument("--device")
+    p.add_argument("--minutes", type=float, default=8.0)
+    p.add_argument("--total-steps", type=int, default=6000)
+    p.add_argument("--warmup", type=int, default=200)
+    p.add_argument("--ramp-steps", type=int, default=3000)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--batch-tokens", type=int, default=65536)
+    p.add_argument("--doc-weight", type=float, default=0.1)
+    p.add_argument("--workers", type=int, default=6)
+    p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    train(p.parse_args(argv))
+    return 0
