@@ -97,6 +97,40 @@ def bench_ttft(args: argparse.Namespace) -> int:
     return 0
 
 
+def eval_quality(args: argparse.Namespace) -> int:
+    import datetime
+    import json
+    from pathlib import Path
+
+    from hypic.eval.quality import evaluate
+    from hypic.eval.report import plot, table
+    from hypic.llm import bundled_model_path
+    from hypic.models.loader import load_model
+
+    path = args.model or str(bundled_model_path())
+    loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
+    n = args.n or (4 if args.quick else 200)
+    difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
+    results = evaluate(loaded, n=n, difficulty=difficulty)
+    if args.json:
+        print(json.dumps({"scores": {k: round(r.average, 3) for k, r in results.items()},
+                          "families": {k: r.family_scores for k, r in results.items()},
+                          "em": {k: r.family_em for k, r in results.items()},
+                          "kl": {k: r.kl for k, r in results.items()}, "top1": {k: r.top1 for k, r in results.items()},
+                          "examples_per_family": n, "difficulty": difficulty}))
+    else:
+        print(table(results))
+    if args.out:
+        out = Path(args.out)
+        plot(results, out.with_suffix(".png"))
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        out.write_text(f"# Quality across the mode ladder\n\nCommand: `hypic eval quality {' '.join(sys.argv[3:])}` · "
+                       f"model {path} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
+                       f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
+                       f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -119,6 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--reps", type=int, default=5)
     p_ttft.add_argument("--out", help="append the table to this markdown file")
     p_ttft.set_defaults(func=bench_ttft)
+    p_eval = sub.add_parser("eval", help="evaluations")
+    eval_sub = p_eval.add_subparsers(dest="eval", required=True)
+    p_q = eval_sub.add_parser("quality", help="task quality across the mode ladder")
+    p_q.add_argument("--model", help="model folder (default: the bundled model)")
+    p_q.add_argument("--quick", action="store_true", help="a few short examples per family (CI)")
+    p_q.add_argument("--json", action="store_true", help="print one JSON object with per-mode scores")
+    p_q.add_argument("--n", type=int, help="examples per family (default 200; 4 with --quick)")
+    p_q.add_argument("--difficulty", type=float)
+    p_q.add_argument("--device")
+    p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")
+    p_q.set_defaults(func=eval_quality)
     args = parser.parse_args(argv)
     return args.func(args)
 

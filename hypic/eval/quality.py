@@ -1,0 +1,85 @@
+"""Quality across the mode ladder: every task family under ``full``, ``prefix``, ``naive``,
+``transition`` and ``hypic`` at seams 0…32 (and the in-context cold strategy), scored against the
+references and against ``full`` itself (first-token KL divergence and top-1 agreement).
+
+Each label gets a fresh engine (an empty cache), and its documents are prefilled by its own cold
+strategy: standalone entries are the same whether a document was cached earlier or just now, so
+one pass measures warm quality.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
+from hypic.eval.metrics import score
+from hypic.eval.tasks import FAMILIES, generate
+from hypic.eval.tokenizer import encode_example
+from hypic.models.loader import LoadedModel
+
+SEAMS = (0, 1, 2, 4, 8, 16, 32)
+# label → (mode, seam, cold strategy)
+LABELS: dict[str, tuple[str, int, str]] = {
+    "full": ("full", 8, "standalone"), "prefix": ("prefix", 8, "standalone"), "naive": ("naive", 0, "standalone"),
+    "transition": ("transition", 0, "standalone"),
+    **{f"hypic_w{w}": ("hypic", w, "standalone") for w in SEAMS},
+    "hypic_w8_in_context": ("hypic", 8, "in_context"),
+}
+MAX_TOKENS = {"em_f1": 8, "rougeL": 48}
+
+
+@dataclass
+class LabelResult:
+    family_scores: dict[str, float] = field(default_factory=dict)  # 0–100: F1 (QA) or ROUGE-L
+    family_em: dict[str, float] = field(default_factory=dict)  # QA exact match, 0–100
+    kl: float = 0.0  # mean first-token KL(full ‖ label)
+    top1: float = 0.0  # first-token top-1 agreement with full, 0–100
+
+    @property
+    def average(self) -> float:
+        return sum(self.family_scores.values()) / max(1, len(self.family_scores))
+
+
+def _batches(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
+
+
+def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
+             labels: list[str] | None = None, batch: int = 8) -> dict[str, LabelResult]:
+    if loaded.tokenizer is None:
+        raise ValueError("model: quality evaluation needs a tokenizer.json")
+    tok = loaded.tokenizer
+    data = {f: [encode_example(tok, ex) for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
+    refs = {f: [ex.answer for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
+    labels = labels or list(LABELS)
+    full_logits = {f: torch.cat([Engine(loaded).prefill_logits([e.segments for e in chunk], mode="full")[0]
+                                 for chunk in _batches(data[f], batch)]) for f in FAMILIES}
+    results: dict[str, LabelResult] = {}
+    for label in labels:
+        mode, seam, cold = LABELS[label]
+        engine = Engine(loaded, seam=seam, cold=cold)
+        res, kls, agree = LabelResult(), [], []
+        for family, encoded in data.items():
+            metric = FAMILIES[family].metric
+            params = SamplingParams(max_tokens=MAX_TOKENS[metric])
+            preds, logits = [], []
+            for chunk in _batches(encoded, batch):
+                prompts = [e.segments for e in chunk]
+                preds += [tok.decode(o.token_ids, skip_special_tokens=True).strip()
+                          for o in engine.generate(prompts, [params] * len(prompts), mode=mode)]
+                logits.append(engine.prefill_logits(prompts, mode=mode)[0])
+            scores = [score(metric, p, r) for p, r in zip(preds, refs[family], strict=True)]
+            key = "f1" if metric == "em_f1" else "rougeL"
+            res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
+            if metric == "em_f1":
+                res.family_em[family] = 100 * sum(s["em"] for s in scores) / len(scores)
+            p, q = torch.log_softmax(full_logits[family], -1), torch.log_softmax(torch.cat(logits), -1)
+            kls += (p.exp() * (p - q)).sum(-1).tolist()
+            agree += (p.argmax(-1) == q.argmax(-1)).float().tolist()
+        res.kl, res.top1 = sum(kls) / len(kls), 100 * sum(agree) / len(agree)
+        results[label] = res
+    return results

@@ -1,0 +1,44 @@
+"""docs/quality.md: the table across the ladder and a plot of score against the seam width."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypic.eval.quality import SEAMS, LabelResult
+from hypic.eval.tasks import FAMILIES
+
+
+def table(results: dict[str, LabelResult]) -> str:
+    fams = list(FAMILIES)
+    head = ("| mode | " + " | ".join(fams) +
+            " | average | Δ vs full | EM single/multi-hop | KL(full‖mode) | top-1 vs full |")
+    lines = [head, "|" + "---|" * (len(fams) + 6)]
+    full = results["full"].average if "full" in results else float("nan")
+    for label, r in results.items():
+        em = "/".join(f"{r.family_em.get(f, float('nan')):.1f}" for f in ("single_hop", "multi_hop"))
+        cells = [f"{r.family_scores[f]:.1f}" for f in fams]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {r.average:.1f} | {r.average - full:+.1f} | {em} | "
+                     f"{r.kl:.4f} | {r.top1:.1f}% |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, LabelResult], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [w for w in SEAMS if f"hypic_w{w}" in results]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    ax.plot([max(w, 0.5) for w in xs], [results[f"hypic_w{w}"].average for w in xs], "o-", label="hypic")
+    for label, style in (("full", "k--"), ("naive", "r:"), ("transition", "m-."), ("prefix", "g--")):
+        if label in results:
+            ax.axhline(results[label].average, linestyle=style[1:], color=style[0], label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([max(w, 0.5) for w in xs], [str(w) for w in xs])
+    ax.set_xlabel("seam window w (tokens)")
+    ax.set_ylabel("score (avg over task families, 0–100)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

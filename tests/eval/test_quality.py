@@ -1,0 +1,42 @@
+"""The quality runner end to end on a tiny model trained for a few steps (scores are not judged
+here; the bundled model's bounds are)."""
+
+import json
+
+import pytest
+
+from hypic.cli import main as cli
+from hypic.eval.quality import LABELS, evaluate
+from hypic.eval.tokenizer import corpus, train_tokenizer
+from hypic.models.loader import load_model
+from hypic.train.loop import main as train
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quality")
+    tok = train_tokenizer(corpus(5, [-1], difficulties=(0.0,)), 512)
+    (root / "tok").mkdir()
+    tok.save(str(root / "tok" / "tokenizer.json"))
+    train(["--out", str(root / "model"), "--tokenizer", str(root / "tok"), "--preset", "tiny", "--device", "cpu",
+           "--batch-tokens", "800", "--workers", "0", "--total-steps", "3", "--log-every", "1"])
+    return root / "model"
+
+
+def test_every_label_is_scored_and_fidelity_orders_the_ladder(model_dir) -> None:
+    res = evaluate(load_model(model_dir, device="cpu"), n=3, difficulty=0.2, labels=list(LABELS))
+    assert set(res) == set(LABELS)
+    assert res["full"].kl == pytest.approx(0.0, abs=1e-9) and res["full"].top1 == 100.0
+    assert res["prefix"].kl < 1e-6  # exact reuse
+    assert res["naive"].kl > res["hypic_w8"].kl  # the transition operator matters
+    for r in res.values():
+        assert set(r.family_scores) == {"single_hop", "multi_hop", "multi_doc_summary", "report_summary"}
+        assert all(0.0 <= s <= 100.0 for s in r.family_scores.values())
+
+
+def test_cli_quick_json_and_report(model_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "quality.md"
+    assert cli(["eval", "quality", "--model", str(model_dir), "--quick", "--n", "2", "--json", "--out", str(out)]) == 0
+    scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scores"]
+    assert {"full", "prefix", "naive", "transition", "hypic_w0", "hypic_w32"} <= set(scores)
+    assert "| hypic_w8 |" in out.read_text() and out.with_suffix(".png").stat().st_size > 1000
