@@ -21,7 +21,7 @@ from torch import Tensor
 from hypic.cache.entry import Entry
 from hypic.engine.modes import Assembly
 from hypic.engine.plan import RequestPlan, SegmentPlan
-from hypic.models.context import ForwardContext, LinearRun, RopeSpec, SequenceState
+from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
 from hypic.ops import recurrence
 from hypic.ops.attention import attention
 from hypic.ops.recurrence import Summary
@@ -188,7 +188,7 @@ class CombineContext(ForwardContext):
                     key_pos.append(pos)
             K, V, P = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
             out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=P, scale=scale)
-            state.keys[layer], state.values[layer] = K, V
+            state.kv[layer] = KVBuffer(K, V)
         for x in self.extracts:
             a, b = x.rows
             x.entry.keys[layer], x.entry.values[layer] = k[a:b].clone(), v[a:b].clone()

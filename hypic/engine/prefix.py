@@ -2,8 +2,9 @@
 segments before them — what SGLang and vLLM give hybrid models. A later prompt reuses the longest
 run of leading segments it shares, in the same order, and computes the rest in context.
 
-Snapshots share tensors with the states they came from: a forward replaces a state's tensors
-rather than writing into them, so a snapshot is a copy of the dicts, not of the data.
+Snapshots share linear states and conv tails with the states they came from (a forward replaces
+those tensors rather than writing into them); the key/value buffers grow in place, so a snapshot
+copies them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from hypic.models.context import SequenceState
 
 
 def snapshot(state: SequenceState) -> SequenceState:
-    return SequenceState(dict(state.linear), dict(state.conv), dict(state.keys), dict(state.values), state.length)
+    return SequenceState(dict(state.linear), dict(state.conv), {i: b.clone() for i, b in state.kv.items()},
+                         state.length)
 
 
 def chain(keys: list[SegmentKey]) -> list[bytes]:

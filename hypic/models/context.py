@@ -58,14 +58,45 @@ class ForwardContext(ABC):
         RoPE (the context ropes them at true positions); returns [T, Hq, Dv]."""
 
 
+class KVBuffer:
+    """One layer's roped keys and values of one sequence, in a buffer that grows by doubling, so a
+    decode step writes one row instead of copying the whole history."""
+
+    def __init__(self, keys: Tensor, values: Tensor, headroom: int = 64) -> None:
+        n = keys.shape[0]
+        self._k = keys.new_empty(n + headroom, *keys.shape[1:])
+        self._v = values.new_empty(n + headroom, *values.shape[1:])
+        self._k[:n], self._v[:n] = keys, values
+        self.length = n
+
+    @property
+    def keys(self) -> Tensor:  # [L, Hkv, D]
+        return self._k[: self.length]
+
+    @property
+    def values(self) -> Tensor:  # [L, Hkv, Dv]
+        return self._v[: self.length]
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        n = self.length + keys.shape[0]
+        if n > self._k.shape[0]:
+            cap = max(n, 2 * self._k.shape[0])
+            self._k = torch.cat([self._k[: self.length], self._k.new_empty(cap - self.length, *self._k.shape[1:])])
+            self._v = torch.cat([self._v[: self.length], self._v.new_empty(cap - self.length, *self._v.shape[1:])])
+        self._k[self.length:n], self._v[self.length:n] = keys, values
+        self.length = n
+
+    def clone(self) -> KVBuffer:
+        return KVBuffer(self.keys, self.values)
+
+
 @dataclass
 class SequenceState:
     """Everything one sequence carries between forwards: the decode state."""
 
     linear: dict[int, Tensor] = field(default_factory=dict)  # layer → state [HV, K, V] fp32
     conv: dict[int, Tensor] = field(default_factory=dict)  # layer → tail [W−1, D]
-    keys: dict[int, Tensor] = field(default_factory=dict)  # layer → roped keys [L, Hkv, D]
-    values: dict[int, Tensor] = field(default_factory=dict)  # layer → values [L, Hkv, Dv]
+    kv: dict[int, KVBuffer] = field(default_factory=dict)  # attention layer → roped keys and values
     length: int = 0  # tokens seen: the next position
 
 
@@ -110,9 +141,11 @@ class SequenceContext(ForwardContext):
         for s, run, start in zip(self.states, self._runs(), self._starts, strict=True):
             if run.start == run.stop:
                 continue
-            keys = k[run] if start == 0 else torch.cat([s.keys[layer], k[run]])
-            values = v[run] if start == 0 else torch.cat([s.values[layer], v[run]])
-            s.keys[layer], s.values[layer] = keys, values
+            if start == 0:
+                s.kv[layer] = KVBuffer(k[run], v[run])
+            else:
+                s.kv[layer].append(k[run], v[run])
+            keys, values = s.kv[layer].keys, s.kv[layer].values
             k_pos = torch.arange(keys.shape[0], device=q.device)
             out[run] = attention(q[run], keys, values, q_positions=self.positions[run], k_positions=k_pos,
                                  scale=scale, causal_prefill=start == 0, all_visible=run.stop - run.start == 1)
