@@ -26,9 +26,10 @@ os.environ.setdefault("FLA_DISABLE_BACKEND_DISPATCH", "1")
 
 from fla.ops.common.chunk_delta_h import chunk_gated_delta_rule_fwd_h  # noqa: E402
 from fla.ops.common.chunk_o import chunk_fwd_o  # noqa: E402
+from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule  # noqa: E402
 from fla.ops.gated_delta_rule.chunk_fwd import chunk_gated_delta_rule_fwd_intra  # noqa: E402
-from fla.ops.kda import chunk_kda  # noqa: E402
-from fla.ops.simple_gla import chunk_simple_gla  # noqa: E402
+from fla.ops.kda import chunk_kda, fused_recurrent_kda  # noqa: E402
+from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla  # noqa: E402
 from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
 
@@ -140,10 +141,35 @@ def scalar_forward(q: Tensor, k: Tensor, v: Tensor, g: Tensor, cu: Tensor, cu_cp
     return o[0], final, None
 
 
+def decode_step(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None,
+                initial_state: Tensor | None, scale: float) -> tuple[Tensor, Tensor, None]:
+    """One token per sequence (a decode step): the sequences become the batch of fla's recurrent
+    kernels, one launch instead of the chunked pipeline."""
+    N, HV, K, V = v.shape[0], v.shape[1], k.shape[2], v.shape[2]
+    h0 = initial_state if initial_state is not None else v.new_zeros(N, HV, K, V, dtype=torch.float32)
+    h0 = h0.float().contiguous()
+    if fam.name == "gdn":
+        o, final = fused_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g=g[:, None].float(),
+                                                    beta=beta[:, None].to(k.dtype), scale=scale, initial_state=h0,
+                                                    output_final_state=True)
+    elif fam.name == "kda":
+        qx, kx = expand_heads(q, HV), expand_heads(k, HV)
+        o, final = fused_recurrent_kda(qx[:, None], kx[:, None], v[:, None], g[:, None].float(),
+                                       beta[:, None].to(k.dtype), scale=scale, initial_state=h0,
+                                       output_final_state=True)
+    else:
+        qx, kx = expand_heads(q, HV), expand_heads(k, HV)
+        o, final = fused_recurrent_simple_gla(qx[:, None], kx[:, None], v[:, None], g=g[:, None].float(), scale=scale,
+                                              initial_state=h0, output_final_state=True)
+    return o[:, 0], final, None
+
+
 def fla_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                          cu_cpu: Tensor, initial_state: Tensor | None, scale: float,
                          with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """cu_cpu: the sequence offsets on the host (no device sync is needed to plan chunks)."""
+    if not with_transition and len(cu_cpu) - 1 == k.shape[0]:
+        return decode_step(fam, q, k, v, g, beta, initial_state, scale)
     plan = chunk_plan(cu_cpu, k.device)
     cu = plan.cu
     if fam.name == "gdn":
