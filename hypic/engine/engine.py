@@ -217,6 +217,24 @@ class Engine:
         return runs
 
     @torch.no_grad()
+    def prewarm(self, segments: list[list[int]], *, salt: str | None = None) -> list[bool | None]:
+        """Prefill documents into the cache (standalone, whatever the cold strategy) before the
+        queries that will use them arrive. Per segment: True if it was cached already, False if it
+        was filled now, None if it is too short to cache (all seam: recomputed in context anyway)."""
+        with self._lock:
+            plan = self._plan([*segments, []], "hypic", salt)  # an empty query: nothing to answer
+            try:
+                misses = {s.key: s for s in plan.segments if s.key is not None and not s.hit}
+                if misses:
+                    ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in misses.items()], self.device)
+                    self.model.hidden_states(ctx.input_ids, ctx)
+                    for e in ctx.entries:
+                        self.store.insert(e)
+            finally:
+                self.store.unpin(plan.pinned)
+        return [None if s.key is None else s.hit for s in plan.segments[:-1]]
+
+    @torch.no_grad()
     def step(self, runs: list[Running]) -> None:
         """One batched decode step for every unfinished sequence of ``runs``."""
         active = [r for r in runs if not r.done]

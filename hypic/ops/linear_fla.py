@@ -168,7 +168,7 @@ def fla_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor
                          cu_cpu: Tensor, initial_state: Tensor | None, scale: float,
                          with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """cu_cpu: the sequence offsets on the host (no device sync is needed to plan chunks)."""
-    if not with_transition and len(cu_cpu) - 1 == k.shape[0]:
+    if not with_transition and bool(((cu_cpu[1:] - cu_cpu[:-1]) == 1).all()):
         return decode_step(fam, q, k, v, g, beta, initial_state, scale)
     plan = chunk_plan(cu_cpu, k.device)
     cu = plan.cu
