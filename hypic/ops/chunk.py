@@ -1,11 +1,17 @@
-"""Chunked linear attention in plain PyTorch: the CPU backend of ``hypic.ops.linear``.
+"""Chunked linear attention in plain PyTorch: the CPU backend of ``hypic.ops.linear`` and the
+differentiable path that trains the bundled model.
 
 Sequences are packed varlen (``cu_seqlens``) and padded to whole chunks; padding tokens carry
-``k = v = g = β = a = b = 0``, whose transition is the identity, so they change nothing. Chunk j
-of every sequence is processed together: intra-chunk terms in closed form (a unit-triangular
-solve for the delta rule and DPLR), the state carried across chunks. With ``output_summary`` the
-state is widened to ``[S_in | I]`` and the values to ``[v | 0]``: every value column evolves on
-its own, so the extra K columns come out as the span's ``T`` in the same pass.
+``k = v = g = β = a = b = 0``, whose transition is the identity, so they change nothing. Every
+chunk is first solved on its own, all chunks at once: given the state ``S`` entering it, its
+outputs are ``o = Q̃·S + O₀`` and its exit state is ``A·S + B`` with
+``A·S = Γ ⊙ S + K̃ᵀ(W̃·S)`` (a decay plus a rank-C correction from the delta rule / DPLR solve).
+The states entering the chunks then follow either
+
+- sequentially (inference: two small matmuls per chunk; with ``with_transition`` the state is
+  widened to ``[S_in | I]`` so the extra columns come out as the span's ``T``), or
+- by a parallel prefix scan over the chunks' affine maps (training: ``log₂`` steps of batched
+  matmuls instead of a Python loop per chunk; ``T`` is the scan's total ``A``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from hypic.ops.family import Family, expand_heads
 
 class ChunkResult(NamedTuple):
     o: Tensor  # [T, HV, V] in the input dtype
-    final_state: Tensor  # [N, HV, K, V(+K with transition)] fp32 (fp64 for fp64 inputs)
+    final_state: Tensor  # [N, HV, K, V] fp32 (fp64 for fp64 inputs)
+    transition: Tensor | None  # [N, HV, K, K] when asked for
 
 
 class _Packing(NamedTuple):
@@ -29,6 +36,17 @@ class _Packing(NamedTuple):
     pos: Tensor  # [T] position within the chunk
     num_seqs: int
     num_chunks: int
+
+
+class _Local(NamedTuple):
+    """Each chunk's map from its entering state S. Batch dims [NC, N, H] lead every field."""
+
+    q_eff: Tensor  # [.., C, K]: o = q_eff·S + o0
+    o0: Tensor  # [.., C, V]
+    decay: Tensor | None  # [.., K, 1]: Γ over the chunk (None: no decay)
+    k_eff: Tensor | None  # [.., C', K]: A·S = Γ⊙S + k_effᵀ(w_eff·S)
+    w_eff: Tensor | None  # [.., C', K]
+    b: Tensor  # [.., K, V]: the exit state from S = 0
 
 
 def _packing(cu_seqlens: Tensor, total: int, chunk_size: int) -> _Packing:
@@ -56,69 +74,112 @@ def _unpad(x: Tensor, p: _Packing) -> Tensor:
 
 
 def _pair(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, strict: bool) -> Tensor:
-    """P[t, j] = Σ_k x_t,k · y_j,k · exp(gx_t,k − gy_j,k) for j < t (strict) or j ≤ t. [N, H, C, C]."""
+    """P[t, j] = Σ_k x_t,k · y_j,k · exp(gx_t,k − gy_j,k) for j < t (strict) or j ≤ t. [.., C, C]."""
     C = x.shape[-2]
     mask = torch.ones(C, C, dtype=torch.bool, device=x.device).tril(-1 if strict else 0)
     if gx is None:
         return (x @ y.transpose(-1, -2)) * mask
     if gx.shape[-1] == 1:  # one decay per head
-        diff = gx - gy.transpose(-1, -2)  # [N, H, C, C]
+        diff = gx - gy.transpose(-1, -2)  # [.., C, C]
         return (x @ y.transpose(-1, -2)) * diff.masked_fill(~mask, float("-inf")).exp()
-    diff = gx[..., :, None, :] - gy[..., None, :, :]  # [N, H, C, C, K]
+    diff = gx[..., :, None, :] - gy[..., None, :, :]  # [.., C, C, K]
     decay = diff.masked_fill(~mask[..., None], float("-inf")).exp()
-    return torch.einsum("nhtk,nhjk,nhtjk->nhtj", x, y, decay)
+    return torch.einsum("...tk,...jk,...tjk->...tj", x, y, decay)
+
+
+def _solve(lower: Tensor, rhs: Tensor, sign: float) -> Tensor:
+    """(I + sign·lower)⁻¹·rhs for a strictly lower-triangular ``lower``."""
+    eye = torch.eye(lower.shape[-1], dtype=lower.dtype, device=lower.device)
+    return torch.linalg.solve_triangular(eye + sign * lower, rhs, upper=False, unitriangular=True)
+
+
+def _local(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, a: Tensor | None,
+           b: Tensor | None) -> _Local:
+    G = None if g is None else g.cumsum(-2)  # [.., C, 1 or K]
+    head = 1.0 if G is None else G.exp()  # Γ_t: decay from the chunk start through t
+    tail = 1.0 if G is None else (G[..., -1:, :] - G).exp()  # decay from after t to the chunk end
+    decay = None if G is None else G[..., -1, :].exp()[..., :, None].expand(*G.shape[:-2], k.shape[-1], 1)
+    qh = q * head
+    if fam.lowrank:  # w = W0 + Wm·S with (I − Lab)·w = (aΓx)·S + Lak·v
+        gx = G - g  # exclusive: decay through t−1, what a_tᵀ·S_{t−1} sees
+        rhs = torch.cat([_pair(a, k, gx, G, True) @ v, a * gx.exp()], dim=-1)
+        w = _solve(_pair(a, b, gx, G, True), rhs, -1.0)
+        w0, wm = w[..., : v.shape[-1]], w[..., v.shape[-1]:]
+        pqb = _pair(q, b, G, G, False)
+        return _Local(qh + pqb @ wm, pqb @ w0 + _pair(q, k, G, G, False) @ v, decay, b * tail, wm,
+                      (b * tail).transpose(-1, -2) @ w0 + (k * tail).transpose(-1, -2) @ v)
+    aqk = _pair(q, k, G, G, False)
+    if not fam.beta:
+        return _Local(qh, aqk @ v, decay, None, None, (k * tail).transpose(-1, -2) @ v)
+    bt = beta[..., None]  # (I + L)·U = β·(v − (Γk)·S), L[t, j] = β_t k_tᵀ(Γ_t/Γ_j)k_j: U = U0 − Wm·S
+    sol = _solve(_pair(k * bt, k, G, G, True), torch.cat([bt * v, bt * k * head], dim=-1), 1.0)
+    u0, wm = sol[..., : v.shape[-1]], sol[..., v.shape[-1]:]
+    kt = k * tail
+    return _Local(qh - aqk @ wm, aqk @ u0, decay, kt, -wm, kt.transpose(-1, -2) @ u0)
+
+
+def _apply_a(loc: _Local, j: int | slice, S: Tensor) -> Tensor:
+    out = S if loc.decay is None else loc.decay[j] * S
+    if loc.k_eff is not None:
+        out = out + loc.k_eff[j].transpose(-1, -2) @ (loc.w_eff[j] @ S)
+    return out
+
+
+def _sequential(loc: _Local, S: Tensor, V: int) -> tuple[Tensor, Tensor]:
+    """States chunk by chunk; S may be widened ([S_in | I]): extra columns see no values."""
+    extra = S.shape[-1] - V
+    outs = []
+    for j in range(loc.q_eff.shape[0]):
+        o = loc.q_eff[j] @ S
+        outs.append(o[..., :V] + loc.o0[j])
+        b = loc.b[j] if not extra else torch.cat([loc.b[j], loc.b.new_zeros(*loc.b.shape[1:-1], extra)], dim=-1)
+        S = _apply_a(loc, j, S) + b
+    return torch.stack(outs), S
+
+
+def _scan(loc: _Local, S_in: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Hillis–Steele prefix scan of the chunks' maps (A, B): returns outputs, final state, total A."""
+    NC, K = loc.b.shape[0], loc.b.shape[-2]
+    eye = torch.eye(K, dtype=loc.b.dtype, device=loc.b.device)
+    A = eye if loc.decay is None else loc.decay * eye
+    A = A.expand(*loc.b.shape[:-2], K, K)
+    if loc.k_eff is not None:
+        A = A + loc.k_eff.transpose(-1, -2) @ loc.w_eff
+    B = loc.b
+    step = 1
+    while step < NC:  # after this, (A[j], B[j]) maps the state entering chunk 0 to the one leaving chunk j
+        A, B = (torch.cat([A[:step], A[step:] @ A[:-step]]),
+                torch.cat([B[:step], A[step:] @ B[:-step] + B[step:]]))
+        step *= 2
+    entering = torch.cat([S_in[None], (A[:-1] @ S_in + B[:-1])])  # [NC, N, H, K, V]
+    o = loc.q_eff @ entering + loc.o0
+    return o, A[-1] @ S_in + B[-1], A[-1]
 
 
 def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                            a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, initial_state: Tensor | None,
-                           scale: float, with_transition: bool, chunk_size: int = 64) -> ChunkResult:
-    """Inputs packed ``[T, H(V), ...]``; initial_state ``[N, HV, K, V]``. See module docstring."""
+                           scale: float, with_transition: bool, chunk_size: int = 64,
+                           parallel: bool | None = None) -> ChunkResult:
+    """Inputs packed ``[T, H(V), ...]``; initial_state ``[N, HV, K, V]``. ``parallel`` (default:
+    whenever autograd records) propagates states by the prefix scan."""
     ct = torch.float64 if k.dtype == torch.float64 else torch.float32
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
     p = _packing(cu_seqlens, k.shape[0], chunk_size)
-    C, dev = chunk_size, k.device
 
     def pad(x: Tensor | None) -> Tensor | None:
-        return None if x is None else _pad(x.to(ct), p, C)
+        return None if x is None else _pad(x.to(ct), p, chunk_size)
 
-    qp, kp = pad(expand_heads(q, HV)), pad(expand_heads(k, HV))
-    vp, betap, ap, bp = pad(v), pad(beta), pad(a), pad(b)
     gp = pad(g if g is None or g.dim() == 3 else g[..., None])  # [NC, N, HV, C, 1 or K]
-    S = torch.zeros(p.num_seqs, HV, K, V, dtype=ct, device=dev) if initial_state is None else initial_state.to(ct)
-    if with_transition:  # [S_in | I], [v | 0]
-        eye = torch.eye(K, dtype=ct, device=dev).expand(p.num_seqs, HV, K, K)
-        S = torch.cat([S, eye], dim=-1)
-        vp = torch.cat([vp, vp.new_zeros(*vp.shape[:-1], K)], dim=-1)
-    outs = []
-    for j in range(p.num_chunks):
-        qj, kj, vj = qp[j], kp[j], vp[j]
-        G = None if gp is None else gp[j].cumsum(-2)  # [N, HV, C, 1 or K]
-        head = 1.0 if G is None else G.exp()  # Γ_t: decay from the chunk start through t
-        tail = 1.0 if G is None else (G[..., -1:, :] - G).exp()  # decay from after t to the chunk end
-        qh = qj * head
-        if fam.lowrank:
-            gx = G - gp[j]  # exclusive: decay through t−1, what a_tᵀ·S_{t−1} sees
-            rhs = (ap[j] * gx.exp()) @ S + _pair(ap[j], kj, gx, G, True) @ vj
-            eye_c = torch.eye(C, dtype=ct, device=dev)
-            w = torch.linalg.solve_triangular(eye_c - _pair(ap[j], bp[j], gx, G, True), rhs, upper=False,
-                                              unitriangular=True)
-            o = qh @ S + _pair(qj, bp[j], G, G, False) @ w + _pair(qj, kj, G, G, False) @ vj
-            write_k, write_v = torch.cat([bp[j], kj], dim=-2), torch.cat([w, vj], dim=-2)
-            tail = tail if G is None else torch.cat([tail, tail], dim=-2)
-        else:
-            if fam.beta:  # (I + L)·U = β·(v − (Γk)·S_0), L[t, j] = β_t k_tᵀ(Γ_t/Γ_j)k_j
-                bt = betap[j][..., None]
-                eye_c = torch.eye(C, dtype=ct, device=dev)
-                lower = _pair(kj * bt, kj, G, G, True)
-                u = torch.linalg.solve_triangular(eye_c + lower, bt * (vj - (kj * head) @ S), upper=False,
-                                                  unitriangular=True)
-            else:
-                u = vj
-            o = qh @ S + _pair(qj, kj, G, G, False) @ u
-            write_k, write_v = kj, u
-        outs.append(scale * o)
-        if G is not None:
-            S = S * G[..., -1, :].exp()[..., :, None]  # Γ_C on the key axis
-        S = S + (write_k * tail).transpose(-1, -2) @ write_v
-    o = _unpad(torch.stack(outs)[..., :V], p).to(v.dtype)
-    return ChunkResult(o, S)
+    loc = _local(fam, pad(expand_heads(q, HV)), pad(expand_heads(k, HV)), pad(v), gp, pad(beta), pad(a), pad(b))
+    loc = loc._replace(q_eff=loc.q_eff * scale, o0=loc.o0 * scale)
+    S = torch.zeros(p.num_seqs, HV, K, V, dtype=ct, device=k.device) if initial_state is None else initial_state.to(ct)
+    if parallel is None:
+        parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
+    if parallel:
+        o, final, T = _scan(loc, S)
+        return ChunkResult(_unpad(o, p).to(v.dtype), final, T if with_transition else None)
+    if with_transition:  # [S_in | I]: the extra columns come out as T
+        S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(p.num_seqs, HV, K, K)], dim=-1)
+    o, final = _sequential(loc, S, V)
+    T = final[..., V:] if with_transition else None
+    return ChunkResult(_unpad(o, p).to(v.dtype), final[..., :V], T)

@@ -96,10 +96,7 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
 
         o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu, initial_state, scale, matrix)
     else:
-        o, final = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
-        T = None
-        if matrix:
-            final, T = final[..., : dims.value_dim], final[..., dims.value_dim :]
+        o, final, T = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
     if not output_summary:
         return LinearOutput(o, final, None)
     if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence

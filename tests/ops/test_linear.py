@@ -91,3 +91,24 @@ def test_bad_inputs_name_the_argument() -> None:
             linear_attention(args.pop("family"), args.pop("q"), args.pop("k"), args.pop("v"), **args)
     with pytest.raises(ValueError, match="beta"):
         linear_attention("scalar", x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_parallel_scan_equals_sequential_and_run(family: str) -> None:
+    """The training path (prefix scan over chunk maps) computes the same thing as the chunk loop."""
+    from hypic.ops.chunk import chunk_linear_attention
+    from hypic.ops.family import get_family
+
+    cu = torch.tensor([0, 1, 64, 200, 330])
+    x = family_inputs(family, 330, heads=2, value_heads=4, seed=12)
+    s0 = torch.randn(4, 4, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    kw = token_kwargs(x)
+    args = [kw.get(n) for n in ("g", "beta", "a", "b")]
+    seq = chunk_linear_attention(get_family(family), x["q"], x["k"], x["v"], *args, cu, s0, 0.5, True, parallel=False)
+    par = chunk_linear_attention(get_family(family), x["q"], x["k"], x["v"], *args, cu, s0, 0.5, True, parallel=True)
+    for a_, b_ in zip(seq, par, strict=True):
+        assert _rel(b_, a_) < 1e-12
+    i = 2
+    sl = slice(int(cu[i]), int(cu[i + 1]))
+    ref = R.run(family, x["q"][sl], x["k"][sl], x["v"][sl], initial_state=s0[i], scale=0.5, **token_kwargs(x, sl))
+    assert _rel(par.o[sl], ref.o) < 1e-12 and _rel(par.final_state[i], ref.final_state) < 1e-12
