@@ -1,4 +1,5 @@
-"""Command line: ``hypic demo`` (the main job) and, as they land, serve / generate / eval / bench.
+"""Command line: ``hypic demo`` (the main job), ``hypic serve`` (the OpenAI-compatible server),
+``hypic bench``; generate / eval as they land.
 
 Until the engine exists the demo is the algebra's self-check: for every linear-attention family it
 splits a random span in two, composes the halves' cached summaries and prints how far the result
@@ -131,6 +132,75 @@ def eval_quality(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_bytes(text: str) -> int:
+    """``"4GiB"``, ``"512MB"``, ``"1000000"`` → bytes (binary and decimal suffixes)."""
+    units = {"": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+             "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+    number = text.strip().rstrip("BbIiKkMmGgTt")
+    unit = text.strip()[len(number):].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 4GiB, got {text!r}") from None
+    if unit not in units or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a byte count such as 4GiB, got {text!r}")
+    return int(value * units[unit])
+
+
+def serve(args: argparse.Namespace) -> int:
+    import os
+
+    import uvicorn
+
+    from hypic.llm import LLM
+    from hypic.server import ServerSettings, create_app
+
+    try:
+        llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
+                  cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes)
+        settings = ServerSettings(
+            model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
+                                                  else "hypic"),
+            api_key=args.api_key or os.environ.get("HYPIC_API_KEY") or None, max_segments=args.max_segments,
+            max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
+            max_concurrent=args.max_concurrent, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
+            shutdown_timeout_s=args.shutdown_timeout)
+        app = create_app(llm, settings)
+    except ValueError as e:
+        print(f"hypic serve: {e}", file=sys.stderr)
+        return 2
+    auth = "API key required" if settings.api_key else "no API key"
+    print(f"hypic serve: {settings.model_name} on http://{args.host}:{args.port} ({llm.engine.device}, {auth})",
+          flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
+    return 0
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="the OpenAI-compatible server (completions, chat, segment pre-warming)")
+    p.add_argument("--model", help="a model folder (default: the bundled model)")
+    p.add_argument("--served-model-name", help="the id clients pass as `model` (default: the folder's name)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seam", type=int, default=8, help="seam window w: tokens of each cached segment recomputed")
+    p.add_argument("--cold", default="standalone", choices=["standalone", "in_context"])
+    p.add_argument("--cache-device-bytes", type=parse_bytes, help="device-tier budget, e.g. 20GiB (default: none)")
+    p.add_argument("--cache-host-bytes", type=parse_bytes, help="host-tier budget, e.g. 64GiB (default: none)")
+    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
+    p.add_argument("--max-segments", type=int, default=256, help="segments per request")
+    p.add_argument("--max-prompt-tokens", type=int, help="prompt tokens per request (default: the model's limit)")
+    p.add_argument("--max-completion-tokens", type=int, default=2048, help="cap on max_tokens")
+    p.add_argument("--max-concurrent", type=int, default=16, help="requests decoding together")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting; beyond it: 429")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=serve)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
     p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")
     p_q.set_defaults(func=eval_quality)
+    _serve_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -84,7 +84,8 @@ class Stream:
         while total < self.batch_tokens:
             if not self._buffer:
                 job = self._pending.pop(0)
-                self._buffer = job.get() if self.pool else sequences(*job)
+                # sorted by length: a batch then holds similar lengths, and little is padded to whole chunks
+                self._buffer = sorted(job.get() if self.pool else sequences(*job), key=lambda it: len(it[0]))
                 self._request(step + 4)
             item = self._buffer.pop()
             items.append(item)
