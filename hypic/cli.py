@@ -112,7 +112,8 @@ def eval_quality(args: argparse.Namespace) -> int:
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
     n = args.n or (4 if args.quick else 200)
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
-    results = evaluate(loaded, n=n, difficulty=difficulty)
+    labels = args.labels.split(",") if args.labels else None
+    results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels)
     if args.json:
         print(json.dumps({"scores": {k: round(r.average, 3) for k, r in results.items()},
                           "families": {k: r.family_scores for k, r in results.items()},
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--json", action="store_true", help="print one JSON object with per-mode scores")
     p_q.add_argument("--n", type=int, help="examples per family (default 200; 4 with --quick)")
     p_q.add_argument("--difficulty", type=float)
+    p_q.add_argument("--labels", help="comma list of mode labels (default: all)")
     p_q.add_argument("--device")
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
     p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")

@@ -56,6 +56,9 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
     data = {f: [encode_example(tok, ex) for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
     refs = {f: [ex.answer for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
     labels = labels or list(LABELS)
+    unknown = [label for label in labels if label not in LABELS]
+    if unknown:
+        raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
     full_logits = {f: torch.cat([Engine(loaded).prefill_logits([e.segments for e in chunk], mode="full")[0]
                                  for chunk in _batches(data[f], batch)]) for f in FAMILIES}
     results: dict[str, LabelResult] = {}
