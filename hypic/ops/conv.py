@@ -38,10 +38,12 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
     if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
         raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {T}")
     N = len(cu) - 1
+    if initial_tail is not None and tuple(initial_tail.shape) != (N, W - 1, D):
+        raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")
+    if x.is_cuda:
+        return _fla_conv(x, weight, bias, cu, initial_tail, activation)
     if initial_tail is None:
         initial_tail = x.new_zeros(N, W - 1, D)
-    elif tuple(initial_tail.shape) != (N, W - 1, D):
-        raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")
     dev = x.device
     lengths = cu[1:] - cu[:-1]
     seq = torch.repeat_interleave(torch.arange(N), lengths)
@@ -56,3 +58,20 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
         y = y + weight[:, w].to(x.dtype) * ext[(ext_pos - (W - 1) + w).to(dev)]
     new_tail = ext[(tail_pos + lengths[:, None]).reshape(-1).to(dev)].reshape(N, W - 1, D)
     return ConvOutput(F.silu(y) if activation == "silu" else y, new_tail)
+
+
+def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
+              activation: str | None) -> ConvOutput:
+    """CUDA: fla's Triton conv (varlen, fused SiLU, fp32 accumulation). Its state is the last W raw
+    inputs ``[N, D, W]``; hypic's tail is the last W−1, time-major."""
+    from fla.modules.causal_conv1d.ops import causal_conv1d as fla_causal_conv1d
+
+    N, D = len(cu) - 1, x.shape[1]
+    h0 = None
+    if initial_tail is not None:
+        h0 = torch.cat([initial_tail.new_zeros(N, 1, D), initial_tail], dim=1).transpose(1, 2).to(x.dtype).contiguous()
+    cu_dev = cu.pin_memory().to(x.device, non_blocking=True)
+    y, final = fla_causal_conv1d(x[None].contiguous(), weight.to(x.dtype).contiguous(),
+                                 None if bias is None else bias.to(x.dtype), initial_state=h0, output_final_state=True,
+                                 activation=activation, cu_seqlens=cu_dev, cu_seqlens_cpu=cu)
+    return ConvOutput(y[0], final[:, :, 1:].transpose(1, 2))

@@ -46,3 +46,18 @@ def test_fla_decode_step_matches_reference(family: str) -> None:
     out = linear_attention(family, xb["q"], xb["k"], xb["v"], **token_kwargs(xb), cu_seqlens=cu,
                            initial_state=s0.float(), backend="fla")
     assert _rel(out.o, ref.o) < 2e-2 and _rel(out.final_state, ref.final_state) < 2e-2
+
+
+def test_fla_conv_matches_torch_conv_with_tails() -> None:
+    from hypic.ops.conv import causal_conv1d
+
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.randn(300, 96, device="cuda", generator=gen)
+    w = torch.randn(96, 4, device="cuda", generator=gen)
+    tails = torch.randn(4, 3, 96, device="cuda", generator=gen)
+    cu = torch.tensor([0, 1, 2, 150, 300])
+    got = causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails, activation="silu")
+    want = causal_conv1d(x.cpu().double(), w.cpu().double(), cu_seqlens=cu, initial_tail=tails.cpu().double(),
+                         activation="silu")
+    assert torch.allclose(got.y.cpu().double(), want.y, atol=1e-3, rtol=1e-3)
+    assert torch.allclose(got.tail.cpu().double(), want.tail, atol=1e-6)
