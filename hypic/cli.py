@@ -173,8 +173,11 @@ def serve(args: argparse.Namespace) -> int:
     auth = "API key required" if settings.api_key else "no API key"
     print(f"hypic serve: {settings.model_name} on http://{args.host}:{args.port} ({llm.engine.device}, {auth})",
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
+    try:  # Ctrl-C: uvicorn shuts down gracefully (the app finishes or cancels in-flight requests), then re-raises
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

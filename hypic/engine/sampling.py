@@ -16,7 +16,7 @@ def sample(logits: Tensor, params: list[SamplingParams],
     tokens: list[int] = []
     tops: list[dict[int, float] | None] = []
     for row, p, gen in zip(logprobs, params, generators, strict=True):
-        if p.temperature == 0.0:
+        if p.temperature < 1e-5:  # greedy; a tinier temperature would overflow the softmax into NaN
             tok = int(row.argmax())
         else:
             probs = torch.softmax(row / p.temperature, dim=-1)

@@ -1,0 +1,183 @@
+"""The OpenAI-compatible HTTP server: ``create_app(llm, settings)`` → a FastAPI app.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed or whole),
+``POST /v1/segments`` (pre-warm documents into the cache), ``GET /v1/segments/stats``,
+``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). ``/v1/*`` needs the API key
+when one is set. Bodies are read and validated here (not by FastAPI's body injection) so that
+every malformed body — bad JSON, wrong types, unknown fields — is a 400 in OpenAI's error shape
+naming the field. The scheduler is started and stopped by the app's lifespan: on shutdown new
+requests get 503 while in-flight ones finish (or are cancelled after the shutdown timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from hypic.engine.scheduler import Scheduler
+from hypic.llm import LLM
+from hypic.server import prompts
+from hypic.server.chat import ChatTemplate
+from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
+from hypic.server.generation import Generation, respond
+from hypic.server.metrics import CONTENT_TYPE, Metrics
+from hypic.server.protocol import ChatRequest, CompletionRequest, SegmentsRequest
+from hypic.server.runner import Runner
+from hypic.server.settings import ServerSettings
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class ServerState:
+    llm: LLM
+    settings: ServerSettings
+    template: ChatTemplate
+    metrics: Metrics
+    runner: Runner | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
+
+    def live_runner(self) -> Runner:
+        if self.runner is None or self.runner.closing:
+            raise APIError(503, "the server is not accepting requests (starting or shutting down)",
+                           kind="shutting_down", type="server_error",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
+        return self.runner
+
+
+async def read_body(request: Request, model: type[M], limit: int) -> M:
+    """The body as ``model``, or a 4xx: too large, not JSON, not the model's shape."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
+    try:
+        data = json.loads(bytes(body))
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"malformed JSON: {e}", code="invalid_json") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+    except RecursionError:
+        raise bad_request("the body is nested too deeply") from None
+
+
+def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
+    settings = settings or ServerSettings()
+    if llm.tokenizer is None:
+        raise ValueError("model: serving text needs a tokenizer.json in the model folder")
+    state: ServerState
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.runner = Runner(Scheduler(llm.engine, max_running=settings.max_concurrent,
+                                        max_queue=settings.max_queue), settings)
+        yield
+        await state.runner.shutdown()
+
+    app = FastAPI(title="hypic", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0))
+    state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics)
+    app.state.hypic = state
+    install_handlers(app, metrics.count_error)
+
+    async def require_key(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            raise APIError(401, "missing or wrong API key (send Authorization: Bearer <key>)",
+                           kind="authentication", code="invalid_api_key")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != settings.model_name:
+            raise APIError(404, f"model: {name!r} is not served here (serving {settings.model_name!r})",
+                           param="model", kind="not_found", code="model_not_found")
+
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
+
+    @v1.post("/completions")
+    async def completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        req = await read_body(request, CompletionRequest, settings.max_body_bytes)
+        check_model(req.model)
+        segments = prompts.completion_segments(llm, req, settings)
+        field_name = "segments" if req.segments is not None else "prompt"
+        max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
+        gen = Generation(False, settings.model_name, segments, prompts.sampling(req, max_tokens, req.logprobs),
+                         req.mode, req.cache_salt, req.stream, req.include_usage, req.stops, req.logprobs)
+        return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        req = await read_body(request, ChatRequest, settings.max_body_bytes)
+        check_model(req.model)
+        segments = prompts.chat_segments(llm, state.template, req, settings)
+        max_tokens = prompts.token_budget(llm, segments, "messages", req.token_budget,
+                                          settings.max_completion_tokens, settings)
+        top = (req.top_logprobs or 0) if req.logprobs else None
+        gen = Generation(True, settings.model_name, segments, prompts.sampling(req, max_tokens, top), req.mode,
+                         req.cache_salt, req.stream, req.include_usage, req.stops, top)
+        return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
+
+    @v1.post("/segments")
+    async def prewarm(request: Request) -> dict[str, Any]:
+        req = await read_body(request, SegmentsRequest, settings.max_body_bytes)
+        check_model(req.model)
+        if len(req.segments) > settings.max_segments:
+            raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
+                              f"{settings.max_segments}", "segments")
+        ids = [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
+               for i, text in enumerate(req.segments)]
+        for i, seg in enumerate(ids):
+            prompts.token_budget(llm, [seg], f"segments[{i}]", 1, 1, settings)
+        state.live_runner()
+        async with state.prewarm_lock:
+            cached = await asyncio.to_thread(llm.engine.prewarm, ids, salt=req.cache_salt)
+        metrics.prewarmed_segments.inc(sum(c is False for c in cached))
+        data = [{"index": i, "tokens": len(seg), "cached": c is True, "cacheable": c is not None}
+                for i, (seg, c) in enumerate(zip(ids, cached, strict=True))]
+        return {"object": "list", "model": settings.model_name, "data": data,
+                "usage": {"prompt_tokens": sum(len(s) for s in ids),
+                          "cached_tokens": sum(len(s) for s, c in zip(ids, cached, strict=True) if c)}}
+
+    @v1.get("/segments/stats")
+    async def segment_stats() -> dict[str, Any]:
+        return {"object": "cache.stats", "seam": llm.engine.seam, **llm.cache_stats()}
+
+    @v1.get("/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": state.created,
+                                            "owned_by": "hypic", "max_model_len": llm.max_positions}]}
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if state.runner is None or state.runner.closing:
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app

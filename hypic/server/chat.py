@@ -1,0 +1,145 @@
+"""Chat templating that keeps segments apart: each message (each text part) stays its own segment.
+
+The model's own Jinja chat template renders the whole conversation once, exactly as it would
+for any server, so the tokens the model sees are the template's. To find where segments begin,
+every text part's content is prefixed with an unguessable marker before rendering:
+
+- a message's segment starts where the template starts wrapping it, found by rendering the
+  conversation up to that message (``messages[:i]``) and checking it is a prefix of the whole;
+  a template that is not prefix-stable, or that refuses a partial conversation, falls back to the
+  message's content start (its opening wrapper then ends the previous segment);
+- a message whose content is a list of text parts gives one segment per part, joined by a
+  newline, and its opening wrapper (``<|im_start|>user\\n``) becomes a short segment of its own:
+  the part segments are then the same tokens wherever a retriever puts them, so they hit the cache.
+
+So ``[system, user: doc A, user: doc B, user: question]`` under ChatML gives the segments
+``<|im_start|>system\\n…<|im_end|>\\n``, ``<|im_start|>user\\nA<|im_end|>\\n``, … and the
+generation prompt ends the last (query) segment. The segments' text is the template's render of
+the unmarked conversation (a template that trims content would trim nothing behind a marker, so
+cut positions are mapped across such whitespace). A model without a template gets ChatML.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PART_SEPARATOR = "\n"
+
+
+@dataclass(frozen=True)
+class ChatSegment:
+    text: str
+    message: int  # the message it comes from
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _token_text(value: Any) -> str:
+    """tokenizer_config's bos/eos: a string, or an AddedToken dict with ``content``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+class ChatTemplate:
+    def __init__(self, template: str | None = None, *, bos_token: str = "", eos_token: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
+                                                                                      ensure_ascii=ensure_ascii)
+        self.source = template or CHATML
+        self._template = env.from_string(self.source)
+        self._extra = {"bos_token": bos_token, "eos_token": eos_token}
+        self._mark = f"\ue000{secrets.token_hex(8)}\ue001"  # private-use chars: never whitespace, never trimmed
+
+    @classmethod
+    def from_model(cls, tokenizer_config: dict[str, Any], folder: Any = None) -> ChatTemplate:
+        """The template of a model folder: ``chat_template.jinja``, else tokenizer_config's
+        ``chat_template`` (a string, or a list of named templates: "default"), else ChatML."""
+        template = tokenizer_config.get("chat_template")
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if folder is not None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        return cls(template if isinstance(template, str) else None,
+                   bos_token=_token_text(tokenizer_config.get("bos_token")),
+                   eos_token=_token_text(tokenizer_config.get("eos_token")))
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         tools=None, **self._extra)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"messages: the chat template refused them: {e}") from None
+
+    def _message_start(self, marked: list[dict[str, str]], i: int, full: str, lo: int, hi: int) -> int:
+        """Where the template starts wrapping message i: the length of the render of messages[:i]
+        when that is a prefix of the whole; else the message's content start ``hi``."""
+        try:
+            prefix = self.render(marked[:i], add_generation_prompt=False)
+        except ValueError:
+            return hi
+        return len(prefix) if lo <= len(prefix) <= hi and full.startswith(prefix) else hi
+
+    def segments(self, messages: list[tuple[str, list[str]]]) -> list[ChatSegment]:
+        """(role, text parts) per message → the rendered prompt as segments, the query last."""
+        mark = self._mark
+        marked = [{"role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)} for role, parts in messages]
+        full = self.render(marked, add_generation_prompt=True)
+        marks = [m.start() for m in re.finditer(re.escape(mark), full)]
+        if len(marks) != sum(len(parts) for _, parts in messages):
+            raise ValueError("messages: the chat template does not render each message's content exactly once")
+        cuts: dict[int, int] = {0: 0}  # position in ``full`` → message index
+        first = 0
+        for i, (_, parts) in enumerate(messages):
+            own = marks[first:first + len(parts)]
+            if i > 0:
+                cuts.setdefault(self._message_start(marked, i, full, marks[first - 1] + len(mark), own[0]), i)
+            if len(parts) > 1:
+                for pos in own:
+                    cuts.setdefault(pos, i)
+            first += len(parts)
+        # Positions without the marks, then in the plain render (a template that trims content
+        # trims nothing behind a mark: ``_align`` maps across the whitespace it would have removed).
+        bounds = sorted((c - len(mark) * sum(m < c for m in marks), cuts[c]) for c in cuts)
+        plain = self.render([{"role": role, "content": PART_SEPARATOR.join(parts)} for role, parts in messages],
+                            add_generation_prompt=True)
+        text = full.replace(mark, "")
+        positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
+        ends = [*positions[1:], len(plain)]
+        return [ChatSegment(plain[a:b], m) for a, b, (_, m) in zip(positions, ends, bounds, strict=True) if b > a]
+
+
+def _align(marked: str, plain: str, cuts: list[int]) -> list[int]:
+    """Map sorted positions of ``marked`` onto ``plain``, which differs only by whitespace the
+    template stripped next to a part's start."""
+    out, i, j, k = [], 0, 0, 0
+    while True:
+        while k < len(cuts) and cuts[k] == i:
+            out.append(j)
+            k += 1
+        if i == len(marked) and j == len(plain):
+            return out
+        if i < len(marked) and j < len(plain) and marked[i] == plain[j]:
+            i, j = i + 1, j + 1
+        elif i < len(marked) and marked[i].isspace():
+            i += 1
+        elif j < len(plain) and plain[j].isspace():
+            j += 1
+        else:
+            raise ValueError("messages: the chat template changes message content; cannot keep segments apart")

@@ -1,0 +1,203 @@
+"""Running one generation request and answering it in OpenAI's shapes, streamed (server-sent
+events, one chunk per token) or whole.
+
+Both endpoints share the driver: ``_pieces`` turns the job's events into text pieces (with stop
+strings and incremental detokenization) and records metrics; the completion and chat flavours
+differ only in how a piece, its log-probabilities and the envelope are spelled. A client that
+disconnects cancels its job: for streams Starlette cancels the response task, for whole answers
+a watcher task sees the ``http.disconnect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hypic.engine.request import SamplingParams
+from hypic.server.errors import APIError
+from hypic.server.metrics import Metrics
+from hypic.server.runner import Job, Runner, event_error, until_disconnected
+from hypic.server.text import TextStream
+
+
+@dataclass
+class Generation:
+    chat: bool  # chat.completion vs text_completion shapes
+    model: str
+    prompt: list[list[int]]
+    params: SamplingParams
+    mode: str
+    salt: str | None
+    stream: bool
+    include_usage: bool
+    stops: list[str]
+    top_logprobs: int | None  # None: no log-probabilities
+
+
+@dataclass
+class Piece:
+    text: str
+    tokens: list[tuple[int, dict[int, float] | None]]
+    finish: str | None = None
+
+
+class Responder:
+    """One request's run: the job, its text stream and how to spell its answer."""
+
+    def __init__(self, gen: Generation, job: Job, tokenizer: Any, metrics: Metrics) -> None:
+        self.gen, self.job, self.tokenizer, self.metrics = gen, job, tokenizer, metrics
+        self.text = TextStream(tokenizer, gen.stops)
+        self.id = f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.ended = False  # the answer is complete (finish_reason known)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        while True:
+            event = await self.job.next()
+            if event.kind == "error":
+                raise event_error(event)
+            if event.kind == "done":
+                self.ended = True
+                yield Piece(self.text.finish(), [], event.output.finish_reason)
+                return
+            if self.job.tokens == 1:
+                self.metrics.first_token(self.job.metrics, self.job.first_token_at - self.job.arrival)
+            self.metrics.generated_tokens.inc()
+            text = self.text.push(event.token)
+            if self.text.stopped:  # a stop string: the engine need not go on
+                self.job.cancel()
+                self.ended = True
+                yield Piece(text, [(event.token, event.logprobs)], "stop")
+                return
+            yield Piece(text, [(event.token, event.logprobs)])
+
+    def _token(self, t: int) -> str:
+        return self.tokenizer.decode([t], skip_special_tokens=False)
+
+    def logprobs(self, tokens: list[tuple[int, dict[int, float] | None]]) -> dict | None:
+        n = self.gen.top_logprobs
+        if n is None or not tokens:
+            return None
+        tops = [sorted((lp or {}).items(), key=lambda kv: -kv[1])[:n] for _, lp in tokens]
+        if self.gen.chat:
+            def entry(t: int, lp: float) -> dict:
+                s = self._token(t)
+                return {"token": s, "logprob": lp, "bytes": list(s.encode())}
+            return {"content": [{**entry(t, (lp or {}).get(t, 0.0)), "top_logprobs": [entry(a, b) for a, b in top]}
+                                for (t, lp), top in zip(tokens, tops, strict=True)]}
+        strings = [self._token(t) for t, _ in tokens]
+        offsets = [sum(len(s) for s in strings[:i]) for i in range(len(strings))]  # within this piece
+        return {"tokens": strings, "token_logprobs": [(lp or {}).get(t, 0.0) for t, lp in tokens],
+                "top_logprobs": [{self._token(a): b for a, b in top} for top in tops], "text_offset": offsets}
+
+    def usage(self) -> dict:
+        m = self.job.metrics
+        prompt = m.prompt_tokens if m else sum(len(s) for s in self.gen.prompt)
+        return {"prompt_tokens": prompt, "completion_tokens": self.job.tokens, "total_tokens": prompt + self.job.tokens,
+                "prompt_tokens_details": {"cached_tokens": m.cached_tokens if m else 0}}
+
+    def extension(self) -> dict:
+        """hypic's own accounting of the prompt, next to OpenAI's usage."""
+        m, job = self.job.metrics, self.job
+        return {"mode": self.gen.mode, "segments": len(self.gen.prompt),
+                "segment_hits": m.segment_hits if m else 0, "segment_misses": m.segment_misses if m else 0,
+                "recomputed_tokens": m.recomputed_tokens if m else 0, "prefill_s": m.ttft_s if m else None,
+                "ttft_s": None if job.first_token_at is None else job.first_token_at - job.arrival}
+
+    def _envelope(self, chunk: bool) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.gen.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model}
+
+    def chunk(self, piece: Piece) -> dict:
+        delta: dict[str, Any] = {"content": piece.text} if self.gen.chat else {"text": piece.text}
+        choice = {"index": 0, **({"delta": delta} if self.gen.chat else delta),
+                  "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
+        return {**self._envelope(True), "choices": [choice]}
+
+    def whole(self, text: str, tokens: list, finish: str) -> dict:
+        body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
+                                else {"text": text})
+        choice = {"index": 0, **body, "logprobs": self.logprobs(tokens), "finish_reason": finish}
+        return {**self._envelope(False), "choices": [choice], "usage": self.usage(), "hypic": self.extension()}
+
+
+def _sse(data: dict | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _stream(r: Responder) -> AsyncIterator[str]:
+    try:
+        if r.gen.chat:
+            yield _sse({**r._envelope(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                            "logprobs": None, "finish_reason": None}]})
+        async for piece in r.pieces():
+            if piece.text or piece.finish or r.gen.top_logprobs is not None:
+                yield _sse(r.chunk(piece))
+        if r.gen.include_usage:
+            yield _sse({**r._envelope(True), "choices": [], "usage": r.usage(), "hypic": r.extension()})
+    except APIError as e:
+        r.metrics.count_error(e.kind)
+        yield _sse(e.body())
+    finally:
+        if not r.job.finished:
+            r.job.cancel()
+            if not r.ended:
+                r.metrics.count_error("cancelled")  # the client went away (or the server is stopping)
+    yield _sse("[DONE]")
+
+
+async def _collect(r: Responder) -> dict:
+    text, tokens = [], []
+    async for piece in r.pieces():
+        text.append(piece.text)
+        tokens.extend(piece.tokens)
+        if piece.finish is not None:
+            return r.whole("".join(text), tokens, piece.finish)
+    raise APIError(500, "generation ended without an answer", kind="engine", type="server_error")
+
+
+class _JobStream(StreamingResponse):
+    """A stream that cancels its job however the response ends — even when the client hangs up
+    before the body iterator ever starts (then the iterator's own cleanup never runs)."""
+
+    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.job = job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.job.finished:
+                self.job.cancel()
+
+
+async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer: Any, gen: Generation,
+                  arrival: float) -> Response:
+    job = runner.submit(gen.prompt, gen.params, gen.mode, gen.salt, arrival)
+    metrics.requests.labels("chat" if gen.chat else "completions").inc()
+    r = Responder(gen, job, tokenizer, metrics)
+    if gen.stream:
+        return _JobStream(job, _stream(r), media_type="text/event-stream",
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    consumer = asyncio.ensure_future(_collect(r))
+    watcher = asyncio.ensure_future(until_disconnected(request.receive))
+    try:
+        await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if consumer.done():
+            return JSONResponse(consumer.result())
+        metrics.count_error("cancelled")
+        return Response(status_code=499)
+    finally:
+        for task in (consumer, watcher):
+            task.cancel()
+        if not job.finished:
+            job.cancel()

@@ -1,0 +1,95 @@
+"""Prometheus metrics, one registry per app (so two servers in a process never share counters).
+
+Request-level series are updated as requests run: time to first token by cache outcome, the
+engine's prefill time, segment hits and misses, prompt / cached / recomputed / generated tokens,
+requests by endpoint and errors by kind. Cache and queue gauges are read from the store and the
+scheduler when scraped, so they are never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from hypic.cache.store import TIERS, SegmentStore
+from hypic.engine.request import RequestMetrics
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+def cache_outcome(m: RequestMetrics) -> str:
+    """hit: every cacheable segment was cached; miss: none was; partial; none: nothing cacheable."""
+    if m.segment_hits + m.segment_misses == 0:
+        return "none"
+    return "hit" if m.segment_misses == 0 else "miss" if m.segment_hits == 0 else "partial"
+
+
+class _Live(Collector):
+    """Cache tiers and queue depth, read at scrape time."""
+
+    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]]) -> None:
+        self.store, self.depth = store, depth
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.store.stats()
+        for name, doc, values in (("hypic_cache_bytes", "Bytes held by cache entries per tier", s.bytes),
+                                  ("hypic_cache_entries", "Cache entries per tier", s.entries)):
+            g = GaugeMetricFamily(name, doc, labels=["tier"])
+            for tier in TIERS:
+                g.add_metric([tier], values[tier])
+            yield g
+        g = GaugeMetricFamily("hypic_cache_budget_bytes", "Byte budget per tier (absent: unbounded)", labels=["tier"])
+        for tier in TIERS:
+            if s.budgets[tier] is not None:
+                g.add_metric([tier], s.budgets[tier])
+        yield g
+        for name, value in (("evictions", s.evictions), ("promotions", s.promotions), ("demotions", s.demotions),
+                            ("lookup_hits", s.hits), ("lookup_misses", s.misses)):
+            yield CounterMetricFamily(f"hypic_cache_{name}", f"Cache {name.replace('_', ' ')}", value=value)
+        waiting, running = self.depth()
+        yield GaugeMetricFamily("hypic_queue_depth", "Requests waiting for a decode slot", value=waiting)
+        yield GaugeMetricFamily("hypic_running_requests", "Requests decoding", value=running)
+
+
+class Metrics:
+    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]]) -> None:
+        r = self.registry = CollectorRegistry()
+        self.ttft = Histogram("hypic_time_to_first_token_seconds", "Arrival to first token, by cache outcome",
+                              ["cache"], buckets=TTFT_BUCKETS, registry=r)
+        self.prefill = Histogram("hypic_prefill_seconds", "Engine time to assemble a prompt's state and sample "
+                                 "its first token", buckets=TTFT_BUCKETS, registry=r)
+        self.requests = Counter("hypic_requests", "Requests accepted, by endpoint", ["endpoint"], registry=r)
+        self.errors = Counter("hypic_errors", "Errors by kind", ["kind"], registry=r)
+        self.segment_hits = Counter("hypic_segment_hits", "Cacheable segments found in the cache", registry=r)
+        self.segment_misses = Counter("hypic_segment_misses", "Cacheable segments prefilled cold", registry=r)
+        self.prompt_tokens = Counter("hypic_prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_tokens = Counter("hypic_cached_tokens", "Prompt tokens served from the cache", registry=r)
+        self.recomputed_tokens = Counter("hypic_recomputed_tokens", "Tokens run through the model in prefill",
+                                         registry=r)
+        self.generated_tokens = Counter("hypic_generated_tokens", "Tokens generated", registry=r)
+        self.prewarmed_segments = Counter("hypic_prewarmed_segments", "Segments prefilled by /v1/segments",
+                                          registry=r)
+        for kind in ("invalid_request", "authentication", "not_found", "overloaded", "shutting_down", "timeout",
+                     "cancelled", "engine", "internal"):
+            self.errors.labels(kind)  # every kind is exported from the start, at 0
+        r.register(_Live(store, depth))
+
+    def count_error(self, kind: str) -> None:
+        self.errors.labels(kind).inc()
+
+    def first_token(self, m: RequestMetrics, ttft_s: float) -> None:
+        """A request's prefill is done: its cache outcome and prompt accounting are known."""
+        self.ttft.labels(cache_outcome(m)).observe(ttft_s)
+        self.prefill.observe(m.ttft_s)
+        self.segment_hits.inc(m.segment_hits)
+        self.segment_misses.inc(m.segment_misses)
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.cached_tokens.inc(m.cached_tokens)
+        self.recomputed_tokens.inc(m.recomputed_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

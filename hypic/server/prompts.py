@@ -1,0 +1,93 @@
+"""Request bodies → what the scheduler runs: token ids per segment, sampling, limits.
+
+All validation that can refuse a request happens here, before it is queued, so that a refusal
+is always a 4xx naming the field and the engine only ever sees inputs it accepts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from hypic.engine.request import SamplingParams
+from hypic.llm import LLM, SEPARATOR
+from hypic.server.chat import ChatTemplate
+from hypic.server.errors import bad_request, from_value_error
+from hypic.server.protocol import ChatRequest, Common, CompletionRequest
+from hypic.server.settings import ServerSettings
+
+_SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
+
+
+def tokenize(llm: LLM, texts: list[str], field: str, name: Callable[[int], str]) -> list[list[int]]:
+    """Each text tokenized on its own (``LLM.tokenize``); an error names ``name(segment index)``."""
+    try:
+        return llm.tokenize(texts, where=field)
+    except ValueError as e:
+        m = _SEGMENT_ERROR.match(str(e))
+        if m:
+            i, param = int(m.group(1)), name(int(m.group(1)))
+            where = f" (segment {i})" if param == field and len(texts) > 1 else ""
+            raise bad_request(f"{param}{where}: {m.group(2)}", param) from None
+        raise from_value_error(e, field) from None
+
+
+def _check_count(count: int, field: str, settings: ServerSettings) -> None:
+    if count > settings.max_segments:
+        raise bad_request(f"{field}: {count} segments exceed this server's limit of {settings.max_segments}", field)
+
+
+def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[int]]:
+    """``prompt`` split on ``<<PIC_SEP>>``, or the ``segments`` extension."""
+    if req.segments is not None:
+        _check_count(len(req.segments), "segments", settings)
+        return tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]")
+    text = req.prompt_text or ""
+    _check_count(text.count(SEPARATOR) + 1, "prompt", settings)
+    if not text:
+        raise bad_request("prompt: empty prompt", "prompt")
+    return tokenize(llm, text.split(SEPARATOR), "prompt", lambda i: "prompt")
+
+
+def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: ServerSettings) -> list[list[int]]:
+    """Each message (each text part) its own segment, wrapped by the model's chat template."""
+    messages = [(m.role, m.parts) for m in req.messages]
+    _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
+    try:
+        segments = template.segments(messages)
+    except ValueError as e:
+        raise from_value_error(e, "messages") from None
+    _check_count(len(segments), "messages", settings)
+    return tokenize(llm, [s.text for s in segments], "messages", lambda i: f"messages[{segments[i].message}]")
+
+
+def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,
+                 settings: ServerSettings) -> int:
+    """Check the prompt against the limits; returns max_tokens (``default`` when not requested)."""
+    n = sum(len(s) for s in segments)
+    limit = settings.max_prompt_tokens
+    if limit is not None and n > limit:
+        raise bad_request(f"{field}: {n} tokens exceed this server's limit of {limit}", field)
+    room = llm.max_positions - n
+    if requested is None:
+        return max(1, min(default, settings.max_completion_tokens, room))
+    if requested > settings.max_completion_tokens:
+        raise bad_request(f"max_tokens: {requested} exceeds this server's limit of {settings.max_completion_tokens}",
+                          "max_tokens")
+    if requested > room:
+        raise bad_request(f"max_tokens: the prompt's {n} tokens plus {requested} to generate exceed the model's "
+                          f"context of {llm.max_positions} tokens", "max_tokens")
+    return requested
+
+
+GREEDY_BELOW = 1e-5  # a temperature this small is greedy decoding (dividing logits by it overflows)
+
+
+def sampling(req: Common, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+    """The engine always reports the chosen token's log-probability when any are asked for."""
+    temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
+                              seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs))
+    except ValueError as e:
+        raise from_value_error(e, None) from None

@@ -1,0 +1,127 @@
+"""Request bodies in OpenAI's shapes, plus hypic's extensions.
+
+Extensions: ``segments`` (a prompt given as its segments, the query last), ``cache_salt``
+(tenant isolation: equal segments under different salts never share a cache entry) and ``mode``
+(the ablation ladder; ``full`` bypasses the cache, for comparisons). Models are strict and
+forbid unknown fields, so a typo (``max_token``) or a wrong type (``"max_tokens": "5"``) is a
+400 naming the field rather than a silently ignored setting. Fields OpenAI defines that hypic
+does not implement are accepted only at their neutral values.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from hypic.engine.modes import MODES
+
+
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text is not valid Unicode (a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+Stop = Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]], Field(min_length=1, max_length=8)]
+INT64 = dict(ge=-(2**63), le=2**63 - 1)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Common(Strict):
+    """Fields shared by both generation endpoints."""
+
+    model: str | None = None  # None: the served model
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    seed: int | None = Field(None, **INT64)
+    stop: Text | Stop | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented")
+    user: str | None = None  # accepted, unused
+    cache_salt: Text | None = Field(None, max_length=1024)
+    mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
+
+    @property
+    def stops(self) -> list[str]:
+        return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(Common):
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | None = None
+    segments: Annotated[list[Text], Field(min_length=1)] | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = Field(False, description="not implemented")
+    suffix: None = None
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionRequest:
+        if (self.prompt is None) == (self.segments is None):
+            raise ValueError("prompt: give exactly one of prompt and segments")
+        if self.echo:
+            raise ValueError("echo: not supported")
+        return self
+
+    @property
+    def prompt_text(self) -> str | None:
+        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: Text
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
+    name: str | None = None
+
+    @property
+    def parts(self) -> list[str]:
+        if isinstance(self.content, list):
+            return [p.text for p in self.content]
+        return [self.content or ""]
+
+
+class ChatRequest(Common):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: needs logprobs to be true")
+        return self
+
+    @property
+    def token_budget(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class SegmentsRequest(Strict):
+    """POST /v1/segments: documents to prefill into the cache ahead of the queries that use them."""
+
+    model: str | None = None
+    segments: Annotated[list[Text], Field(min_length=1)]
+    cache_salt: Text | None = Field(None, max_length=1024)

@@ -1,0 +1,108 @@
+"""The bridge between the scheduler's worker thread and the async request handlers.
+
+The scheduler (``hypic.engine.scheduler``) owns the engine in one thread, batches decode across
+requests and hands each request's events to a thread-safe queue. A handler must never block the
+event loop on that queue, so each job gets a small pump thread that forwards its events into an
+``asyncio.Queue``; the thread ends with the job's last event (``done``, or ``error`` — which a
+cancelled job always gets). Handlers wait on the async queue under the request's deadline and
+cancel the job when the deadline passes or the client goes away; the scheduler then drops it at
+its next iteration (prefill pins are released when prefill ends, so a dropped job holds none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+from hypic.engine.request import RequestMetrics, SamplingParams
+from hypic.engine.scheduler import Event, QueueFull, Scheduler, Submission
+from hypic.server.errors import APIError
+from hypic.server.settings import ServerSettings
+
+
+class Job:
+    def __init__(self, sub: Submission, arrival: float, deadline: float) -> None:
+        self.sub, self.arrival, self.deadline = sub, arrival, deadline
+        self.first_token_at: float | None = None
+        self.tokens = 0
+        self.finished = False  # the last event was received
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._pump, args=(loop,), name="hypic-job-pump", daemon=True).start()
+
+    def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
+        for event in self.sub.stream():
+            try:
+                loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                self.sub.cancel()
+
+    @property
+    def metrics(self) -> RequestMetrics | None:
+        """Prefill metrics, once the first token exists."""
+        return self.sub.run.output.metrics if self.sub.run is not None else None
+
+    def cancel(self) -> None:
+        self.sub.cancel()
+
+    async def next(self) -> Event:
+        """The next event; on the deadline the job is cancelled and a 504 raised."""
+        try:
+            event = await asyncio.wait_for(self._queue.get(), max(0.0, self.deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise APIError(504, "the request timed out", kind="timeout", type="timeout_error") from None
+        if event.kind == "token":
+            self.tokens += 1
+            if self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+        elif event.kind in ("done", "error"):
+            self.finished = True
+        return event
+
+
+def event_error(event: Event) -> APIError:
+    """What an ``error`` event means for the client."""
+    e = event.error
+    if isinstance(e, QueueFull):
+        return APIError(503, "the server is shutting down", kind="shutting_down", type="server_error")
+    if isinstance(e, RuntimeError) and str(e) == "cancelled":
+        return APIError(499, "the request was cancelled", kind="cancelled", type="cancelled")
+    return APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="engine", type="server_error")
+
+
+class Runner:
+    """One scheduler per app; refuses new work once shutdown begins."""
+
+    def __init__(self, scheduler: Scheduler, settings: ServerSettings) -> None:
+        self.scheduler, self.settings = scheduler, settings
+        self.closing = False
+
+    def _unavailable(self, message: str, status: int, kind: str) -> APIError:
+        return APIError(status, message, kind=kind, type="server_error" if status == 503 else "rate_limit_error",
+                        headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    def submit(self, prompt: list[list[int]], params: SamplingParams, mode: str, salt: str | None,
+               arrival: float) -> Job:
+        if self.closing:
+            raise self._unavailable("the server is shutting down", 503, "shutting_down")
+        try:
+            sub = self.scheduler.submit(prompt, params, mode=mode, salt=salt)
+        except QueueFull as e:
+            if self.closing or "shutting down" in str(e):
+                raise self._unavailable("the server is shutting down", 503, "shutting_down") from None
+            raise self._unavailable(f"the server is busy: {e}; retry later", 429, "overloaded") from None
+        return Job(sub, arrival, arrival + self.settings.request_timeout_s)
+
+    async def shutdown(self) -> None:
+        """Stop admitting; in-flight jobs finish within the shutdown timeout, then are cancelled."""
+        self.closing = True
+        await asyncio.to_thread(self.scheduler.shutdown, self.settings.shutdown_timeout_s)
+
+
+async def until_disconnected(receive: Callable[[], Awaitable[dict]]) -> None:
+    """Returns when the client hangs up (the request body must have been read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,44 @@
+"""Server settings: the limits that keep one client from starving the others, validated up front.
+
+The model's own limits (its position budget, its cache budgets, the seam) live on the ``LLM``;
+these are the serving limits a deployment tunes per endpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str = "hypic"  # the id clients pass as ``model``
+    api_key: str | None = None  # None: no authentication
+    max_segments: int = 256  # per request (and per /v1/segments call)
+    max_prompt_tokens: int | None = None  # None: the model's position limit
+    max_completion_tokens: int = 2048  # cap on max_tokens; also the chat default
+    max_concurrent: int = 16  # requests decoding together
+    max_queue: int = 256  # requests waiting for a decode slot; beyond: 429
+    request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
+    shutdown_timeout_s: float = 30.0  # in-flight requests may finish for this long, then are cancelled
+    max_body_bytes: int = 32 << 20
+    retry_after_s: int = 1  # the Retry-After a 429/503 advertises
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError("model_name: expected a non-empty string")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("api_key: expected a non-empty string or None")
+        for name in ("max_segments", "max_completion_tokens", "max_concurrent", "max_body_bytes", "retry_after_s"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected an integer ≥ 1, got {value!r}")
+        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or self.max_queue < 0:
+            raise ValueError(f"max_queue: expected an integer ≥ 0, got {self.max_queue!r}")
+        if self.max_prompt_tokens is not None and (not isinstance(self.max_prompt_tokens, int)
+                                                   or isinstance(self.max_prompt_tokens, bool)
+                                                   or self.max_prompt_tokens < 1):
+            raise ValueError(f"max_prompt_tokens: expected an integer ≥ 1 or None, got {self.max_prompt_tokens!r}")
+        for name in ("request_timeout_s", "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")

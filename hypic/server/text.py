@@ -1,0 +1,63 @@
+"""Token ids → text as they arrive: incremental detokenization with stop strings.
+
+Decoding one token at a time is wrong for byte-level BPE (a character may span tokens) and
+for tokenizers that strip a leading space per ``decode`` call; decoding everything each step is
+quadratic. So, as vLLM does, each step decodes a short window twice — with and without the new
+tokens — and emits the difference, waiting while the window ends in an incomplete character
+(U+FFFD). Concatenated, the pieces equal decoding the whole output at once, which is what the
+offline ``LLM.generate`` returns. Stop strings are searched in the text; the last
+``len(longest stop) − 1`` characters are held back so a stop split across tokens is never sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TextStream:
+    def __init__(self, tokenizer: Any, stops: list[str] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stops = [s for s in (stops or []) if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.tokens: list[int] = []
+        self.text = ""  # decoded so far (complete characters)
+        self.sent = 0  # characters of ``text`` handed out
+        self.stopped = False  # a stop string was found: generation should end
+        self._prefix = self._read = 0  # the decode window: tokens[_prefix:_read] were already read
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _advance(self, final: bool) -> None:
+        before = self._decode(self.tokens[self._prefix:self._read])
+        after = self._decode(self.tokens[self._prefix:])
+        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self.tokens)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        if self.stops:
+            hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stops) if i >= 0]
+            if hits:
+                self.stopped = True
+                self.text = self.text[:min(hits)]
+                final = True
+        end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def push(self, token: int) -> str:
+        """Add a generated token; returns the text now safe to send (maybe empty)."""
+        if self.stopped:
+            return ""
+        self.tokens.append(token)
+        self._advance(final=False)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The output ended: everything not sent yet (an incomplete character is sent as is)."""
+        if len(self.tokens) > self._read:
+            self._advance(final=True)
+        return self._release(final=True)

@@ -1,0 +1,115 @@
+"""Segment-preserving chat templating and incremental detokenization (no server needed)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from hypic.server.chat import ChatTemplate
+from hypic.server.text import TextStream
+
+DEFAULT_SYSTEM = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nBe brief.<|im_end|>\n{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+                  "{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+NEEDS_USER_LAST = ("{% if messages[-1]['role'] != 'user' %}{{ raise_exception('the last message must be a user''s') }}"
+                   "{% endif %}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/]{% endfor %}")
+
+
+def texts(template: ChatTemplate, messages: list[tuple[str, list[str]]]) -> list[str]:
+    return [s.text for s in template.segments(messages)]
+
+
+def test_chatml_each_message_and_part_is_a_segment() -> None:
+    t = ChatTemplate()
+    got = t.segments([("system", ["S"]), ("user", ["A"]), ("user", ["B", "C", "Q"])])
+    assert [s.text for s in got] == ["<|im_start|>system\nS<|im_end|>\n", "<|im_start|>user\nA<|im_end|>\n",
+                                     "<|im_start|>user\n", "B\n", "C\n", "Q<|im_end|>\n<|im_start|>assistant\n"]
+    assert [s.message for s in got] == [0, 1, 2, 2, 2, 2]
+    plain = [{"role": "system", "content": "S"}, {"role": "user", "content": "A"},
+             {"role": "user", "content": "B\nC\nQ"}]
+    assert "".join(s.text for s in got) == t.render(plain, True)
+
+
+def test_a_document_is_the_same_segment_wherever_it_sits() -> None:
+    t = ChatTemplate()
+    docs = [("user", ["doc one"]), ("user", ["doc two"]), ("user", ["doc three"])]
+    a = texts(t, [("system", ["S"]), *docs, ("user", ["Q"])])
+    b = texts(t, [("system", ["S"]), *docs[::-1], ("user", ["Q"])])
+    assert sorted(a[1:-1]) == sorted(b[1:-1]) and a[0] == b[0] and a[-1] == b[-1]
+    parts = texts(t, [("user", ["doc one", "doc two", "Q"])]), texts(t, [("user", ["doc two", "doc one", "Q"])])
+    assert sorted(parts[0][1:-1]) == sorted(parts[1][1:-1])
+
+
+def test_template_extras_stay_with_their_message() -> None:
+    t = ChatTemplate(DEFAULT_SYSTEM)  # injects a system message and trims content
+    assert texts(t, [("user", ["  A  "]), ("user", ["Q"])]) == [
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nA<|im_end|>\n",
+        "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def test_a_template_refusing_partial_conversations_falls_back_to_content_starts() -> None:
+    t = ChatTemplate(NEEDS_USER_LAST)  # rendering [system] alone raises: cut at the user content instead
+    assert texts(t, [("system", ["S"]), ("user", ["A"]), ("user", ["Q"])]) == ["[system]S[/][user]", "A[/]",
+                                                                              "[user]Q[/]"]
+    with pytest.raises(ValueError, match="messages: the chat template refused"):
+        t.segments([("user", ["A"]), ("assistant", ["B"])])
+
+
+def test_templates_that_drop_or_repeat_content_are_refused() -> None:
+    for source in ("{% for m in messages %}{{ m['role'] }}{% endfor %}",
+                   "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}"):
+        with pytest.raises(ValueError, match="exactly once"):
+            ChatTemplate(source).segments([("user", ["A"])])
+
+
+def test_template_from_a_model_folder(tmp_path: Path) -> None:
+    cfg = {"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<{{ messages[0]"
+                                                                                                    "['content'] }}>"}],
+           "eos_token": {"content": "</s>"}}
+    assert texts(ChatTemplate.from_model(cfg), [("user", ["A"])]) == ["<A>"]
+    (tmp_path / "chat_template.jinja").write_text("[{{ messages[0]['content'] }}]{{ eos_token }}")
+    assert texts(ChatTemplate.from_model(cfg, tmp_path), [("user", ["A"])]) == ["[A]</s>"]
+    assert ChatTemplate.from_model({}).source.startswith("{% for message in messages %}<|im_start|>")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))  # byte-level BPE: multi-byte characters span tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_incremental_text_equals_decoding_everything(tokenizer: Tokenizer, seed: int) -> None:
+    rng = random.Random(seed)
+    ids = [rng.randrange(tokenizer.get_vocab_size()) for _ in range(rng.randrange(1, 40))]
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(t) for t in ids] + [stream.finish()]
+    assert "".join(pieces) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_multibyte_characters_are_never_split(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode("naïve café — 東京 🙂 done", add_special_tokens=False).ids
+    stream = TextStream(tokenizer)
+    pieces = [stream.push(t) for t in ids]
+    assert all("\ufffd" not in p for p in pieces) and "".join(pieces) + stream.finish() == " naïve café — 東京 🙂 done"
+
+
+@pytest.mark.parametrize("stops, want", [(["café"], " naïve "), (["zzz"], " naïve café au lait"),
+                                         (["au", "ïve"], " na"), (["lait"], " naïve café au ")])
+def test_stop_strings_cut_the_text_even_across_tokens(tokenizer: Tokenizer, stops: list[str], want: str) -> None:
+    stream = TextStream(tokenizer, stops)
+    out = ""
+    for t in tokenizer.encode("naïve café au lait", add_special_tokens=False).ids:
+        out += stream.push(t)
+        if stream.stopped:
+            break
+    out += stream.finish()
+    assert out == want and stream.stopped == (want != " naïve café au lait")
+    assert json.dumps(out)  # plain text, nothing held back

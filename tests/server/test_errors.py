@@ -1,0 +1,180 @@
+"""Bad input: every malformed request is a 4xx in OpenAI's error shape naming the field, and the
+server keeps serving; a property test throws arbitrary bodies at it and never sees a 5xx."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hypic import LLM
+from tests.server.conftest import API_KEY, MODEL, LiveServer, serve
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+OK_CHAT = [{"role": "user", "content": "Question: who?"}]
+LONG = "word " * 2000  # over the server's 1024-token prompt limit
+
+CASES = [  # (path, body: dict or raw bytes, status, param)
+    ("/v1/completions", b"{bad", 400, None),
+    ("/v1/completions", b"", 400, None),
+    ("/v1/completions", b"\xff\xfe\x00", 400, None),
+    ("/v1/completions", b"[]", 400, None),
+    ("/v1/completions", b'"a prompt"', 400, None),
+    ("/v1/completions", b"[" * 100_000, 400, None),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "a<<PIC_SEP>>"}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "<<PIC_SEP>>".join(["doc"] * 17)}, 400, "prompt"),
+    ("/v1/completions", {"prompt": LONG}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "a", "segments": ["b"]}, 400, "prompt"),
+    ("/v1/completions", {"segments": []}, 400, "segments"),
+    ("/v1/completions", {"segments": ["a", ""]}, 400, "segments[1]"),
+    ("/v1/completions", {"segments": ["a", 3]}, 400, "segments[1]"),
+    ("/v1/completions", {"segments": ["doc"] * 17}, 400, "segments"),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4o"}, 404, "model"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 65}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1.5}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "temperature": 3}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n"),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**70}, 400, "seed"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop[0]"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a"] * 9}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": 1}}, 400, "stream_options.include_usage"),
+    ("/v1/completions", {"prompt": "hi", "mode": "magic"}, 400, "mode"),
+    ("/v1/completions", {"prompt": "hi", "cache_salt": 5}, 400, "cache_salt"),
+    ("/v1/completions", {"prompt": "hi", "max_token": 5}, 400, "max_token"),
+    ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, "messages[0].content[0].type"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     400, "messages[0].content[0].text"),
+    ("/v1/chat/completions", {"messages": OK_CHAT * 17}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "max_completion_tokens": 100}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "tools": []}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "model": "other"}, 404, "model"),
+    ("/v1/segments", {"segments": []}, 400, "segments"),
+    ("/v1/segments", {"segments": [""]}, 400, "segments[0]"),
+    ("/v1/segments", {"segments": ["doc"] * 17}, 400, "segments"),
+    ("/v1/segments", {"segments": [LONG]}, 400, "segments[0]"),
+    ("/v1/segments", {"documents": ["x"]}, 400, "documents"),
+]
+
+
+def _error_shape(r: httpx.Response) -> dict:
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str) and err["message"]
+    return err
+
+
+@pytest.mark.parametrize("path, body, status, param", CASES, ids=range(len(CASES)))
+def test_bad_input_is_a_4xx_naming_the_field(server: LiveServer, path: str, body: dict | bytes, status: int,
+                                             param: str | None) -> None:
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, **kw)
+    assert r.status_code == status, r.text
+    err = _error_shape(r)
+    assert err["param"] == param, err
+    if param is not None:
+        assert param.split(".")[0].split("[")[0] in err["message"], err
+
+
+def test_routes_methods_auth_and_still_serving(server: LiveServer) -> None:
+    assert httpx.get(f"{server.url}/v1/nowhere", headers=AUTH).status_code == 404
+    r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)
+    assert r.status_code == 405 and _error_shape(r)
+    r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
+    assert r.status_code == 401 and _error_shape(r)["code"] == "invalid_api_key"
+    ok = httpx.post(f"{server.url}/v1/completions", headers=AUTH, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(llm: LLM) -> Iterator[LiveServer]:
+    live = serve(llm, max_segments=8, max_prompt_tokens=256, max_completion_tokens=4, max_concurrent=2)
+    yield live
+    live.stop()
+
+
+def _json_values() -> st.SearchStrategy:
+    scalars = st.none() | st.booleans() | st.integers(-(2**65), 2**65) | st.floats() | st.text(max_size=30)
+    return st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10),
+                                                                                           inner, max_size=4),
+                        max_leaves=10)
+
+
+_any = _json_values()
+_words = st.text(st.characters(codec="utf-8"), min_size=1, max_size=40)
+_VALID = {  # values the server accepts (within the fuzz server's limits), per field
+    "model": st.just(MODEL), "max_tokens": st.integers(1, 4), "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1), "seed": st.integers(-(2**63), 2**63 - 1),
+    "stop": _words | st.lists(_words, max_size=3),
+    "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "cache_salt": st.text(max_size=10), "mode": st.sampled_from(["hypic", "full", "prefix", "naive", "transition"]),
+}
+_segments = st.lists(_words, min_size=1, max_size=5)
+_message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]),
+                                  "content": _words | st.lists(st.fixed_dictionaries({"type": st.just("text"),
+                                                                                      "text": _words}),
+                                                               min_size=1, max_size=3)})
+_BODIES = {  # (required, optional) fields of a valid body
+    "/v1/completions": ({"prompt": _segments.map("<<PIC_SEP>>".join)},
+                        {**_VALID, "logprobs": st.integers(0, 5)}),
+    "/v1/chat/completions": ({"messages": st.lists(_message, min_size=1, max_size=5)},
+                             {**_VALID, "logprobs": st.just(True), "top_logprobs": st.integers(0, 5)}),
+    "/v1/segments": ({"segments": _segments}, {"cache_salt": _VALID["cache_salt"]}),
+}
+_WEIRD = st.sampled_from(["", "<<PIC_SEP>>", "a<<PIC_SEP>>", "\ud800", "<|im_end|>", "\x00", "é" * 300])
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A valid body, then (most of the time) a few fields replaced by anything at all; or junk."""
+    path = draw(st.sampled_from(sorted(_BODIES)))
+    kind = draw(st.sampled_from(["valid", "mutated", "mutated", "json", "bytes"]))
+    if kind == "bytes":
+        return path, draw(st.binary(max_size=64))
+    if kind == "json":
+        return path, json.dumps(draw(_any)).encode()
+    required, optional = _BODIES[path]
+    body = draw(st.fixed_dictionaries(required, optional=optional))
+    if kind == "mutated":
+        for key in draw(st.lists(st.sampled_from([*required, *optional, "extra"]), min_size=1, max_size=3)):
+            body[key] = draw(_any | _WEIRD | st.lists(_WEIRD, max_size=3))
+    return path, json.dumps(body).encode()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(req=requests())
+def test_fuzz_never_a_5xx(fuzz_server: LiveServer, req: tuple[str, bytes]) -> None:
+    path, body = req
+    r = httpx.post(f"{fuzz_server.url}{path}", content=body, timeout=60)
+    assert r.status_code < 500, (r.status_code, r.text)
+    if r.status_code >= 400:
+        _error_shape(r)
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        assert r.text.endswith("data: [DONE]\n\n") and '"error"' not in r.text, r.text
+    else:
+        assert "choices" in r.json() or "data" in r.json()

@@ -1,0 +1,166 @@
+"""The engine loop as a client sees it: a full queue (429 + Retry-After), request timeouts,
+cancellation when the client disconnects, graceful shutdown, and ``hypic serve`` itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hypic import LLM
+from tests.server.conftest import serve
+
+LONG = 2000  # tokens: ~15 s of decoding, so only cancellation ends such a request within a test
+
+
+@pytest.fixture(scope="module")
+def endless(model_dir: Path) -> LLM:
+    """The served model with no end-of-sequence token: a request runs until max_tokens or cancellation."""
+    llm = LLM(str(model_dir), device="cpu")
+    llm.engine.eos = set()
+    return llm
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def body(max_tokens: int, stream: bool = False) -> dict:
+    return {"prompt": "Profile of Wrenna Jessop.<<PIC_SEP>>Question: who?", "max_tokens": max_tokens,
+            "stream": stream, "temperature": 0}
+
+
+def idle(url: str) -> Callable[[], bool]:
+    return lambda: metric(url, "hypic_running_requests") == 0 and metric(url, "hypic_queue_depth") == 0
+
+
+def test_full_queue_429_and_disconnect_cancels(endless: LLM) -> None:
+    live = serve(endless, max_concurrent=1, max_queue=1, max_completion_tokens=LONG)
+    try:
+        queued: list[httpx.Response] = []
+        with httpx.stream("POST", f"{live.url}/v1/completions", json=body(LONG, stream=True), timeout=60) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would hang up
+            assert r.status_code == 200 and next(lines).startswith("data: ")  # running, streaming
+            waiter = threading.Thread(target=lambda: queued.append(
+                httpx.post(f"{live.url}/v1/completions", json=body(2), timeout=60)))
+            waiter.start()
+            wait_for(lambda: metric(live.url, "hypic_queue_depth") == 1)
+            full = httpx.post(f"{live.url}/v1/completions", json=body(2), timeout=60)
+            assert full.status_code == 429 and full.headers["retry-after"] == "1"
+            assert full.json()["error"]["type"] == "rate_limit_error"
+        waiter.join(30)  # leaving the stream hung up: the long request is cancelled, the queued one runs
+        assert queued[0].status_code == 200 and queued[0].json()["usage"]["completion_tokens"] == 2
+        wait_for(idle(live.url))
+        assert metric(live.url, 'hypic_errors_total{kind="cancelled"}') == 1
+        assert metric(live.url, 'hypic_errors_total{kind="overloaded"}') == 1
+        before = metric(live.url, "hypic_generated_tokens_total")
+        with pytest.raises(httpx.ReadTimeout):  # a whole (non-streamed) answer whose client gives up
+            httpx.post(f"{live.url}/v1/completions", json=body(LONG), timeout=1.0)
+        wait_for(idle(live.url))
+        assert metric(live.url, 'hypic_errors_total{kind="cancelled"}') == 2
+        assert metric(live.url, "hypic_generated_tokens_total") - before < LONG / 2
+        assert endless.engine.store.check_integrity() and not endless.engine.store._pins  # nothing left pinned
+    finally:
+        live.stop()
+
+
+def test_request_timeout(endless: LLM) -> None:
+    live = serve(endless, request_timeout_s=0.5, max_completion_tokens=LONG)
+    try:
+        r = httpx.post(f"{live.url}/v1/completions", json=body(LONG), timeout=60)
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+        events = [line for line in httpx.post(f"{live.url}/v1/completions", json=body(LONG, stream=True),
+                                              timeout=60).text.splitlines() if line]
+        assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "timeout_error"
+        assert events[-1] == "data: [DONE]"
+        wait_for(idle(live.url))
+        assert metric(live.url, 'hypic_errors_total{kind="timeout"}') == 2
+    finally:
+        live.stop()
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(endless: LLM) -> None:
+    live = serve(endless, shutdown_timeout_s=20)
+    lines = []
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body(100, stream=True), timeout=60) as r:
+        it = r.iter_lines()
+        lines.append(next(it))
+        live.server.should_exit = True  # what SIGINT/SIGTERM does
+        lines.extend(it)
+    live.thread.join(30)
+    assert not live.thread.is_alive()
+    lines = [x for x in lines if x]
+    chunks = [json.loads(x.removeprefix("data: ")) for x in lines if x.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and lines[-1] == "data: [DONE]"
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{live.url}/health")
+    assert live.app.state.hypic.runner.closing and endless.engine.store.check_integrity()
+
+
+def test_shutdown_cancels_what_does_not_finish_in_time(endless: LLM) -> None:
+    live = serve(endless, shutdown_timeout_s=1, max_completion_tokens=LONG)
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body(LONG, stream=True), timeout=60) as r:
+        it = r.iter_lines()
+        next(it)
+        t0 = time.monotonic()
+        live.server.should_exit = True
+        with pytest.raises(httpx.RemoteProtocolError):  # the server closes the unfinished stream
+            list(it)
+    live.thread.join(30)
+    assert not live.thread.is_alive() and time.monotonic() - t0 < 10
+    assert live.app.state.hypic.runner.scheduler.depth == (0, 0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_hypic_serve_command(model_dir: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}
+    proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
+                             "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(f"{url}/health").status_code == 200
+            except httpx.ConnectError:
+                return False
+        wait_for(up, timeout=120)
+        assert httpx.get(f"{url}/v1/models").status_code == 401  # the key came from $HYPIC_API_KEY
+        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-cli"}, json=body(2), timeout=60)
+        assert r.status_code == 200 and r.json()["model"] == model_dir.name
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    missing = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir / "nope")],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "not a directory" in missing.stderr

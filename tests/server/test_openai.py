@@ -1,0 +1,179 @@
+"""The server through the official ``openai`` client: completions and chat, whole and streamed;
+cache hits across document orders; tenant salts; pre-warming; logprobs and stop strings; metrics."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from openai import AuthenticationError, OpenAI
+
+from hypic import LLM, SamplingParams
+from hypic.eval.trace import generate_trace
+from hypic.llm import SEPARATOR
+from hypic.server.chat import ChatTemplate
+from tests.server.conftest import API_KEY, MODEL, LiveServer
+
+TRACE = generate_trace(7, num_requests=12, pool_size=16, num_docs=(3, 4), doc_tokens=(20, 40))
+TOL = 0.05  # hypic vs full: log-probabilities this close are a tie the cache may break either way
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> OpenAI:
+    return OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+def rag(i: int, order: slice = slice(None)) -> list[str]:
+    """Request i of the trace as segments: head, documents (in ``order``), query."""
+    segs = TRACE.segments(TRACE.requests[i])
+    return [segs[0], *segs[1:-1][order], segs[-1]]
+
+
+def complete(client: OpenAI, segments: list[str], **kw):
+    kw.setdefault("max_tokens", 6)
+    kw.setdefault("temperature", 0)
+    return client.completions.create(model=MODEL, prompt=SEPARATOR.join(segments), **kw)
+
+
+def scrape(http: httpx.Client) -> dict[str, float]:
+    out = {}
+    for line in http.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def test_completion_whole_streamed_and_offline_agree(client: OpenAI, llm: LLM) -> None:
+    segments = rag(0)
+    whole = complete(client, segments)
+    assert whole.object == "text_completion" and whole.model == MODEL
+    assert whole.choices[0].finish_reason in ("length", "stop")
+    assert whole.usage.prompt_tokens == sum(len(s) for s in llm.tokenize(segments))
+    assert whole.usage.completion_tokens == 6 or whole.choices[0].finish_reason == "stop"
+    chunks = list(complete(client, segments, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens and not chunks[-1].choices
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the second time: the documents hit
+    assert llm.generate([segments], SamplingParams(max_tokens=6))[0].text == whole.choices[0].text
+
+
+def test_chat_each_message_and_part_is_a_segment(client: OpenAI, llm: LLM) -> None:
+    head, *docs, query = rag(1)
+    messages = [{"role": "system", "content": head}, *({"role": "user", "content": d} for d in docs[:2]),
+                {"role": "user", "content": [{"type": "text", "text": t} for t in (*docs[2:], query)]}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+    assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
+    assert whole.model_extra["hypic"]["segments"] == 1 + 2 + 1 + len(docs[2:]) + 1  # wrapper of the parts message
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0,
+                                            stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    template = ChatTemplate.from_model(llm.loaded.tokenizer_config)
+    texts = [s.text for s in template.segments([(m["role"], [m["content"]] if isinstance(m["content"], str)
+                                                 else [p["text"] for p in m["content"]]) for m in messages])]
+    assert llm.generate([texts], SamplingParams(max_tokens=6))[0].text == whole.choices[0].message.content
+
+
+def test_reordered_documents_hit_the_cache_and_match_full(client: OpenAI) -> None:
+    first = complete(client, rag(2), extra_body={"cache_salt": "reorder"})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = complete(client, rag(2, slice(None, None, -1)), logprobs=5, extra_body={"cache_salt": "reorder"})
+    full = complete(client, rag(2, slice(None, None, -1)), logprobs=5, extra_body={"mode": "full"})
+    assert again.usage.prompt_tokens_details.cached_tokens > 0 and again.model_extra["hypic"]["segment_misses"] == 0
+    assert full.usage.prompt_tokens_details.cached_tokens == 0
+    got, want = again.choices[0].logprobs, full.choices[0].logprobs
+    for i, (a, b) in enumerate(zip(got.tokens, want.tokens, strict=False)):
+        if a != b:  # only a near-tie may differ, and then the rest follows a different prefix
+            assert abs(got.token_logprobs[i] - want.top_logprobs[i].get(a, -1e9)) < TOL, (i, a, b)
+            break
+        assert abs(got.token_logprobs[i] - want.token_logprobs[i]) < TOL
+    else:
+        assert again.choices[0].text == full.choices[0].text
+
+
+def test_cache_salts_isolate_tenants(client: OpenAI) -> None:
+    head, *docs, query = rag(3)
+    segments = [*(f"{d} Filed under isolation." for d in (head, *docs)), query]  # segments no other test sends
+    cached = {}
+    for salt in ("tenant-a", "tenant-a", "tenant-b", None):
+        extra = {} if salt is None else {"cache_salt": salt}
+        cached.setdefault(salt, []).append(
+            complete(client, segments, max_tokens=1, extra_body=extra).usage.prompt_tokens_details.cached_tokens)
+    assert cached["tenant-a"][0] == 0 and cached["tenant-a"][1] > 0
+    assert cached["tenant-b"] == [0] and cached[None] == [0]
+
+
+def test_prewarm_then_query_hits(http: httpx.Client, client: OpenAI, llm: LLM) -> None:
+    docs = rag(4)[1:-1]
+    body = {"segments": docs, "cache_salt": "warm"}
+    first = http.post("/v1/segments", json=body).json()
+    assert [d["cached"] for d in first["data"]] == [False] * len(docs)
+    assert [d["tokens"] for d in first["data"]] == [len(s) for s in llm.tokenize(docs)]
+    assert all(d["cached"] for d in http.post("/v1/segments", json=body).json()["data"])
+    stats = http.get("/v1/segments/stats").json()
+    assert stats["entries"]["device"] >= len(docs) and stats["seam"] == llm.engine.seam
+    out = complete(client, rag(4, slice(None, None, -1)), extra_body={"cache_salt": "warm"})
+    seam = llm.engine.seam
+    assert out.model_extra["hypic"]["segment_misses"] == 1  # the head was not pre-warmed
+    assert out.usage.prompt_tokens_details.cached_tokens == sum(len(s) - seam for s in llm.tokenize(docs))
+
+
+def test_logprobs_and_stop_strings(client: OpenAI) -> None:
+    segments = rag(5)
+    base = complete(client, segments, max_tokens=12, logprobs=3)
+    lp = base.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 12
+    assert all(len(top) <= 3 and max(top.values()) <= 0 for top in lp.top_logprobs)
+    text = base.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    if not stop.strip():
+        pytest.skip("degenerate answer")
+    cut = text[:text.index(stop)]
+    stopped = complete(client, segments, max_tokens=12, stop=[stop])
+    assert stopped.choices[0].text == cut and stopped.choices[0].finish_reason == "stop"
+    streamed = list(complete(client, segments, max_tokens=12, stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == cut and streamed[-1].choices[0].finish_reason == "stop"
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Question: who?"}],
+                                          max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+
+
+def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
+    before = scrape(http)
+    salt = {"cache_salt": "metrics"}  # a fresh tenant: the first request misses every segment, the second hits
+    complete(client, rag(6), extra_body=salt)
+    complete(client, rag(6, slice(None, None, -1)), extra_body=salt)
+    http.post("/v1/completions", json={"prompt": ""})
+    after = scrape(http)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta['hypic_requests_total{endpoint="completions"}'] == 2
+    cacheable = len(rag(6)) - 1
+    assert delta["hypic_segment_hits_total"] == delta["hypic_segment_misses_total"] == cacheable
+    assert delta["hypic_cached_tokens_total"] > 0 and delta["hypic_recomputed_tokens_total"] > 0
+    assert delta['hypic_errors_total{kind="invalid_request"}'] == 1
+    ttft = sum(v for k, v in delta.items() if k.startswith("hypic_time_to_first_token_seconds_count"))
+    assert ttft == 2 and delta['hypic_time_to_first_token_seconds_count{cache="hit"}'] == 1
+    assert after['hypic_cache_bytes{tier="device"}'] > 0 and after['hypic_cache_entries{tier="device"}'] > 0
+    assert after["hypic_queue_depth"] == 0 and "hypic_running_requests" in after
+
+
+def test_models_health_and_auth(server: LiveServer, client: OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    assert re.search(r"^hypic_cache_bytes", httpx.get(f"{server.url}/metrics").text, re.M)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        r = httpx.get(f"{server.url}/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).completions.create(
+            model=MODEL, prompt="hi", max_tokens=1)
