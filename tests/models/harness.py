@@ -66,3 +66,31 @@ def hf_greedy(ref: torch.nn.Module, prompt: torch.Tensor, steps: int) -> tuple[l
     out = ref.generate(prompt[None], max_new_tokens=steps, do_sample=False, output_logits=True,
                        return_dict_in_generate=True, min_new_tokens=steps, pad_token_id=0)
     return out.sequences[0, len(prompt):].tolist(), torch.stack(out.logits)[:, 0]
+
+
+def assert_prefill_matches_transformers(ref: torch.nn.Module, loaded: LoadedModel, *, length: int = 300,
+                                        seed: int = 1, tol: float = 1e-4) -> None:
+    ids = torch.randint(3, 512, (length,), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        expected = ref(ids[None]).logits[0]
+    assert (hypic_logits(loaded, ids) - expected).abs().max() <= tol
+
+
+def assert_greedy_matches_transformers(ref: torch.nn.Module, loaded: LoadedModel, *, steps: int = 20, seed: int = 2,
+                                       tol: float = 1e-4) -> None:
+    prompt = torch.randint(3, 512, (37,), generator=torch.Generator().manual_seed(seed))
+    want, want_logits = hf_greedy(ref, prompt, steps)
+    got, got_logits = hypic_greedy(loaded, [prompt], steps)
+    assert got[0] == want
+    assert (got_logits[:, 0] - want_logits).abs().max() <= tol
+
+
+def assert_varlen_equals_alone(loaded: LoadedModel, *, seed: int = 3, tol: float = 1e-5) -> None:
+    """Two sequences in one varlen batch (prefill and decode) give what each gives alone."""
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randint(3, 512, (70,), generator=gen), torch.randint(3, 512, (129,), generator=gen)
+    both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5)
+    for i, p in enumerate((a, b)):
+        alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
+        assert both_tokens[i] == alone_tokens[0]
+        assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= tol

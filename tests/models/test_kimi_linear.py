@@ -7,7 +7,14 @@ import transformers as T
 
 from hypic.models.kimi_linear import checkpoint_name
 from hypic.models.loader import load_model
-from tests.models.harness import hf_greedy, hypic_greedy, hypic_logits, randomize_norms, save_checkpoint
+from tests.models.harness import (
+    assert_greedy_matches_transformers,
+    assert_prefill_matches_transformers,
+    assert_varlen_equals_alone,
+    hypic_logits,
+    randomize_norms,
+    save_checkpoint,
+)
 
 # Layers 1-3 KDA, 4 MLA; layer 0 dense, 1-3 MoE (first_k_dense_replace defaults to 1).
 TINY_KIMI = dict(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64, num_hidden_layers=4,
@@ -42,31 +49,15 @@ def test_model_has_every_layer_kind(kimi) -> None:
 
 
 def test_prefill_logits_match_transformers(kimi) -> None:
-    ref, loaded = kimi
-    ids = torch.randint(3, 512, (300,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = ref(ids[None]).logits[0]
-    assert (hypic_logits(loaded, ids) - expected).abs().max() <= 1e-4
+    assert_prefill_matches_transformers(*kimi)
 
 
 def test_greedy_decode_matches_transformers(kimi) -> None:
-    ref, loaded = kimi
-    prompt = torch.randint(3, 512, (37,), generator=torch.Generator().manual_seed(2))
-    want, want_logits = hf_greedy(ref, prompt, 20)
-    got, got_logits = hypic_greedy(loaded, [prompt], 20)
-    assert got[0] == want
-    assert (got_logits[:, 0] - want_logits).abs().max() <= 1e-4
+    assert_greedy_matches_transformers(*kimi)
 
 
 def test_varlen_batch_equals_sequences_alone(kimi) -> None:
-    _, loaded = kimi
-    gen = torch.Generator().manual_seed(3)
-    a, b = torch.randint(3, 512, (70,), generator=gen), torch.randint(3, 512, (129,), generator=gen)
-    both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5)
-    for i, p in enumerate((a, b)):
-        alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
-        assert both_tokens[i] == alone_tokens[0]
-        assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= 1e-5
+    assert_varlen_equals_alone(kimi[1])
 
 
 def test_low_rank_query_matches_transformers(tmp_path) -> None:

@@ -10,8 +10,9 @@ from tests.models.harness import (
     TINY_BASE,
     TINY_GDN,
     TINY_MOE,
-    hf_greedy,
-    hypic_greedy,
+    assert_greedy_matches_transformers,
+    assert_prefill_matches_transformers,
+    assert_varlen_equals_alone,
     hypic_logits,
     randomize_norms,
     save_checkpoint,
@@ -32,31 +33,15 @@ def qwen3_5_moe(tmp_path_factory):
 
 
 def test_prefill_logits_match_transformers(qwen3_5_moe) -> None:
-    ref, loaded = qwen3_5_moe
-    ids = torch.randint(3, 512, (300,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        expected = ref(ids[None]).logits[0]
-    assert (hypic_logits(loaded, ids) - expected).abs().max() <= 1e-4
+    assert_prefill_matches_transformers(*qwen3_5_moe)
 
 
 def test_greedy_decode_matches_transformers(qwen3_5_moe) -> None:
-    ref, loaded = qwen3_5_moe
-    prompt = torch.randint(3, 512, (37,), generator=torch.Generator().manual_seed(2))
-    want, want_logits = hf_greedy(ref, prompt, 20)
-    got, got_logits = hypic_greedy(loaded, [prompt], 20)
-    assert got[0] == want
-    assert (got_logits[:, 0] - want_logits).abs().max() <= 1e-4
+    assert_greedy_matches_transformers(*qwen3_5_moe)
 
 
 def test_varlen_batch_equals_sequences_alone(qwen3_5_moe) -> None:
-    _, loaded = qwen3_5_moe
-    gen = torch.Generator().manual_seed(3)
-    a, b = torch.randint(3, 512, (70,), generator=gen), torch.randint(3, 512, (129,), generator=gen)
-    both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5)
-    for i, p in enumerate((a, b)):
-        alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
-        assert both_tokens[i] == alone_tokens[0]
-        assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= 1e-5
+    assert_varlen_equals_alone(qwen3_5_moe[1])
 
 
 def test_vision_language_checkpoint_loads_as_text_model(tmp_path) -> None:

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.loader import load_model
-from tests.models.harness import hypic_greedy, hypic_logits
+from tests.models.harness import assert_varlen_equals_alone, hypic_greedy, hypic_logits
 
 CONFIG = dict(
     architectures=["BailingMoeLinearV2ForCausalLM"], model_type="bailing_moe_linear", vocab_size=512,
@@ -234,11 +234,4 @@ def test_greedy_decode_matches_reference(ring) -> None:
 
 
 def test_varlen_batch_equals_sequences_alone(ring) -> None:
-    loaded = ring[1]
-    gen = torch.Generator().manual_seed(3)
-    a, b = torch.randint(3, 512, (70,), generator=gen), torch.randint(3, 512, (129,), generator=gen)
-    both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5)
-    for i, p in enumerate((a, b)):
-        alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
-        assert both_tokens[i] == alone_tokens[0]
-        assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= 1e-5
+    assert_varlen_equals_alone(ring[1])
