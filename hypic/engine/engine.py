@@ -104,11 +104,11 @@ class Engine:
         self.store.pin(plan.pinned)
         return plan
 
-    def _cold_prefill(self, plans: list[RequestPlan]) -> int:
+    def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> int:
         """Fill every miss; returns the tokens computed. Standalone: one varlen batch of the
         distinct missing segments. In context: misses join the combine pass's recompute set."""
         misses = [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
-        if self.cold == "in_context":
+        if (cold or self.cold) == "in_context":
             for s in misses:
                 s.in_context = True
             return 0
@@ -224,12 +224,7 @@ class Engine:
         with self._lock:
             plan = self._plan([*segments, []], "hypic", salt)  # an empty query: nothing to answer
             try:
-                misses = {s.key: s for s in plan.segments if s.key is not None and not s.hit}
-                if misses:
-                    ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in misses.items()], self.device)
-                    self.model.hidden_states(ctx.input_ids, ctx)
-                    for e in ctx.entries:
-                        self.store.insert(e)
+                self._cold_prefill([plan], cold="standalone")
             finally:
                 self.store.unpin(plan.pinned)
         return [None if s.key is None else s.hit for s in plan.segments[:-1]]
