@@ -37,6 +37,20 @@ def _inputs(family: str, length: int, gen: torch.Generator) -> dict[str, torch.T
 
 
 def demo(args: argparse.Namespace) -> int:
+    """The RAG session on a model (the bundled one by default); the algebra self-check without one."""
+    from hypic.demo import print_session, rag_session
+    from hypic.llm import LLM, bundled_model_path
+
+    if args.model or bundled_model_path().is_dir():
+        llm = LLM(args.model, device=args.device)
+        print(f"hypic demo: {llm.loaded.path} on {llm.loaded.device}")
+        print_session(rag_session(llm, questions=args.questions, seed=args.seed))
+        return 0
+    print("no bundled model in this installation: running the algebra self-check instead")
+    return algebra_check(args)
+
+
+def algebra_check(args: argparse.Namespace) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     n = args.length
     print(f"hypic algebra self-check: two spans of {n} tokens, 4 heads, K = V = 32")
@@ -209,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="the main job: a short end-to-end run on the bundled model")
-    p_demo.add_argument("--length", type=int, default=300)
+    p_demo.add_argument("--model", help="model folder (default: the bundled model)")
+    p_demo.add_argument("--device")
+    p_demo.add_argument("--questions", type=int, default=3)
+    p_demo.add_argument("--length", type=int, default=300, help="span length of the algebra self-check")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)
     p_bench = sub.add_parser("bench", help="benchmarks")

@@ -40,3 +40,16 @@ def test_cli_quick_json_and_report(model_dir, tmp_path, capsys) -> None:
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scores"]
     assert {"full", "prefix", "naive", "transition", "hypic_w0", "hypic_w32"} <= set(scores)
     assert "| hypic_w8 |" in out.read_text() and out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_demo_session_reports_cold_and_warm(model_dir, capsys) -> None:
+    assert cli(["demo", "--model", str(model_dir), "--questions", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "hypic warm" in out and "hypic cold" in out and "full" in out
+    from hypic.demo import rag_session
+    from hypic.llm import LLM
+
+    rows = rag_session(LLM(str(model_dir), device="cpu"), questions=1, seed=3)
+    warm = next(r for r in rows if r["mode"] == "hypic warm")
+    cold = next(r for r in rows if r["mode"] == "hypic cold")
+    assert cold["cached"] == 0 and warm["cached"] > 0 and warm["recomputed"] < warm["prompt"] / 4
