@@ -219,6 +219,21 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=serve)
 
 
+def generate(args: argparse.Namespace) -> int:
+    from hypic.engine.request import SamplingParams
+    from hypic.llm import LLM
+
+    llm = LLM(args.model, device=args.device, seam=args.seam)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    for _ in range(args.repeat):
+        out = llm.generate(args.prompt, sp, mode=args.mode)[0]
+        m = out.metrics
+        print(out.text)
+        print(f"[{args.mode}] ttft {1000 * m.ttft_s:.1f} ms · prompt {m.prompt_tokens} · cached {m.cached_tokens} · "
+              f"recomputed {m.recomputed_tokens} · hits {m.segment_hits} · misses {m.segment_misses}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -229,6 +244,17 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--length", type=int, default=300, help="span length of the algebra self-check")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)
+    p_gen = sub.add_parser("generate", help="answer one prompt (segments split on <<PIC_SEP>>)")
+    p_gen.add_argument("prompt")
+    p_gen.add_argument("--model", help="model folder (default: the bundled model)")
+    p_gen.add_argument("--device")
+    p_gen.add_argument("--mode", default="hypic", choices=["full", "prefix", "naive", "transition", "hypic"])
+    p_gen.add_argument("--seam", type=int, default=8)
+    p_gen.add_argument("--max-tokens", type=int, default=32)
+    p_gen.add_argument("--temperature", type=float, default=0.0)
+    p_gen.add_argument("--seed", type=int)
+    p_gen.add_argument("--repeat", type=int, default=1, help="ask again (the second time the segments are cached)")
+    p_gen.set_defaults(func=generate)
     p_bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
     p_ttft = bench_sub.add_parser("ttft", help="TTFT across the mode ladder on RAG prompts")

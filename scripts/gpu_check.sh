@@ -2,7 +2,7 @@
 # Runs every GPU check of hypic on the H200 machine (never in CI): GPU-marked tests, then the
 # ops, model and engine benchmarks. Needs the fla wheels in .whl/ (../shared/tools/gpu-wheels.sh)
 # carried with the call. Details land in $OUT; the tables print last. Sections: SKIP_GPU_TESTS=1,
-# GPU_OPS=0, GPU_MODELS=1 (see below).
+# GPU_OPS=0, GPU_MODELS=1, GPU_TTFT=1 (see below).
 set -eu
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
@@ -18,4 +18,8 @@ fi
 # only with GPU_MODELS=1; GPU_MODELS_ARGS passes it flags, GPU_OPS=0 skips the ops check above.
 if [ "${GPU_MODELS:-0}" = 1 ]; then
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
+fi
+# TTFT across the ladder on the 9B shape (hypic bench ttft): only with GPU_TTFT=1; GPU_TTFT_ARGS adds flags.
+if [ "${GPU_TTFT:-0}" = 1 ]; then
+  python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
 fi

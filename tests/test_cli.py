@@ -8,3 +8,22 @@ def test_demo_self_check_passes(capsys) -> None:
     out = capsys.readouterr().out
     for family in ("linear", "scalar", "gla", "deltanet", "gdn", "kda", "dplr"):
         assert family in out
+
+
+def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
+    from pathlib import Path
+
+    import torch
+
+    from hypic.bench.shapes import SHAPES
+    from hypic.models.random_init import random_model
+    from hypic.train.checkpoint import save_model
+
+    config = dict(SHAPES["tiny"], vocab_size=2048)
+    tokenizer = Path(__file__).parent.parent / "hypic" / "assets" / "tokenizer" / "tokenizer.json"
+    save_model(tmp_path, random_model(config, device="cpu", dtype=torch.float32).model, config, tokenizer=tokenizer)
+    doc = "Profile of Tal. Tal plays the harp in the evening after work."
+    assert main(["generate", "--model", str(tmp_path), "--repeat", "2", "--max-tokens", "3",
+                 f"A reader.<<PIC_SEP>>{doc}<<PIC_SEP>>Question: What does Tal play?\nAnswer:"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "hits 0" in err[0] and "hits 1" in err[1]

@@ -50,3 +50,8 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
 
     llm = LLM(str(out), device="cpu")
     assert llm.generate("Question: Who?\nAnswer:", SamplingParams(max_tokens=3))[0].token_ids
+    from hypic.train.export import export
+
+    assert export(out, tmp_path / "bundled") > 0  # bf16 weights, config, tokenizer: a model folder
+    bundled = LLM(str(tmp_path / "bundled"), device="cpu")
+    assert bundled.generate("Question: Who?\nAnswer:", SamplingParams(max_tokens=1))[0].token_ids

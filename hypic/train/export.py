@@ -1,0 +1,38 @@
+"""Export a training checkpoint as the bundled model: bf16 weights, config and tokenizer in
+``hypic/assets/default_model`` (what ``LLM()`` loads). ``python -m hypic.train.export --from CKPT``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from hypic.llm import bundled_model_path
+from hypic.models.loader import load_model
+from hypic.train.checkpoint import save_model
+
+
+def export(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Returns the bytes written for the weights."""
+    loaded = load_model(src, device="cpu", dtype=torch.float32)
+    for old in dst.glob("model-*.safetensors"):
+        old.unlink()
+    save_model(dst, loaded.model, json.loads((src / "config.json").read_text()), dtype=dtype,
+               tokenizer=src / "tokenizer.json")
+    return sum(f.stat().st_size for f in dst.glob("model-*.safetensors"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="hypic.train.export", description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="src", required=True, help="a training checkpoint folder")
+    p.add_argument("--to", dest="dst", default=str(bundled_model_path()))
+    args = p.parse_args(argv)
+    size = export(Path(args.src), Path(args.dst))
+    print(f"exported to {args.dst}: {size / 2**20:.1f} MiB of bf16 weights")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
