@@ -96,7 +96,10 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
 
         o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu, initial_state, scale, matrix)
     else:
-        o, final, T = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
+        # The recurrence stays in fp32 even under autocast (training): bf16 products of transitions
+        # would compound along the sequence.
+        with torch.autocast(k.device.type, enabled=False):
+            o, final, T = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
     if not output_summary:
         return LinearOutput(o, final, None)
     if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence

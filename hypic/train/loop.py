@@ -66,6 +66,7 @@ def train(args: argparse.Namespace) -> dict:
     tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json")) if args.tokenizer else \
         Tokenizer.from_file(str(out / "tokenizer.json"))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 recurrence's matmuls: TF32 is ample for training
     config = json.loads((out / "config.json").read_text()) if args.resume else model_config(tok, args.preset)
     model = random_model(config, device=device, dtype=torch.float32, seed=args.seed).model.train()
     model.requires_grad_(True)
