@@ -164,6 +164,10 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
     whenever autograd records) propagates states by the prefix scan."""
     ct = torch.float64 if k.dtype == torch.float64 else torch.float32
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
+    longest = int(lengths.max()) if len(lengths) else 1
+    # Short runs (seams, decode steps) would be mostly padding in a 64-token chunk.
+    chunk_size = min(chunk_size, max(16, 1 << (longest - 1).bit_length()))
     p = _packing(cu_seqlens, k.shape[0], chunk_size)
 
     def pad(x: Tensor | None) -> Tensor | None:
