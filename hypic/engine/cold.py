@@ -27,6 +27,10 @@ class ColdContext(ForwardContext):
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         split = [n for (_, w, _), L in zip(segments, lengths, strict=True) for n in (w, L - w)]
         self.linear_cu = torch.tensor([0, *split]).cumsum(0)  # [seam_0, body_0, seam_1, ...]
+        starts = self.cu_seqlens[:-1].tolist()
+        self.seam_cu = torch.tensor([0, *[w for _, w, _ in segments]]).cumsum(0)
+        self.seam_rows = torch.tensor([r for s, (_, w, _) in zip(starts, segments, strict=True)
+                                       for r in range(s, s + w)], dtype=torch.long, device=device)
         self.positions = torch.cat([torch.arange(L) for L in lengths]).to(device)
         self.input_ids = torch.tensor([t for ids, _, _ in segments for t in ids], device=device)
 
@@ -38,7 +42,7 @@ class ColdContext(ForwardContext):
             entry.conv_tails[layer] = tail
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
-        seams = run(self.linear_cu, None, False).final_state[0::2]  # [n, HV, K, V]
+        seams = run(self.seam_cu, None, False, self.seam_rows).final_state  # [n, HV, K, V]: seams only
         initial = torch.zeros(2 * len(self.entries), *seams.shape[1:], dtype=seams.dtype, device=seams.device)
         initial[1::2] = seams
         out = run(self.linear_cu, initial, True)

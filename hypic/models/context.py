@@ -17,12 +17,29 @@ import torch
 from torch import Tensor
 
 from hypic.ops.attention import attention
-from hypic.ops.linear import LinearOutput
+from hypic.ops.linear import LinearOutput, linear_attention
 from hypic.ops.rope import apply_rope
 
-# (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary) -> LinearOutput. The context
-# chooses the split: it may cut its runs finer for linear layers (e.g. a seam apart from its body).
-LinearRun = Callable[[Tensor, Tensor | None, bool], LinearOutput]
+# (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary, rows) -> LinearOutput. The
+# context chooses the split (it may cut its runs finer for linear layers, e.g. a seam apart from
+# its body) and may run only some token rows (e.g. just the seams).
+LinearRun = Callable[..., LinearOutput]
+
+
+def linear_run(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
+               beta: Tensor | None = None, scale: float | None = None) -> LinearRun:
+    """The layer's linear attention as a function of what the context decides."""
+
+    def run(cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
+            rows: Tensor | None = None) -> LinearOutput:
+        def pick(x: Tensor | None) -> Tensor | None:
+            return x if x is None or rows is None else x[rows]
+
+        return linear_attention(family, pick(q), pick(k), pick(v), g=pick(g), beta=pick(beta),
+                                cu_seqlens=cu_seqlens, initial_state=initial_state,
+                                output_summary=output_summary, scale=scale)
+
+    return run
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hypic.models.context import ForwardContext
+from hypic.models.context import ForwardContext, linear_run
 from hypic.models.layers.norm import GatedRMSNorm
 from hypic.ops.conv import causal_conv1d
-from hypic.ops.linear import linear_attention
 
 
 @dataclass(frozen=True)
@@ -83,10 +82,6 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
-        def run(cu: Tensor, initial: Tensor | None, summary: bool):
-            return linear_attention("gdn", q, k, v, g=g, beta=beta, cu_seqlens=cu,
-                                    initial_state=initial, output_summary=summary)
-
-        o = ctx.linear(self.layer, "gdn", run, None)  # [T, HV, V]
+        o = ctx.linear(self.layer, "gdn", linear_run("gdn", q, k, v, g=g, beta=beta), None)  # [T, HV, V]
         o = self.norm(o, z).reshape(T, -1)
         return self.out_proj(o)

@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hypic.models.context import ForwardContext
+from hypic.models.context import ForwardContext, linear_run
 from hypic.models.layers.gdn import l2norm
 from hypic.models.layers.norm import GatedRMSNorm
 from hypic.ops.conv import causal_conv1d
-from hypic.ops.linear import LinearOutput, linear_attention
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,6 @@ class KimiDeltaAttention(nn.Module):
         beta = torch.sigmoid(self.b_proj(x).float())  # [T, H]
         g = self.decay(x)
 
-        def run(cu: Tensor, initial: Tensor | None, summary: bool) -> LinearOutput:
-            return linear_attention("kda", q, k, v, g=g, beta=beta, cu_seqlens=cu,
-                                    initial_state=initial, output_summary=summary)
-
-        o = ctx.linear(self.layer, "kda", run, None)  # [T, H, K]
+        o = ctx.linear(self.layer, "kda", linear_run("kda", q, k, v, g=g, beta=beta), None)  # [T, H, K]
         gate = self.g_b_proj(self.g_a_proj(x)).view(T, c.heads, c.head_dim)
         return self.o_proj(self.o_norm(o, gate).reshape(T, -1))

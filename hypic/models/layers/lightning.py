@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from hypic.models.context import ForwardContext, RopeSpec
+from hypic.models.context import ForwardContext, RopeSpec, linear_run
 from hypic.models.layers.norm import RMSNorm, rms
-from hypic.ops.linear import LinearOutput, linear_attention
 
 
 @dataclass(frozen=True)
@@ -101,10 +100,7 @@ class LightningAttention(nn.Module):
         k = self.rope(self.key_layernorm(k), ctx.positions)
         g = self._decay_on(x.device).expand(T, c.heads).contiguous()  # [T, H]
 
-        def run(cu: Tensor, initial: Tensor | None, summary: bool) -> LinearOutput:
-            return linear_attention("scalar", q, k, v, g=g, cu_seqlens=cu, initial_state=initial,
-                                    output_summary=summary, scale=c.head_dim**-0.5)
-
+        run = linear_run("scalar", q, k, v, g=g, scale=c.head_dim**-0.5)
         o = ctx.linear(self.layer, "scalar", run, self.rope).reshape(T, -1)  # [T, H·d]
         o = self.g_norm(o) * torch.sigmoid(self.g_proj(x))
         return self.dense(o)
