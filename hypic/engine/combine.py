@@ -40,6 +40,15 @@ class _Body:
 
 
 @dataclass(frozen=True)
+class _KeyLayout:
+    keys: int  # keys of the request
+    run_dest: Tensor  # slots of the request's recomputed rows (in row order)
+    body_dest: Tensor  # slots of its cached bodies' keys (bodies in order)
+    body_pos: Tensor  # their true positions
+    bodies: list[Entry]
+
+
+@dataclass(frozen=True)
 class _Extract:
     """An in-context segment whose entry this pass builds: body rows and the linear run index."""
 
@@ -102,6 +111,7 @@ class CombineContext(ForwardContext):
         self.linear_cu = torch.tensor([0, *[b for _, b in linear_rows]])
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
+        self._layouts: list[_KeyLayout] | None = None
 
     def logits_rows(self) -> Tensor:
         return torch.tensor([b - 1 for _, b in self.request_rows], device=self.positions.device)
@@ -152,11 +162,12 @@ class CombineContext(ForwardContext):
             T = None if chain[0].transition is None else torch.stack([s.transition for s in chain])
             X = prefix_states(family, T, torch.stack([s.state for s in chain]),
                               naive=not self.assembly.use_transition)
-            for index, place in starts:
-                if place > 0:
-                    if initial is None:
-                        initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
-                    initial[index] = X[place]
+            starts = [(index, place) for index, place in starts if place > 0]
+            if starts:
+                if initial is None:
+                    initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
+                index, place = zip(*starts, strict=True)
+                initial[list(index)] = X[list(place)]  # one gather, one scatter
         out = run(self.linear_cu, initial, False)
         for state, r in zip(self.decode_states, self.last_run, strict=True):
             state.linear[layer] = out.final_state[r]
@@ -167,26 +178,43 @@ class CombineContext(ForwardContext):
             x.entry.summaries[layer] = s
         return out.o
 
+    def _key_layout(self) -> list[_KeyLayout]:
+        """Where each request's keys go, in position order: recomputed rows and cached bodies."""
+        if self._layouts is None:
+            self._layouts = []
+            cu, dev = self.linear_cu.tolist(), self.positions.device
+            for items in self.items:
+                run_dest, body_dest, body_pos, bodies, n = [], [], [], [], 0
+                for kind, item in items:
+                    if kind == "run":
+                        length = cu[item + 1] - cu[item]
+                        run_dest += range(n, n + length)
+                    else:
+                        e = item.entry
+                        length = e.body_length
+                        body_dest += range(n, n + length)
+                        body_pos += range(item.start + e.seam, item.start + e.length)
+                        bodies.append(e)
+                    n += length
+                as_tensor = (lambda xs: torch.tensor(xs, dtype=torch.long, device=dev))  # noqa: E731
+                self._layouts.append(_KeyLayout(n, as_tensor(run_dest), as_tensor(body_dest), as_tensor(body_pos),
+                                                bodies))
+        return self._layouts
+
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
         out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        linear_cu = self.linear_cu.tolist()
-        for items, (ra, rb), state in zip(self.items, self.request_rows, self.decode_states, strict=True):
-            keys, values, key_pos = [], [], []
-            for kind, item in items:
-                if kind == "run":
-                    a, b = linear_cu[item], linear_cu[item + 1]
-                    keys.append(kr[a:b])
-                    values.append(v[a:b])
-                    key_pos.append(self.positions[a:b])
-                else:
-                    e = item.entry
-                    pos = torch.arange(item.start + e.seam, item.start + e.length, device=q.device)
-                    body_k = e.keys[layer].to(k.dtype)
-                    keys.append(body_k if rope is None else rope(body_k, pos))
-                    values.append(e.values[layer].to(v.dtype))
-                    key_pos.append(pos)
-            K, V, P = torch.cat(keys), torch.cat(values), torch.cat(key_pos)
+        for lay, (ra, rb), state in zip(self._key_layout(), self.request_rows, self.decode_states, strict=True):
+            K = kr.new_empty(lay.keys, *kr.shape[1:])
+            V = v.new_empty(lay.keys, *v.shape[1:])
+            K[lay.run_dest], V[lay.run_dest] = kr[ra:rb], v[ra:rb]
+            P = torch.empty(lay.keys, dtype=torch.long, device=q.device)
+            P[lay.run_dest] = self.positions[ra:rb]
+            if lay.bodies:  # all cached bodies at once: one concatenation, one RoPE
+                body_k = torch.cat([e.keys[layer] for e in lay.bodies]).to(k.dtype)
+                K[lay.body_dest] = body_k if rope is None else rope(body_k, lay.body_pos)
+                V[lay.body_dest] = torch.cat([e.values[layer] for e in lay.bodies]).to(v.dtype)
+                P[lay.body_dest] = lay.body_pos
             out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=P, scale=scale)
             state.kv[layer] = KVBuffer(K, V)
         for x in self.extracts:
