@@ -29,11 +29,6 @@ from hypic.ops.scan import prefix_states
 
 
 @dataclass(frozen=True)
-class _Run:
-    rows: tuple[int, int]  # packed recompute rows
-
-
-@dataclass(frozen=True)
 class _Body:
     entry: Entry
     start: int  # true position of the segment's first token (the body starts at start + seam)
