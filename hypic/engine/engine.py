@@ -80,10 +80,6 @@ class Engine:
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
