@@ -195,6 +195,23 @@ def hf_stepper(hf, ids: torch.Tensor):
     return step
 
 
+def accuracy(model, hf, ids: torch.Tensor, device) -> tuple[float, float, str, None]:
+    """Is a bf16 difference between hypic and transformers bf16 noise? Both against an fp32 copy."""
+    import copy
+
+    def rel(x: torch.Tensor, r: torch.Tensor) -> float:
+        return ((x.float() - r.float()).norm() / r.float().norm()).item()
+
+    mine = hypic_prefill(model, [ids], device)[0][-1]
+    theirs = hf(input_ids=ids[None], use_cache=False, logits_to_keep=1).logits[0, -1]
+    exact = copy.deepcopy(model).float()
+    truth = hypic_prefill(exact, [ids], device)[0][-1]
+    del exact
+    note = (f"rel error vs fp32: hypic bf16 {rel(mine, truth):.2e}, transformers bf16 {rel(theirs, truth):.2e}; "
+            f"between them {rel(mine, theirs):.2e}")
+    return 0.0, 0.0, note, None
+
+
 def compare(got: torch.Tensor, ref: torch.Tensor) -> str:
     got, ref = got.float().reshape(-1), ref.float().reshape(-1)
     d = got - ref
@@ -227,7 +244,7 @@ class Bench:
             self.rows.append(f"| {shape} | {name} | {tokens} | | | | {peak} | {err} |")
             self.free()
         else:
-            tf = flops / ms / 1e9
+            tf = flops / ms / 1e9 if ms else 0.0
             rate, pct = (f"{tf:.4g}", f"{100 * tf / self.rate:.0f}%" if self.rate else "") if flops else ("", "")
             self.rows.append(f"| {shape} | {name} | {tokens} | {ms:.2f} | {rate} | {pct} | {peak} | {note} |")
         print(self.rows[-1], flush=True)
@@ -277,6 +294,9 @@ class Bench:
                     return ms, prefill_flops(n, c, [T]), "logits_to_keep=1, use_cache=False", out[0, -1].float()
 
                 ref = self.case(shape, "transformers prefill", f"1×{T}", hf_prefill)
+                if a.accuracy_tokens:
+                    self.case(shape, "bf16 accuracy vs hypic fp32", f"1×{a.accuracy_tokens}",
+                              lambda: accuracy(model, hf, ids[:a.accuracy_tokens], dev))
                 if not a.no_hf_decode:
                     self.case(shape, "transformers decode", f"b1 @{T}",
                               lambda: self.decode(hf_stepper(hf, ids), *decode_cost(n, c, 1, T, elem))())
@@ -323,8 +343,11 @@ def main() -> None:
     p.add_argument("--no-hf-decode", action="store_true", help="skip transformers' decode")
     p.add_argument("--no-patch", action="store_true", help="skip the cases with the 4-D SDPA patch")
     p.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU in fp32 (a smoke test)")
+    p.add_argument("--accuracy-tokens", type=int, default=4096,
+                   help="prompt of the bf16-vs-fp32 accuracy check (0: skip)")
     a = p.parse_args()
     a.tokens = a.tokens or (256 if a.tiny else 32768)
+    a.accuracy_tokens = min(a.accuracy_tokens, a.tokens)
     device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     a.steps = min(a.steps, 4) if a.tiny else a.steps
