@@ -2,9 +2,9 @@
 segments before them — what SGLang and vLLM give hybrid models. A later prompt reuses the longest
 run of leading segments it shares, in the same order, and computes the rest in context.
 
-Snapshots share linear states and conv tails with the states they came from (a forward replaces
-those tensors rather than writing into them); the key/value buffers grow in place, so a snapshot
-copies them.
+Snapshots share everything with the states they came from: a forward replaces linear states and
+conv tails rather than writing into them, and key/value buffers only ever write past the rows a
+snapshot sees. A state restored from a snapshot gets its own copy of the buffers, once.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from hypic.cache.keys import SegmentKey
 from hypic.models.context import SequenceState
 
 
-def snapshot(state: SequenceState) -> SequenceState:
-    return SequenceState(dict(state.linear), dict(state.conv), {i: b.clone() for i, b in state.kv.items()},
-                         state.length)
+def snapshot(state: SequenceState, *, copy_kv: bool = False) -> SequenceState:
+    kv = {i: b.clone() if copy_kv else b.view() for i, b in state.kv.items()}
+    return SequenceState(dict(state.linear), dict(state.conv), kv, state.length)
 
 
 def chain(keys: list[SegmentKey]) -> list[bytes]:
@@ -43,7 +43,7 @@ class PrefixCache:
             for i in range(len(links), 0, -1):
                 if links[i - 1] in self._states:
                     self._states.move_to_end(links[i - 1])
-                    return i, snapshot(self._states[links[i - 1]])
+                    return i, snapshot(self._states[links[i - 1]], copy_kv=True)
         return 0, None
 
     def put(self, link: bytes, state: SequenceState) -> None:

@@ -106,6 +106,13 @@ class KVBuffer:
     def clone(self) -> KVBuffer:
         return KVBuffer(self.keys, self.values)
 
+    def view(self) -> KVBuffer:
+        """The rows so far, sharing storage: appends write only past ``length``, so the view stays
+        valid while the original grows. Never append to a view (``clone`` it first)."""
+        shared = KVBuffer.__new__(KVBuffer)
+        shared._k, shared._v, shared.length = self._k, self._v, self.length
+        return shared
+
 
 @dataclass
 class SequenceState:
