@@ -4,7 +4,8 @@ references and against ``full`` itself (first-token KL divergence and top-1 agre
 
 Each label gets a fresh engine (an empty cache), and its documents are prefilled by its own cold
 strategy: standalone entries are the same whether a document was cached earlier or just now, so
-one pass measures warm quality.
+one pass measures warm quality. In-context entries depend on what preceded them, so that label
+first builds them from the same documents in reverse order, then answers.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             preds, logits = [], []
             for chunk in _batches(encoded, batch):
                 prompts = [e.segments for e in chunk]
+                if cold == "in_context":  # entries built in context of another order (reversed documents)
+                    engine.prefill_logits([[p[0], *p[-2:0:-1], p[-1]] for p in prompts], mode=mode)
                 preds += [tok.decode(o.token_ids, skip_special_tokens=True).strip()
                           for o in engine.generate(prompts, [params] * len(prompts), mode=mode)]
                 logits.append(engine.prefill_logits(prompts, mode=mode)[0])
