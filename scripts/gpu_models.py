@@ -310,6 +310,10 @@ class Bench:
                 return ms, prefill_flops(n, c, [len(x) for x in ids_list]), note, (logits, states)
             return fn
 
+        os.environ["HYPIC_FUSED_NORMS"] = "1"  # fla's fused norms (A/B against the PyTorch norms above)
+        self.case(shape, "hypic prefill +fused norms", f"1×{T}", prefill([ids], True))
+        del os.environ["HYPIC_FUSED_NORMS"]
+        self.free()
         original = getattr(hctx, "attention", None)  # the name hypic.models.context calls, if it still does
         variants = [("", original)] + ([] if a.no_patch or original is None else [(" +4-D SDPA patch", sdpa_4d)])
         batch = [ids[i * (T // B):(i + 1) * (T // B)] for i in range(B)]

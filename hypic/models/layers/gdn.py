@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hypic.models.context import ForwardContext, linear_run
-from hypic.models.layers.norm import GatedRMSNorm
+from hypic.models.layers.norm import GatedRMSNorm, fused
 from hypic.ops.conv import causal_conv1d
 
 
@@ -32,7 +32,13 @@ class GDNConfig:
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+    """x / sqrt(Σx² + eps) over the last dim, computed in fp32, returned in x's dtype."""
+    if fused(x):
+        from fla.modules.norm.l2norm import l2norm as fla_l2norm
+
+        return fla_l2norm(x, eps=eps, output_dtype=x.dtype)
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -76,8 +82,8 @@ class GatedDeltaNet(nn.Module):
         ctx.save_conv(self.layer, conv.tail)
         kd = c.key_heads * c.key_dim
         q, k, v = torch.split(conv.y, [kd, kd, c.value_heads * c.value_dim], dim=-1)
-        q = l2norm(q.view(T, c.key_heads, c.key_dim).float()).to(x.dtype)
-        k = l2norm(k.view(T, c.key_heads, c.key_dim).float()).to(x.dtype)
+        q = l2norm(q.view(T, c.key_heads, c.key_dim))
+        k = l2norm(k.view(T, c.key_heads, c.key_dim))
         v = v.reshape(T, c.value_heads, c.value_dim)
         beta = torch.sigmoid(b.float())
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())

@@ -69,7 +69,7 @@ class KimiDeltaAttention(nn.Module):
                              activation="silu")
         ctx.save_conv(self.layer, conv.tail)
         q, k, v = conv.y.view(T, 3, c.heads, c.head_dim).unbind(1)  # each [T, H, K]
-        q, k = l2norm(q.float()).to(x.dtype), l2norm(k.float()).to(x.dtype)
+        q, k = l2norm(q), l2norm(k)
         beta = torch.sigmoid(self.b_proj(x).float())  # [T, H]
         g = self.decay(x)
 

@@ -1,10 +1,21 @@
-"""RMS norms: plain (``w·x̂``), zero-centred (``(1 + w)·x̂``, Qwen3-Next/3.5) and gated (``w·x̂·act(z)``)."""
+"""RMS norms: plain (``w·x̂``), zero-centred (``(1 + w)·x̂``, Qwen3-Next/3.5) and gated (``w·x̂·act(z)``).
+
+With ``HYPIC_FUSED_NORMS=1`` inference on CUDA uses flash-linear-attention's fused Triton norms
+(one read, one write) instead of the PyTorch composition (several fp32 passes); off by default
+until measured against it on the GPU.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+
+def fused(x: Tensor) -> bool:
+    return os.environ.get("HYPIC_FUSED_NORMS") == "1" and x.is_cuda and not torch.is_grad_enabled()
 
 
 def rms(x: Tensor, eps: float) -> Tensor:
@@ -21,7 +32,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight.float()
-        return (rms(x, self.eps) * (1.0 + w if self.zero_centred else w)).to(x.dtype)
+        w = 1.0 + w if self.zero_centred else w
+        if fused(x):
+            from fla.modules.norm.layernorm import rms_norm
+
+            return rms_norm(x, w, None, eps=self.eps)
+        return (rms(x, self.eps) * w).to(x.dtype)
 
 
 class GatedRMSNorm(nn.Module):
@@ -31,8 +47,13 @@ class GatedRMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.activation = {"silu": F.silu, "sigmoid": torch.sigmoid}[activation]
+        self.kind = activation
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
+        if fused(x):
+            from fla.modules.norm.fused_norm_gate import rms_norm_gated
+
+            return rms_norm_gated(x, gate.to(x.dtype), self.weight, None, activation=self.kind, eps=self.eps)
         y = self.weight * rms(x, self.eps).to(x.dtype)
         return (y * self.activation(gate.float())).to(x.dtype)
