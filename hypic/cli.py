@@ -12,28 +12,11 @@ import argparse
 import sys
 
 import torch
-import torch.nn.functional as F
 
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
 from hypic.ops.linear import linear_attention
-
-
-def _inputs(family: str, length: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    fam = FAMILIES[family]
-    H, K, V = 4, 32, 32
-    x = {"q": torch.randn(length, H, K, generator=gen, dtype=torch.float64),
-         "k": F.normalize(torch.randn(length, H, K, generator=gen, dtype=torch.float64), dim=-1),
-         "v": torch.randn(length, H, V, generator=gen, dtype=torch.float64)}
-    if fam.gate != "none":
-        shape = (length, H) if fam.gate == "head" else (length, H, K)
-        x["g"] = -0.1 * torch.rand(*shape, generator=gen, dtype=torch.float64)
-    if fam.beta:
-        x["beta"] = torch.rand(length, H, generator=gen, dtype=torch.float64)
-    if fam.lowrank:
-        kappa = F.normalize(torch.randn(length, H, K, generator=gen, dtype=torch.float64), dim=-1)
-        x["a"], x["b"] = -kappa, kappa * torch.rand(length, H, 1, generator=gen, dtype=torch.float64)
-    return x
+from hypic.ops.samples import family_inputs
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -56,8 +39,9 @@ def algebra_check(args: argparse.Namespace) -> int:
     print(f"hypic algebra self-check: two spans of {n} tokens, 4 heads, K = V = 32")
     print(f"{'family':<10}{'compose fp64':>14}{'compose fp32':>14}{'chunk kernel':>14}{'naive S1+S2':>14}")
     worst = 0.0
-    for family in FAMILIES:
-        x = _inputs(family, 2 * n, gen)
+    for i, family in enumerate(FAMILIES):
+        x = family_inputs(family, 2 * n, heads=4, value_heads=4, key_dim=32, value_dim=32, seed=args.seed + i,
+                          decay=0.1)
         gates = {k: t for k, t in x.items() if k in ("g", "beta", "a", "b")}
         s0 = torch.randn(4, 32, 32, generator=gen, dtype=torch.float64)
         ref = R.run(family, x["q"], x["k"], x["v"], initial_state=s0, **gates).final_state

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from hypic.ops.linear import check_cu_seqlens
+
 
 class ConvOutput(NamedTuple):
     y: Tensor  # [T, D]
@@ -34,9 +36,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
     if activation not in (None, "silu"):
         raise ValueError(f"activation: expected None or 'silu', got {activation!r}")
     W = weight.shape[1]
-    cu = torch.tensor([0, T]) if cu_seqlens is None else cu_seqlens.to(torch.long).cpu()
-    if cu.dim() != 1 or int(cu[0]) != 0 or int(cu[-1]) != T or bool((cu[1:] < cu[:-1]).any()):
-        raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {T}")
+    cu = check_cu_seqlens(cu_seqlens, T)
     N = len(cu) - 1
     if initial_tail is not None and tuple(initial_tail.shape) != (N, W - 1, D):
         raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")

@@ -43,7 +43,8 @@ class LinearOutput(NamedTuple):
     summary: Summary | None  # per sequence: transition [N, ...], state [N, HV, K, V]
 
 
-def _check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
+def check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
+    """Validated host copy of the sequence offsets (one sequence of ``total`` tokens when None)."""
     if cu_seqlens is None:
         return torch.tensor([0, total], dtype=torch.long)
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
@@ -81,7 +82,7 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
     """
     fam = get_family(family)
     dims = check_inputs(fam, q, k, v, g, beta, a, b)
-    cu = _check_cu_seqlens(cu_seqlens, dims.length)
+    cu = check_cu_seqlens(cu_seqlens, dims.length)
     num_seqs = len(cu) - 1
     ct = torch.float64 if k.dtype == torch.float64 else torch.float32
     if initial_state is not None:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypic.ops import recurrence as R
 from hypic.ops.conv import causal_conv1d
 from hypic.ops.rope import apply_rope, rotate_key_axis
-from tests.ops.inputs import family_inputs, token_kwargs
+from hypic.ops.samples import family_inputs, token_kwargs
 
 GEN = torch.Generator().manual_seed(0)
 

@@ -6,7 +6,7 @@ import torch
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
 from hypic.ops.linear import linear_attention
-from tests.ops.inputs import family_inputs, token_kwargs
+from hypic.ops.samples import family_inputs, token_kwargs
 
 LENGTHS = [1, 3, 63, 64, 65, 500]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hypic.ops.linear import linear_attention
-from tests.ops.inputs import family_inputs, token_kwargs
+from hypic.ops.samples import family_inputs, token_kwargs
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
-from tests.ops.inputs import family_inputs, token_kwargs
+from hypic.ops.samples import family_inputs, token_kwargs
 
 LENGTHS = [1, 3, 63, 64, 65, 500]
 

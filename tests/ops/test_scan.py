@@ -5,8 +5,8 @@ import torch
 
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
+from hypic.ops.samples import family_inputs, token_kwargs
 from hypic.ops.scan import prefix_states
-from tests.ops.inputs import family_inputs, token_kwargs
 
 
 def _chain(family: str, device: str = "cpu") -> list[R.Summary]:

@@ -7,9 +7,9 @@ import torch
 
 from hypic.eval.tokenizer import corpus, train_tokenizer
 from hypic.ops.linear import linear_attention
+from hypic.ops.samples import family_inputs, token_kwargs
 from hypic.train.data import pack
 from hypic.train.loop import main
-from tests.ops.inputs import family_inputs, token_kwargs
 
 
 def test_chunked_kernel_gradients_match_finite_differences() -> None:

@@ -1,4 +1,5 @@
-"""Random inputs for every linear-attention family, shared by the ops tests."""
+"""Random inputs for every linear-attention family: the ops tests and the algebra self-check
+(``hypic demo`` without a model) draw the same kind of spans."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypic.ops.family import get_family
 
 def family_inputs(family: str, length: int, *, heads: int = 2, value_heads: int = 2, key_dim: int = 8,
                   value_dim: int = 4, dtype: torch.dtype = torch.float64, device: str = "cpu",
-                  seed: int = 0) -> dict[str, torch.Tensor]:
+                  seed: int = 0, decay: float = 0.2) -> dict[str, torch.Tensor]:
     """q, k (l2-normalised, as the model layers feed them), v and the family's gates."""
     gen = torch.Generator(device=device).manual_seed(seed)
     fam = get_family(family)
@@ -24,9 +25,9 @@ def family_inputs(family: str, length: int, *, heads: int = 2, value_heads: int 
 
     out = {"q": randn(L, H, K), "k": F.normalize(randn(L, H, K), dim=-1), "v": randn(L, HV, V)}
     if fam.gate == "head":
-        out["g"] = -0.2 * rand(L, HV)
+        out["g"] = -decay * rand(L, HV)
     elif fam.gate == "key":
-        out["g"] = -0.2 * rand(L, HV, K)
+        out["g"] = -decay * rand(L, HV, K)
     if fam.beta:
         out["beta"] = rand(L, HV)
     if fam.lowrank:  # RWKV-7-like: a = −κ, b = κ·α keeps the transition contractive
