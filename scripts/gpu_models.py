@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 import traceback
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -261,6 +262,21 @@ class Bench:
 
         self.case("-", "matmul", f"{n}³", fn)
 
+    def profile(self, shape: str, fn) -> None:
+        """One prefill under torch.profiler: the kernels by total device time, into $OUT/profile_<shape>.txt."""
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        try:
+            with profile(activities=acts) as prof:
+                fn()
+                self.timer.sync()
+            key = "cuda_time_total" if self.device.type == "cuda" else "cpu_time_total"
+            table = prof.key_averages().table(sort_by=key, row_limit=45, max_name_column_width=70)
+            Path(self.args.out, f"profile_{shape}.txt").write_text(table)
+            print("\n".join(table.splitlines()[:25]), flush=True)
+        except Exception:  # a profile is a nice-to-have: never lose the table for it
+            traceback.print_exc()
+
     def build(self, shape: str, name: str, make):
         def fn():
             t0 = time.perf_counter()
@@ -312,6 +328,8 @@ class Bench:
 
         os.environ["HYPIC_FUSED_NORMS"] = "1"  # fla's fused norms (A/B against the PyTorch norms above)
         self.case(shape, "hypic prefill +fused norms", f"1×{T}", prefill([ids], True))
+        if a.profile:
+            self.profile(shape, lambda: hypic_prefill(model, [ids], dev))
         del os.environ["HYPIC_FUSED_NORMS"]
         self.free()
         original = getattr(hctx, "attention", None)  # the name hypic.models.context calls, if it still does
@@ -346,6 +364,7 @@ def main() -> None:
     p.add_argument("--no-hf", action="store_true", help="skip transformers")
     p.add_argument("--no-hf-decode", action="store_true", help="skip transformers' decode")
     p.add_argument("--no-patch", action="store_true", help="skip the cases with the 4-D SDPA patch")
+    p.add_argument("--profile", action="store_true", help="profile one prefill per shape into $OUT")
     p.add_argument("--tiny", action="store_true", help="tiny sizes on the CPU in fp32 (a smoke test)")
     p.add_argument("--accuracy-tokens", type=int, default=4096,
                    help="prompt of the bf16-vs-fp32 accuracy check (0: skip)")

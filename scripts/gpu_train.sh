@@ -19,6 +19,6 @@ else
 fi
 cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/config.json \
   "$ck"/train_state.json "$OUT"/
-python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 40 --difficulty 0.5 --json \
+timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \
   --labels full,naive,hypic_w8 2>&1 | tail -1 > "$OUT/quality.json" || true
 tail -3 "$OUT/train.log"; cat "$OUT/quality.json"

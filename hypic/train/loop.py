@@ -50,14 +50,19 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def loss_of(model: torch.nn.Module, batch, device: torch.device) -> torch.Tensor:
+def loss_of(model: torch.nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted loss, teacher-forced accuracy on the answer tokens): the accuracy is the signal that
+    retrieval is being learned; the loss alone mixes in the documents' language modelling."""
     ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         hidden = model.hidden_states(batch.input_ids.to(device), ctx)
         logits = model.lm_head(hidden).float()
-    nll = F.cross_entropy(logits, batch.labels.to(device), reduction="none")
+    labels = batch.labels.to(device)
+    nll = F.cross_entropy(logits, labels, reduction="none")
     w = batch.weights.to(device)
-    return (nll * w).sum() / w.sum()
+    answer = w == 1.0
+    accuracy = (logits.argmax(-1) == labels)[answer].float().mean()
+    return (nll * w).sum() / w.sum(), accuracy.detach()
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -92,7 +97,7 @@ def train(args: argparse.Namespace) -> dict:
                 batch = stream.batch(step)
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, args.lr, args.warmup, args.total_steps)
-                loss = loss_of(model, batch, device)
+                loss, accuracy = loss_of(model, batch, device)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -102,7 +107,8 @@ def train(args: argparse.Namespace) -> dict:
                 if state["step"] % args.log_every == 0:
                     dt = time.time() - last
                     last = time.time()
-                    row = {"step": state["step"], "loss": round(loss.item(), 4), "grad_norm": round(norm.item(), 3),
+                    row = {"step": state["step"], "loss": round(loss.item(), 4),
+                           "answer_acc": round(accuracy.item(), 3), "grad_norm": round(norm.item(), 3),
                            "lr": g["lr"], "difficulty": round(difficulty_at(step, args.ramp_steps), 3),
                            "tok_per_s": round(args.log_every * batch.input_ids.numel() / dt)}
                     state["log"].append(row)
