@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hypic.ops.linear import check_cu_seqlens
+from hypic.ops.linear import check_cu_seqlens, fla_allowed
 
 
 class ConvOutput(NamedTuple):
@@ -40,7 +40,7 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
     N = len(cu) - 1
     if initial_tail is not None and tuple(initial_tail.shape) != (N, W - 1, D):
         raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")
-    if x.is_cuda:
+    if fla_allowed(x.device):
         return _fla_conv(x, weight, bias, cu, initial_tail, activation)
     if initial_tail is None:
         initial_tail = x.new_zeros(N, W - 1, D)

@@ -9,6 +9,8 @@ when the tensors are on CUDA and the family has a kernel there.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Literal, NamedTuple
@@ -37,6 +39,17 @@ def backend_override(backend: Backend) -> Iterator[None]:
         _AUTO.reset(token)
 
 
+@functools.lru_cache(maxsize=1)
+def fla_installed() -> bool:
+    """flash-linear-attention is an optional GPU dependency: without it CUDA runs the torch kernels."""
+    return importlib.util.find_spec("fla") is not None
+
+
+def fla_allowed(device: torch.device) -> bool:
+    """Whether ``auto`` may use an fla kernel here (CUDA, fla installed, no torch override)."""
+    return device.type == "cuda" and _AUTO.get() != "torch" and fla_installed()
+
+
 class LinearOutput(NamedTuple):
     o: Tensor  # [T, HV, V], input dtype
     final_state: Tensor  # [N, HV, K, V], fp32 (fp64 for fp64 inputs)
@@ -63,7 +76,7 @@ def resolve_backend(backend: Backend, family: str, device: torch.device) -> Lite
     if backend == "auto":
         backend = _AUTO.get()
     if backend == "auto":
-        return "fla" if device.type == "cuda" and family in FLA_FAMILIES else "torch"
+        return "fla" if family in FLA_FAMILIES and fla_allowed(device) else "torch"
     if backend == "fla" and (device.type != "cuda" or family not in FLA_FAMILIES):
         raise ValueError(f"backend: 'fla' needs CUDA tensors and a family in {FLA_FAMILIES}; "
                          f"got {family!r} on {device.type}")
