@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
-# Runs every GPU check of hypic on the H200 machine (never in CI): GPU-marked tests, then the
-# ops, model and engine benchmarks. Needs the fla wheels in .whl/ (../shared/tools/gpu-wheels.sh)
-# carried with the call. Details land in $OUT; the tables print last. Sections: SKIP_GPU_TESTS=1,
-# GPU_OPS=0, GPU_MODELS=1, GPU_TTFT=1 (see below).
-set -eu
+# Runs the GPU checks of hypic on the H200 machine (never in CI). Needs the fla wheels in .whl/
+# (../shared/tools/gpu-wheels.sh) carried with the call. Each section has its own time limit, and a
+# failing section does not stop the next; details land in $OUT, the tables print last.
+# Sections, in order:
+#   GPU_TRAIN_PROFILE=1  one training step timed and profiled (scripts/gpu_train_profile.py)
+#   GPU_OPS=1 (default)  kernels and composition (scripts/gpu_check.py; extra args pass through)
+#   GPU_MODELS=1         whole models: 9B / 35B-A3B shapes vs transformers (GPU_MODELS_ARGS)
+#   GPU_TTFT=1           TTFT across the ladder on the 9B shape (hypic bench ttft; GPU_TTFT_ARGS)
+#   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
+set -u
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLA_DISABLE_BACKEND_DISPATCH=1
-if [ "${SKIP_GPU_TESTS:-0}" != 1 ]; then
-  python3 -m pytest -q -m gpu tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 15
-fi
-if [ "${GPU_OPS:-1}" = 1 ]; then
-  python3 scripts/gpu_check.py --out "$OUT" "$@"
-fi
-# Whole models (scripts/gpu_models.py: 9B and 35B-A3B shapes, 32k prefill, decode, vs transformers):
-# only with GPU_MODELS=1; GPU_MODELS_ARGS passes it flags, GPU_OPS=0 skips the ops check above.
-if [ "${GPU_MODELS:-0}" = 1 ]; then
+
+section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
+  local name=$1 secs=$2; shift 2
+  local t0=$SECONDS
+  timeout "$secs" "$@" > "$OUT/$name.log" 2>&1
+  echo "[$name] exit $? after $((SECONDS - t0)) s"
+}
+
+[ "${GPU_TRAIN_PROFILE:-0}" = 1 ] && section train_profile "${GPU_TRAIN_PROFILE_SECONDS:-100}" \
+  python3 scripts/gpu_train_profile.py --out "$OUT"
+[ "${GPU_OPS:-1}" = 1 ] && section ops "${GPU_OPS_SECONDS:-200}" python3 scripts/gpu_check.py --out "$OUT" "$@"
+[ "${GPU_MODELS:-0}" = 1 ] && section models "${GPU_MODELS_SECONDS:-300}" \
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
-fi
-# TTFT across the ladder on the 9B shape (hypic bench ttft): only with GPU_TTFT=1; GPU_TTFT_ARGS adds flags.
-if [ "${GPU_TTFT:-0}" = 1 ]; then
+[ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
   python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
-fi
+[ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
+  python3 -m pytest -q -m gpu tests -x -p no:cacheprovider
+
+# the tables last
+[ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
+[ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
+for f in ops models ttft; do
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /' "$OUT/$f.log" | tail -n 40
+done
+exit 0

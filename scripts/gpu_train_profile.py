@@ -1,0 +1,72 @@
+"""Where a training step's time goes on the GPU: times the data stream and the step separately, then
+profiles two steps (device kernels and host ops) into $OUT/profile_train_*.txt."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+from torch.profiler import ProfilerActivity, profile
+
+from hypic.models.random_init import random_model
+from hypic.ops.linear import backend_override
+from hypic.train.data import Stream
+from hypic.train.loop import loss_of, model_config
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--difficulty-step", type=int, default=1500, help="stream step (sets the difficulty)")
+    p.add_argument("--batch-tokens", type=int, default=65536)
+    a = p.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tok = Tokenizer.from_file("hypic/assets/tokenizer/tokenizer.json")
+    model = random_model(model_config(tok, "default"), device=dev, dtype=torch.float32).model.train()
+    model.requires_grad_(True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=dev.type == "cuda")
+    stream = Stream(tok, batch_tokens=a.batch_tokens, seed=0, ramp_steps=3000, doc_weight=0.1, workers=8)
+    t0 = time.perf_counter()
+    batches = [stream.batch(a.difficulty_step + i) for i in range(6)]
+    print(f"data: {1e3 * (time.perf_counter() - t0) / 6:.1f} ms per batch "
+          f"({sum(len(b.lengths) for b in batches) / 6:.0f} sequences, {batches[0].input_ids.numel()} tokens)")
+    stream.close()
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    def step(b):
+        loss, _ = loss_of(model, b, dev)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    with backend_override("torch"):
+        for b in batches[:3]:
+            step(b)
+        sync()
+        t0 = time.perf_counter()
+        for b in batches[3:5]:
+            step(b)
+        sync()
+        ms = 1e3 * (time.perf_counter() - t0) / 2
+        print(f"step: {ms:.1f} ms, {batches[3].input_ids.numel() / ms * 1e3:.0f} tokens/s")
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])) as prof:
+            step(batches[5])
+            sync()
+    avg = prof.key_averages()
+    for key in ("cuda_time_total", "cpu_time_total"):
+        key = key if dev.type == "cuda" else "cpu_time_total"
+        table = avg.table(sort_by=key, row_limit=50, max_name_column_width=60)
+        Path(a.out, f"profile_train_{key.split('_')[0]}.txt").write_text(table)
+    print("\n".join(avg.table(sort_by="cuda_time_total" if dev.type == "cuda" else "cpu_time_total", row_limit=20, max_name_column_width=60).splitlines()))
+    print(f"kernel launches: {sum(e.count for e in avg if e.device_type.name == 'CUDA')}")
+
+
+if __name__ == "__main__":
+    main()
