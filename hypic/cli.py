@@ -84,7 +84,8 @@ def bench_ttft(args: argparse.Namespace) -> int:
     else:
         loaded, title = random_model(SHAPES[args.shape], device=device, dtype=dtype), f"{args.shape} (random weights)"
     shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
-    res = run(Engine(loaded, seam=args.seam), shape, reps=args.reps)
+    engine = Engine(loaded, seam=args.seam)
+    res = run(engine, shape, reps=args.reps)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = report(res, shape, f"TTFT: {title}, {dtype}, seam {args.seam}") + (
@@ -93,6 +94,18 @@ def bench_ttft(args: argparse.Namespace) -> int:
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n" + text)
+    if args.sync_report and device.type == "cuda":
+        from hypic.bench.syncs import format_sites, profile_request, sync_sites
+        from hypic.bench.ttft import rag_prompts
+        from hypic.cache.store import SegmentStore
+        # the run's documents in an order it never used: every document hits, the prefix cache has only the head
+        prompt = rag_prompts(shape, engine.model.vocab_size, args.reps + 3)[-1]
+        sites = sync_sites(engine, prompt, ("hypic", "full", "prefix"))
+        warm = profile_request(engine, prompt, "hypic")
+        engine.store = SegmentStore(engine.device)  # and once cold
+        sites["hypic cold"] = sync_sites(engine, prompt, ("hypic",))["hypic"]
+        with open(args.sync_report, "w") as f:
+            f.write(format_sites(sites) + "\n\n" + warm + "\n")
     return 0
 
 
@@ -247,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--device")
     p_ttft.add_argument("--dtype", choices=["bfloat16", "float32"])
     p_ttft.add_argument("--seam", type=int, default=8)
+    p_ttft.add_argument("--sync-report", help="CUDA: write where warm/full/prefix requests sync the host, to FILE")
     p_ttft.add_argument("--docs", type=int, default=32)
     p_ttft.add_argument("--doc-tokens", type=int, default=1024)
     p_ttft.add_argument("--head-tokens", type=int, default=512)

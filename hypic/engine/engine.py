@@ -166,17 +166,23 @@ class Engine:
             state = state or SequenceState()
             m.segment_hits, m.segment_misses = reused, len(keys) - reused
             m.cached_tokens = sum(len(s) for s in segments[:reused])
-            logits = None
-            for i in range(reused, len(segments)):
-                ctx = SequenceContext([state], [len(segments[i])], self.device)
-                ids = torch.tensor(segments[i], device=self.device)
-                if i == len(segments) - 1:
+            logits, last = None, len(segments) - 1
+            # One forward per stretch between kept states: after the head (segment 0) and after the last
+            # context segment — where SGLang's and vLLM's hybrid caches hold states (request and block
+            # ends), not after every segment, which would cost a forward per document.
+            ends = sorted({e for e in (0, last - 1, last) if e >= reused})
+            start = reused
+            for end in ends:
+                ids = torch.tensor([t for s in segments[start:end + 1] for t in s], device=self.device)
+                ctx = SequenceContext([state], [len(ids)], self.device)
+                if end == last:
                     logits = self.model(ids, ctx, torch.tensor([len(ids) - 1], device=self.device))
                 else:
                     self.model.hidden_states(ids, ctx)
                 ctx.finish()
-                if i < len(segments) - 1:
-                    self.prefix.put(links[i], state)
+                if end < last:
+                    self.prefix.put(links[end], state)
+                start = end + 1
             m.recomputed_tokens = sum(len(s) for s in segments[reused:])
             rows.append(logits)
             states.append(state)

@@ -1,6 +1,8 @@
 """The ``prefix`` mode's cache: exact decode states at segment boundaries, keyed by the chain of
-segments before them — what SGLang and vLLM give hybrid models. A later prompt reuses the longest
-run of leading segments it shares, in the same order, and computes the rest in context.
+segments before them — what SGLang and vLLM give hybrid models. The engine keeps states where a
+prompt's head (segment 0) and its context (the segments before the query) end; a later prompt
+reuses the longest run of leading segments that ends at a kept state and computes the rest in
+context, in one forward per stretch.
 
 Snapshots share everything with the states they came from: a forward replaces linear states and
 conv tails rather than writing into them, and key/value buffers only ever write past the rows a

@@ -35,6 +35,18 @@ def test_one_segment_and_prefix_equal_full(model_paths, family) -> None:
         assert (_logits(llm, prompt, "prefix")[0] - full).abs().max() <= TOL
 
 
+def test_prefix_reuses_kept_states_only(model_paths) -> None:
+    """States are kept after the head and after the context: a new document order reuses the head,
+    the same context reuses everything before the query, and both stay exact."""
+    llm = LLM(str(model_paths["qwen3_5"]), device="cpu")
+    head, a, b, c, q1, q2 = _segments(5, [20, 30, 25, 35, 7, 9])
+    _logits(llm, [head, a, b, c, q1], "prefix")
+    for prompt, hits in (([head, c, a, b, q1], 1), ([head, a, b, c, q2], 4), ([head, a, b, q2], 1)):
+        logits, m = _logits(llm, prompt, "prefix")
+        assert m.segment_hits == hits, (prompt, m)
+        assert (logits - _logits(llm, prompt, "full")[0]).abs().max() <= TOL
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_seam_covering_every_segment_equals_full(model_paths, family) -> None:
     llm = LLM(str(model_paths[family]), device="cpu", seam=100)
