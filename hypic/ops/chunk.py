@@ -16,6 +16,7 @@ The states entering the chunks then follow either
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -49,28 +50,36 @@ class _Local(NamedTuple):
     b: Tensor  # [.., K, V]: the exit state from S = 0
 
 
-def _packing(cu_seqlens: Tensor, total: int, chunk_size: int) -> _Packing:
-    cu = cu_seqlens.to(torch.long).cpu()
+def _packing(cu_seqlens: Tensor, chunk_size: int, device: torch.device) -> _Packing:
+    return _packing_for(tuple(cu_seqlens.tolist()), chunk_size, device)
+
+
+@functools.lru_cache(maxsize=16)
+def _packing_for(cu_key: tuple[int, ...], chunk_size: int, device: torch.device) -> _Packing:
+    """Index tensors already on ``device``, made once per layout: every layer of a forward (and its
+    backward) shares them, and a host→device copy from pageable memory would stall the host."""
+    cu = torch.tensor(cu_key, dtype=torch.long)
     lengths = cu[1:] - cu[:-1]
     seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    offset = torch.arange(total) - cu[:-1][seq]
+    offset = torch.arange(cu_key[-1]) - cu[:-1][seq]
     num_chunks = max(1, int((lengths.max() + chunk_size - 1) // chunk_size) if len(lengths) else 1)
-    return _Packing(seq, offset // chunk_size, offset % chunk_size, len(lengths), num_chunks)
+    idx = torch.stack([seq, offset // chunk_size, offset % chunk_size])
+    if device.type == "cuda":
+        idx = idx.pin_memory().to(device, non_blocking=True)
+    return _Packing(idx[0], idx[1], idx[2], len(lengths), num_chunks)
 
 
 def _pad(x: Tensor, p: _Packing, chunk_size: int) -> Tensor:
     """[T, H, ...] packed → [NC, N, H, C, ...] zero-padded, head-major inside a chunk."""
     out = x.new_zeros(p.num_seqs, p.num_chunks, chunk_size, *x.shape[1:])
-    dev = x.device
-    out[p.seq.to(dev), p.chunk.to(dev), p.pos.to(dev)] = x
+    out[p.seq, p.chunk, p.pos] = x
     return out.transpose(2, 3).transpose(0, 1)
 
 
 def _unpad(x: Tensor, p: _Packing) -> Tensor:
     """[NC, N, H, C, V] → [T, H, V]."""
     x = x.transpose(0, 1).transpose(2, 3)  # [N, NC, C, H, V]
-    dev = x.device
-    return x[p.seq.to(dev), p.chunk.to(dev), p.pos.to(dev)]
+    return x[p.seq, p.chunk, p.pos]
 
 
 def _pair(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, strict: bool) -> Tensor:
@@ -168,7 +177,7 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
     longest = int(lengths.max()) if len(lengths) else 1
     # Short runs (seams, decode steps) would be mostly padding in a 64-token chunk.
     chunk_size = min(chunk_size, max(16, 1 << (longest - 1).bit_length()))
-    p = _packing(cu_seqlens, k.shape[0], chunk_size)
+    p = _packing(cu_seqlens, chunk_size, k.device)
 
     def pad(x: Tensor | None) -> Tensor | None:
         return None if x is None else _pad(x.to(ct), p, chunk_size)

@@ -8,6 +8,7 @@ makes a split computation equal to the unsplit one ("conv warm-up").
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, NamedTuple
 
 import torch
@@ -44,20 +45,33 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
         return _fla_conv(x, weight, bias, cu, initial_tail, activation)
     if initial_tail is None:
         initial_tail = x.new_zeros(N, W - 1, D)
-    dev = x.device
-    lengths = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(N), lengths)
-    # ext packs [tail_i ; x_i] per sequence: sequence i starts at cu[i] + i·(W−1) in ext.
-    ext_pos = torch.arange(T) + (seq + 1) * (W - 1)  # [T] where each token lands in ext
-    tail_pos = (cu[:-1] + torch.arange(N) * (W - 1))[:, None] + torch.arange(W - 1)  # [N, W−1]
+    ext_pos, tail_pos, end_pos = _layout(tuple(cu.tolist()), W, x.device)
     ext = x.new_empty(T + N * (W - 1), D)
-    ext[ext_pos.to(dev)] = x
-    ext[tail_pos.reshape(-1).to(dev)] = initial_tail.to(x.dtype).reshape(-1, D)
+    ext[ext_pos] = x
+    ext[tail_pos] = initial_tail.to(x.dtype).reshape(-1, D)
     y = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(T, D).clone()
     for w in range(W):
-        y = y + weight[:, w].to(x.dtype) * ext[(ext_pos - (W - 1) + w).to(dev)]
-    new_tail = ext[(tail_pos + lengths[:, None]).reshape(-1).to(dev)].reshape(N, W - 1, D)
+        y = y + weight[:, w].to(x.dtype) * ext[ext_pos - (W - 1) + w]
+    new_tail = ext[end_pos].reshape(N, W - 1, D)
     return ConvOutput(F.silu(y) if activation == "silu" else y, new_tail)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(cu_key: tuple[int, ...], W: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows of the padded buffer ``ext`` that packs ``[tail_i ; x_i]`` per sequence (sequence i starts
+    at cu[i] + i·(W−1)): where each token lands, where each initial tail goes, where each new tail
+    is read. Made once per layout on ``device`` (every layer of a forward shares it)."""
+    cu = torch.tensor(cu_key, dtype=torch.long)
+    N, T = len(cu) - 1, cu_key[-1]
+    lengths = cu[1:] - cu[:-1]
+    seq = torch.repeat_interleave(torch.arange(N), lengths)
+    ext_pos = torch.arange(T) + (seq + 1) * (W - 1)
+    tail_pos = (cu[:-1] + torch.arange(N) * (W - 1))[:, None] + torch.arange(W - 1)  # [N, W−1]
+    end_pos = (tail_pos + lengths[:, None]).reshape(-1)
+    idx = torch.cat([ext_pos, tail_pos.reshape(-1), end_pos])
+    if device.type == "cuda":
+        idx = idx.pin_memory().to(device, non_blocking=True)
+    return idx[:T], idx[T:T + N * (W - 1)], idx[T + N * (W - 1):]
 
 
 def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
