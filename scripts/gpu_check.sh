@@ -29,7 +29,7 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
   python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
-  python3 -m pytest -q -m gpu tests -x -p no:cacheprovider
+  python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
