@@ -33,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import hypic.models.context as hctx  # noqa: E402
+import hypic.ops.attention as hattn  # noqa: E402
 from hypic.models.context import SequenceContext, SequenceState  # noqa: E402
 from hypic.models.qwen3_5 import build_qwen3_5  # noqa: E402
 from hypic.models.qwen3_next import build_qwen3_5_moe  # noqa: E402
@@ -331,6 +332,9 @@ class Bench:
         if a.profile:
             self.profile(shape, lambda: hypic_prefill(model, [ids], dev))
         del os.environ["HYPIC_FUSED_NORMS"]
+        hattn._CUDNN_MIN_TOKENS = 1 << 40  # A/B: flash attention even for the long prefill
+        self.case(shape, "hypic prefill, no cuDNN attention", f"1×{T}", prefill([ids], True))
+        hattn._CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
         self.free()
         original = getattr(hctx, "attention", None)  # the name hypic.models.context calls, if it still does
         variants = [("", original)] + ([] if a.no_patch or original is None else [(" +4-D SDPA patch", sdpa_4d)])
