@@ -12,13 +12,13 @@ mkdir -p "$ck"
 if [ -f .ckpt/train_state.json ]; then
   cp .ckpt/* "$ck"/
   cp hypic/assets/tokenizer/tokenizer.json "$ck"/
-  python3 -m hypic.train --out "$ck" --resume --minutes "$MINUTES" ${TRAIN_ARGS:-} | tee "$OUT/train.log"
+  python3 -m hypic.train --out "$ck" --resume --minutes "$MINUTES" ${TRAIN_ARGS:-} | tee /tmp/train.log
 else
   python3 -m hypic.train --out "$ck" --tokenizer hypic/assets/tokenizer --minutes "$MINUTES" ${TRAIN_ARGS:-} \
-    | tee "$OUT/train.log"
+    | tee /tmp/train.log
 fi
 cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/config.json \
   "$ck"/train_state.json "$OUT"/
-timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \
+[ "${QUALITY_SECONDS:-60}" = 0 ] || timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \
   --labels full,naive,hypic_w8 2>&1 | tail -1 > "$OUT/quality.json" || true
-tail -3 "$OUT/train.log"; cat "$OUT/quality.json"
+tail -3 /tmp/train.log; cat "$OUT/quality.json" 2>/dev/null || true

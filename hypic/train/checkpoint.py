@@ -77,9 +77,12 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
             params[name].copy_(t)
     moments = load_sharded(folder, "optim")
     state = json.loads((folder / "train_state.json").read_text())
+    # fused and capturable AdamW keep the step counter on the parameter's device, the others on the host
+    on_device = bool(optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"))
     for name, p in params.items():
         if f"{name}.exp_avg" in moments:
-            optimizer.state[p] = {"step": torch.tensor(float(state["step"])),
+            step = torch.tensor(float(state["step"]), dtype=torch.float32, device=p.device if on_device else "cpu")
+            optimizer.state[p] = {"step": step,
                                   "exp_avg": moments[f"{name}.exp_avg"].to(p.device, torch.float32),
                                   "exp_avg_sq": moments[f"{name}.exp_avg_sq"].to(p.device, torch.float32)}
     return state
