@@ -17,6 +17,7 @@ from hypic.cache.keys import SegmentKey
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
 from hypic.ops.attention import attention
 from hypic.ops.recurrence import Summary
+from hypic.ops.transfer import to_device
 
 
 class ColdContext(ForwardContext):
@@ -29,10 +30,10 @@ class ColdContext(ForwardContext):
         self.linear_cu = torch.tensor([0, *split]).cumsum(0)  # [seam_0, body_0, seam_1, ...]
         starts = self.cu_seqlens[:-1].tolist()
         self.seam_cu = torch.tensor([0, *[w for _, w, _ in segments]]).cumsum(0)
-        self.seam_rows = torch.tensor([r for s, (_, w, _) in zip(starts, segments, strict=True)
-                                       for r in range(s, s + w)], dtype=torch.long, device=device)
-        self.positions = torch.cat([torch.arange(L) for L in lengths]).to(device)
-        self.input_ids = torch.tensor([t for ids, _, _ in segments for t in ids], device=device)
+        self.seam_rows = to_device([r for s, (_, w, _) in zip(starts, segments, strict=True)
+                                    for r in range(s, s + w)], device)
+        self.positions = to_device(torch.cat([torch.arange(L) for L in lengths]), device)
+        self.input_ids = to_device([t for ids, _, _ in segments for t in ids], device)
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
         return None  # each segment starts with no history

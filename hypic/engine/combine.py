@@ -26,6 +26,7 @@ from hypic.ops import recurrence
 from hypic.ops.attention import attention
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states
+from hypic.ops.transfer import to_device
 
 
 @dataclass(frozen=True)
@@ -100,16 +101,17 @@ class CombineContext(ForwardContext):
             self.request_rows.append((first_row, len(ids)))
             self.last_run.append(len(linear_rows) - 1)
             self.last_conv.append(len(conv_rows) - 1)
-        self.input_ids = torch.tensor(ids, device=device)
-        self.positions = torch.tensor(positions, device=device)
+        self.input_ids = to_device(ids, device)
+        self.positions = to_device(positions, device)
         self.cu_seqlens = torch.tensor([0, *[b for _, b in conv_rows]])
         self.linear_cu = torch.tensor([0, *[b for _, b in linear_rows]])
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._layouts: list[_KeyLayout] | None = None
+        self._scatter: dict[tuple[tuple[int, int], ...], tuple[Tensor, Tensor]] = {}
 
     def logits_rows(self) -> Tensor:
-        return torch.tensor([b - 1 for _, b in self.request_rows], device=self.positions.device)
+        return to_device([b - 1 for _, b in self.request_rows], self.positions.device)
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
         tails = None
@@ -161,8 +163,8 @@ class CombineContext(ForwardContext):
             if starts:
                 if initial is None:
                     initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
-                index, place = zip(*starts, strict=True)
-                initial[list(index)] = X[list(place)]  # one gather, one scatter
+                index, place = self._scatter_index(starts, X.device)
+                initial[index] = X[place]  # one gather, one scatter
         out = run(self.linear_cu, initial, False)
         for state, r in zip(self.decode_states, self.last_run, strict=True):
             state.linear[layer] = out.final_state[r]
@@ -172,6 +174,14 @@ class CombineContext(ForwardContext):
                 s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
             x.entry.summaries[layer] = s
         return out.o
+
+    def _scatter_index(self, starts: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
+        """Device copies of (run indices, chain places), made once: the same for every linear layer."""
+        key = tuple(starts)
+        if key not in self._scatter:
+            both = to_device([[i for i, _ in starts], [p for _, p in starts]], device)
+            self._scatter[key] = (both[0], both[1])
+        return self._scatter[key]
 
     def _key_layout(self) -> list[_KeyLayout]:
         """Where each request's keys go, in position order: recomputed rows and cached bodies."""
@@ -191,7 +201,7 @@ class CombineContext(ForwardContext):
                         body_pos += range(item.start + e.seam, item.start + e.length)
                         bodies.append(e)
                     n += length
-                as_tensor = (lambda xs: torch.tensor(xs, dtype=torch.long, device=dev))  # noqa: E731
+                as_tensor = (lambda xs: to_device(xs, dev))  # noqa: E731
                 self._layouts.append(_KeyLayout(n, as_tensor(run_dest), as_tensor(body_dest), as_tensor(body_pos),
                                                 bodies))
         return self._layouts

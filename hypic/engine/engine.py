@@ -27,6 +27,7 @@ from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.loader import LoadedModel
+from hypic.ops.transfer import to_device
 
 COLD_STRATEGIES = ("standalone", "in_context")
 
@@ -127,8 +128,8 @@ class Engine:
             states = [SequenceState() for _ in prompts]
             lengths = [sum(len(s) for s in p) for p in prompts]
             ctx = SequenceContext(states, lengths, self.device)
-            ids = torch.tensor([t for p in prompts for s in p for t in s], device=self.device)
-            logits = self.model(ids, ctx, self.model.last_token_rows(ctx.cu_seqlens).to(self.device))
+            ids = to_device([t for p in prompts for s in p for t in s], self.device)
+            logits = self.model(ids, ctx, to_device(self.model.last_token_rows(ctx.cu_seqlens), self.device))
             ctx.finish()
             for m, n in zip(metrics, lengths, strict=True):
                 m.recomputed_tokens = n
@@ -173,10 +174,10 @@ class Engine:
             ends = sorted({e for e in (0, last - 1, last) if e >= reused})
             start = reused
             for end in ends:
-                ids = torch.tensor([t for s in segments[start:end + 1] for t in s], device=self.device)
+                ids = to_device([t for s in segments[start:end + 1] for t in s], self.device)
                 ctx = SequenceContext([state], [len(ids)], self.device)
                 if end == last:
-                    logits = self.model(ids, ctx, torch.tensor([len(ids) - 1], device=self.device))
+                    logits = self.model(ids, ctx, to_device([len(ids) - 1], self.device))
                 else:
                     self.model.hidden_states(ids, ctx)
                 ctx.finish()

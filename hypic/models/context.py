@@ -19,6 +19,7 @@ from torch import Tensor
 from hypic.ops.attention import attention
 from hypic.ops.linear import LinearOutput, linear_attention
 from hypic.ops.rope import apply_rope
+from hypic.ops.transfer import to_device
 
 # (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary, rows) -> LinearOutput. The
 # context chooses the split (it may cut its runs finer for linear layers, e.g. a seam apart from
@@ -132,7 +133,8 @@ class SequenceContext(ForwardContext):
         self.lengths = lengths
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         starts = [s.length for s in states]
-        self.positions = torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]).to(device)
+        self.positions = to_device(torch.cat([torch.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]),
+                                   device)
         self._starts = starts
 
     def _runs(self) -> list[slice]:

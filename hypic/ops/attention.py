@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from hypic.ops.family import repeat_heads
+
 # cuDNN's SDPA builds (and caches) an execution graph per distinct shape, ≈ 17 ms of host time each
 # on the H200 (measured: 2.8 s forward + 3.9 s backward for one training batch of ~100 sequences).
 # Serving and training see a new length at nearly every call, so hypic leaves cuDNN out; flash and
@@ -44,7 +46,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positio
         # enable_gqa reaches only the flash kernel (half precision, no mask); elsewhere it would fall
         # to the math kernel, so the key heads are widened here and the efficient kernel runs instead.
         rep = q.shape[1] // k.shape[1]
-        ki, vi = (x.repeat_interleave(rep, dim=1) for x in (ki, vi))
+        ki, vi = (repeat_heads(x, rep, dim=1) for x in (ki, vi))
         gqa = False
     long = causal_prefill and q.shape[0] >= _CUDNN_MIN_TOKENS and q.is_cuda
     with sdpa_kernel(_LONG_BACKENDS if long else _BACKENDS, set_priority=long):

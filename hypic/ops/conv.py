@@ -74,6 +74,23 @@ def _layout(cu_key: tuple[int, ...], W: int, device: torch.device) -> tuple[Tens
     return idx[:T], idx[T:T + N * (W - 1)], idx[T + N * (W - 1):]
 
 
+_FLA_CONV_CHUNK = 64  # fla's causal_conv1d_fwd default chunk size, which its chunk indices must match
+
+
+@functools.lru_cache(maxsize=16)
+def _fla_layout(cu_key: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Device offsets and fla's (sequence, chunk) index rows, once per layout: left to fla, the
+    indices are built on the host and copied from pageable memory at every call, a host stall per
+    layer (seen as 24 syncs per forward of the 9B shape)."""
+    cu = torch.tensor(cu_key, dtype=torch.long)
+    counts = (cu[1:] - cu[:-1] + _FLA_CONV_CHUNK - 1) // _FLA_CONV_CHUNK
+    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
+    within = torch.arange(int(counts.sum())) - (torch.cumsum(counts, 0) - counts)[seq]
+    host = torch.cat([cu, torch.stack([seq, within], 1).reshape(-1)]).pin_memory()
+    dev = host.to(device, non_blocking=True)
+    return dev[:len(cu)], dev[len(cu):].view(-1, 2)
+
+
 def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
               activation: str | None) -> ConvOutput:
     """CUDA: fla's Triton conv (varlen, fused SiLU, fp32 accumulation). Its state is the last W raw
@@ -84,8 +101,9 @@ def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initia
     h0 = None
     if initial_tail is not None:
         h0 = torch.cat([initial_tail.new_zeros(N, 1, D), initial_tail], dim=1).transpose(1, 2).to(x.dtype).contiguous()
-    cu_dev = cu.pin_memory().to(x.device, non_blocking=True)
+    cu_dev, chunk_indices = _fla_layout(tuple(cu.tolist()), x.device)
     y, final = fla_causal_conv1d(x[None].contiguous(), weight.to(x.dtype).contiguous(),
                                  None if bias is None else bias.to(x.dtype), initial_state=h0, output_final_state=True,
-                                 activation=activation, cu_seqlens=cu_dev, cu_seqlens_cpu=cu)
+                                 activation=activation, cu_seqlens=cu_dev, cu_seqlens_cpu=cu,
+                                 chunk_indices=chunk_indices)
     return ConvOutput(y[0], final[:, :, 1:].transpose(1, 2))

@@ -134,4 +134,12 @@ def check_state(name: str, state: Tensor | None, dims: Dims, dtype: torch.dtype,
 def expand_heads(x: Tensor, value_heads: int) -> Tensor:
     """Repeat q/k heads for grouped values: value head i reads key head i // (HV // H)."""
     groups = value_heads // x.shape[1]
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+    return x if groups == 1 else repeat_heads(x, groups)
+
+
+def repeat_heads(x: Tensor, groups: int, dim: int = 1) -> Tensor:
+    """``x.repeat_interleave(groups, dim)`` without its device sync (it reads the output size back
+    from the GPU): a broadcast view, then one copy."""
+    shape = list(x.shape)
+    view = x.unsqueeze(dim + 1).expand(*shape[:dim + 1], groups, *shape[dim + 1:])
+    return view.reshape(*shape[:dim], shape[dim] * groups, *shape[dim + 1:])

@@ -1,0 +1,23 @@
+"""Host → device copies that do not stall the host.
+
+A copy from ordinary (pageable) host memory makes the host wait until the GPU has run everything
+queued before it, so one such copy inside a forward serialises host and device time. Index tensors
+built on the host go through pinned memory with a non-blocking copy instead: the copy is queued in
+order on the stream and the host runs ahead. (PyTorch keeps a pinned buffer alive until its copy
+has run.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def to_device(data: Tensor | list | tuple, device: torch.device | str,
+              dtype: torch.dtype | None = torch.long) -> Tensor:
+    """``data`` (a host tensor or a nested list of numbers) on ``device``, queued without a host stall."""
+    t = data if isinstance(data, Tensor) else torch.tensor(data, dtype=dtype)
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
