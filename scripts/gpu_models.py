@@ -327,14 +327,15 @@ class Bench:
                 return ms, prefill_flops(n, c, [len(x) for x in ids_list]), note, (logits, states)
             return fn
 
-        os.environ["HYPIC_FUSED_NORMS"] = "1"  # fla's fused norms (A/B against the PyTorch norms above)
-        self.case(shape, "hypic prefill +fused norms", f"1×{T}", prefill([ids], True))
+        # A/B rows against the defaults (fla's fused norms; cuDNN attention for long causal prefills)
+        os.environ["HYPIC_FUSED_NORMS"] = "0"
+        self.case(shape, "hypic prefill, PyTorch norms", f"1×{T}", prefill([ids], True))
+        del os.environ["HYPIC_FUSED_NORMS"]
+        hattn._CUDNN_MIN_TOKENS = 1 << 40
+        self.case(shape, "hypic prefill, flash attention (no cuDNN)", f"1×{T}", prefill([ids], True))
+        hattn._CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
         if a.profile:
             self.profile(shape, lambda: hypic_prefill(model, [ids], dev))
-        del os.environ["HYPIC_FUSED_NORMS"]
-        hattn._CUDNN_MIN_TOKENS = 1 << 40  # A/B: flash attention even for the long prefill
-        self.case(shape, "hypic prefill, no cuDNN attention", f"1×{T}", prefill([ids], True))
-        hattn._CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
         self.free()
         original = getattr(hctx, "attention", None)  # the name hypic.models.context calls, if it still does
         variants = [("", original)] + ([] if a.no_patch or original is None else [(" +4-D SDPA patch", sdpa_4d)])
