@@ -174,7 +174,8 @@ class SequenceContext(ForwardContext):
             keys, values = s.kv[layer].keys, s.kv[layer].values
             k_pos = torch.arange(keys.shape[0], device=q.device)
             out[run] = attention(q[run], keys, values, q_positions=self.positions[run], k_positions=k_pos,
-                                 scale=scale, causal_prefill=start == 0, all_visible=run.stop - run.start == 1)
+                                 scale=scale, causal_prefill=start == 0, all_visible=run.stop - run.start == 1,
+                                 causal_suffix=True)
         return out
 
     def finish(self) -> None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from hypic.ops.family import repeat_heads
 
@@ -29,20 +30,23 @@ _CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor, scale: float,
-              causal_prefill: bool = False, all_visible: bool = False) -> Tensor:
+              causal_prefill: bool = False, all_visible: bool = False, causal_suffix: bool = False) -> Tensor:
     """One sequence: q [Tq, Hq, D], k/v [Tk, Hkv, D(v)] → [Tq, Hq, Dv]; Hq a multiple of Hkv (GQA).
 
     ``causal_prefill``: the keys are exactly the queries' own tokens in order; ``all_visible``:
-    every key precedes every query (a decode step). Either lets the fused kernels run without a
-    mask, and the caller knows it without a device sync.
+    every key precedes every query (a decode step); ``causal_suffix``: the queries are the last
+    tokens of the keys, in order (a prefill continuing from cached keys: bottom-right causal).
+    Each lets the fused kernels run without a materialised mask, and the caller knows it without a
+    device sync.
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q: {q.shape[1]} heads is not a multiple of the {k.shape[1]} key heads")
     # 4-D [1, H, T, D]: the fused SDPA kernels take only batched inputs (3-D falls back to math).
     qi, ki, vi = (x.transpose(0, 1)[None] for x in (q, k, v))
     gqa = q.shape[1] != k.shape[1]
-    masked = not (causal_prefill or all_visible)
-    if gqa and (masked or q.dtype == torch.float32):
+    suffix = causal_suffix and not (causal_prefill or all_visible)
+    masked = not (causal_prefill or all_visible or suffix)
+    if gqa and (masked or q.dtype == torch.float32 or (suffix and not q.is_cuda)):
         # enable_gqa reaches only the flash kernel (half precision, no mask); elsewhere it would fall
         # to the math kernel, so the key heads are widened here and the efficient kernel runs instead.
         rep = q.shape[1] // k.shape[1]
@@ -50,7 +54,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positio
         gqa = False
     long = causal_prefill and q.shape[0] >= _CUDNN_MIN_TOKENS and q.is_cuda
     with sdpa_kernel(_LONG_BACKENDS if long else _BACKENDS, set_priority=long):
-        return _sdpa(qi, ki, vi, q_positions, k_positions, scale, causal_prefill, all_visible, gqa)[0].transpose(0, 1)
+        if suffix:
+            bias = causal_lower_right(q.shape[0], k.shape[0])
+            o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=bias, scale=scale, enable_gqa=gqa)
+        else:
+            o = _sdpa(qi, ki, vi, q_positions, k_positions, scale, causal_prefill, all_visible, gqa)
+    return o[0].transpose(0, 1)
 
 
 def _sdpa(qi: Tensor, ki: Tensor, vi: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,

@@ -1,0 +1,33 @@
+"""The mask-free attention variants equal the explicit position-causal mask they stand for."""
+
+import pytest
+import torch
+
+from hypic.ops.attention import attention
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)])
+def test_flag_variants_equal_the_explicit_mask(heads: tuple[int, int]) -> None:
+    hq, hkv = heads
+    gen = torch.Generator().manual_seed(0)
+    past, new = 37, 11
+    q = torch.randn(new, hq, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(past + new, hkv, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(past + new, hkv, 8, generator=gen, dtype=torch.float64)
+    k_pos = torch.arange(past + new)
+    cases = [  # (flags, query positions, number of keys): a continuation, a plain prefill, a decode step
+        (dict(causal_suffix=True), torch.arange(past, past + new), past + new),
+        (dict(causal_prefill=True), torch.arange(new), new),
+        (dict(all_visible=True, causal_suffix=True), torch.tensor([past + new - 1]), past + new),
+    ]
+    for flags, q_pos, n in cases:
+        qq = q[: len(q_pos)]
+        ref = attention(qq, k[:n], v[:n], q_positions=q_pos, k_positions=k_pos[:n], scale=0.25)
+        got = attention(qq, k[:n], v[:n], q_positions=q_pos, k_positions=k_pos[:n], scale=0.25, **flags)
+        assert (got - ref).abs().max() < 1e-12, flags
+    # and the mask path is really position-causal: a later key changes nothing before it
+    k2 = k.clone()
+    k2[-1] += 1.0
+    kw = dict(q_positions=torch.arange(past, past + new), k_positions=k_pos, scale=0.25, causal_suffix=True)
+    a, b = attention(q, k, v, **kw), attention(q, k2, v, **kw)
+    assert torch.equal(a[:-1], b[:-1]) and not torch.equal(a[-1], b[-1])
