@@ -15,7 +15,7 @@ from torch import Tensor
 from hypic.cache.entry import Entry
 from hypic.cache.keys import SegmentKey
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
-from hypic.ops.attention import attention
+from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.recurrence import Summary
 from hypic.ops.transfer import to_device
 
@@ -54,12 +54,9 @@ class ColdContext(ForwardContext):
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
-        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        out = causal_prefill_batch(qr, kr, v, self.cu_seqlens, scale)  # every segment from position 0
         cu = self.cu_seqlens.tolist()
         for entry, a, b in zip(self.entries, cu[:-1], cu[1:], strict=True):
-            pos = self.positions[a:b]
-            out[a:b] = attention(qr[a:b], kr[a:b], v[a:b], q_positions=pos, k_positions=pos, scale=scale,
-                                 causal_prefill=True)
             entry.keys[layer] = k[a + entry.seam:b].clone()  # before RoPE: placed anywhere on reuse
             entry.values[layer] = v[a + entry.seam:b].clone()
         return out

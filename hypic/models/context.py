@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from hypic.ops.attention import attention
+from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.linear import LinearOutput, linear_attention
 from hypic.ops.rope import apply_rope
 from hypic.ops.transfer import to_device
@@ -128,8 +129,10 @@ class SequenceState:
 class SequenceContext(ForwardContext):
     """Continue each sequence from its own state: plain prefill (from empty states) and decode."""
 
-    def __init__(self, states: list[SequenceState], lengths: list[int], device: torch.device) -> None:
-        self.states = states
+    def __init__(self, states: list[SequenceState], lengths: list[int], device: torch.device, *,
+                 keep_kv: bool = True) -> None:
+        """``keep_kv=False``: the keys and values are not kept for later steps (training)."""
+        self.states, self.keep_kv = states, keep_kv
         self.lengths = lengths
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         starts = [s.length for s in states]
@@ -163,6 +166,13 @@ class SequenceContext(ForwardContext):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         if rope is not None:
             q, k = rope(q, self.positions), rope(k, self.positions)
+        if not any(self._starts):  # a fresh prefill of every sequence: one batched causal pass
+            out = causal_prefill_batch(q, k, v, self.cu_seqlens, scale)
+            if self.keep_kv:
+                for s, run in zip(self.states, self._runs(), strict=True):
+                    if run.start != run.stop:
+                        s.kv[layer] = KVBuffer(k[run], v[run])
+            return out
         out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
         for s, run, start in zip(self.states, self._runs(), self._starts, strict=True):
             if run.start == run.stop:

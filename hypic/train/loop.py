@@ -53,7 +53,7 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 def loss_of(model: torch.nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss, teacher-forced accuracy on the answer tokens): the accuracy is the signal that
     retrieval is being learned; the loss alone mixes in the documents' language modelling."""
-    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device)
+    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_kv=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         hidden = model.hidden_states(batch.input_ids.to(device), ctx)
         logits = model.lm_head(hidden).float()

@@ -31,3 +31,33 @@ def test_flag_variants_equal_the_explicit_mask(heads: tuple[int, int]) -> None:
     kw = dict(q_positions=torch.arange(past, past + new), k_positions=k_pos, scale=0.25, causal_suffix=True)
     a, b = attention(q, k, v, **kw), attention(q, k2, v, **kw)
     assert torch.equal(a[:-1], b[:-1]) and not torch.equal(a[-1], b[-1])
+
+
+def test_grouping_bounds_padding() -> None:
+    from hypic.ops.attention_batch import group_lengths
+
+    lengths = [5, 100, 98, 3, 0, 97, 50, 1, 400]
+    groups = group_lengths(lengths)
+    assert sorted(i for g in groups for i in g) == [i for i, n in enumerate(lengths) if n > 0]
+    for g in groups:
+        longest = max(lengths[i] for i in g)
+        assert len(g) == 1 or longest * len(g) <= 1.25 * sum(lengths[i] for i in g)
+
+
+def test_batched_causal_prefill_equals_one_call_per_sequence() -> None:
+    from hypic.ops.attention_batch import causal_prefill_batch
+
+    gen = torch.Generator().manual_seed(1)
+    lengths = [5, 100, 98, 3, 0, 97, 50, 1]
+    cu = torch.tensor([0, *lengths]).cumsum(0)
+    T = int(cu[-1])
+    q, k, v = (torch.randn(T, h, d, generator=gen, dtype=torch.float64, requires_grad=True)
+               for h, d in ((8, 16), (2, 16), (2, 8)))
+    runs = [(a, b) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True) if b > a]
+    ref = torch.cat([attention(q[a:b], k[a:b], v[a:b], q_positions=torch.arange(b - a),
+                               k_positions=torch.arange(b - a), scale=0.3, causal_prefill=True) for a, b in runs])
+    got = causal_prefill_batch(q, k, v, cu, 0.3)
+    assert (got - ref).abs().max() < 1e-12
+    for a, b in zip(torch.autograd.grad(ref.square().sum(), (q, k, v)),
+                    torch.autograd.grad(got.square().sum(), (q, k, v)), strict=True):
+        assert (a - b).abs().max() < 1e-12
