@@ -124,7 +124,7 @@ def eval_quality(args: argparse.Namespace) -> int:
     n = args.n or (4 if args.quick else 200)
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
     labels = args.labels.split(",") if args.labels else None
-    results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels)
+    results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels, batch=args.batch)
     if args.json:
         print(json.dumps({"scores": {k: round(r.average, 3) for k, r in results.items()},
                           "families": {k: r.family_scores for k, r in results.items()},
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--labels", help="comma list of mode labels (default: all)")
     p_q.add_argument("--device")
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p_q.add_argument("--batch", type=int, default=8, help="prompts per engine call")
     p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")
     p_q.set_defaults(func=eval_quality)
     _serve_parser(sub)

@@ -41,6 +41,7 @@ class Running:
     output: RequestOutput
     generator: torch.Generator | None
     done: bool = False
+    first_logits: torch.Tensor | None = None  # [vocab] fp32: the prompt's next-token logits (evaluation)
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
         self.output.token_ids.append(token)
@@ -214,8 +215,9 @@ class Engine:
                     for p, st, m in zip(params, states, metrics, strict=True)]
             tokens, tops = sample(logits, params, [r.generator for r in runs])
             ttft = time.perf_counter() - t0
-            for r, t, lp in zip(runs, tokens, tops, strict=True):
+            for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
+                r.first_logits = row
                 r.accept(t, lp, self.eos)
         return runs
 
@@ -240,7 +242,7 @@ class Engine:
             return
         with self._lock:
             ctx = SequenceContext([r.state for r in active], [1] * len(active), self.device)
-            ids = torch.tensor([r.output.token_ids[-1] for r in active], device=self.device)
+            ids = to_device([r.output.token_ids[-1] for r in active], self.device)
             logits = self.model(ids, ctx)
             ctx.finish()
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])

@@ -13,11 +13,12 @@ def sample(logits: Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> tuple[list[int], list[dict[int, float] | None]]:
     """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
+    greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
     tokens: list[int] = []
     tops: list[dict[int, float] | None] = []
-    for row, p, gen in zip(logprobs, params, generators, strict=True):
+    for row, p, gen, best in zip(logprobs, params, generators, greedy, strict=True):
         if p.temperature < 1e-5:  # greedy; a tinier temperature would overflow the softmax into NaN
-            tok = int(row.argmax())
+            tok = best
         else:
             probs = torch.softmax(row / p.temperature, dim=-1)
             if p.top_p < 1.0:

@@ -75,9 +75,11 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
                 prompts = [e.segments for e in chunk]
                 if cold == "in_context":  # entries built in context of another order (reversed documents)
                     engine.prefill_logits([[p[0], *p[-2:0:-1], p[-1]] for p in prompts], mode=mode)
-                preds += [tok.decode(o.token_ids, skip_special_tokens=True).strip()
-                          for o in engine.generate(prompts, [params] * len(prompts), mode=mode)]
-                logits.append(engine.prefill_logits(prompts, mode=mode)[0])
+                runs = engine.start(prompts, [params] * len(prompts), mode=mode)
+                logits.append(torch.stack([r.first_logits for r in runs]))
+                while not all(r.done for r in runs):
+                    engine.step(runs)
+                preds += [tok.decode(r.output.token_ids, skip_special_tokens=True).strip() for r in runs]
             scores = [score(metric, p, r) for p, r in zip(preds, refs[family], strict=True)]
             key = "f1" if metric == "em_f1" else "rougeL"
             res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
