@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hypic.ops.linear import check_cu_seqlens, fla_allowed
+from hypic.ops.transfer import to_device
 
 
 class ConvOutput(NamedTuple):
@@ -86,8 +87,7 @@ def _fla_layout(cu_key: tuple[int, ...], device: torch.device) -> tuple[Tensor, 
     counts = (cu[1:] - cu[:-1] + _FLA_CONV_CHUNK - 1) // _FLA_CONV_CHUNK
     seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
     within = torch.arange(int(counts.sum())) - (torch.cumsum(counts, 0) - counts)[seq]
-    host = torch.cat([cu, torch.stack([seq, within], 1).reshape(-1)]).pin_memory()
-    dev = host.to(device, non_blocking=True)
+    dev = to_device(torch.cat([cu, torch.stack([seq, within], 1).reshape(-1)]), device)
     return dev[:len(cu)], dev[len(cu):].view(-1, 2)
 
 
