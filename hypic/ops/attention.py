@@ -29,6 +29,12 @@ _LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *_BACKENDS]
 _CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
 
 
+def long_prefill(tokens: int, q: Tensor) -> bool:
+    """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, and not
+    under autograd (training shapes change every step, and the backward builds a graph too)."""
+    return tokens >= _CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor, scale: float,
               causal_prefill: bool = False, all_visible: bool = False, causal_suffix: bool = False) -> Tensor:
     """One sequence: q [Tq, Hq, D], k/v [Tk, Hkv, D(v)] → [Tq, Hq, Dv]; Hq a multiple of Hkv (GQA).
@@ -52,7 +58,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positio
         rep = q.shape[1] // k.shape[1]
         ki, vi = (repeat_heads(x, rep, dim=1) for x in (ki, vi))
         gqa = False
-    long = causal_prefill and q.shape[0] >= _CUDNN_MIN_TOKENS and q.is_cuda
+    long = causal_prefill and long_prefill(q.shape[0], q)
     with sdpa_kernel(_LONG_BACKENDS if long else _BACKENDS, set_priority=long):
         if suffix:
             bias = causal_lower_right(q.shape[0], k.shape[0])

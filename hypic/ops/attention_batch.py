@@ -96,7 +96,7 @@ def _batched(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     if gqa and q.dtype == torch.float32:
         ki, vi = (A.repeat_heads(x, q.shape[2] // k.shape[2], dim=1) for x in (ki, vi))
         gqa = False
-    long = q.shape[1] >= A._CUDNN_MIN_TOKENS and q.is_cuda
+    long = A.long_prefill(q.shape[1], q)
     with A.sdpa_kernel(A._LONG_BACKENDS if long else A._BACKENDS, set_priority=long):
         o = A.F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
     return o.transpose(1, 2)
