@@ -13,6 +13,7 @@ import multiprocessing as mp
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -34,8 +35,9 @@ def difficulty_at(step: int, ramp_steps: int) -> float:
 
 
 def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, families: tuple[str, ...],
-              max_tokens: int) -> list[tuple[list[int], int]]:
-    """(tokens, answer start) for ``count`` examples; difficulty uniform in [0, max_difficulty]."""
+              max_tokens: int) -> list[tuple[np.ndarray, int]]:
+    """(tokens, answer start) for ``count`` examples; difficulty uniform in [0, max_difficulty].
+    Tokens come back as int32 arrays: they cross the process boundary and become tensors cheaply."""
     tok = Tokenizer.from_str(tok_json)
     rng = random.Random(seed)
     out = []
@@ -45,20 +47,23 @@ def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, famil
         enc = encode_example(tok, ex)
         prompt = [t for s in enc.segments for t in s]
         if len(prompt) + len(enc.target) <= max_tokens:
-            out.append((prompt + enc.target, len(prompt)))
+            out.append((np.asarray(prompt + enc.target, dtype=np.int32), len(prompt)))
     return out
 
 
-def pack(items: list[tuple[list[int], int]], doc_weight: float) -> Batch:
+def pack(items: list[tuple[np.ndarray | list[int], int]], doc_weight: float) -> Batch:
     ids, labels, weights, lengths, answers = [], [], [], [], 0
     for tokens, answer_start in items:
-        ids += tokens[:-1]
-        labels += tokens[1:]
+        t = torch.as_tensor(tokens).long()
+        ids.append(t[:-1])
+        labels.append(t[1:])
         # position i predicts token i + 1: answer tokens are predicted from answer_start − 1 on
-        weights += [1.0 if i + 1 >= answer_start else doc_weight for i in range(len(tokens) - 1)]
+        w = torch.full((len(tokens) - 1,), doc_weight)
+        w[max(0, answer_start - 1):] = 1.0
+        weights.append(w)
         lengths.append(len(tokens) - 1)
         answers += len(tokens) - answer_start
-    return Batch(torch.tensor(ids), torch.tensor(labels), torch.tensor(weights), lengths, answers)
+    return Batch(torch.cat(ids), torch.cat(labels), torch.cat(weights), lengths, answers)
 
 
 class Stream:
@@ -88,7 +93,7 @@ class Stream:
         self._pending.append(self.pool.apply_async(sequences, args) if self.pool else args)
 
     def _refill(self, step: int) -> None:
-        items: list[tuple[list[int], int]] = []
+        items: list[tuple[np.ndarray, int]] = []
         while sum(len(t) for t, _ in items) < self.pool_batches * self.batch_tokens:
             while len(self._pending) < self.ahead:
                 self._request(step)
