@@ -22,6 +22,7 @@ from hypic.eval.tokenizer import END, END_OF_TEXT
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
+from hypic.ops.transfer import to_device
 from hypic.train.checkpoint import load_checkpoint, save_checkpoint
 from hypic.train.data import Stream, difficulty_at
 
@@ -55,13 +56,13 @@ def loss_of(model: torch.nn.Module, batch, device: torch.device) -> tuple[torch.
     retrieval is being learned; the loss alone mixes in the documents' language modelling."""
     ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_kv=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        hidden = model.hidden_states(batch.input_ids.to(device), ctx)
+        hidden = model.hidden_states(to_device(batch.input_ids, device), ctx)
         logits = model.lm_head(hidden).float()
-    labels = batch.labels.to(device)
+    labels = to_device(batch.labels, device)
     nll = F.cross_entropy(logits, labels, reduction="none")
-    w = batch.weights.to(device)
-    answer = w == 1.0
-    accuracy = (logits.argmax(-1) == labels)[answer].float().mean()
+    w = to_device(batch.weights, device, None)
+    answer = w == 1.0  # masked sums, not boolean indexing: nothing here may wait for the GPU
+    accuracy = ((logits.argmax(-1) == labels) & answer).sum() / answer.sum().clamp_min(1)
     return (nll * w).sum() / w.sum(), accuracy.detach()
 
 
