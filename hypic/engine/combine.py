@@ -42,6 +42,7 @@ class _KeyLayout:
     body_dest: Tensor  # slots of its cached bodies' keys (bodies in order)
     body_pos: Tensor  # their true positions
     bodies: list[Entry]
+    visible: Tensor  # [rows, keys] bool: key position ≤ query position (the same for every layer)
 
 
 @dataclass(frozen=True)
@@ -102,13 +103,15 @@ class CombineContext(ForwardContext):
             self.last_run.append(len(linear_rows) - 1)
             self.last_conv.append(len(conv_rows) - 1)
         self.input_ids = to_device(ids, device)
-        self.positions = to_device(positions, device)
+        self.host_positions = torch.tensor(positions, dtype=torch.long)
+        self.positions = to_device(self.host_positions, device)
         self.cu_seqlens = torch.tensor([0, *[b for _, b in conv_rows]])
         self.linear_cu = torch.tensor([0, *[b for _, b in linear_rows]])
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._layouts: list[_KeyLayout] | None = None
         self._scatter: dict[tuple[tuple[int, int], ...], tuple[Tensor, Tensor]] = {}
+        self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
 
     def logits_rows(self) -> Tensor:
         return to_device([b - 1 for _, b in self.request_rows], self.positions.device)
@@ -183,12 +186,22 @@ class CombineContext(ForwardContext):
             self._scatter[key] = (both[0], both[1])
         return self._scatter[key]
 
+    def _bias(self, i: int, lay: _KeyLayout, dtype: torch.dtype) -> Tensor:
+        """Request i's mask as the additive bias SDPA would make of it in every layer, made once: in
+        the model's dtype, the key axis padded to a multiple of 16 so the fused kernel takes it as is."""
+        if (i, dtype) not in self._biases:
+            rows, keys = lay.visible.shape
+            bias = torch.full((rows, -(-keys // 16) * 16), float("-inf"), dtype=dtype, device=lay.visible.device)
+            bias[:, :keys].masked_fill_(lay.visible, 0.0)
+            self._biases[(i, dtype)] = bias[:, :keys]
+        return self._biases[(i, dtype)]
+
     def _key_layout(self) -> list[_KeyLayout]:
         """Where each request's keys go, in position order: recomputed rows and cached bodies."""
         if self._layouts is None:
             self._layouts = []
             cu, dev = self.linear_cu.tolist(), self.positions.device
-            for items in self.items:
+            for items, (ra, rb) in zip(self.items, self.request_rows, strict=True):
                 run_dest, body_dest, body_pos, bodies, n = [], [], [], [], 0
                 for kind, item in items:
                     if kind == "run":
@@ -201,26 +214,29 @@ class CombineContext(ForwardContext):
                         body_pos += range(item.start + e.seam, item.start + e.length)
                         bodies.append(e)
                     n += length
+                key_pos = torch.empty(n, dtype=torch.long)
+                key_pos[run_dest] = self.host_positions[ra:rb]
+                key_pos[body_dest] = torch.tensor(body_pos, dtype=torch.long)
+                visible = to_device(key_pos[None, :] <= self.host_positions[ra:rb, None], dev, None)
                 as_tensor = (lambda xs: to_device(xs, dev))  # noqa: E731
                 self._layouts.append(_KeyLayout(n, as_tensor(run_dest), as_tensor(body_dest), as_tensor(body_pos),
-                                                bodies))
+                                                bodies, visible))
         return self._layouts
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
         out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        for lay, (ra, rb), state in zip(self._key_layout(), self.request_rows, self.decode_states, strict=True):
+        for i, (lay, (ra, rb), state) in enumerate(zip(self._key_layout(), self.request_rows, self.decode_states,
+                                                       strict=True)):
             K = kr.new_empty(lay.keys, *kr.shape[1:])
             V = v.new_empty(lay.keys, *v.shape[1:])
             K[lay.run_dest], V[lay.run_dest] = kr[ra:rb], v[ra:rb]
-            P = torch.empty(lay.keys, dtype=torch.long, device=q.device)
-            P[lay.run_dest] = self.positions[ra:rb]
             if lay.bodies:  # all cached bodies at once: one concatenation, one RoPE
                 body_k = torch.cat([e.keys[layer] for e in lay.bodies]).to(k.dtype)
                 K[lay.body_dest] = body_k if rope is None else rope(body_k, lay.body_pos)
                 V[lay.body_dest] = torch.cat([e.values[layer] for e in lay.bodies]).to(v.dtype)
-                P[lay.body_dest] = lay.body_pos
-            out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=P, scale=scale)
+            out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=None, scale=scale,
+                                   visible=self._bias(i, lay, q.dtype))
             state.kv[layer] = KVBuffer(K, V)
         for x in self.extracts:
             a, b = x.rows

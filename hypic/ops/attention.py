@@ -35,15 +35,18 @@ def long_prefill(tokens: int, q: Tensor) -> bool:
     return tokens >= _CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positions: Tensor, scale: float,
-              causal_prefill: bool = False, all_visible: bool = False, causal_suffix: bool = False) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor | None, k_positions: Tensor | None,
+              scale: float, causal_prefill: bool = False, all_visible: bool = False, causal_suffix: bool = False,
+              visible: Tensor | None = None) -> Tensor:
     """One sequence: q [Tq, Hq, D], k/v [Tk, Hkv, D(v)] → [Tq, Hq, Dv]; Hq a multiple of Hkv (GQA).
 
     ``causal_prefill``: the keys are exactly the queries' own tokens in order; ``all_visible``:
     every key precedes every query (a decode step); ``causal_suffix``: the queries are the last
     tokens of the keys, in order (a prefill continuing from cached keys: bottom-right causal).
     Each lets the fused kernels run without a materialised mask, and the caller knows it without a
-    device sync.
+    device sync. Otherwise the mask is ``visible`` [Tq, Tk] when given — bool (True: visible) or an
+    additive bias; a caller that attends the same positions in every layer makes it once — else
+    it is built from the positions.
     """
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q: {q.shape[1]} heads is not a multiple of the {k.shape[1]} key heads")
@@ -64,17 +67,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor, k_positio
             bias = causal_lower_right(q.shape[0], k.shape[0])
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=bias, scale=scale, enable_gqa=gqa)
         else:
-            o = _sdpa(qi, ki, vi, q_positions, k_positions, scale, causal_prefill, all_visible, gqa)
+            o = _sdpa(qi, ki, vi, q_positions, k_positions, scale, causal_prefill, all_visible, gqa, visible)
     return o[0].transpose(0, 1)
 
 
-def _sdpa(qi: Tensor, ki: Tensor, vi: Tensor, q_positions: Tensor, k_positions: Tensor, scale: float,
-          causal_prefill: bool, all_visible: bool, gqa: bool) -> Tensor:
+def _sdpa(qi: Tensor, ki: Tensor, vi: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, scale: float,
+          causal_prefill: bool, all_visible: bool, gqa: bool, visible: Tensor | None) -> Tensor:
     if causal_prefill:
         o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
     elif all_visible:
         o = F.scaled_dot_product_attention(qi, ki, vi, scale=scale, enable_gqa=gqa)
     else:
-        mask = k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
+        mask = visible if visible is not None else k_positions[None, :] <= q_positions[:, None]  # [Tq, Tk]
         o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=gqa)
     return o
