@@ -24,8 +24,8 @@ from hypic.ops.family import repeat_heads
 # memory-efficient attention have no per-shape set-up.
 # A long causal prefill is the exception: there the set-up is small next to the work, and cuDNN's
 # Hopper kernels may be the faster ones, so it is tried first from HYPIC_CUDNN_MIN_TOKENS tokens on.
-_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-_LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *_BACKENDS]
+SHORT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SHORT_BACKENDS]
 _CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
 
 
@@ -62,7 +62,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor | None, k_
         ki, vi = (repeat_heads(x, rep, dim=1) for x in (ki, vi))
         gqa = False
     long = causal_prefill and long_prefill(q.shape[0], q)
-    with sdpa_kernel(_LONG_BACKENDS if long else _BACKENDS, set_priority=long):
+    with sdpa_kernel(LONG_BACKENDS if long else SHORT_BACKENDS, set_priority=long):
         if suffix:
             bias = causal_lower_right(q.shape[0], k.shape[0])
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=bias, scale=scale, enable_gqa=gqa)

@@ -13,9 +13,12 @@ import functools
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 
-from hypic.ops.attention import attention
+from hypic.ops.attention import LONG_BACKENDS, SHORT_BACKENDS, attention, long_prefill
+from hypic.ops.family import repeat_heads
 
 PAD_BUDGET = 1.25  # a group's padded size may exceed its tokens by at most this factor
 
@@ -89,14 +92,12 @@ def causal_prefill_batch(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, sc
 
 def _batched(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     """[n, L, H, D] causal attention through the same backend policy as ``attention``."""
-    from hypic.ops import attention as A
-
     qi, ki, vi = (x.transpose(1, 2) for x in (q, k, v))
     gqa = q.shape[2] != k.shape[2]
     if gqa and q.dtype == torch.float32:
-        ki, vi = (A.repeat_heads(x, q.shape[2] // k.shape[2], dim=1) for x in (ki, vi))
+        ki, vi = (repeat_heads(x, q.shape[2] // k.shape[2], dim=1) for x in (ki, vi))
         gqa = False
-    long = A.long_prefill(q.shape[1], q)
-    with A.sdpa_kernel(A._LONG_BACKENDS if long else A._BACKENDS, set_priority=long):
-        o = A.F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
+    long = long_prefill(q.shape[1], q)
+    with sdpa_kernel(LONG_BACKENDS if long else SHORT_BACKENDS, set_priority=long):
+        o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
     return o.transpose(1, 2)
