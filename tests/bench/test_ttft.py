@@ -27,3 +27,27 @@ def test_ttft_rows_and_recompute_set(tmp_path) -> None:
     assert main(["bench", "ttft", "--shape", "tiny", "--docs", "3", "--doc-tokens", "30", "--head-tokens", "10",
                  "--query-tokens", "4", "--reps", "1", "--out", str(out)]) == 0
     assert "Command: `hypic bench ttft" in out.read_text()
+
+
+def test_sync_report_groups_by_the_innermost_hypic_line(monkeypatch) -> None:
+    """The sync finder's bookkeeping (CUDA's sync debug mode itself needs a GPU): a warning raised
+    from inside the engine is counted under the engine's source line."""
+    import warnings
+
+    from hypic.bench import syncs
+
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    original = engine.model.forward
+
+    def forward(*args, **kwargs):
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", forward)
+    prompt = rag_prompts(RagShape(docs=2, doc_tokens=12, head_tokens=5, query_tokens=3), 100, 1)[0]
+    sites = syncs.sync_sites(engine, prompt, ("full",))
+    assert sum(sites["full"].values()) == 1
+    (site,) = sites["full"]
+    assert site.startswith("engine/") and "model(" in site
+    assert "## full: 1 syncs" in syncs.format_sites(sites)
