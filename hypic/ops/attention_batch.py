@@ -52,16 +52,21 @@ def group_lengths(lengths: list[int], budget: float = PAD_BUDGET) -> list[list[i
 
 @functools.lru_cache(maxsize=16)
 def _plan(cu_key: tuple[int, ...], device: torch.device) -> _Plan:
-    lengths = [b - a for a, b in zip(cu_key[:-1], cu_key[1:], strict=True)]
+    cu = torch.tensor(cu_key, dtype=torch.long)
+    lengths = cu[1:] - cu[:-1]
     groups, places, host = [], [], []
-    for members in group_lengths(lengths):
-        L = lengths[members[0]]
-        rows = torch.tensor([[cu_key[i] + min(j, lengths[i] - 1) for j in range(L)] for i in members])
-        valid = torch.tensor([s * L + j for s, i in enumerate(members) for j in range(lengths[i])])
-        places += [cu_key[i] + j for i in members for j in range(lengths[i])]
+    for members in group_lengths(lengths.tolist()):
+        idx = torch.tensor(members)
+        starts, lens = cu[idx], lengths[idx]
+        L = int(lens[0])
+        j = torch.arange(L)
+        rows = starts[:, None] + torch.minimum(j[None, :], lens[:, None] - 1)  # [n, L]
+        valid = (j[None, :] < lens[:, None]).reshape(-1).nonzero()[:, 0]  # host tensors: no device sync
+        places.append(rows.reshape(-1)[valid])
         host.append((rows, valid, L))
+    places = torch.cat(places) if places else torch.empty(0, dtype=torch.long)
     order = torch.empty(cu_key[-1], dtype=torch.long)
-    order[torch.tensor(places, dtype=torch.long)] = torch.arange(len(places))
+    order[places] = torch.arange(len(places))
     flat = torch.cat([order] + [t for r, v, _ in host for t in (r.reshape(-1), v)])
     if device.type == "cuda":
         flat = flat.pin_memory().to(device, non_blocking=True)
@@ -77,6 +82,8 @@ def _plan(cu_key: tuple[int, ...], device: torch.device) -> _Plan:
 def causal_prefill_batch(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
     """q [T, Hq, D], k/v [T, Hkv, D(v)] packed by host offsets ``cu_seqlens``, each sequence attending
     causally to itself from position 0 → [T, Hq, Dv]."""
+    if q.shape[0] == 0:
+        return q.new_empty(0, q.shape[1], v.shape[-1])
     plan = _plan(tuple(cu_seqlens.tolist()), q.device)
     if len(plan.groups) == 1 and plan.groups[0].rows.shape[0] == 1:  # one sequence: no gathering
         pos = torch.arange(q.shape[0], device=q.device)
