@@ -130,9 +130,10 @@ class SequenceContext(ForwardContext):
     """Continue each sequence from its own state: plain prefill (from empty states) and decode."""
 
     def __init__(self, states: list[SequenceState], lengths: list[int], device: torch.device, *,
-                 keep_kv: bool = True) -> None:
-        """``keep_kv=False``: the keys and values are not kept for later steps (training)."""
-        self.states, self.keep_kv = states, keep_kv
+                 keep_state: bool = True) -> None:
+        """``keep_state=False``: nothing is kept for later steps — no keys and values, linear states or
+        conv tails per sequence (training: hundreds of sequences a batch, each a Python-level store)."""
+        self.states, self.keep_state = states, keep_state
         self.lengths = lengths
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         starts = [s.length for s in states]
@@ -150,6 +151,8 @@ class SequenceContext(ForwardContext):
         return torch.stack([s.conv[layer] for s in self.states]).to(raw.dtype)
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
+        if not self.keep_state:
+            return
         for s, t in zip(self.states, tails, strict=True):
             s.conv[layer] = t
 
@@ -159,8 +162,9 @@ class SequenceContext(ForwardContext):
         if any(have) and not all(have):
             raise ValueError(f"layer {layer}: some sequences have a linear state and some do not")
         out = run(self.cu_seqlens, initial, False)
-        for s, f in zip(self.states, out.final_state, strict=True):
-            s.linear[layer] = f
+        if self.keep_state:
+            for s, f in zip(self.states, out.final_state, strict=True):
+                s.linear[layer] = f
         return out.o
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
@@ -168,7 +172,7 @@ class SequenceContext(ForwardContext):
             q, k = rope(q, self.positions), rope(k, self.positions)
         if not any(self._starts):  # a fresh prefill of every sequence: one batched causal pass
             out = causal_prefill_batch(q, k, v, self.cu_seqlens, scale)
-            if self.keep_kv:
+            if self.keep_state:
                 for s, run in zip(self.states, self._runs(), strict=True):
                     if run.start != run.stop:
                         s.kv[layer] = KVBuffer(k[run], v[run])

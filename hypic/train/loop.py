@@ -54,7 +54,7 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 def loss_of(model: torch.nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss, teacher-forced accuracy on the answer tokens): the accuracy is the signal that
     retrieval is being learned; the loss alone mixes in the documents' language modelling."""
-    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_kv=False)
+    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_state=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         hidden = model.hidden_states(to_device(batch.input_ids, device), ctx)
         logits = model.lm_head(hidden).float()
