@@ -253,6 +253,10 @@ class Engine:
                  salts: list[str | None] | None = None) -> list[RequestOutput]:
         """Prefill and decode to the end; text is left empty (the caller detokenizes)."""
         runs = self.start(prompts, params, mode=mode, salts=salts)
+        self.finish(runs)
+        return [r.output for r in runs]
+
+    def finish(self, runs: list[Running]) -> None:
+        """Decode every run of ``runs`` to its end."""
         while not all(r.done for r in runs):
             self.step(runs)
-        return [r.output for r in runs]

@@ -77,8 +77,7 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
                     engine.prefill_logits([[p[0], *p[-2:0:-1], p[-1]] for p in prompts], mode=mode)
                 runs = engine.start(prompts, [params] * len(prompts), mode=mode)
                 logits.append(torch.stack([r.first_logits for r in runs]))
-                while not all(r.done for r in runs):
-                    engine.step(runs)
+                engine.finish(runs)
                 preds += [tok.decode(r.output.token_ids, skip_special_tokens=True).strip() for r in runs]
             scores = [score(metric, p, r) for p, r in zip(preds, refs[family], strict=True)]
             key = "f1" if metric == "em_f1" else "rougeL"

@@ -185,9 +185,8 @@ class SequenceContext(ForwardContext):
                 s.kv[layer] = KVBuffer(k[run], v[run])
             else:
                 s.kv[layer].append(k[run], v[run])
-            keys, values = s.kv[layer].keys, s.kv[layer].values
-            k_pos = torch.arange(keys.shape[0], device=q.device)
-            out[run] = attention(q[run], keys, values, q_positions=self.positions[run], k_positions=k_pos,
+            # the queries are always the newest keys: one of the mask-free cases, no positions needed
+            out[run] = attention(q[run], s.kv[layer].keys, s.kv[layer].values, q_positions=None, k_positions=None,
                                  scale=scale, causal_prefill=start == 0, all_visible=run.stop - run.start == 1,
                                  causal_suffix=True)
         return out

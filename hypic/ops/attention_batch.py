@@ -19,6 +19,7 @@ from torch.nn.attention import sdpa_kernel
 
 from hypic.ops.attention import LONG_BACKENDS, SHORT_BACKENDS, attention, long_prefill
 from hypic.ops.family import repeat_heads
+from hypic.ops.transfer import to_device
 
 PAD_BUDGET = 1.25  # a group's padded size may exceed its tokens by at most this factor
 
@@ -67,9 +68,7 @@ def _plan(cu_key: tuple[int, ...], device: torch.device) -> _Plan:
     places = torch.cat(places) if places else torch.empty(0, dtype=torch.long)
     order = torch.empty(cu_key[-1], dtype=torch.long)
     order[places] = torch.arange(len(places))
-    flat = torch.cat([order] + [t for r, v, _ in host for t in (r.reshape(-1), v)])
-    if device.type == "cuda":
-        flat = flat.pin_memory().to(device, non_blocking=True)
+    flat = to_device(torch.cat([order] + [t for r, v, _ in host for t in (r.reshape(-1), v)]), device)
     at = len(order)
     for rows, valid, L in host:
         r = flat[at:at + rows.numel()].view(rows.shape)
@@ -86,8 +85,7 @@ def causal_prefill_batch(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, sc
         return q.new_empty(0, q.shape[1], v.shape[-1])
     plan = _plan(tuple(cu_seqlens.tolist()), q.device)
     if len(plan.groups) == 1 and plan.groups[0].rows.shape[0] == 1:  # one sequence: no gathering
-        pos = torch.arange(q.shape[0], device=q.device)
-        return attention(q, k, v, q_positions=pos, k_positions=pos, scale=scale, causal_prefill=True)
+        return attention(q, k, v, q_positions=None, k_positions=None, scale=scale, causal_prefill=True)
     outs = []
     for g in plan.groups:
         n, L = g.rows.shape

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from hypic.ops.family import Family, expand_heads
+from hypic.ops.transfer import to_device
 
 
 class ChunkResult(NamedTuple):
@@ -63,9 +64,7 @@ def _packing_for(cu_key: tuple[int, ...], chunk_size: int, device: torch.device)
     seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
     offset = torch.arange(cu_key[-1]) - cu[:-1][seq]
     num_chunks = max(1, int((lengths.max() + chunk_size - 1) // chunk_size) if len(lengths) else 1)
-    idx = torch.stack([seq, offset // chunk_size, offset % chunk_size])
-    if device.type == "cuda":
-        idx = idx.pin_memory().to(device, non_blocking=True)
+    idx = to_device(torch.stack([seq, offset // chunk_size, offset % chunk_size]), device)
     return _Packing(idx[0], idx[1], idx[2], len(lengths), num_chunks)
 
 

@@ -69,26 +69,8 @@ def _layout(cu_key: tuple[int, ...], W: int, device: torch.device) -> tuple[Tens
     ext_pos = torch.arange(T) + (seq + 1) * (W - 1)
     tail_pos = (cu[:-1] + torch.arange(N) * (W - 1))[:, None] + torch.arange(W - 1)  # [N, W−1]
     end_pos = (tail_pos + lengths[:, None]).reshape(-1)
-    idx = torch.cat([ext_pos, tail_pos.reshape(-1), end_pos])
-    if device.type == "cuda":
-        idx = idx.pin_memory().to(device, non_blocking=True)
+    idx = to_device(torch.cat([ext_pos, tail_pos.reshape(-1), end_pos]), device)
     return idx[:T], idx[T:T + N * (W - 1)], idx[T + N * (W - 1):]
-
-
-_FLA_CONV_CHUNK = 64  # fla's causal_conv1d_fwd default chunk size, which its chunk indices must match
-
-
-@functools.lru_cache(maxsize=16)
-def _fla_layout(cu_key: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor]:
-    """Device offsets and fla's (sequence, chunk) index rows, once per layout: left to fla, the
-    indices are built on the host and copied from pageable memory at every call, a host stall per
-    layer (seen as 24 syncs per forward of the 9B shape)."""
-    cu = torch.tensor(cu_key, dtype=torch.long)
-    counts = (cu[1:] - cu[:-1] + _FLA_CONV_CHUNK - 1) // _FLA_CONV_CHUNK
-    seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
-    within = torch.arange(int(counts.sum())) - (torch.cumsum(counts, 0) - counts)[seq]
-    dev = to_device(torch.cat([cu, torch.stack([seq, within], 1).reshape(-1)]), device)
-    return dev[:len(cu)], dev[len(cu):].view(-1, 2)
 
 
 def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
@@ -97,13 +79,18 @@ def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initia
     inputs ``[N, D, W]``; hypic's tail is the last W−1, time-major."""
     from fla.modules.causal_conv1d.ops import causal_conv1d as fla_causal_conv1d
 
+    from hypic.ops.linear_fla import chunk_plan
+
     N, D = len(cu) - 1, x.shape[1]
     h0 = None
     if initial_tail is not None:
         h0 = torch.cat([initial_tail.new_zeros(N, 1, D), initial_tail], dim=1).transpose(1, 2).to(x.dtype).contiguous()
-    cu_dev, chunk_indices = _fla_layout(tuple(cu.tolist()), x.device)
+    # fla builds the conv's chunk indices on the host and copies them from pageable memory, a host
+    # stall per layer; the linear kernels' cached plan has them on the device already (both use
+    # 64-token chunks).
+    plan = chunk_plan(cu, x.device)
     y, final = fla_causal_conv1d(x[None].contiguous(), weight.to(x.dtype).contiguous(),
                                  None if bias is None else bias.to(x.dtype), initial_state=h0, output_final_state=True,
-                                 activation=activation, cu_seqlens=cu_dev, cu_seqlens_cpu=cu,
-                                 chunk_indices=chunk_indices)
+                                 activation=activation, cu_seqlens=plan.cu, cu_seqlens_cpu=cu,
+                                 chunk_indices=plan.indices)
     return ConvOutput(y[0], final[:, :, 1:].transpose(1, 2))

@@ -33,6 +33,7 @@ from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla  # n
 from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
 
+from hypic.ops.transfer import to_device  # noqa: E402
 from hypic.ops.triton_transition import gdn_transition  # noqa: E402
 
 CHUNK = 64
@@ -64,8 +65,7 @@ def _chunk_plan(cu_key: tuple[int, ...], device: torch.device) -> ChunkPlan:
     offsets = torch.cat([cu.new_zeros(1), counts.cumsum(0)])
     seq = torch.repeat_interleave(torch.arange(len(counts)), counts)
     within = torch.arange(int(offsets[-1])) - offsets[:-1][seq]
-    host = torch.cat([cu, torch.stack([seq, within], 1).reshape(-1), offsets]).pin_memory()
-    dev = host.to(device, non_blocking=True)
+    dev = to_device(torch.cat([cu, torch.stack([seq, within], 1).reshape(-1), offsets]), device)
     n, nc = len(cu), len(seq)
     return ChunkPlan(dev[:n], dev[n : n + 2 * nc].view(nc, 2), dev[n + 2 * nc :])
 
