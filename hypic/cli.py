@@ -124,23 +124,30 @@ def eval_quality(args: argparse.Namespace) -> int:
     n = args.n or (4 if args.quick else 200)
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
     labels = args.labels.split(",") if args.labels else None
-    results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels, batch=args.batch)
-    if args.json:
-        print(json.dumps({"scores": {k: round(r.average, 3) for k, r in results.items()},
-                          "families": {k: r.family_scores for k, r in results.items()},
-                          "em": {k: r.family_em for k, r in results.items()},
-                          "kl": {k: r.kl for k, r in results.items()}, "top1": {k: r.top1 for k, r in results.items()},
-                          "examples_per_family": n, "difficulty": difficulty}))
-    else:
-        print(table(results))
-    if args.out:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+    def summary(results) -> dict:
+        return {"scores": {k: round(r.average, 3) for k, r in results.items()},
+                "families": {k: r.family_scores for k, r in results.items()},
+                "em": {k: r.family_em for k, r in results.items()},
+                "kl": {k: r.kl for k, r in results.items()}, "top1": {k: r.top1 for k, r in results.items()},
+                "examples_per_family": n, "difficulty": difficulty}
+
+    def report(results) -> None:  # rewritten after every label, so a cut-off run keeps what it finished
         out = Path(args.out)
         plot(results, out.with_suffix(".png"))
-        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        out.with_suffix(".json").write_text(json.dumps(summary(results)) + "\n")
         out.write_text(f"# Quality across the mode ladder\n\nCommand: `hypic eval quality {' '.join(sys.argv[3:])}` · "
                        f"model {path} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
                        f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
                        f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n")
+
+    results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels, batch=args.batch,
+                       on_label=report if args.out else None)
+    if args.json:
+        print(json.dumps(summary(results)))
+    else:
+        print(table(results))
     return 0
 
 

@@ -10,6 +10,7 @@ first builds them from the same documents in reverse order, then answers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -50,7 +51,10 @@ def _batches(items: list, size: int):
 
 
 def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
-             labels: list[str] | None = None, batch: int = 8) -> dict[str, LabelResult]:
+             labels: list[str] | None = None, batch: int = 8,
+             on_label: Callable[[dict[str, LabelResult]], None] | None = None) -> dict[str, LabelResult]:
+    """Scores per label. `on_label` sees the results so far after each label: a long run that is cut
+    off (a device call's time limit) still leaves every finished label behind."""
     if loaded.tokenizer is None:
         raise ValueError("model: quality evaluation needs a tokenizer.json")
     tok = loaded.tokenizer
@@ -89,4 +93,6 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             agree += (p.argmax(-1) == q.argmax(-1)).float().tolist()
         res.kl, res.top1 = sum(kls) / len(kls), 100 * sum(agree) / len(agree)
         results[label] = res
+        if on_label is not None:
+            on_label(results)
     return results

@@ -1,7 +1,9 @@
-"""fla's fused norms (the CUDA default) against the PyTorch norms (HYPIC_FUSED_NORMS=0), on the GPU."""
+"""The fused Triton norms (the CUDA default) against the PyTorch norms (HYPIC_FUSED_NORMS=0) and an
+fp64 reference, on the GPU."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from hypic.models.layers.gdn import l2norm
 from hypic.models.layers.norm import GatedRMSNorm, RMSNorm
@@ -25,3 +27,23 @@ def test_fused_norms_match(monkeypatch) -> None:
     for a, b in zip(plain, fast, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
         assert ((a.float() - b.float()).norm() / a.float().norm()) < 1e-2
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("D", [64, 96, 128, 256, 4096])
+def test_triton_norm_matches_fp64_at_any_row_count(D: int) -> None:
+    from hypic.ops.triton_norm import rms_norm
+
+    gen = torch.Generator(device="cuda").manual_seed(D)
+    w = torch.randn(D, device="cuda", generator=gen)
+    for rows in (1, 7, 64, 65, 2049, 40_000):  # partial tiles, one tile, many tiles
+        x = torch.randn(rows, D, device="cuda", generator=gen)
+        z = torch.randn(rows, D, device="cuda", generator=gen)
+        ref = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+        for gate, act, f in ((None, None, None), (z, "silu", F.silu), (z, "sigmoid", torch.sigmoid)):
+            want = ref if gate is None else ref * f(z.double())
+            got = rms_norm(x, w, 1e-6, gate, act)
+            assert (got.double() - want).abs().max() < 1e-4 * want.abs().max()
+            got16 = rms_norm(x.bfloat16(), w, 1e-6, None if gate is None else gate.bfloat16(), act)
+            assert got16.dtype == torch.bfloat16
+            assert ((got16.double() - want).norm() / want.norm()) < 1e-2

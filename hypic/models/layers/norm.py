@@ -1,9 +1,10 @@
 """RMS norms: plain (``w·x̂``), zero-centred (``(1 + w)·x̂``, Qwen3-Next/3.5) and gated (``w·x̂·act(z)``).
 
-Inference on CUDA uses flash-linear-attention's fused Triton norms (one read, one write) when fla
-is installed, instead of the PyTorch composition (several fp32 passes): on the H200 the 9B-shaped
-32k prefill went from 1279 ms to 960 ms with them (docs/benchmarks.md). ``HYPIC_FUSED_NORMS=0``
-turns them off.
+Inference on CUDA uses fused Triton norms (one read, one write; ``hypic.ops.triton_norm``)
+instead of the PyTorch composition (several fp32 passes): on the H200 the 9B-shaped 32k prefill went
+from 1279 ms to 960 ms with fused norms (measured with fla's; docs/benchmarks.md). hypic's own
+kernels replaced fla's because those re-autotune for every new row-count bucket (seconds per new
+request length). ``HYPIC_FUSED_NORMS=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hypic.ops.linear import fla_installed
-
 
 def fused(x: Tensor) -> bool:
-    return (x.is_cuda and not torch.is_grad_enabled() and os.environ.get("HYPIC_FUSED_NORMS") != "0"
-            and fla_installed())
+    """Training keeps the differentiable PyTorch composition; the kernels have no backward."""
+    return x.is_cuda and not torch.is_grad_enabled() and os.environ.get("HYPIC_FUSED_NORMS") != "0"
 
 
 def rms(x: Tensor, eps: float) -> Tensor:
@@ -38,9 +37,9 @@ class RMSNorm(nn.Module):
         w = self.weight.float()
         w = 1.0 + w if self.zero_centred else w
         if fused(x):
-            from fla.modules.norm.layernorm import rms_norm
+            from hypic.ops.triton_norm import rms_norm
 
-            return rms_norm(x, w, None, eps=self.eps)
+            return rms_norm(x, w, self.eps)
         return (rms(x, self.eps) * w).to(x.dtype)
 
 
@@ -56,8 +55,8 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         if fused(x):
-            from fla.modules.norm.fused_norm_gate import rms_norm_gated
+            from hypic.ops.triton_norm import rms_norm
 
-            return rms_norm_gated(x, gate.to(x.dtype), self.weight, None, activation=self.kind, eps=self.eps)
+            return rms_norm(x, self.weight, self.eps, gate, self.kind)
         y = self.weight * rms(x, self.eps).to(x.dtype)
         return (y * self.activation(gate.float())).to(x.dtype)
