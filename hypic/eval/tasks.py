@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from hypic.eval.docs import fact, news, profile, report_section
+from hypic.eval.docs import Doc, fact, news, profile, report_section
 from hypic.eval.vocab import CITIES
 from hypic.eval.world import (
     LINK_RELATIONS,
     ORG_RELATIONS,
     PERSON_RELATIONS,
     RELATIONS,
+    Entity,
     sample_world,
     sentence,
     value_phrase,
@@ -48,6 +49,10 @@ class Example:
     metric: str  # "em_f1" | "rougeL"
     support: tuple[int, ...] = ()  # indices into segments of the documents holding the evidence, in hop order
     meta: dict[str, str] = field(default_factory=dict)
+    # More (query, answer) pairs the same documents answer: training appends them after the main
+    # answer for denser retrieval supervision; evaluation ignores them. Drawn after every other
+    # field, so they leave the example itself unchanged.
+    extra: tuple[tuple[str, str], ...] = ()
 
     @property
     def head(self) -> str:
@@ -72,6 +77,18 @@ def _query(question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
+EXTRA_QUESTIONS = 12
+
+
+def _extra(rng: random.Random, profiles: list[tuple[Entity, Doc]],
+           asked: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """Single-hop questions about facts the profiles state, other than the one `asked` (entity, relation)."""
+    pairs = [(e, r) for e, d in profiles for r in d.stated if (e.name, r) != asked]
+    rng.shuffle(pairs)
+    return tuple((_query(sentence(rng.choice(RELATIONS[r].questions), e.phrase)), e.facts[r])
+                 for e, r in pairs[:EXTRA_QUESTIONS])
+
+
 def _place(rng: random.Random, docs: list[str], evidence: int) -> tuple[list[str], tuple[int, ...]]:
     """Shuffle documents; return them and the segment indices of the first `evidence` ones, in order."""
     order = list(range(len(docs)))
@@ -89,12 +106,12 @@ def _single_hop(rng: random.Random, k: Knobs) -> Example:
     subjects = (world.people if kind == "person" else world.orgs)[:n]
     target = subjects[0]  # the world is shuffled already; _place decides where it lands
     rel = RELATIONS[rng.choice(list(target.facts))]
-    docs = [profile(rng, target, rng.randint(*k.doc_tokens), required=[rel.name]).text]
-    docs += [profile(rng, e, rng.randint(*k.doc_tokens)).text for e in subjects[1:]]
-    docs, support = _place(rng, docs, 1)
+    profiles = [(target, profile(rng, target, rng.randint(*k.doc_tokens), required=[rel.name]))]
+    profiles += [(e, profile(rng, e, rng.randint(*k.doc_tokens))) for e in subjects[1:]]
+    docs, support = _place(rng, [d.text for _, d in profiles], 1)
     question = sentence(rng.choice(rel.questions), target.phrase)
     return Example([HEAD_QA, *docs, _query(question)], target.facts[rel.name], "single_hop", "em_f1", support,
-                   {"relation": rel.name, "subject": target.name})
+                   {"relation": rel.name, "subject": target.name}, _extra(rng, profiles, (target.name, rel.name)))
 
 
 def _multi_hop(rng: random.Random, k: Knobs) -> Example:
@@ -109,14 +126,15 @@ def _multi_hop(rng: random.Random, k: Knobs) -> Example:
     t = k.doc_tokens
     # Neither hop's document may give the other hop away: the answer stays out of the first,
     # the start entity out of the second.
-    docs = [profile(rng, start, rng.randint(*t), required=[first.name], avoid=frozenset({answer})).text,
-            profile(rng, bridge, rng.randint(*t), required=[second.name], avoid=frozenset({start.name})).text]
+    profiles = [(start, profile(rng, start, rng.randint(*t), required=[first.name], avoid=frozenset({answer}))),
+                (bridge, profile(rng, bridge, rng.randint(*t), required=[second.name], avoid=frozenset({start.name})))]
     others = [e for e in world.people + world.orgs if e is not start and e is not bridge]
-    docs += [profile(rng, e, rng.randint(*t)).text for e in rng.sample(others, n - 2)]
-    docs, support = _place(rng, docs, 2)
+    profiles += [(e, profile(rng, e, rng.randint(*t))) for e in rng.sample(others, n - 2)]
+    docs, support = _place(rng, [d.text for _, d in profiles], 2)
     question = sentence(rng.choice(second.questions), first.link.format(s=start.phrase))
     return Example([HEAD_QA, *docs, _query(question)], answer, "multi_hop", "em_f1", support,
-                   {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name})
+                   {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name},
+                   _extra(rng, profiles, ("", "")))
 
 
 def _multi_doc_summary(rng: random.Random, k: Knobs) -> Example:

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from hypic.ops.attention import attention
 from hypic.ops.attention_batch import causal_prefill_batch
+from hypic.ops.conv import causal_conv1d
 from hypic.ops.linear import LinearOutput, linear_attention
 from hypic.ops.rope import apply_rope
 from hypic.ops.transfer import to_device
@@ -66,6 +67,15 @@ class ForwardContext(ABC):
     @abstractmethod
     def save_conv(self, layer: int, tails: Tensor) -> None:
         """Each run's last W−1 raw inputs after this layer's conv."""
+
+    def conv(self, layer: int, raw: Tensor, weight: Tensor) -> Tensor:
+        """The layer's causal SiLU conv over the runs: raw [T, D], weight [D, W] → y [T, D]. Runs
+        continue from ``conv_tails`` and hand theirs to ``save_conv``; a context may instead cut
+        some tokens' windows finer (training's standalone segments, ``hypic.train.pic``)."""
+        out = causal_conv1d(raw, weight, cu_seqlens=self.cu_seqlens, initial_tail=self.conv_tails(layer, raw),
+                            activation="silu")
+        self.save_conv(layer, out.tail)
+        return out.y
 
     @abstractmethod
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:

@@ -25,6 +25,7 @@ from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
 from hypic.train.checkpoint import load_checkpoint, save_checkpoint
 from hypic.train.data import Stream, difficulty_at
+from hypic.train.pic import StandaloneSegmentsContext
 
 
 def model_config(tok: Tokenizer, preset: str) -> dict:
@@ -51,10 +52,16 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def loss_of(model: torch.nn.Module, batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_of(model: torch.nn.Module, batch, device: torch.device,
+            standalone: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(weighted loss, teacher-forced accuracy on the answer tokens): the accuracy is the signal that
-    retrieval is being learned; the loss alone mixes in the documents' language modelling."""
-    ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_state=False)
+    retrieval is being learned; the loss alone mixes in the documents' language modelling.
+    ``standalone``: the forward hypic makes at seam 0 — segments before the query computed on their
+    own (``hypic.train.pic``)."""
+    if standalone:
+        ctx = StandaloneSegmentsContext(batch.lengths, batch.segments, device)
+    else:
+        ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_state=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         hidden = model.hidden_states(to_device(batch.input_ids, device), ctx)
         logits = model.lm_head(hidden).float()
@@ -89,7 +96,7 @@ def train(args: argparse.Namespace) -> dict:
         (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
                                                                 "model_max_length": 32768}))
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
-                    doc_weight=args.doc_weight, workers=args.workers)
+                    doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions)
     t0, last = time.time(), time.time()
     try:
         with backend_override("torch"):
@@ -97,8 +104,10 @@ def train(args: argparse.Namespace) -> dict:
                 step = state["step"]
                 batch = stream.batch(step)
                 for g in opt.param_groups:
-                    g["lr"] = lr_at(step, args.lr, args.warmup, args.total_steps)
-                loss, accuracy = loss_of(model, batch, device)
+                    g["lr"] = lr_at(step - args.schedule_start, args.lr, args.warmup,
+                                    args.total_steps - args.schedule_start)
+                standalone = args.standalone_every > 0 and step % args.standalone_every == 0
+                loss, accuracy = loss_of(model, batch, device, standalone)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -137,5 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=6)
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--extra-questions", type=int, default=0,
+                   help="more questions about the same documents after each QA answer (dense supervision)")
+    p.add_argument("--standalone-every", type=int, default=0,
+                   help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
+    p.add_argument("--schedule-start", type=int, default=0,
+                   help="step where this learning-rate schedule (warm-up, cosine to --total-steps) begins")
     train(p.parse_args(argv))
     return 0

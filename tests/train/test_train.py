@@ -2,13 +2,15 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from hypic.eval.tokenizer import corpus, train_tokenizer
+from hypic.eval.tasks import generate
+from hypic.eval.tokenizer import END, corpus, encode_example, train_tokenizer
 from hypic.ops.linear import linear_attention
 from hypic.ops.samples import family_inputs, token_kwargs
-from hypic.train.data import pack
+from hypic.train.data import encode_item, pack
 from hypic.train.loop import main
 
 
@@ -26,10 +28,26 @@ def test_chunked_kernel_gradients_match_finite_differences() -> None:
 
 
 def test_pack_weights_answers() -> None:
-    b = pack([([5, 6, 7, 8, 9], 3), ([1, 2, 3], 2)], doc_weight=0.1)
-    assert b.lengths == [4, 2] and b.input_ids.tolist() == [5, 6, 7, 8, 1, 2]
-    assert b.labels.tolist() == [6, 7, 8, 9, 2, 3]
-    assert b.weights.tolist() == pytest.approx([0.1, 0.1, 1.0, 1.0, 0.1, 1.0]) and b.answer_tokens == 3
+    items = [(np.array([5, 6, 7, 8, 9, 4, 3]), np.array([0, 0, 0, 1, 0, 0, 1], np.uint8), np.array([1, 1])),
+             (np.array([1, 2, 3]), np.array([0, 0, 1], np.uint8), np.array([1]))]
+    b = pack(items, doc_weight=0.1)
+    assert b.lengths == [6, 2] and b.input_ids.tolist() == [5, 6, 7, 8, 9, 4, 1, 2]
+    assert b.labels.tolist() == [6, 7, 8, 9, 4, 3, 2, 3]
+    assert b.weights.tolist() == pytest.approx([0.1, 0.1, 1.0, 0.1, 0.1, 1.0, 0.1, 1.0]) and b.answer_tokens == 3
+    assert b.segments == [[1, 1, 4], [1, 1]]
+
+
+def test_items_carry_extra_questions_after_the_answer(tmp_path) -> None:
+    tok = train_tokenizer(corpus(3, [-1], difficulties=(0.0,)), 512)
+    ex = generate("single_hop", 1, 3, difficulty=0.2)[0]
+    tokens, answer, segs = encode_item(tok, ex, extra=2)
+    enc = encode_example(tok, ex)
+    prompt = [t for s in enc.segments for t in s]
+    assert tokens[:len(prompt) + len(enc.target)].tolist() == prompt + enc.target
+    assert segs.tolist() == [len(s) for s in enc.segments[:-1]]
+    text = tok.decode(tokens[len(prompt):].tolist(), skip_special_tokens=False)
+    assert text.count("Question:") == 2 and text.count(END) == 3 and ex.extra[1][1] in text
+    assert int(answer.sum()) == len(enc.target) + sum(len(tok.encode(a).ids) + 1 for _, a in ex.extra[:2])
 
 
 def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
@@ -39,7 +57,8 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
     tok.save(str(tok_dir / "tokenizer.json"))
     out = tmp_path / "run"
     common = ["--out", str(out), "--preset", "tiny", "--device", "cpu", "--batch-tokens", "1500", "--workers", "0",
-              "--log-every", "10", "--ramp-steps", "100000", "--warmup", "5", "--lr", "3e-3"]
+              "--log-every", "10", "--ramp-steps", "100000", "--warmup", "5", "--lr", "3e-3",
+              "--extra-questions", "4", "--standalone-every", "3"]
     assert main([*common, "--tokenizer", str(tok_dir), "--minutes", "5", "--total-steps", "40"]) == 0
     state = json.loads((out / "train_state.json").read_text())
     assert state["step"] == 40 and state["log"][-1]["loss"] < state["log"][0]["loss"] - 0.5

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 
 from hypic.models.context import ForwardContext, linear_run
 from hypic.models.layers.norm import GatedRMSNorm, fused
-from hypic.ops.conv import causal_conv1d
 
 
 @dataclass(frozen=True)
@@ -77,11 +76,9 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         c, T = self.cfg, x.shape[0]
         mixed, z, b, a = self._project(x)
-        conv = causal_conv1d(mixed, self.conv1d.weight[:, 0], cu_seqlens=ctx.cu_seqlens,
-                             initial_tail=ctx.conv_tails(self.layer, mixed), activation="silu")
-        ctx.save_conv(self.layer, conv.tail)
+        conv = ctx.conv(self.layer, mixed, self.conv1d.weight[:, 0])
         kd = c.key_heads * c.key_dim
-        q, k, v = torch.split(conv.y, [kd, kd, c.value_heads * c.value_dim], dim=-1)
+        q, k, v = torch.split(conv, [kd, kd, c.value_heads * c.value_dim], dim=-1)
         q = l2norm(q.view(T, c.key_heads, c.key_dim))
         k = l2norm(k.view(T, c.key_heads, c.key_dim))
         v = v.reshape(T, c.value_heads, c.value_dim)

@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from hypic.models.context import ForwardContext, linear_run
 from hypic.models.layers.gdn import l2norm
 from hypic.models.layers.norm import GatedRMSNorm
-from hypic.ops.conv import causal_conv1d
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,7 @@ class KimiDeltaAttention(nn.Module):
         c, T = self.cfg, x.shape[0]
         raw = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)  # [T, 3·H·K]
         weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])[:, 0]  # [3·H·K, W]
-        conv = causal_conv1d(raw, weight, cu_seqlens=ctx.cu_seqlens, initial_tail=ctx.conv_tails(self.layer, raw),
-                             activation="silu")
-        ctx.save_conv(self.layer, conv.tail)
-        q, k, v = conv.y.view(T, 3, c.heads, c.head_dim).unbind(1)  # each [T, H, K]
+        q, k, v = ctx.conv(self.layer, raw, weight).view(T, 3, c.heads, c.head_dim).unbind(1)  # each [T, H, K]
         q, k = l2norm(q), l2norm(k)
         beta = torch.sigmoid(self.b_proj(x).float())  # [T, H]
         g = self.decay(x)
