@@ -24,7 +24,7 @@ def demo(args: argparse.Namespace) -> int:
     from hypic.demo import print_session, rag_session
     from hypic.llm import LLM, bundled_model_path
 
-    if args.model or bundled_model_path().is_dir():
+    if not args.self_check and (args.model or bundled_model_path().is_dir()):
         llm = LLM(args.model, device=args.device)
         print(f"hypic demo: {llm.loaded.path} on {llm.loaded.device}")
         print_session(rag_session(llm, questions=args.questions, seed=args.seed))
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p_demo.add_argument("--model", help="model folder (default: the bundled model)")
     p_demo.add_argument("--device")
     p_demo.add_argument("--questions", type=int, default=3)
+    p_demo.add_argument("--self-check", action="store_true", help="run the algebra self-check instead (no model)")
     p_demo.add_argument("--length", type=int, default=300, help="span length of the algebra self-check")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)

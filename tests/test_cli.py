@@ -4,10 +4,20 @@ from hypic.cli import main
 
 
 def test_demo_self_check_passes(capsys) -> None:
-    assert main(["demo", "--length", "40"]) == 0
+    assert main(["demo", "--self-check", "--length", "40"]) == 0
     out = capsys.readouterr().out
     for family in ("linear", "scalar", "gla", "deltanet", "gdn", "kda", "dplr"):
         assert family in out
+
+
+def test_demo_runs_the_rag_session_on_the_bundled_model(capsys) -> None:
+    from hypic.llm import bundled_model_path
+
+    assert main(["demo", "--questions", "1"]) == 0
+    out = capsys.readouterr().out
+    assert str(bundled_model_path()) in out.splitlines()[0]
+    for mode in ("full", "hypic warm", "hypic cold"):
+        assert f"\n{mode} " in out
 
 
 def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:

@@ -8,6 +8,7 @@ group (``in_proj_qkvz``, ``in_proj_ba``); Qwen3.5 keeps them apart.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +31,18 @@ class GDNConfig:
     interleaved: bool  # Qwen3-Next's fused, per-group-interleaved projections
 
 
+@functools.cache
+def _l2_weight(dim: int, device: torch.device) -> Tensor:
+    return torch.full((dim,), dim**-0.5, device=device)
+
+
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
     """x / sqrt(Σx² + eps) over the last dim, computed in fp32, returned in x's dtype."""
-    if fused(x):
-        from fla.modules.norm.l2norm import l2norm as fla_l2norm
+    if fused(x):  # the RMS-norm kernel: x·rsqrt(Σx² + eps) = x·rsqrt(mean(x²) + eps/D) / sqrt(D)
+        from hypic.ops.triton_norm import rms_norm
 
-        return fla_l2norm(x, eps=eps, output_dtype=x.dtype)
+        D = x.shape[-1]
+        return rms_norm(x, _l2_weight(D, x.device), eps / D)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
