@@ -7,6 +7,8 @@
 #   GPU_OPS=1 (default)  kernels and composition (scripts/gpu_check.py; extra args pass through)
 #   GPU_MODELS=1         whole models: 9B / 35B-A3B shapes vs transformers (GPU_MODELS_ARGS)
 #   GPU_TTFT=1           TTFT across the ladder on the 9B shape (hypic bench ttft; GPU_TTFT_ARGS)
+#   GPU_QUALITY=1        the full quality run of the bundled model (or GPU_QUALITY_MODEL) into
+#                        $OUT/quality.{md,png,json}, rewritten after every label (GPU_QUALITY_ARGS)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -28,6 +30,9 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
 [ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
   python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
+[ "${GPU_QUALITY:-0}" = 1 ] && section quality "${GPU_QUALITY_SECONDS:-300}" \
+  python3 -m hypic.cli eval quality ${GPU_QUALITY_MODEL:+--model "$GPU_QUALITY_MODEL"} --device cuda --batch 64 \
+  --out "$OUT/quality.md" ${GPU_QUALITY_ARGS:-}
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
   python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider
 
@@ -35,6 +40,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
 for f in ops models ttft; do
-  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /' "$OUT/$f.log" | tail -n 40
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft ' "$OUT/$f.log" | tail -n 40
 done
+[ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
+[ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
 exit 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 
@@ -68,23 +69,34 @@ def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0) -> dict[s
     vocab = engine.model.vocab_size
     prompts = rag_prompts(shape, vocab, reps + 2, seed)
     res: dict[str, float] = {}
+
+    def note(key: str) -> None:  # each row as soon as it is measured: a run cut off by a time limit keeps it
+        print(f"ttft {key}: {1000 * res[key]:.1f} ms", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
     engine.generate([prompts[0]], [SamplingParams(max_tokens=1)], mode="full")  # warm-up: kernels, autotune
+    print(f"ttft warm-up: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     res["full"] = statistics.median(_ttft(engine, p, "full")[0] for p in prompts[1:reps + 1])
+    note("full")
     _ttft(engine, prompts[0], "prefix")  # the documents enter the prefix cache in one order
     res["prefix"] = statistics.median(_ttft(engine, p, "prefix")[0] for p in prompts[1:reps + 1])
+    note("prefix")
     cold = []
     for p in prompts[1:reps + 1]:
         engine.store = SegmentStore(engine.device, device_bytes=engine.store.budgets["device"],
                                     host_bytes=engine.store.budgets["host"])
         cold.append(_ttft(engine, p, "hypic")[0])
     res["hypic_cold"] = statistics.median(cold)
+    note("hypic_cold")
     _ttft(engine, prompts[0], "hypic")  # every document cached
     warm = [_ttft(engine, p, "hypic") for p in prompts[1:reps + 1]]
     res["hypic_warm"] = statistics.median(t for t, _ in warm)
+    note("hypic_warm")
     recompute = warm[0][1].recomputed_tokens
     assert warm[0][1].segment_misses == 0, "warm requests must hit every document"
     _lower_bound(engine, recompute, vocab)
     res["lower_bound"] = statistics.median(_lower_bound(engine, recompute, vocab) for _ in range(reps))
+    note("lower_bound")
     res["recompute_tokens"] = recompute
     stats = engine.store.stats()
     res["bytes_per_doc"] = (stats.bytes["device"] + stats.bytes["host"]) / max(1, sum(stats.entries.values()))

@@ -19,6 +19,7 @@ import torch
 from hypic.cache.keys import segment_key
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold import ColdContext
+from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.combine import CombineContext
 from hypic.engine.modes import ASSEMBLY, check_mode
 from hypic.engine.plan import RequestPlan, SegmentPlan, effective_seam
@@ -102,25 +103,31 @@ class Engine:
         self.store.pin(plan.pinned)
         return plan
 
-    def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> int:
-        """Fill every miss; returns the tokens computed. Standalone: one varlen batch of the
-        distinct missing segments. In context: misses join the combine pass's recompute set."""
+    def _cold_context(self, plans: list[RequestPlan], cold: str | None = None) -> ColdContext | None:
+        """The standalone prefill of every miss, not yet run: one varlen batch of the distinct missing
+        segments, whose entries the misses point to from now on. None when nothing is missing, or
+        when the cold strategy is in context (misses then join the combine pass's recompute set)."""
         misses = [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
         if (cold or self.cold) == "in_context":
             for s in misses:
                 s.in_context = True
-            return 0
+            return None
         distinct = {s.key: s for s in misses}
         if not distinct:
-            return 0
+            return None
         ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
-        self.model.hidden_states(ctx.input_ids, ctx)
         built = {e.key: e for e in ctx.entries}
         for s in misses:
             s.entry = built[s.key]
-        for e in ctx.entries:
-            self.store.insert(e)
-        return sum(e.length for e in ctx.entries)
+        return ctx
+
+    def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:
+        """Fill every miss now, on its own (``prewarm``)."""
+        ctx = self._cold_context(plans, cold)
+        if ctx is not None:
+            self.model.hidden_states(ctx.input_ids, ctx)
+            for e in ctx.entries:
+                self.store.insert(e)
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
                   metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
@@ -139,9 +146,16 @@ class Engine:
             return self._prefix(prompts, salts, metrics)
         plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
         try:
-            cold_tokens = self._cold_prefill(plans)
+            cold = self._cold_context(plans)
             ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
-            logits = self.model(ctx.input_ids, ctx, ctx.logits_rows())
+            if cold is None:
+                logits = self.model(ctx.input_ids, ctx, ctx.logits_rows())
+            else:  # the standalone prefill and the combine pass in one forward, layer by layer
+                both = ColdCombineContext(cold, ctx)
+                logits = self.model(both.input_ids, both, both.logits_rows())
+                for e in cold.entries:
+                    self.store.insert(e)
+            cold_tokens = 0 if cold is None else sum(e.length for e in cold.entries)
             for p in plans:
                 for s in p.segments:
                     if s.in_context and s.key is not None:
