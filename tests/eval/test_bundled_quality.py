@@ -1,0 +1,29 @@
+"""`hypic eval quality --quick` on the bundled model, with asserted bounds (CPU, ~30 s).
+
+The bounds are what the shipped model must keep: exact reuse (`prefix`) scores exactly as `full`,
+the model answers well above chance, naive state addition collapses, and hypic's reuse stays above
+naive. They are deliberately below the measured quick scores (docs/quality.md) by the noise of 4
+examples per family, so a retrained model that is no worse passes and a broken engine or a broken
+export does not.
+"""
+
+import json
+
+import pytest
+
+from hypic.cli import main as cli
+from hypic.llm import bundled_model_path
+
+pytestmark = pytest.mark.skipif(not bundled_model_path().is_dir(), reason="no bundled model in this checkout")
+
+
+def test_quick_quality_of_the_bundled_model(capsys) -> None:
+    assert cli(["eval", "quality", "--quick", "--json", "--labels", "full,prefix,naive,hypic_w8"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    scores = out["scores"]
+    assert out["difficulty"] == 0.3 and out["examples_per_family"] == 4
+    assert scores["prefix"] == pytest.approx(scores["full"], abs=1e-9)  # exact reuse
+    assert scores["full"] >= 50.0
+    assert scores["full"] - scores["naive"] >= 15.0  # naive addition loses
+    assert scores["hypic_w8"] >= scores["naive"]
+    assert out["top1"]["prefix"] == 100.0 and out["kl"]["naive"] > out["kl"]["hypic_w8"]
