@@ -9,6 +9,7 @@ is from running the whole span, next to the naive sum that drops ``T``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -121,6 +122,7 @@ def eval_quality(args: argparse.Namespace) -> int:
 
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
+    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path  # no machine paths
     n = args.n or (4 if args.quick else 200)
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
     labels = args.labels.split(",") if args.labels else None
@@ -138,7 +140,7 @@ def eval_quality(args: argparse.Namespace) -> int:
         plot(results, out.with_suffix(".png"))
         out.with_suffix(".json").write_text(json.dumps(summary(results)) + "\n")
         out.write_text(f"# Quality across the mode ladder\n\nCommand: `hypic eval quality {' '.join(sys.argv[3:])}` · "
-                       f"model {path} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
+                       f"model {shown} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
                        f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
                        f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n")
 
