@@ -89,6 +89,21 @@ def test_warm_reuse_in_any_order_equals_cold_standalone(model_paths, family) -> 
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_partly_cached_request_equals_cold(model_paths, family) -> None:
+    """Hits and misses in one request: the misses' standalone prefill and the combine pass share one
+    forward (cold rows first in every mixer), reading cached and just-built entries alike."""
+    head, *docs = _segments(7, [20, 60, 45, 80, 33])
+    query = _segments(8, [9])[0]
+    llm = LLM(str(model_paths[family]), device="cpu")
+    _logits(llm, [head, docs[2], docs[0], query], "hypic")  # caches head, docs 0 and 2
+    prompt = [head, *docs, query]
+    got, m = _logits(llm, prompt, "hypic")
+    assert m.segment_hits == 3 and m.segment_misses == 2
+    cold = LLM(str(model_paths[family]), device="cpu")
+    assert (got - _logits(cold, prompt, "hypic")[0]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_naive_is_measurably_worse_than_hypic(model_paths, family) -> None:
     llm = LLM(str(model_paths[family]), device="cpu")
     prompt = _segments(7, [16, 120, 120, 120, 10])
