@@ -41,7 +41,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def step(b):
-        loss, _ = loss_of(model, b, dev)
+        loss, *_ = loss_of(model, b, dev)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -33,6 +33,9 @@ class Batch:
     lengths: list[int]  # one per sequence
     answer_tokens: int
     segments: list[list[int]]  # per sequence: head, documents, then everything from the query on
+    # [T] True where a label is an answer's first token: the retrieval decision (the rest of an
+    # answer mostly follows from it, so token accuracy overstates how often answers are right)
+    first: torch.Tensor
 
 
 def difficulty_at(step: int, ramp_steps: int) -> float:
@@ -77,20 +80,22 @@ def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, famil
 
 
 def pack(items: list[Item], doc_weight: float) -> Batch:
-    ids, labels, weights, lengths, segments, answers = [], [], [], [], [], 0
+    ids, labels, weights, lengths, segments, firsts, answers = [], [], [], [], [], [], 0
     for tokens, answer, segs in items:
         t = torch.as_tensor(tokens).long()
         ids.append(t[:-1])
         labels.append(t[1:])
         # position i predicts token i + 1: its weight is 1 when token i + 1 is to be produced
         w = torch.full((len(tokens) - 1,), doc_weight)
-        w[torch.as_tensor(answer[1:]).bool()] = 1.0
+        mark = torch.as_tensor(answer).bool()
+        w[mark[1:]] = 1.0
         weights.append(w)
+        firsts.append(mark[1:] & ~mark[:-1])
         lengths.append(len(tokens) - 1)
         segs = [int(n) for n in segs]
         segments.append([*segs, len(tokens) - 1 - sum(segs)])  # the last: query onward, minus the final token
         answers += int(answer.sum())
-    return Batch(torch.cat(ids), torch.cat(labels), torch.cat(weights), lengths, answers, segments)
+    return Batch(torch.cat(ids), torch.cat(labels), torch.cat(weights), lengths, answers, segments, torch.cat(firsts))
 
 
 class Stream:

@@ -53,9 +53,10 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 
 
 def loss_of(model: torch.nn.Module, batch, device: torch.device,
-            standalone: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weighted loss, teacher-forced accuracy on the answer tokens): the accuracy is the signal that
-    retrieval is being learned; the loss alone mixes in the documents' language modelling.
+            standalone: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(weighted loss, teacher-forced accuracy on the answer tokens, on answers' first tokens): the
+    accuracies are the signal that retrieval is being learned (the first token most of all); the
+    loss alone mixes in the documents' language modelling.
     ``standalone``: the forward hypic makes at seam 0 — segments before the query computed on their
     own (``hypic.train.pic``)."""
     if standalone:
@@ -69,8 +70,11 @@ def loss_of(model: torch.nn.Module, batch, device: torch.device,
     nll = F.cross_entropy(logits, labels, reduction="none")
     w = to_device(batch.weights, device, None)
     answer = w == 1.0  # masked sums, not boolean indexing: nothing here may wait for the GPU
-    accuracy = ((logits.argmax(-1) == labels) & answer).sum() / answer.sum().clamp_min(1)
-    return (nll * w).sum() / w.sum(), accuracy.detach()
+    right = logits.argmax(-1) == labels
+    accuracy = (right & answer).sum() / answer.sum().clamp_min(1)
+    first = to_device(batch.first, device, None)
+    first_accuracy = (right & first).sum() / first.sum().clamp_min(1)
+    return (nll * w).sum() / w.sum(), accuracy.detach(), first_accuracy.detach()
 
 
 def train(args: argparse.Namespace) -> dict:
@@ -107,7 +111,7 @@ def train(args: argparse.Namespace) -> dict:
                     g["lr"] = lr_at(step - args.schedule_start, args.lr, args.warmup,
                                     args.total_steps - args.schedule_start)
                 standalone = args.standalone_every > 0 and step % args.standalone_every == 0
-                loss, accuracy = loss_of(model, batch, device, standalone)
+                loss, accuracy, first = loss_of(model, batch, device, standalone)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -118,7 +122,8 @@ def train(args: argparse.Namespace) -> dict:
                     dt = time.time() - last
                     last = time.time()
                     row = {"step": state["step"], "loss": round(loss.item(), 4),
-                           "answer_acc": round(accuracy.item(), 3), "grad_norm": round(norm.item(), 3),
+                           "answer_acc": round(accuracy.item(), 3), "first_acc": round(first.item(), 3),
+                           "standalone": standalone, "grad_norm": round(norm.item(), 3),
                            "lr": g["lr"], "difficulty": round(difficulty_at(step, args.ramp_steps), 3),
                            "tok_per_s": round(args.log_every * batch.input_ids.numel() / dt)}
                     state["log"].append(row)

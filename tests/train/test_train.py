@@ -35,6 +35,7 @@ def test_pack_weights_answers() -> None:
     assert b.labels.tolist() == [6, 7, 8, 9, 4, 3, 2, 3]
     assert b.weights.tolist() == pytest.approx([0.1, 0.1, 1.0, 0.1, 0.1, 1.0, 0.1, 1.0]) and b.answer_tokens == 3
     assert b.segments == [[1, 1, 4], [1, 1]]
+    assert b.first.tolist() == [False, False, True, False, False, True, False, True]
 
 
 def test_items_carry_extra_questions_after_the_answer(tmp_path) -> None:
