@@ -77,7 +77,7 @@ def _query(question: str) -> str:
     return f"Question: {question}\nAnswer:"
 
 
-EXTRA_QUESTIONS = 12
+EXTRA_QUESTIONS = 32
 
 
 def _extra(rng: random.Random, profiles: list[tuple[Entity, Doc]],
