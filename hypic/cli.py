@@ -122,7 +122,8 @@ def eval_quality(args: argparse.Namespace) -> int:
 
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
-    shown = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path  # no machine paths
+    shown = os.path.relpath(path)
+    shown = path if shown.startswith("..") else shown  # inside the checkout: no machine-specific path
     n = args.n or (4 if args.quick else 200)
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
     labels = args.labels.split(",") if args.labels else None

@@ -53,12 +53,13 @@ def encode_item(tok: Tokenizer, ex: Example, extra: int) -> Item:
     their answers: each query tokenized as its own segment, as the engine would see it."""
     enc = encode_example(tok, ex)
     end = tok.token_to_id(END)
-    parts = [(t, 0) for s in enc.segments for t in s] + [(t, 1) for t in enc.target]
+    spans = [(ids, 0) for ids in enc.segments] + [(enc.target, 1)]  # (token ids, produced by the model)
     for query, answer in ex.extra[:extra]:
-        parts += [(t, 0) for t in tok.encode(query, add_special_tokens=False).ids]
-        parts += [(t, 1) for t in tok.encode(answer, add_special_tokens=False).ids + [end]]
-    arr = np.asarray(parts, dtype=np.int32)
-    return arr[:, 0].copy(), arr[:, 1].astype(np.uint8), np.asarray([len(s) for s in enc.segments[:-1]], np.int32)
+        spans += [(tok.encode(query, add_special_tokens=False).ids, 0),
+                  (tok.encode(answer, add_special_tokens=False).ids + [end], 1)]
+    tokens = np.concatenate([np.asarray(ids, np.int32) for ids, _ in spans])
+    marks = np.concatenate([np.full(len(ids), m, np.uint8) for ids, m in spans])
+    return tokens, marks, np.asarray([len(s) for s in enc.segments[:-1]], np.int32)
 
 
 def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, families: tuple[str, ...],

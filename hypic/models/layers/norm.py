@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+ACTIVATIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}  # the gated norm's gate
+
 
 def fused(x: Tensor) -> bool:
     """Training keeps the differentiable PyTorch composition; the kernels have no backward."""
@@ -48,15 +50,15 @@ class GatedRMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float = 1e-6, *, activation: str = "silu") -> None:
         super().__init__()
-        self.eps = eps
-        self.activation = {"silu": F.silu, "sigmoid": torch.sigmoid}[activation]
-        self.kind = activation
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        self.eps, self.activation = eps, activation
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, gate: Tensor) -> Tensor:
         if fused(x):
             from hypic.ops.triton_norm import rms_norm
 
-            return rms_norm(x, self.weight, self.eps, gate, self.kind)
+            return rms_norm(x, self.weight, self.eps, gate, self.activation)
         y = self.weight * rms(x, self.eps).to(x.dtype)
-        return (y * self.activation(gate.float())).to(x.dtype)
+        return (y * ACTIVATIONS[self.activation](gate.float())).to(x.dtype)
