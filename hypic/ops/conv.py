@@ -9,14 +9,19 @@ makes a split computation equal to the unsplit one ("conv warm-up").
 from __future__ import annotations
 
 import functools
+import os
 from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hypic.ops.linear import check_cu_seqlens, fla_allowed
+from hypic.ops.linear import check_cu_seqlens, fla_allowed, triton_allowed
 from hypic.ops.transfer import to_device
+
+# CUDA inference uses hypic's own Triton conv (hypic.ops.triton_conv); HYPIC_FLA_CONV=1 selects
+# flash-linear-attention's instead (an A/B switch for benchmarks).
+_FLA_CONV = os.environ.get("HYPIC_FLA_CONV") == "1"
 
 
 class ConvOutput(NamedTuple):
@@ -42,8 +47,19 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
     N = len(cu) - 1
     if initial_tail is not None and tuple(initial_tail.shape) != (N, W - 1, D):
         raise ValueError(f"initial_tail: expected shape [{N}, {W - 1}, {D}], got {list(initial_tail.shape)}")
+    if bias is None and triton_allowed(x.device) and not x.requires_grad and not _FLA_CONV:
+        from hypic.ops.triton_conv import causal_conv1d_triton
+
+        return ConvOutput(*causal_conv1d_triton(x, weight, cu, initial_tail, activation == "silu"))
     if fla_allowed(x.device):
         return _fla_conv(x, weight, bias, cu, initial_tail, activation)
+    return _torch_conv(x, weight, bias, cu, initial_tail, activation)
+
+
+def _torch_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
+                activation: str | None) -> ConvOutput:
+    """Any device, differentiable: the taps as shifted gathers from a buffer packing [tail_i ; x_i]."""
+    (T, D), W, N = x.shape, weight.shape[1], len(cu) - 1
     if initial_tail is None:
         initial_tail = x.new_zeros(N, W - 1, D)
     ext_pos, tail_pos, end_pos = _layout(tuple(cu.tolist()), W, x.device)

@@ -45,6 +45,11 @@ def fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
+def triton_allowed(device: torch.device) -> bool:
+    """Whether ``auto`` may use hypic's own forward-only Triton kernels here (CUDA, no torch override)."""
+    return device.type == "cuda" and _AUTO.get() != "torch"
+
+
 def fla_allowed(device: torch.device) -> bool:
     """Whether ``auto`` may use an fla kernel here (CUDA, fla installed, no torch override)."""
     return device.type == "cuda" and _AUTO.get() != "torch" and fla_installed()
@@ -65,9 +70,10 @@ def check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
     if cu_seqlens.is_floating_point():
         raise ValueError(f"cu_seqlens: expected an integer dtype, got {cu_seqlens.dtype}")
     cu = cu_seqlens.cpu()  # a device sync when given on the GPU: callers pass host offsets
-    if int(cu[0]) != 0 or int(cu[-1]) != total or bool((cu[1:] < cu[:-1]).any()):
+    xs = cu.tolist()  # checked in Python: tensor ops cost the host more, once per layer and call
+    if xs[0] != 0 or xs[-1] != total or any(b < a for a, b in zip(xs, xs[1:], strict=False)):
         raise ValueError(f"cu_seqlens: must start at 0, be non-decreasing and end at the token count {total}")
-    return cu.to(torch.long)
+    return cu if cu.dtype == torch.long else cu.to(torch.long)
 
 
 def resolve_backend(backend: Backend, family: str, device: torch.device) -> Literal["torch", "fla"]:

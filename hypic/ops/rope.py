@@ -7,8 +7,19 @@ new position by rotating it again by the offset. That is how cached full-attenti
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
 from torch import Tensor
+
+# cos/sin tables of recently used position tensors. A forward ropes q and k of every attention
+# layer at the same positions, so the tables are made once per forward instead of twice per layer
+# (six host ops each). Keyed by the tensor's identity and version; the weak reference proves the
+# tensor is still the one the tables were made for (an id can be reused after it is freed).
+_TABLES: dict[tuple, tuple[weakref.ref, Tensor, Tensor]] = {}
+_TABLES_LOCK = threading.Lock()
+_TABLES_MAX = 16
 
 
 def _check(rotary_dim: int, dim_size: int) -> None:
@@ -37,8 +48,22 @@ def apply_rope(x: Tensor, positions: Tensor, *, rotary_dim: int, theta: float) -
     _check(rotary_dim, x.shape[-1])
     if positions.shape != (x.shape[0],):
         raise ValueError(f"positions: expected shape [{x.shape[0]}], got {list(positions.shape)}")
-    cos, sin = rope_cos_sin(positions, rotary_dim=rotary_dim, theta=theta, dtype=x.dtype)
+    cos, sin = _tables(positions, rotary_dim, theta, x.dtype)
     return _rotate(x, cos[:, None, :], sin[:, None, :], rotary_dim)
+
+
+def _tables(positions: Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    key = (id(positions), positions._version, rotary_dim, theta, dtype)
+    with _TABLES_LOCK:
+        hit = _TABLES.get(key)
+    if hit is not None and hit[0]() is positions:
+        return hit[1], hit[2]
+    cos, sin = rope_cos_sin(positions, rotary_dim=rotary_dim, theta=theta, dtype=dtype)
+    with _TABLES_LOCK:
+        _TABLES[key] = (weakref.ref(positions), cos, sin)
+        while len(_TABLES) > _TABLES_MAX:
+            del _TABLES[next(iter(_TABLES))]
+    return cos, sin
 
 
 def rotate_key_axis(x: Tensor, delta: int, *, rotary_dim: int, theta: float, dim: int = -1) -> Tensor:

@@ -23,14 +23,19 @@ def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, na
         from hypic.ops.triton_chain import matrix_chain
 
         return matrix_chain(transitions, states)
+    return _loop(fam.transition, transitions, states, naive)
+
+
+def _loop(transition: str, transitions: Tensor | None, states: Tensor, naive: bool) -> Tensor:
+    n = states.shape[0]
     out = states.new_zeros(n + 1, *states.shape[1:])
     x = out[0]
     for i in range(n):
-        if naive or fam.transition == "none":
+        if naive or transition == "none":
             x = x + states[i]
-        elif fam.transition == "scalar":
+        elif transition == "scalar":
             x = transitions[i].exp()[:, None, None] * x + states[i]
-        elif fam.transition == "diagonal":
+        elif transition == "diagonal":
             x = transitions[i].exp()[:, :, None] * x + states[i]
         else:
             x = torch.baddbmm(states[i], transitions[i], x)

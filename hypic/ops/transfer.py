@@ -21,3 +21,10 @@ def to_device(data: Tensor | list | tuple, device: torch.device | str,
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def to_device_many(parts: list[Tensor], device: torch.device | str) -> list[Tensor]:
+    """Several 1-D host tensors of one dtype on ``device`` in one copy (one pinned buffer, one
+    transfer), returned as views in order."""
+    sizes = [len(p) for p in parts]
+    return list(to_device(torch.cat(parts), device, None).split(sizes))

@@ -20,7 +20,7 @@ GATES = {None: 0, "silu": 1, "sigmoid": 2}
 
 
 @triton.jit(do_not_specialize=["rows"])  # one binary for every row count (no 1 / %16 variants)
-def _rms_norm_kernel(X, W, Z, Y, rows, eps, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
+def _rms_norm_kernel(X, W, Z, Y, rows, eps, w_offset, D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr,
                      GATE: tl.constexpr):
     o_t = tl.program_id(0) * BT + tl.arange(0, BT)
     o_d = tl.arange(0, BD)
@@ -29,7 +29,7 @@ def _rms_norm_kernel(X, W, Z, Y, rows, eps, D: tl.constexpr, BD: tl.constexpr, B
     at = o_t[:, None].to(tl.int64) * D + o_d[None, :]
     x = tl.load(X + at, mask=m, other=0.0).to(tl.float32)
     r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-    w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32)
+    w = tl.load(W + o_d, mask=m_d, other=0.0).to(tl.float32) + w_offset
     y = x * r[:, None] * w[None, :]
     if GATE == 1:
         z = tl.load(Z + at, mask=m, other=0.0).to(tl.float32)
@@ -41,9 +41,10 @@ def _rms_norm_kernel(X, W, Z, Y, rows, eps, D: tl.constexpr, BD: tl.constexpr, B
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, gate: Tensor | None = None,
-             activation: str | None = None) -> Tensor:
-    """x [..., D] → same shape and dtype: ``weight · x / sqrt(mean(x²) + eps)``, times ``act(gate)``
-    when a gate is given (``activation`` "silu" or "sigmoid")."""
+             activation: str | None = None, *, weight_offset: float = 0.0) -> Tensor:
+    """x [..., D] → same shape and dtype: ``(weight + weight_offset) · x / sqrt(mean(x²) + eps)``,
+    times ``act(gate)`` when a gate is given (``activation`` "silu" or "sigmoid"). The offset is
+    applied in the kernel (a zero-centred norm's ``1 + w``: no host op per call for it)."""
     if (gate is None) != (activation is None):
         raise ValueError("rms_norm: a gate needs an activation and an activation needs a gate")
     if activation not in GATES:
@@ -59,6 +60,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, gate: Tensor | None = None,
         return y.view(x.shape)
     BD = triton.next_power_of_2(D)
     BT = max(1, min(64, 8192 // BD))
-    _rms_norm_kernel[(triton.cdiv(rows, BT),)](x2, weight.contiguous(), z2, y, rows, eps, D=D, BD=BD, BT=BT,
-                                              GATE=GATES[activation], num_warps=8 if BD >= 2048 else 4)
+    warps = 8 if BD >= 2048 else 4
+    _rms_norm_kernel[(triton.cdiv(rows, BT),)](x2, weight.contiguous(), z2, y, rows, eps, float(weight_offset),
+                                              D=D, BD=BD, BT=BT, GATE=GATES[activation], num_warps=warps)
     return y.view(x.shape)

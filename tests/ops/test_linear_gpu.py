@@ -48,16 +48,25 @@ def test_fla_decode_step_matches_reference(family: str) -> None:
     assert _rel(out.o, ref.o) < 2e-2 and _rel(out.final_state, ref.final_state) < 2e-2
 
 
-def test_fla_conv_matches_torch_conv_with_tails() -> None:
-    from hypic.ops.conv import causal_conv1d
+@pytest.mark.parametrize("kernel", ["triton", "fla"])
+@pytest.mark.parametrize("with_tails", [True, False])
+def test_cuda_conv_matches_fp64_conv_with_tails(kernel: str, with_tails: bool, monkeypatch) -> None:
+    """hypic's Triton conv (the default) and fla's (HYPIC_FLA_CONV=1) against the torch conv in fp64:
+    sequences of 0 (Triton only), 1, 2 and many tokens, fp32 and bf16."""
+    import hypic.ops.conv as conv
 
+    monkeypatch.setattr(conv, "_FLA_CONV", kernel == "fla")
     gen = torch.Generator(device="cuda").manual_seed(5)
     x = torch.randn(300, 96, device="cuda", generator=gen)
     w = torch.randn(96, 4, device="cuda", generator=gen)
-    tails = torch.randn(4, 3, 96, device="cuda", generator=gen)
-    cu = torch.tensor([0, 1, 2, 150, 300])
-    got = causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails, activation="silu")
-    want = causal_conv1d(x.cpu().double(), w.cpu().double(), cu_seqlens=cu, initial_tail=tails.cpu().double(),
-                         activation="silu")
-    assert torch.allclose(got.y.cpu().double(), want.y, atol=1e-3, rtol=1e-3)
-    assert torch.allclose(got.tail.cpu().double(), want.tail, atol=1e-6)
+    # an empty sequence only for hypic's kernel: fla's is not asked to handle one
+    cu = torch.tensor([0, 1, 2, 2, 150, 300] if kernel == "triton" else [0, 1, 2, 150, 300])
+    tails = torch.randn(len(cu) - 1, 3, 96, device="cuda", generator=gen) if with_tails else None
+    want = conv.causal_conv1d(x.cpu().double(), w.cpu().double(), cu_seqlens=cu,
+                              initial_tail=None if tails is None else tails.cpu().double(), activation="silu")
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        got = conv.causal_conv1d(x.to(dtype), w.to(dtype), cu_seqlens=cu,
+                                 initial_tail=None if tails is None else tails.to(dtype), activation="silu")
+        assert got.y.dtype == dtype
+        assert torch.allclose(got.y.cpu().double(), want.y, atol=tol, rtol=tol)
+        assert torch.allclose(got.tail.cpu().double(), want.tail, atol=tol, rtol=tol)

@@ -32,7 +32,8 @@ class GDNConfig:
 
 
 @functools.cache
-def _l2_weight(dim: int, device: torch.device) -> Tensor:
+@functools.lru_cache(maxsize=8)
+def _l2_weight(dim: int, device: torch.device) -> Tensor:  # made once, not per call
     return torch.full((dim,), dim**-0.5, device=device)
 
 
@@ -43,6 +44,10 @@ def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
 
         D = x.shape[-1]
         return rms_norm(x, _l2_weight(D, x.device), eps / D)
+    return _l2norm_torch(x, eps)
+
+
+def _l2norm_torch(x: Tensor, eps: float) -> Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 

@@ -36,12 +36,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centred else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        w = self.weight.float()
-        w = 1.0 + w if self.zero_centred else w
         if fused(x):
             from hypic.ops.triton_norm import rms_norm
 
-            return rms_norm(x, w, self.eps)
+            return rms_norm(x, self.weight, self.eps, weight_offset=1.0 if self.zero_centred else 0.0)
+        w = self.weight.float()
+        w = 1.0 + w if self.zero_centred else w
         return (rms(x, self.eps) * w).to(x.dtype)
 
 

@@ -1,0 +1,46 @@
+"""Where a warm hypic request spends host work: aten ops per hypic source line (hypic.bench.host_ops).
+
+The model has the Qwen3.5-9B layer pattern (32 layers, every 4th full attention) at tiny width; the
+prompt is the TTFT benchmark's (head, N documents, query) with every document cached, in a new order.
+
+    python scripts/host_ops.py [--docs 32] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from hypic.bench.host_ops import count_ops
+from hypic.bench.shapes import SHAPES
+from hypic.bench.ttft import RagShape, rag_prompts
+from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
+from hypic.models.random_init import random_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=32)
+    ap.add_argument("--doc-tokens", type=int, default=64)
+    ap.add_argument("--top", type=int, default=25)
+    args = ap.parse_args()
+    layers = 32
+    loaded = random_model(dict(SHAPES["tiny"], num_hidden_layers=layers), device="cpu", dtype=torch.float32)
+    engine = Engine(loaded, seam=8)
+    prompts = rag_prompts(RagShape(args.docs, args.doc_tokens, 64, 16), loaded.model.vocab_size, 2)
+    one = [SamplingParams(max_tokens=1)]
+    engine.generate([prompts[0]], one, mode="hypic")  # every document cached
+    with torch.no_grad():
+        counter = count_ops(lambda: engine.generate([prompts[1]], one, mode="hypic"))
+    total, gpu = sum(counter.sites.values()), counter.gpu_relevant()
+    print(f"warm request, {args.docs} cached documents: {total} aten ops, {sum(gpu.values())} outside CPU-only "
+          f"kernels ({sum(gpu.values()) / layers:.0f} per layer)")
+    print("\nby source line (CPU-only kernels left out):")
+    for site, n in gpu.most_common(args.top):
+        print(f"{n:6d}  {site}")
+
+
+if __name__ == "__main__":
+    main()
