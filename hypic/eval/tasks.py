@@ -53,6 +53,10 @@ class Example:
     # answer for denser retrieval supervision; evaluation ignores them. Drawn after every other
     # field, so they leave the example itself unchanged.
     extra: tuple[tuple[str, str], ...] = ()
+    # Two-hop (query, answer) pairs over the same documents: a link one profile states (the mentor
+    # of A) leads to another profiled entity B, and the question asks a fact B's profile states.
+    # Drawn after `extra`, so they leave it unchanged too.
+    extra_multi: tuple[tuple[str, str], ...] = ()
 
     @property
     def head(self) -> str:
@@ -89,6 +93,21 @@ def _extra(rng: random.Random, profiles: list[tuple[Entity, Doc]],
                  for e, r in pairs[:EXTRA_QUESTIONS])
 
 
+def _extra_multi(rng: random.Random, profiles: list[tuple[Entity, Doc]],
+                 asked: tuple[str, str, str]) -> tuple[tuple[str, str], ...]:
+    """Two-hop questions the profiles answer, other than the one `asked` (start, link, relation)."""
+    by_name = {e.name: (e, d) for e, d in profiles}
+    chains = []
+    for a, doc_a in profiles:
+        for link in (r for r in doc_a.stated if RELATIONS[r].link and a.facts[r] in by_name):
+            b, doc_b = by_name[a.facts[link]]
+            chains += [(a, link, b, r) for r in doc_b.stated
+                       if b is not a and b.facts[r] != a.name and (a.name, link, r) != asked]
+    rng.shuffle(chains)
+    return tuple((_query(sentence(rng.choice(RELATIONS[r].questions), RELATIONS[link].link.format(s=a.phrase))),
+                  b.facts[r]) for a, link, b, r in chains[:EXTRA_QUESTIONS])
+
+
 def _place(rng: random.Random, docs: list[str], evidence: int) -> tuple[list[str], tuple[int, ...]]:
     """Shuffle documents; return them and the segment indices of the first `evidence` ones, in order."""
     order = list(range(len(docs)))
@@ -110,8 +129,9 @@ def _single_hop(rng: random.Random, k: Knobs) -> Example:
     profiles += [(e, profile(rng, e, rng.randint(*k.doc_tokens))) for e in subjects[1:]]
     docs, support = _place(rng, [d.text for _, d in profiles], 1)
     question = sentence(rng.choice(rel.questions), target.phrase)
+    extra = _extra(rng, profiles, (target.name, rel.name))
     return Example([HEAD_QA, *docs, _query(question)], target.facts[rel.name], "single_hop", "em_f1", support,
-                   {"relation": rel.name, "subject": target.name}, _extra(rng, profiles, (target.name, rel.name)))
+                   {"relation": rel.name, "subject": target.name}, extra, _extra_multi(rng, profiles, ("", "", "")))
 
 
 def _multi_hop(rng: random.Random, k: Knobs) -> Example:
@@ -132,9 +152,10 @@ def _multi_hop(rng: random.Random, k: Knobs) -> Example:
     profiles += [(e, profile(rng, e, rng.randint(*t))) for e in rng.sample(others, n - 2)]
     docs, support = _place(rng, [d.text for _, d in profiles], 2)
     question = sentence(rng.choice(second.questions), first.link.format(s=start.phrase))
+    extra = _extra(rng, profiles, ("", ""))
     return Example([HEAD_QA, *docs, _query(question)], answer, "multi_hop", "em_f1", support,
                    {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name},
-                   _extra(rng, profiles, ("", "")))
+                   extra, _extra_multi(rng, profiles, (start.name, first.name, second.name)))
 
 
 def _multi_doc_summary(rng: random.Random, k: Knobs) -> Example:

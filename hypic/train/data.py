@@ -48,13 +48,14 @@ def difficulty_at(step: int, ramp_steps: int) -> float:
 Item = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-def encode_item(tok: Tokenizer, ex: Example, extra: int) -> Item:
-    """The prompt, the answer, then up to ``extra`` more questions about the same documents with
-    their answers: each query tokenized as its own segment, as the engine would see it."""
+def encode_item(tok: Tokenizer, ex: Example, extra: int, extra_multi: int = 0) -> Item:
+    """The prompt, the answer, then up to ``extra`` more single-hop and ``extra_multi`` two-hop
+    questions about the same documents with their answers (alternating while both last): each
+    query tokenized as its own segment, as the engine would see it."""
     enc = encode_example(tok, ex)
     end = tok.token_to_id(END)
     spans = [(ids, 0) for ids in enc.segments] + [(enc.target, 1)]  # (token ids, produced by the model)
-    for query, answer in ex.extra[:extra]:
+    for query, answer in _alternate(list(ex.extra[:extra]), list(ex.extra_multi[:extra_multi])):
         spans += [(tok.encode(query, add_special_tokens=False).ids, 0),
                   (tok.encode(answer, add_special_tokens=False).ids + [end], 1)]
     tokens = np.concatenate([np.asarray(ids, np.int32) for ids, _ in spans])
@@ -62,8 +63,15 @@ def encode_item(tok: Tokenizer, ex: Example, extra: int) -> Item:
     return tokens, marks, np.asarray([len(s) for s in enc.segments[:-1]], np.int32)
 
 
+def _alternate(a: list, b: list) -> list:
+    out = [x for pair in zip(a, b, strict=False) for x in pair]
+    n = min(len(a), len(b))
+    return out + a[n:] + b[n:]
+
+
 def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, families: tuple[str, ...],
-              max_tokens: int, extra: int = 0) -> list[Item]:
+              max_tokens: int, extra: int = 0, extra_multi: int = 0,
+              weights: tuple[float, ...] | None = None) -> list[Item]:
     """``count`` training items; difficulty drawn in [0, max_difficulty] with density rising linearly
     (max · √u): easy examples keep appearing, but the long many-document ones the evaluation uses
     (difficulty 1) get twice the weight of the middle of the range. Arrays, not lists: they cross
@@ -72,9 +80,9 @@ def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, famil
     rng = random.Random(seed)
     out = []
     while len(out) < count:
-        family = rng.choice(families)
+        family = rng.choice(families) if weights is None else rng.choices(families, weights)[0]
         ex = generate(family, 1, rng.randrange(2**31), difficulty=max_difficulty * math.sqrt(rng.random()))[0]
-        item = encode_item(tok, ex, extra)
+        item = encode_item(tok, ex, extra, extra_multi)
         if len(item[0]) <= max_tokens:
             out.append(item)
     return out
@@ -109,10 +117,15 @@ class Stream:
 
     def __init__(self, tokenizer: Tokenizer, *, batch_tokens: int, seed: int, ramp_steps: int, doc_weight: float,
                  workers: int = 4, max_tokens: int = 18432, families: tuple[str, ...] = tuple(FAMILIES),
-                 pool_batches: int = 8, extra: int = 0) -> None:
+                 pool_batches: int = 8, extra: int = 0, extra_multi: int = 0,
+                 family_weights: dict[str, float] | None = None) -> None:
         self.tok_json, self.batch_tokens, self.seed = tokenizer.to_str(), batch_tokens, seed
         self.ramp_steps, self.doc_weight, self.max_tokens, self.families = ramp_steps, doc_weight, max_tokens, families
-        self.pool_batches, self.extra = pool_batches, extra
+        self.pool_batches, self.extra, self.extra_multi = pool_batches, extra, extra_multi
+        unknown = set(family_weights or {}) - set(families)
+        if unknown:
+            raise ValueError(f"family weights for unknown families {sorted(unknown)}; families are {list(families)}")
+        self.weights = None if not family_weights else tuple(float(family_weights.get(f, 1.0)) for f in families)
         self.pool = mp.get_context("spawn").Pool(workers) if workers > 0 else None
         self.ahead = max(4, 2 * workers)
         self._pending: list = []
@@ -121,7 +134,7 @@ class Stream:
 
     def _request(self, step: int) -> None:
         args = (self.tok_json, self.seed * 1_000_003 + self._jobs, difficulty_at(step, self.ramp_steps), 64,
-                self.families, self.max_tokens, self.extra)
+                self.families, self.max_tokens, self.extra, self.extra_multi, self.weights)
         self._jobs += 1
         self._pending.append(self.pool.apply_async(sequences, args) if self.pool else args)
 

@@ -77,6 +77,20 @@ def loss_of(model: torch.nn.Module, batch, device: torch.device,
     return (nll * w).sum() / w.sum(), accuracy.detach(), first_accuracy.detach()
 
 
+def parse_weights(text: str) -> dict[str, float]:
+    """``name=weight,...`` → {name: weight}; a clear error for anything else."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            eq = ""
+        if not eq or out.get(name.strip(), -1.0) < 0:
+            raise ValueError(f"--family-weights: expected name=weight (weight ≥ 0), got {part!r}")
+    return out
+
+
 def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,7 +114,8 @@ def train(args: argparse.Namespace) -> dict:
         (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
                                                                 "model_max_length": 32768}))
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
-                    doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions)
+                    doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
+                    extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights))
     t0, last = time.time(), time.time()
     try:
         with backend_override("torch"):
@@ -153,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--extra-questions", type=int, default=0,
                    help="more questions about the same documents after each QA answer (dense supervision)")
+    p.add_argument("--extra-multi", type=int, default=0,
+                   help="more two-hop questions about the same documents after each QA answer")
+    p.add_argument("--family-weights", default="",
+                   help="sampling weights of task families, e.g. multi_hop=2,report_summary=0.5 (others 1)")
     p.add_argument("--standalone-every", type=int, default=0,
                    help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
     p.add_argument("--schedule-start", type=int, default=0,
