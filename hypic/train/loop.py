@@ -116,7 +116,7 @@ def train(args: argparse.Namespace) -> dict:
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
                     extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights))
-    t0, last = time.time(), time.time()
+    t0, last, logged_tokens = time.time(), time.time(), state["tokens"]
     try:
         with backend_override("torch"):
             while time.time() - t0 < args.minutes * 60 and state["step"] < args.total_steps:
@@ -140,7 +140,10 @@ def train(args: argparse.Namespace) -> dict:
                            "answer_acc": round(accuracy.item(), 3), "first_acc": round(first.item(), 3),
                            "standalone": standalone, "grad_norm": round(norm.item(), 3),
                            "lr": g["lr"], "difficulty": round(difficulty_at(step, args.ramp_steps), 3),
-                           "tok_per_s": round(args.log_every * batch.input_ids.numel() / dt)}
+                           "tok_per_s": round((state["tokens"] - logged_tokens) / dt)}
+                    logged_tokens = state["tokens"]
+                    if device.type == "cuda":  # the peak so far: headroom for larger --batch-tokens
+                        row["mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 1)
                     state["log"].append(row)
                     print(json.dumps(row), flush=True)
     finally:
