@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from hypic.models.context import ForwardContext, RopeSpec
+from hypic.models.layers.fused import FusedLinears
 from hypic.models.layers.norm import RMSNorm
 
 
@@ -41,17 +42,28 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
         self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
+        self._fused: FusedLinears | None = None
+
+    def fuse(self) -> bool:
+        """Inference: q, k and v in one matmul (hypic.models.layers.fused)."""
+        if self._fused is not None:
+            return False
+        self._fused = FusedLinears([self.q_proj, self.k_proj, self.v_proj])
+        return True
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         c, T = self.cfg, x.shape[0]
-        q = self.q_proj(x)
+        if self._fused is not None:
+            q, k_raw, v_raw = self._fused(x)
+        else:
+            q, k_raw, v_raw = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         gate = None
         if c.output_gate:  # per head: [query | gate]
             q, gate = torch.chunk(q.view(T, c.heads, 2 * c.head_dim), 2, dim=-1)
             gate = gate.reshape(T, -1)
         q = self.q_norm(q.reshape(T, c.heads, c.head_dim))
-        k = self.k_norm(self.k_proj(x).view(T, c.kv_heads, c.head_dim))
-        v = self.v_proj(x).view(T, c.kv_heads, c.head_dim)
+        k = self.k_norm(k_raw.reshape(T, c.kv_heads, c.head_dim))
+        v = v_raw.reshape(T, c.kv_heads, c.head_dim)
         o = ctx.attend(self.layer, q, k, v, self.rope, c.head_dim**-0.5).reshape(T, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hypic.models.context import ForwardContext, linear_run
+from hypic.models.layers.fused import FusedLinears
 from hypic.models.layers.norm import GatedRMSNorm, fused
 
 
@@ -71,10 +72,21 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(cfg.value_heads))
         self.norm = GatedRMSNorm(cfg.value_dim, cfg.eps)
         self.out_proj = nn.Linear(vd, cfg.hidden, bias=False)
+        self._fused: FusedLinears | None = None
+
+    def fuse(self) -> bool:
+        """Inference: qkv, z, b and a in one matmul (hypic.models.layers.fused)."""
+        if self.cfg.interleaved or self._fused is not None:
+            return False
+        self._fused = FusedLinears([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+        return True
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """mixed [T, 2·kd + vd] (q|k|v, pre-conv), z [T, HV, V], b, a [T, HV]."""
         c, T = self.cfg, x.shape[0]
+        if self._fused is not None:
+            mixed, z, b, a = self._fused(x)
+            return mixed, z.reshape(T, c.value_heads, c.value_dim), b, a
         if not c.interleaved:
             z = self.in_proj_z(x).view(T, c.value_heads, c.value_dim)
             return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
