@@ -25,8 +25,8 @@ from torch import Tensor
 from hypic.ops.transfer import to_device
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _conv_kernel(X, WGT, TAIL, SEQ, START, Y, rows, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
+@triton.jit(do_not_specialize=["rows", "sx"])
+def _conv_kernel(X, WGT, TAIL, SEQ, START, Y, rows, sx, D: tl.constexpr, W: tl.constexpr, BT: tl.constexpr,
                  BD: tl.constexpr, HAS_TAIL: tl.constexpr, SILU: tl.constexpr):
     o_t = tl.program_id(0) * BT + tl.arange(0, BT)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -38,7 +38,7 @@ def _conv_kernel(X, WGT, TAIL, SEQ, START, Y, rows, D: tl.constexpr, W: tl.const
         src = o_t - (W - 1) + w
         own = src >= start  # the input lies in the token's own sequence
         m = m_t[:, None] & m_d[None, :]
-        x = tl.load(X + src[:, None].to(tl.int64) * D + o_d[None, :], mask=m & own[:, None], other=0.0)
+        x = tl.load(X + src[:, None].to(tl.int64) * sx + o_d[None, :], mask=m & own[:, None], other=0.0)
         if HAS_TAIL:  # before the start: row (W − 1) − (start − src) of the sequence's tail
             row = seq.to(tl.int64) * (W - 1) + (W - 1) + (src - start)
             x += tl.load(TAIL + row[:, None] * D + o_d[None, :], mask=m & ~own[:, None], other=0.0)
@@ -50,8 +50,8 @@ def _conv_kernel(X, WGT, TAIL, SEQ, START, Y, rows, D: tl.constexpr, W: tl.const
              mask=m_t[:, None] & m_d[None, :])
 
 
-@triton.jit
-def _tail_kernel(X, TAIL, CU, OUT, D: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr,
+@triton.jit(do_not_specialize=["sx"])
+def _tail_kernel(X, TAIL, CU, OUT, sx, D: tl.constexpr, W: tl.constexpr, BW: tl.constexpr, BD: tl.constexpr,
                  HAS_TAIL: tl.constexpr):
     n = tl.program_id(0)
     o_d = tl.program_id(1) * BD + tl.arange(0, BD)
@@ -61,7 +61,7 @@ def _tail_kernel(X, TAIL, CU, OUT, D: tl.constexpr, W: tl.constexpr, BW: tl.cons
     m_j, m_d = o_j < W - 1, o_d < D
     m = m_j[:, None] & m_d[None, :]
     own = src >= start
-    x = tl.load(X + src[:, None].to(tl.int64) * D + o_d[None, :], mask=m & own[:, None], other=0.0)
+    x = tl.load(X + src[:, None].to(tl.int64) * sx + o_d[None, :], mask=m & own[:, None], other=0.0)
     if HAS_TAIL:
         row = n.to(tl.int64) * (W - 1) + (W - 1) + (src - start)
         x += tl.load(TAIL + row[:, None] * D + o_d[None, :], mask=m & ~own[:, None], other=0.0)
@@ -81,23 +81,25 @@ def _rows(cu_key: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor
 
 def causal_conv1d_triton(x: Tensor, weight: Tensor, cu: Tensor, initial_tail: Tensor | None,
                          silu: bool) -> tuple[Tensor, Tensor]:
-    """x [T, D] (CUDA), weight [D, W], host offsets ``cu`` [N + 1], initial_tail [N, W−1, D] | None →
-    (y [T, D] in x's dtype, tail [N, W−1, D])."""
+    """x [T, D] (CUDA; rows may be strided), weight [D, W], host offsets ``cu`` [N + 1],
+    initial_tail [N, W−1, D] | None → (y [T, D] in x's dtype, tail [N, W−1, D])."""
     T, D = x.shape
     W, N = weight.shape[1], len(cu) - 1
-    x = x.contiguous()
+    if x.stride(1) != 1:  # rows may be strided (a slice of a fused projection's output), columns not
+        x = x.contiguous()
     tail_in = None if initial_tail is None else initial_tail.to(x.dtype).contiguous()
+    tail_arg = x if tail_in is None else tail_in  # any pointer when there is no tail (never read)
     seq, start, cu_dev = _rows(tuple(cu.tolist()), x.device)
-    y = torch.empty_like(x)
+    y = x.new_empty(T, D)
     tail = x.new_empty(N, W - 1, D)
     BD = min(128, triton.next_power_of_2(D))
     if T:
         BT = 32
         _conv_kernel[(triton.cdiv(T, BT), triton.cdiv(D, BD))](
-            x, weight.contiguous(), x if tail_in is None else tail_in, seq, start, y, T, D=D, W=W, BT=BT, BD=BD,
+            x, weight.contiguous(), tail_arg, seq, start, y, T, x.stride(0), D=D, W=W, BT=BT, BD=BD,
             HAS_TAIL=tail_in is not None, SILU=silu, num_warps=4)
     if N and W > 1:
-        _tail_kernel[(N, triton.cdiv(D, BD))](x, x if tail_in is None else tail_in, cu_dev, tail, D=D, W=W,
+        _tail_kernel[(N, triton.cdiv(D, BD))](x, tail_arg, cu_dev, tail, x.stride(0), D=D, W=W,
                                               BW=triton.next_power_of_2(W - 1), BD=BD,
                                               HAS_TAIL=tail_in is not None, num_warps=4)
     return y, tail
