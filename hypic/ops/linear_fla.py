@@ -41,6 +41,8 @@ CHUNK = 64
 # stream (each pass alone fills few SMs when there are few sequences); "serial" runs it after.
 GDN_T_SCHEDULE = os.environ.get("HYPIC_GDN_T_SCHEDULE", "stream")
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
+# Runs up to this many tokens take the recurrent kernel (gdn_short_runs); 0 turns it off (A/B).
+RECURRENT_MAX = int(os.environ.get("HYPIC_RECURRENT_MAX", "64"))
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -164,14 +166,38 @@ def decode_step(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: T
     return o[:, 0], final, None
 
 
+def gdn_short_runs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Tensor,
+                   initial_state: Tensor | None, scale: float,
+                   with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Every run at most RECURRENT_MAX tokens (a warm request's seams and query): fla's recurrent
+    kernel, one launch, instead of the chunked pipeline's six plus the transition pass — a warm
+    request is host-bound, and each launch costs host time whatever its size. The summary comes
+    from the same launch: values ``[v | 0]`` from ``h0 = [S_in | I]`` leave ``[final | T]``."""
+    N, HV, K, V = len(cu) - 1, v.shape[1], k.shape[2], v.shape[2]
+    h0 = initial_state.float() if initial_state is not None else v.new_zeros(N, HV, K, V, dtype=torch.float32)
+    if with_transition:
+        v = torch.cat([v, v.new_zeros(*v.shape[:-1], K)], dim=-1)
+        h0 = torch.cat([h0, _identity(N, HV, K, v.device)], dim=-1)
+    o, final = fused_recurrent_gated_delta_rule(q[None], k[None], v[None], g=g[None].float(),
+                                                beta=beta[None].to(k.dtype), scale=scale,
+                                                initial_state=h0.contiguous(), output_final_state=True,
+                                                cu_seqlens=cu)
+    if not with_transition:
+        return o[0], final, None
+    return o[0, ..., :V], final[..., :V], final[..., V:]
+
+
 def fla_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                          cu_cpu: Tensor, initial_state: Tensor | None, scale: float,
                          with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
     """cu_cpu: the sequence offsets on the host (no device sync is needed to plan chunks)."""
-    if not with_transition and bool(((cu_cpu[1:] - cu_cpu[:-1]) == 1).all()):
+    lengths = cu_cpu[1:] - cu_cpu[:-1]
+    if not with_transition and bool((lengths == 1).all()):
         return decode_step(fam, q, k, v, g, beta, initial_state, scale)
     plan = chunk_plan(cu_cpu, k.device)
     cu = plan.cu
+    if fam.name == "gdn" and len(lengths) and int(lengths.max()) <= RECURRENT_MAX:
+        return gdn_short_runs(q, k, v, g, beta, cu, initial_state, scale, with_transition)
     if fam.name == "gdn":
         return gdn_forward(q, k, v, g, beta, plan, initial_state, scale, with_transition)
     if fam.name == "kda":

@@ -15,8 +15,10 @@ def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("family", ["gdn", "kda", "scalar"])
 @pytest.mark.parametrize("with_state", [False, True])
-def test_fla_matches_fp64_reference(family: str, with_state: bool) -> None:
-    lens = [1, 3, 63, 64, 65, 500]
+@pytest.mark.parametrize("lens", [[1, 3, 63, 64, 65, 500], [1, 8, 8, 3, 64]], ids=["chunked", "short"])
+def test_fla_matches_fp64_reference(family: str, with_state: bool, lens: list[int]) -> None:
+    """Long runs take the chunked kernels; runs of ≤ 64 tokens (a warm request's seams and query)
+    take GDN's recurrent kernel, summary included."""
     cu = torch.tensor([0, *lens], device="cuda").cumsum(0)
     x = family_inputs(family, sum(lens), heads=2, value_heads=4, key_dim=64, value_dim=32, device="cuda", seed=3)
     s0 = torch.randn(len(lens), 4, 64, 32, device="cuda", dtype=torch.float64) if with_state else None

@@ -1,0 +1,77 @@
+"""hypic's Triton kernels (and its use of fla's recurrent GDN kernel) on CPU, in Triton's interpreter.
+
+These kernels run on CUDA in production; their GPU tests are marked ``gpu``. Triton's interpreter
+runs the same kernel code on CPU tensors, so the logic (masks, tails, strides, the identity trick
+for T) is checked here where the GPU is absent. Needs triton (and fla for the GDN test) and
+``TRITON_INTERPRET=1`` set before triton is imported, e.g.
+
+    TRITON_INTERPRET=1 python -m pytest -q tests/ops/test_triton_interpret.py
+
+The CPU-only CI has no triton, so it skips them.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None,
+                                reason="needs triton and TRITON_INTERPRET=1")
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("with_tails", [True, False])
+@pytest.mark.parametrize("strided", [True, False])
+def test_triton_conv_matches_torch_conv(with_tails: bool, strided: bool) -> None:
+    from hypic.ops import conv
+    from hypic.ops.triton_conv import causal_conv1d_triton
+
+    g = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 5, 6, 6, 43, 45, 109])
+    T, D, W = 109, 48, 4
+    x = torch.randn(T, D + 30, generator=g)[:, 7:7 + D] if strided else torch.randn(T, D, generator=g)
+    w = torch.randn(D, W, generator=g)
+    tails = torch.randn(len(cu) - 1, W - 1, D, generator=g) if with_tails else None
+    y, tail = causal_conv1d_triton(x, w, cu, tails, True)
+    ref = conv.causal_conv1d(x.double(), w.double(), cu_seqlens=cu,
+                             initial_tail=None if tails is None else tails.double(), activation="silu")
+    assert (y.double() - ref.y).abs().max() < 1e-5 and torch.equal(tail.double(), ref.tail)
+
+
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_triton_norm_matches_fp64(offset: float) -> None:
+    from hypic.ops.triton_norm import rms_norm
+
+    g = torch.Generator().manual_seed(1)
+    x, z, w = torch.randn(37, 96, generator=g), torch.randn(37, 96, generator=g), torch.randn(96, generator=g)
+    want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6) * (w.double() + offset)
+    assert (rms_norm(x, w, 1e-6, weight_offset=offset).double() - want).abs().max() < 1e-5
+    gated = rms_norm(x, w, 1e-6, z, "silu", weight_offset=offset).double()
+    assert (gated - want * torch.nn.functional.silu(z.double())).abs().max() < 1e-5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs flash-linear-attention")
+@pytest.mark.parametrize("with_state", [True, False])
+def test_gdn_short_runs_match_the_chunked_reference(with_state: bool) -> None:
+    from hypic.ops.linear import linear_attention
+    from hypic.ops.linear_fla import gdn_short_runs
+    from hypic.ops.samples import family_inputs, token_kwargs
+
+    lens = [1, 8, 3, 5, 0]
+    cu = torch.tensor([0, *lens]).cumsum(0)
+    x = family_inputs("gdn", sum(lens), heads=2, value_heads=4, key_dim=16, value_dim=8, seed=3)
+    s0 = torch.randn(len(lens), 4, 16, 8, dtype=torch.float64) if with_state else None
+    ref = linear_attention("gdn", x["q"], x["k"], x["v"], **token_kwargs(x), cu_seqlens=cu, initial_state=s0,
+                           output_summary=True, backend="torch")
+    xf = {n: t.float() for n, t in x.items()}
+    kw = token_kwargs(xf)
+    s0f = None if s0 is None else s0.float()
+    o, final, T = gdn_short_runs(xf["q"], xf["k"], xf["v"], kw["g"], kw["beta"], cu, s0f, 16**-0.5, True)
+    assert _rel(o, ref.o) < 1e-5 and _rel(final, ref.final_state) < 1e-5
+    assert _rel(T, ref.summary.transition) < 1e-5
+    o2, final2, none = gdn_short_runs(xf["q"], xf["k"], xf["v"], kw["g"], kw["beta"], cu, s0f, 16**-0.5, False)
+    assert none is None and torch.equal(o2, o) and _rel(final2, ref.final_state) < 1e-5
