@@ -20,6 +20,7 @@ from torch import Tensor
 
 from hypic.ops.chunk import chunk_linear_attention
 from hypic.ops.family import check_inputs, check_state, get_family
+from hypic.ops.kernels import kernel_device
 from hypic.ops.recurrence import Summary, _apply_transition
 
 Backend = Literal["auto", "torch", "fla"]
@@ -47,12 +48,12 @@ def fla_installed() -> bool:
 
 def triton_allowed(device: torch.device) -> bool:
     """Whether ``auto`` may use hypic's own forward-only Triton kernels here (CUDA, no torch override)."""
-    return device.type == "cuda" and _AUTO.get() != "torch"
+    return kernel_device(device) and _AUTO.get() != "torch"
 
 
 def fla_allowed(device: torch.device) -> bool:
     """Whether ``auto`` may use an fla kernel here (CUDA, fla installed, no torch override)."""
-    return device.type == "cuda" and _AUTO.get() != "torch" and fla_installed()
+    return kernel_device(device) and _AUTO.get() != "torch" and fla_installed()
 
 
 class LinearOutput(NamedTuple):
@@ -83,7 +84,7 @@ def resolve_backend(backend: Backend, family: str, device: torch.device) -> Lite
         backend = _AUTO.get()
     if backend == "auto":
         return "fla" if family in FLA_FAMILIES and fla_allowed(device) else "torch"
-    if backend == "fla" and (device.type != "cuda" or family not in FLA_FAMILIES):
+    if backend == "fla" and (not kernel_device(device) or family not in FLA_FAMILIES):
         raise ValueError(f"backend: 'fla' needs CUDA tensors and a family in {FLA_FAMILIES}; "
                          f"got {family!r} on {device.type}")
     return backend

@@ -13,13 +13,14 @@ import torch
 from torch import Tensor
 
 from hypic.ops.family import get_family
+from hypic.ops.kernels import kernel_device
 
 
 def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, naive: bool = False) -> Tensor:
     """transitions: None | Σg [n, H] | Σg [n, H, K] | T [n, H, K, K]; states [n, H, K, V] → [n + 1, H, K, V]."""
     fam = get_family(family)
     n = states.shape[0]
-    if fam.transition == "matrix" and not naive and states.is_cuda and n > 1:
+    if fam.transition == "matrix" and not naive and kernel_device(states.device) and n > 1:
         from hypic.ops.triton_chain import matrix_chain
 
         return matrix_chain(transitions, states)

@@ -75,3 +75,41 @@ def test_gdn_short_runs_match_the_chunked_reference(with_state: bool) -> None:
     assert _rel(T, ref.summary.transition) < 1e-5
     o2, final2, none = gdn_short_runs(xf["q"], xf["k"], xf["v"], kw["g"], kw["beta"], cu, s0f, 16**-0.5, False)
     assert none is None and torch.equal(o2, o) and _rel(final2, ref.final_state) < 1e-5
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="needs flash-linear-attention")
+@torch.no_grad()
+def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
+    """Cold and warm hypic requests through the GPU branch of every kernel-choosing site (Triton
+    conv and norms, the scan's Triton chain, fla's recurrent GDN for runs ≤ 64 tokens) equal the
+    same requests through the PyTorch kernels. Every run is kept ≤ 64 tokens: fla's chunked kernels
+    autotune, which needs a real GPU."""
+    import hypic.ops.linear_fla as linear_fla
+    import hypic.ops.triton_conv as triton_conv
+    from hypic.bench.shapes import SHAPES
+    from hypic.bench.ttft import RagShape, rag_prompts
+    from hypic.engine.engine import Engine
+    from hypic.models.random_init import random_model
+
+    calls = {"conv": 0, "gdn": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(triton_conv, "causal_conv1d_triton", counted("conv", triton_conv.causal_conv1d_triton))
+    monkeypatch.setattr(linear_fla, "gdn_short_runs", counted("gdn", linear_fla.gdn_short_runs))
+    loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
+    prompts = rag_prompts(RagShape(2, 24, 8, 5), loaded.model.vocab_size, 2, seed=1)
+    logits = {}
+    for kernels in ("0", "1"):
+        monkeypatch.setenv("HYPIC_INTERPRET_KERNELS", kernels)
+        engine = Engine(loaded, seam=4)
+        cold = engine.prefill_logits([prompts[1]], mode="hypic")[0]
+        engine.prefill_logits([prompts[0]], mode="hypic")
+        logits[kernels] = (cold, engine.prefill_logits([prompts[1]], mode="hypic")[0])
+        assert (min(calls.values()) > 0) == (kernels == "1"), calls  # the kernels ran only when switched on
+    for torch_path, kernel_path in zip(logits["0"], logits["1"], strict=True):
+        assert (torch_path - kernel_path).abs().max() < 1e-4

@@ -15,12 +15,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hypic.ops.kernels import kernel_device
+
 ACTIVATIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}  # the gated norm's gate
 
 
 def fused(x: Tensor) -> bool:
     """Training keeps the differentiable PyTorch composition; the kernels have no backward."""
-    return x.is_cuda and not torch.is_grad_enabled() and os.environ.get("HYPIC_FUSED_NORMS") != "0"
+    return kernel_device(x.device) and not torch.is_grad_enabled() and os.environ.get("HYPIC_FUSED_NORMS") != "0"
 
 
 def rms(x: Tensor, eps: float) -> Tensor:

@@ -1,0 +1,20 @@
+"""Where hypic's Triton kernels (its own and flash-linear-attention's) run.
+
+On CUDA, always. On CPU, only under Triton's interpreter and only when asked
+(``TRITON_INTERPRET=1 HYPIC_INTERPRET_KERNELS=1``): then every kernel-choosing site takes its GPU
+branch with CPU tensors, so the GPU code path — kernels, launch glue, layouts — can be tested end
+to end without a GPU (``tests/ops/test_triton_interpret.py``). Read at each call: tests switch it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def kernel_device(device: torch.device) -> bool:
+    if device.type == "cuda":
+        return True
+    return (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+            and os.environ.get("HYPIC_INTERPRET_KERNELS") == "1")
