@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from hypic.ops.chain_grad import affine_chain
 from hypic.ops.family import Family, expand_heads
 from hypic.ops.transfer import to_device
 
@@ -145,23 +146,28 @@ def _sequential(loc: _Local, S: Tensor, V: int) -> tuple[Tensor, Tensor]:
     return torch.stack(outs), S
 
 
-def _scan(loc: _Local, S_in: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Hillis–Steele prefix scan of the chunks' maps (A, B): returns outputs, final state, total A."""
-    NC, K = loc.b.shape[0], loc.b.shape[-2]
+def _scan(loc: _Local, S_in: Tensor, with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The state entering every chunk by the differentiable affine chain over chunks (one kernel
+    launch forward and one backward on CUDA): returns outputs, final state and the total
+    transition (from the same chain, values ``[b | 0]`` from ``[S_in | I]``)."""
+    NC, K, V = loc.b.shape[0], loc.b.shape[-2], loc.b.shape[-1]
+    batch = loc.b.shape[1:-2]  # [N, H]
     eye = torch.eye(K, dtype=loc.b.dtype, device=loc.b.device)
     A = eye if loc.decay is None else loc.decay * eye
     A = A.expand(*loc.b.shape[:-2], K, K)
     if loc.k_eff is not None:
         A = A + loc.k_eff.transpose(-1, -2) @ loc.w_eff
-    B = loc.b
-    step = 1
-    while step < NC:  # after this, (A[j], B[j]) maps the state entering chunk 0 to the one leaving chunk j
-        A, B = (torch.cat([A[:step], A[step:] @ A[:-step]]),
-                torch.cat([B[:step], A[step:] @ B[:-step] + B[step:]]))
-        step *= 2
-    entering = torch.cat([S_in[None], (A[:-1] @ S_in + B[:-1])])  # [NC, N, H, K, V]
-    o = loc.q_eff @ entering + loc.o0
-    return o, A[-1] @ S_in + B[-1], A[-1]
+    B, first = loc.b, S_in
+    if with_transition:
+        B = torch.cat([B, B.new_zeros(*B.shape[:-1], K)], dim=-1)
+        first = torch.cat([S_in, eye.expand(*S_in.shape[:-1], K)], dim=-1)
+    # element 0 brings S_in (its transition meets X_0 = 0), element c + 1 is chunk c
+    M = first[None].new_zeros(1, *batch, K, K)
+    X = affine_chain(torch.cat([M, A]).flatten(1, len(batch)), torch.cat([first[None], B]).flatten(1, len(batch)))
+    X = X.unflatten(1, batch)  # X[c + 1]: the state entering chunk c; X[NC + 1]: the final state
+    o = loc.q_eff @ X[1:NC + 1, ..., :V] + loc.o0
+    final = X[NC + 1]
+    return o, final[..., :V], final[..., V:] if with_transition else None
 
 
 def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
@@ -188,8 +194,8 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
     if parallel is None:
         parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
     if parallel:
-        o, final, T = _scan(loc, S)
-        return ChunkResult(_unpad(o, p).to(v.dtype), final, T if with_transition else None)
+        o, final, T = _scan(loc, S, with_transition)
+        return ChunkResult(_unpad(o, p).to(v.dtype), final, T)
     if with_transition:  # [S_in | I]: the extra columns come out as T
         S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(p.num_seqs, HV, K, K)], dim=-1)
     o, final = _sequential(loc, S, V)

@@ -14,21 +14,23 @@ import triton.language as tl
 from torch import Tensor
 
 
-@triton.jit
-def _chain_kernel(T, S, X, n, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+# The chain length and the head count are runtime values: training runs the kernel over
+# [chunks, sequences × heads], both of which change with every batch (one binary for all).
+@triton.jit(do_not_specialize=["n", "H"])
+def _chain_kernel(T, S, X, n, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
                   BV: tl.constexpr, PRECISION: tl.constexpr):
-    i_v, i_h = tl.program_id(0), tl.program_id(1)
+    i_v, i_h = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     m_s = m_k[:, None] & m_v[None, :]
     x = tl.zeros([BK, BV], dtype=tl.float32)
     for i in range(0, n):
-        b_t = tl.load(T + ((i * H + i_h) * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
-                      other=0.0)
-        b_s = tl.load(S + ((i * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
+        row = i * H + i_h  # int64: [chunks × sequences × heads × K × V] passes 2^31 in long training batches
+        b_t = tl.load(T + (row * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+        b_s = tl.load(S + (row * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
         x = tl.dot(b_t, x, input_precision=PRECISION) + b_s
-        tl.store(X + (((i + 1) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
+        tl.store(X + ((row + H) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
 
 
 def matrix_chain(transitions: Tensor, states: Tensor, precision: str = "tf32x3") -> Tensor:

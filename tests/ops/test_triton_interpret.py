@@ -113,3 +113,54 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
         assert (min(calls.values()) > 0) == (kernels == "1"), calls  # the kernels ran only when switched on
     for torch_path, kernel_path in zip(logits["0"], logits["1"], strict=True):
         assert (torch_path - kernel_path).abs().max() < 1e-4
+
+
+def test_affine_chain_kernel_path_matches_the_loop(monkeypatch) -> None:
+    """Training's chunk chain through the Triton scan kernel, forward and backward (the backward
+    is the same kernel on reversed, transposed inputs)."""
+    from hypic.ops.chain_grad import affine_chain
+
+    g = torch.Generator().manual_seed(2)
+    A0 = 0.3 * torch.randn(7, 5, 16, 16, generator=g)
+    S0, w = torch.randn(7, 5, 16, 8, generator=g), torch.randn(8, 5, 16, 8, generator=g)
+    grads = {}
+    for kernels in ("0", "1"):
+        monkeypatch.setenv("HYPIC_INTERPRET_KERNELS", kernels)
+        A, S = A0.clone().requires_grad_(True), S0.clone().requires_grad_(True)
+        X = affine_chain(A, S)
+        grads[kernels] = (X, *torch.autograd.grad((X * w).sum(), (A, S)))
+    for a, b in zip(grads["0"], grads["1"], strict=True):
+        assert _rel(b, a) < 1e-5
+
+
+@pytest.mark.parametrize("with_transition", [False, True])
+def test_training_chunk_path_with_the_chain_kernel(monkeypatch, with_transition: bool) -> None:
+    """The differentiable chunked GDN (training's path: torch kernels, the chunk chain on the scan
+    kernel when kernels are on) gives the same outputs, final state, T and gradients either way."""
+    import hypic.ops.triton_chain as triton_chain
+    from hypic.ops.linear import backend_override, linear_attention
+    from hypic.ops.samples import family_inputs, token_kwargs
+
+    launches = []
+    chain = triton_chain.matrix_chain
+    monkeypatch.setattr(triton_chain, "matrix_chain", lambda *a, **k: launches.append(1) or chain(*a, **k))
+    lens = [70, 5, 130]
+    cu = torch.tensor([0, *lens]).cumsum(0)
+    x0 = {n: t.float() for n, t in family_inputs("gdn", sum(lens), heads=2, value_heads=4, key_dim=16, value_dim=8,
+                                                   seed=5).items()}
+    s0 = torch.randn(len(lens), 4, 16, 8)
+    results = {}
+    for kernels in ("0", "1"):
+        monkeypatch.setenv("HYPIC_INTERPRET_KERNELS", kernels)
+        x = {n: t.clone().requires_grad_(True) for n, t in x0.items()}
+        with backend_override("torch"):
+            out = linear_attention("gdn", x["q"], x["k"], x["v"], **token_kwargs(x), cu_seqlens=cu, initial_state=s0,
+                                   output_summary=with_transition)
+        loss = out.o.square().sum() + out.final_state.sum()
+        if with_transition:
+            loss = loss + out.summary.transition.square().sum()
+        grads = torch.autograd.grad(loss, [x["q"], x["k"], x["v"]])
+        results[kernels] = (out.o, out.final_state, *grads) + ((out.summary.transition,) if with_transition else ())
+        assert len(launches) == (2 if kernels == "1" else 0)  # forward and backward: one chain launch each
+    for a, b in zip(results["0"], results["1"], strict=True):
+        assert _rel(b, a) < 1e-4
