@@ -47,3 +47,18 @@ def test_triton_norm_matches_fp64_at_any_row_count(D: int) -> None:
             got16 = rms_norm(x.bfloat16(), w, 1e-6, None if gate is None else gate.bfloat16(), act)
             assert got16.dtype == torch.bfloat16
             assert ((got16.double() - want).norm() / want.norm()) < 1e-2
+
+
+@torch.no_grad()
+def test_gdn_gates_kernel_matches_torch() -> None:
+    from hypic.ops.triton_gates import gdn_gates
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    wide = (8 * torch.randn(3000, 80, device="cuda", generator=gen)).bfloat16()
+    a, b = wide[:, :32], wide[:, 40:72]  # strided rows, as slices of the fused projection
+    A_log, dt_bias = torch.randn(32, device="cuda", generator=gen), torch.randn(32, device="cuda", generator=gen)
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    want = -A_log.double().exp() * F.softplus(a.double() + dt_bias.double())
+    assert g.dtype == beta.dtype == torch.float32
+    assert ((g.double() - want).abs() <= 1e-5 * (1 + want.abs())).all()
+    assert (beta.double() - torch.sigmoid(b.double())).abs().max() < 1e-6

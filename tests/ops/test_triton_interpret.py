@@ -164,3 +164,19 @@ def test_training_chunk_path_with_the_chain_kernel(monkeypatch, with_transition:
         assert len(launches) == (2 if kernels == "1" else 0)  # forward and backward: one chain launch each
     for a, b in zip(results["0"], results["1"], strict=True):
         assert _rel(b, a) < 1e-4
+
+
+def test_gdn_gates_match_torch() -> None:
+    import torch.nn.functional as F
+
+    from hypic.ops.triton_gates import gdn_gates
+
+    g = torch.Generator().manual_seed(3)
+    wide = 8 * torch.randn(50, 20, generator=g)  # strided rows, values past softplus's threshold of 20
+    wide[0, :6] = torch.tensor([-40.0, -20.0, 0.0, 19.9, 20.1, 60.0])
+    a, b = wide[:, :6], wide[:, 10:16]
+    A_log, dt_bias = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    got_g, got_beta = gdn_gates(a, b, A_log, dt_bias)
+    want_g = -A_log.double().exp() * F.softplus(a.double() + dt_bias.double())
+    assert ((got_g.double() - want_g).abs() <= 1e-5 * (1 + want_g.abs())).all()
+    assert (got_beta.double() - torch.sigmoid(b.double())).abs().max() < 1e-6

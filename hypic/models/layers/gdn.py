@@ -106,8 +106,13 @@ class GatedDeltaNet(nn.Module):
         q = l2norm(q.view(T, c.key_heads, c.key_dim))
         k = l2norm(k.view(T, c.key_heads, c.key_dim))
         v = v.reshape(T, c.value_heads, c.value_dim)
-        beta = torch.sigmoid(b.float())
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        if fused(a):  # inference on CUDA: one launch for both gates
+            from hypic.ops.triton_gates import gdn_gates
+
+            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+        else:
+            beta = torch.sigmoid(b.float())
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
 
         o = ctx.linear(self.layer, "gdn", linear_run("gdn", q, k, v, g=g, beta=beta), None)  # [T, HV, V]
         o = self.norm(o, z).reshape(T, -1)
