@@ -86,7 +86,8 @@ def bench_ttft(args: argparse.Namespace) -> int:
         loaded, title = random_model(SHAPES[args.shape], device=device, dtype=dtype), f"{args.shape} (random weights)"
     shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
     engine = Engine(loaded, seam=args.seam)
-    res = run(engine, shape, reps=args.reps)
+    ab = args.ab and device.type == "cuda"
+    res = run(engine, shape, reps=args.reps, ab=ab)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     text = report(res, shape, f"TTFT: {title}, {dtype}, seam {args.seam}") + (
@@ -277,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--head-tokens", type=int, default=512)
     p_ttft.add_argument("--query-tokens", type=int, default=64)
     p_ttft.add_argument("--reps", type=int, default=5)
+    p_ttft.add_argument("--ab", action="store_true",
+                        help="CUDA: add warm rows with the recurrent short-run path and hypic's conv undone")
     p_ttft.add_argument("--out", help="append the table to this markdown file")
     p_ttft.set_defaults(func=bench_ttft)
     p_eval = sub.add_parser("eval", help="evaluations")

@@ -8,10 +8,13 @@ p50 over several prompts, each with a fresh document order and query.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +67,9 @@ def _lower_bound(engine: Engine, tokens: int, vocab: int) -> float:
     return time.perf_counter() - t0
 
 
-def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0) -> dict[str, float]:
-    """p50 TTFT (s) per row; also the warm recompute-set size and the cache bytes per document."""
+def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0, ab: bool = False) -> dict[str, float]:
+    """p50 TTFT (s) per row; also the warm recompute-set size and the cache bytes per document.
+    ``ab``: also warm requests with each of ``AB_SWITCHES`` undone (CUDA), to attribute the gains."""
     vocab = engine.model.vocab_size
     prompts = rag_prompts(shape, vocab, reps + 2, seed)
     res: dict[str, float] = {}
@@ -92,6 +96,11 @@ def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0) -> dict[s
     warm = [_ttft(engine, p, "hypic") for p in prompts[1:reps + 1]]
     res["hypic_warm"] = statistics.median(t for t, _ in warm)
     note("hypic_warm")
+    if ab:
+        for key, switch in AB_SWITCHES.items():  # the same warm requests with one change undone
+            with switch():
+                res[key] = statistics.median(_ttft(engine, p, "hypic")[0] for p in prompts[1:reps + 1])
+            note(key)
     recompute = warm[0][1].recomputed_tokens
     assert warm[0][1].segment_misses == 0, "warm requests must hit every document"
     _lower_bound(engine, recompute, vocab)
@@ -103,6 +112,24 @@ def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0) -> dict[s
     return res
 
 
+@contextlib.contextmanager
+def _attribute(module: str, name: str, value: object) -> Iterator[None]:
+    mod = importlib.import_module(module)
+    old = getattr(mod, name)
+    setattr(mod, name, value)
+    try:
+        yield
+    finally:
+        setattr(mod, name, old)
+
+
+# Warm-path changes that a switch can undo, for A/B rows in one run (``--ab``).
+AB_SWITCHES: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "warm_chunked_short_runs": lambda: _attribute("hypic.ops.kernels", "RECURRENT_MAX", 0),
+    "warm_fla_conv": lambda: _attribute("hypic.ops.conv", "_FLA_CONV", True),
+}
+
+
 def report(res: dict[str, float], shape: RagShape, title: str) -> str:
     rows = [("full", "full"), ("prefix (docs seen in another order)", "prefix"),
             ("hypic warm (all docs cached, new order)", "hypic_warm"), ("hypic cold (standalone)", "hypic_cold"),
@@ -111,6 +138,8 @@ def report(res: dict[str, float], shape: RagShape, title: str) -> str:
              f"Prompt: head {shape.head_tokens} + {shape.docs} docs × {shape.doc_tokens} + query {shape.query_tokens} "
              f"tokens; cache per document: {res['bytes_per_doc'] / 2**20:.1f} MiB", "",
              "| row | TTFT p50 (ms) | vs prefix |", "|---|---|---|"]
+    rows += [(f"A/B: hypic warm, {key.removeprefix('warm_').replace('_', ' ')}", key) for key in AB_SWITCHES
+             if key in res]
     for label, key in rows:
         lines.append(f"| {label} | {1000 * res[key]:.1f} | {res['prefix'] / res[key]:.2f}× |")
     lines.append("")

@@ -12,6 +12,10 @@ import os
 
 import torch
 
+# GDN runs of up to this many tokens take fla's recurrent kernel (``linear_fla.gdn_short_runs``);
+# 0 sends every run through the chunked kernels (an A/B switch: ``hypic bench ttft --ab``).
+RECURRENT_MAX = int(os.environ.get("HYPIC_RECURRENT_MAX", "64"))
+
 
 def kernel_device(device: torch.device) -> bool:
     if device.type == "cuda":

@@ -33,6 +33,7 @@ from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla  # n
 from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
 
+from hypic.ops import kernels  # noqa: E402
 from hypic.ops.transfer import to_device  # noqa: E402
 from hypic.ops.triton_transition import gdn_transition  # noqa: E402
 
@@ -41,8 +42,6 @@ CHUNK = 64
 # stream (each pass alone fills few SMs when there are few sequences); "serial" runs it after.
 GDN_T_SCHEDULE = os.environ.get("HYPIC_GDN_T_SCHEDULE", "stream")
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
-# Runs up to this many tokens take the recurrent kernel (gdn_short_runs); 0 turns it off (A/B).
-RECURRENT_MAX = int(os.environ.get("HYPIC_RECURRENT_MAX", "64"))
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
@@ -169,7 +168,7 @@ def decode_step(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: T
 def gdn_short_runs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu: Tensor,
                    initial_state: Tensor | None, scale: float,
                    with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Every run at most RECURRENT_MAX tokens (a warm request's seams and query): fla's recurrent
+    """Every run at most ``kernels.RECURRENT_MAX`` tokens (a warm request's seams and query): fla's recurrent
     kernel, one launch, instead of the chunked pipeline's six plus the transition pass — a warm
     request is host-bound, and each launch costs host time whatever its size. The summary comes
     from the same launch: values ``[v | 0]`` from ``h0 = [S_in | I]`` leave ``[final | T]``."""
@@ -196,7 +195,7 @@ def fla_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor
         return decode_step(fam, q, k, v, g, beta, initial_state, scale)
     plan = chunk_plan(cu_cpu, k.device)
     cu = plan.cu
-    if fam.name == "gdn" and len(lengths) and int(lengths.max()) <= RECURRENT_MAX:
+    if fam.name == "gdn" and len(lengths) and int(lengths.max()) <= kernels.RECURRENT_MAX:
         return gdn_short_runs(q, k, v, g, beta, cu, initial_state, scale, with_transition)
     if fam.name == "gdn":
         return gdn_forward(q, k, v, g, beta, plan, initial_state, scale, with_transition)

@@ -51,3 +51,17 @@ def test_sync_report_groups_by_the_innermost_hypic_line(monkeypatch) -> None:
     (site,) = sites["full"]
     assert site.startswith("engine/") and "model(" in site
     assert "## full: 1 syncs" in syncs.format_sites(sites)
+
+
+def test_ab_rows_undo_one_switch_each_and_restore_it() -> None:
+    """``--ab`` rows: warm requests with one warm-path change undone, the switch restored after."""
+    import hypic.ops.conv as conv
+    import hypic.ops.kernels as kernels
+
+    before = (kernels.RECURRENT_MAX, conv._FLA_CONV)
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    shape = RagShape(docs=3, doc_tokens=20, head_tokens=8, query_tokens=4)
+    res = run(engine, shape, reps=1, ab=True)
+    assert res["warm_chunked_short_runs"] > 0 and res["warm_fla_conv"] > 0
+    assert (kernels.RECURRENT_MAX, conv._FLA_CONV) == before
+    assert "A/B: hypic warm, chunked short runs" in report(res, shape, "tiny")
