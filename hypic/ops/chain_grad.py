@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from hypic.ops.kernels import kernel_device
+from hypic.ops.scan import chain_loop
 
 
 def _chain(A: Tensor, S: Tensor) -> Tensor:
@@ -22,14 +23,7 @@ def _chain(A: Tensor, S: Tensor) -> Tensor:
         from hypic.ops.triton_chain import matrix_chain
 
         return matrix_chain(A, S)
-    return _chain_loop(A, S)
-
-
-def _chain_loop(A: Tensor, S: Tensor) -> Tensor:
-    X = S.new_zeros(len(S) + 1, *S.shape[1:])
-    for i in range(len(S)):
-        X[i + 1] = torch.baddbmm(S[i], A[i], X[i])
-    return X
+    return chain_loop("matrix", A, S)
 
 
 class _Chain(torch.autograd.Function):

@@ -24,10 +24,11 @@ def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, na
         from hypic.ops.triton_chain import matrix_chain
 
         return matrix_chain(transitions, states)
-    return _loop(fam.transition, transitions, states, naive)
+    return chain_loop(fam.transition, transitions, states, naive)
 
 
-def _loop(transition: str, transitions: Tensor | None, states: Tensor, naive: bool) -> Tensor:
+def chain_loop(transition: str, transitions: Tensor | None, states: Tensor, naive: bool = False) -> Tensor:
+    """The scan step by step (any device, differentiable): the CPU path and the reference."""
     n = states.shape[0]
     out = states.new_zeros(n + 1, *states.shape[1:])
     x = out[0]

@@ -83,11 +83,12 @@ def parse_weights(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, eq, value = part.partition("=")
         try:
-            out[name.strip()] = float(value)
+            weight = float(value) if eq else -1.0
         except ValueError:
-            eq = ""
-        if not eq or out.get(name.strip(), -1.0) < 0:
+            weight = -1.0
+        if weight < 0:
             raise ValueError(f"--family-weights: expected name=weight (weight ≥ 0), got {part!r}")
+        out[name.strip()] = weight
     return out
 
 

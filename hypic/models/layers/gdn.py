@@ -33,7 +33,6 @@ class GDNConfig:
 
 
 @functools.cache
-@functools.lru_cache(maxsize=8)
 def _l2_weight(dim: int, device: torch.device) -> Tensor:  # made once, not per call
     return torch.full((dim,), dim**-0.5, device=device)
 
