@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--doc-tokens", type=int, default=1024)
     p_ttft.add_argument("--head-tokens", type=int, default=512)
     p_ttft.add_argument("--query-tokens", type=int, default=64)
-    p_ttft.add_argument("--reps", type=int, default=5)
+    p_ttft.add_argument("--reps", type=int, default=10)
     p_ttft.add_argument("--ab", action="store_true",
                         help="CUDA: add warm rows with the recurrent short-run path and hypic's conv undone")
     p_ttft.add_argument("--out", help="append the table to this markdown file")

@@ -65,3 +65,32 @@ def test_ab_rows_undo_one_switch_each_and_restore_it() -> None:
     assert res["warm_chunked_short_runs"] > 0 and res["warm_fla_conv"] > 0
     assert (kernels.RECURRENT_MAX, conv._FLA_CONV) == before
     assert "A/B: hypic warm, chunked short runs" in report(res, shape, "tiny")
+
+
+def test_warm_rows_are_measured_round_robin_with_spread(monkeypatch) -> None:
+    """Each prompt runs warm, every A/B row and the lower bound back to back (so host noise hits
+    them alike); every row reports p50 within its min–max."""
+    import hypic.bench.ttft as ttft
+
+    order: list[str] = []
+    real_ttft, real_lb = ttft._ttft, ttft._lower_bound
+
+    def spy_ttft(engine, prompt, mode):
+        order.append(f"{mode}:{ttft.importlib.import_module('hypic.ops.kernels').RECURRENT_MAX}")
+        return real_ttft(engine, prompt, mode)
+
+    def spy_lb(engine, tokens, vocab):
+        order.append("lb")
+        return real_lb(engine, tokens, vocab)
+
+    monkeypatch.setattr(ttft, "_ttft", spy_ttft)
+    monkeypatch.setattr(ttft, "_lower_bound", spy_lb)
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    res = run(engine, RagShape(docs=3, doc_tokens=20, head_tokens=8, query_tokens=4), reps=3, ab=True)
+    tail = order[order.index("lb") + 1:]  # after the lower bound's warm-up call
+    per_prompt = len(ttft.AB_SWITCHES) + 2
+    assert len(tail) == 3 * per_prompt and all(tail[i * per_prompt + per_prompt - 1] == "lb" for i in range(3))
+    assert tail[1].endswith(":0")  # the chunked-short-runs row sits between warm requests
+    for key in ("full", "prefix", "hypic_cold", "hypic_warm", "lower_bound", *ttft.AB_SWITCHES):
+        assert res[f"{key}_min"] <= res[key] <= res[f"{key}_max"]
+    assert res["warm_over_lower_bound"] > 0
