@@ -117,7 +117,7 @@ def eval_quality(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hypic.eval.quality import evaluate
-    from hypic.eval.report import plot, table
+    from hypic.eval.report import plot, relation_table, table
     from hypic.llm import bundled_model_path
     from hypic.models.loader import load_model
 
@@ -134,6 +134,7 @@ def eval_quality(args: argparse.Namespace) -> int:
         return {"scores": {k: round(r.average, 3) for k, r in results.items()},
                 "families": {k: r.family_scores for k, r in results.items()},
                 "em": {k: r.family_em for k, r in results.items()},
+                "relation_em": {k: r.relation_em for k, r in results.items()},
                 "kl": {k: r.kl for k, r in results.items()}, "top1": {k: r.top1 for k, r in results.items()},
                 "examples_per_family": n, "difficulty": difficulty}
 
@@ -144,7 +145,9 @@ def eval_quality(args: argparse.Namespace) -> int:
         out.write_text(f"# Quality across the mode ladder\n\nCommand: `hypic eval quality {' '.join(sys.argv[3:])}` · "
                        f"model {shown} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
                        f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
-                       f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n")
+                       f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n"
+                       + (f"\nExact match per answered relation under `full` (a two-hop question counts under "
+                          f"its second hop):\n\n{relation_table(results['full'])}\n" if "full" in results else ""))
 
     results = evaluate(loaded, n=n, difficulty=difficulty, labels=labels, batch=args.batch,
                        on_label=report if args.out else None)

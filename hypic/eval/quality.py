@@ -37,6 +37,9 @@ MAX_TOKENS = {"em_f1": 8, "rougeL": 48}
 class LabelResult:
     family_scores: dict[str, float] = field(default_factory=dict)  # 0–100: F1 (QA) or ROUGE-L
     family_em: dict[str, float] = field(default_factory=dict)  # QA exact match, 0–100
+    # QA exact match per relation the answer comes from ("single_hop:colour", "multi_hop:home"), 0–100:
+    # a model can learn to look some relations up and not others, which a family average hides
+    relation_em: dict[str, float] = field(default_factory=dict)
     kl: float = 0.0  # mean first-token KL(full ‖ label)
     top1: float = 0.0  # first-token top-1 agreement with full, 0–100
 
@@ -50,6 +53,14 @@ def _batches(items: list, size: int):
         yield items[i:i + size]
 
 
+def _by_relation(family: str, examples: list, ems: list[float]) -> dict[str, float]:
+    """Mean EM (0–100) per answered relation; a two-hop question counts under its second hop."""
+    groups: dict[str, list[float]] = {}
+    for ex, em in zip(examples, ems, strict=True):
+        groups.setdefault(f"{family}:{ex.meta['relation'].split('>')[-1]}", []).append(em)
+    return {key: 100 * sum(v) / len(v) for key, v in sorted(groups.items())}
+
+
 def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
              labels: list[str] | None = None, batch: int = 8,
              on_label: Callable[[dict[str, LabelResult]], None] | None = None) -> dict[str, LabelResult]:
@@ -58,8 +69,9 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
     if loaded.tokenizer is None:
         raise ValueError("model: quality evaluation needs a tokenizer.json")
     tok = loaded.tokenizer
-    data = {f: [encode_example(tok, ex) for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
-    refs = {f: [ex.answer for ex in generate(f, n, seed, difficulty=difficulty)] for f in FAMILIES}
+    examples = {f: generate(f, n, seed, difficulty=difficulty) for f in FAMILIES}
+    refs = {f: [ex.answer for ex in examples[f]] for f in FAMILIES}
+    data = {f: [encode_example(tok, ex) for ex in examples[f]] for f in FAMILIES}
     labels = labels or list(LABELS)
     unknown = [label for label in labels if label not in LABELS]
     if unknown:
@@ -88,6 +100,7 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
             if metric == "em_f1":
                 res.family_em[family] = 100 * sum(s["em"] for s in scores) / len(scores)
+                res.relation_em.update(_by_relation(family, examples[family], [s["em"] for s in scores]))
             p, q = torch.log_softmax(full_logits[family], -1), torch.log_softmax(torch.cat(logits), -1)
             kls += (p.exp() * (p - q)).sum(-1).tolist()
             agree += (p.argmax(-1) == q.argmax(-1)).float().tolist()

@@ -22,6 +22,17 @@ def table(results: dict[str, LabelResult]) -> str:
     return "\n".join(lines)
 
 
+def relation_table(result: LabelResult) -> str:
+    """EM per answered relation, one row per QA family: where a model has not learned a lookup."""
+    rels = sorted({key.split(":", 1)[1] for key in result.relation_em})
+    fams = sorted({key.split(":", 1)[0] for key in result.relation_em})
+    lines = ["| family | " + " | ".join(rels) + " |", "|" + "---|" * (len(rels) + 1)]
+    for fam in fams:
+        cells = [f"{result.relation_em[f'{fam}:{r}']:.0f}" if f"{fam}:{r}" in result.relation_em else "–" for r in rels]
+        lines.append(f"| {fam} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, LabelResult], path: Path) -> None:
     import matplotlib
 

@@ -116,7 +116,8 @@ def train(args: argparse.Namespace) -> dict:
                                                                 "model_max_length": 32768}))
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
-                    extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights))
+                    extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights),
+                    easy_share=args.easy_share)
     t0, last, logged_tokens = time.time(), time.time(), state["tokens"]
     try:
         with backend_override("torch"):
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="more two-hop questions about the same documents after each QA answer")
     p.add_argument("--family-weights", default="",
                    help="sampling weights of task families, e.g. multi_hop=2,report_summary=0.5 (others 1)")
+    p.add_argument("--easy-share", type=float, default=0.0,
+                   help="share of examples at low difficulty (uniform in [0, 0.25]) whatever the curriculum")
     p.add_argument("--standalone-every", type=int, default=0,
                    help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
     p.add_argument("--schedule-start", type=int, default=0,

@@ -40,6 +40,25 @@ def test_cli_quick_json_and_report(model_dir, tmp_path, capsys) -> None:
     scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scores"]
     assert {"full", "prefix", "naive", "transition", "hypic_w0", "hypic_w32"} <= set(scores)
     assert "| hypic_w8 |" in out.read_text() and out.with_suffix(".png").stat().st_size > 1000
+    assert "Exact match per answered relation" in out.read_text()
+
+
+def test_relation_em_averages_the_family_em(model_dir) -> None:
+    """EM per answered relation: every QA example counted once, under the relation its answer comes
+    from (a two-hop question under its second hop), so the size-weighted mean is the family's EM."""
+    from hypic.eval.report import relation_table
+    from hypic.eval.tasks import generate
+
+    n = 6
+    r = evaluate(load_model(model_dir, device="cpu"), n=n, difficulty=0.0, labels=["full"])["full"]
+    for family in ("single_hop", "multi_hop"):
+        rels = [ex.meta["relation"].split(">")[-1] for ex in generate(family, n, 1234, difficulty=0.0)]
+        keys = {k: v for k, v in r.relation_em.items() if k.startswith(family + ":")}
+        assert set(keys) == {f"{family}:{rel}" for rel in rels}
+        weighted = sum(keys[f"{family}:{rel}"] for rel in rels) / n  # each example weighs its group's mean
+        assert weighted == pytest.approx(r.family_em[family])
+    table = relation_table(r)
+    assert table.count("\n") == 3 and "| single_hop |" in table and "| multi_hop |" in table
 
 
 def test_demo_session_reports_cold_and_warm(model_dir, capsys) -> None:

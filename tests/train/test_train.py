@@ -117,3 +117,18 @@ def test_family_weights_steer_sampling() -> None:
             parse_weights(bad)
     with pytest.raises(ValueError, match="unknown families"):
         Stream(tok, batch_tokens=100, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, family_weights={"nope": 1.0})
+
+
+def test_easy_share_draws_short_prompts_whatever_the_curriculum() -> None:
+    """``easy_share`` items come from the bottom of the difficulty range even at full difficulty
+    (at most 10 documents of ≈ 152 tokens), the rest follow the curriculum; 0 leaves the stream as it was."""
+    tok = train_tokenizer(corpus(3, [-1], difficulties=(0.0,)), 512)
+    families = ("single_hop",)
+    easy = sequences(tok.to_str(), 0, 1.0, 16, families, 20_000, easy_share=1.0)
+    hard = sequences(tok.to_str(), 0, 1.0, 16, families, 20_000)
+    assert max(len(t) for t, _, _ in easy) < 2_500 < max(len(t) for t, _, _ in hard)
+    assert max(len(segs) for _, _, segs in easy) <= 11  # head + at most 10 documents
+    same = sequences(tok.to_str(), 0, 1.0, 16, families, 20_000, easy_share=0.0)
+    assert all((a[0] == b[0]).all() for a, b in zip(same, hard, strict=True))
+    with pytest.raises(ValueError, match="easy_share"):
+        Stream(tok, batch_tokens=100, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_share=1.5)
