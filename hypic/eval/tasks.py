@@ -32,6 +32,7 @@ from hypic.eval.world import (
     PERSON_RELATIONS,
     RELATIONS,
     Entity,
+    answer_phrase,
     sample_world,
     sentence,
     value_phrase,
@@ -89,8 +90,8 @@ def _extra(rng: random.Random, profiles: list[tuple[Entity, Doc]],
     """Single-hop questions about facts the profiles state, other than the one `asked` (entity, relation)."""
     pairs = [(e, r) for e, d in profiles for r in d.stated if (e.name, r) != asked]
     rng.shuffle(pairs)
-    return tuple((_query(sentence(rng.choice(RELATIONS[r].questions), e.phrase)), e.facts[r])
-                 for e, r in pairs[:EXTRA_QUESTIONS])
+    return tuple((_query(sentence(rng.choice(RELATIONS[r].questions), e.phrase)),
+                  answer_phrase(RELATIONS[r], e.facts[r])) for e, r in pairs[:EXTRA_QUESTIONS])
 
 
 def _extra_multi(rng: random.Random, profiles: list[tuple[Entity, Doc]],
@@ -105,7 +106,7 @@ def _extra_multi(rng: random.Random, profiles: list[tuple[Entity, Doc]],
                        if b is not a and b.facts[r] != a.name and (a.name, link, r) != asked]
     rng.shuffle(chains)
     return tuple((_query(sentence(rng.choice(RELATIONS[r].questions), RELATIONS[link].link.format(s=a.phrase))),
-                  b.facts[r]) for a, link, b, r in chains[:EXTRA_QUESTIONS])
+                  answer_phrase(RELATIONS[r], b.facts[r])) for a, link, b, r in chains[:EXTRA_QUESTIONS])
 
 
 def _place(rng: random.Random, docs: list[str], evidence: int) -> tuple[list[str], tuple[int, ...]]:
@@ -130,7 +131,8 @@ def _single_hop(rng: random.Random, k: Knobs) -> Example:
     docs, support = _place(rng, [d.text for _, d in profiles], 1)
     question = sentence(rng.choice(rel.questions), target.phrase)
     extra = _extra(rng, profiles, (target.name, rel.name))
-    return Example([HEAD_QA, *docs, _query(question)], target.facts[rel.name], "single_hop", "em_f1", support,
+    return Example([HEAD_QA, *docs, _query(question)], answer_phrase(rel, target.facts[rel.name]), "single_hop",
+                   "em_f1", support,
                    {"relation": rel.name, "subject": target.name}, extra, _extra_multi(rng, profiles, ("", "", "")))
 
 
@@ -153,7 +155,7 @@ def _multi_hop(rng: random.Random, k: Knobs) -> Example:
     docs, support = _place(rng, [d.text for _, d in profiles], 2)
     question = sentence(rng.choice(second.questions), first.link.format(s=start.phrase))
     extra = _extra(rng, profiles, ("", ""))
-    return Example([HEAD_QA, *docs, _query(question)], answer, "multi_hop", "em_f1", support,
+    return Example([HEAD_QA, *docs, _query(question)], answer_phrase(second, answer), "multi_hop", "em_f1", support,
                    {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name},
                    extra, _extra_multi(rng, profiles, (start.name, first.name, second.name)))
 

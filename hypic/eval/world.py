@@ -126,6 +126,15 @@ def value_phrase(rel: Relation, value: str) -> str:
     return value
 
 
+def answer_phrase(rel: Relation, value: str) -> str:
+    """A QA reference answer: the value, keeping the indefinite article the documents give it ("a
+    weaver", "an owl"). Scoring drops articles (SQuAD's normalisation), so this changes no score; it
+    lets a model answer by copying the span the document holds. A model trained on bare values
+    learned to read the article ("an" → the one pet that starts with a vowel) but never the noun
+    after "a" (docs/training.md, session 5)."""
+    return article(value) if rel.values in ("job", "pet") else value
+
+
 def sentence(template: str, s: str, v: str = "") -> str:
     text = template.format(s=s, v=v)
     return text[0].upper() + text[1:]

@@ -113,3 +113,25 @@ def test_filler_shares_no_word_with_any_value() -> None:
                    + vocab.FILLER_TOPICS + tuple(vocab.FILLER_GOES) + vocab.FILLER_PLACES + vocab.ORG_FILLER_ACTS
                    + vocab.ORG_FILLER_OBJECTS + vocab.SCENES)
     assert values & filler <= {"a", "an", "the", "of", "its", "to"}
+
+
+def test_qa_answers_keep_the_documents_indefinite_article() -> None:
+    """Job and pet answers read as the document states them ("a weaver", "an owl"), so a model can
+    copy the span; every other answer is the bare value. Scoring drops articles, so a bare answer
+    still scores as before."""
+    from hypic.eval.metrics import exact_match
+    from hypic.eval.world import RELATIONS
+
+    seen = set()
+    for family in ("single_hop", "multi_hop"):
+        for ex in generate(family, 60, 3, difficulty=0.1):
+            rel = RELATIONS[ex.meta["relation"].split(">")[-1]]
+            article = rel.values in ("job", "pet")
+            assert ex.answer.startswith(("a ", "an ")) == article, (rel.name, ex.answer)
+            assert any(ex.answer in d for d in ex.documents)
+            bare = ex.answer.split(" ", 1)[1] if article else ex.answer
+            assert exact_match(bare, ex.answer) == 1.0
+            seen.add(article)
+            for _, answer in ex.extra + ex.extra_multi:
+                assert any(answer in d for d in ex.documents)
+    assert seen == {True, False}
