@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from hypic.engine.modes import MODES
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
 from hypic.ops.linear import linear_attention
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("prompt")
     p_gen.add_argument("--model", help="model folder (default: the bundled model)")
     p_gen.add_argument("--device")
-    p_gen.add_argument("--mode", default="hypic", choices=["full", "prefix", "naive", "transition", "hypic"])
+    p_gen.add_argument("--mode", default="hypic", choices=list(MODES))
     p_gen.add_argument("--seam", type=int, default=8)
     p_gen.add_argument("--max-tokens", type=int, default=32)
     p_gen.add_argument("--temperature", type=float, default=0.0)

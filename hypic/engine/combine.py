@@ -40,7 +40,7 @@ class _KeyLayout:
     keys: int  # keys of the request
     run_dest: Tensor  # slots of the request's recomputed rows (in row order)
     body_dest: Tensor  # slots of its cached bodies' keys (bodies in order)
-    body_pos: Tensor  # their true positions
+    body_pos: Tensor  # the positions their keys are roped at: true ones (else standalone, ``addition``)
     bodies: list[Entry]
     visible: Tensor  # [rows, keys] bool: key position ≤ query position (the same for every layer)
 
@@ -202,7 +202,7 @@ class CombineContext(ForwardContext):
             self._layouts = []
             cu, dev = self.linear_cu.tolist(), self.positions.device
             for items, (ra, rb) in zip(self.items, self.request_rows, strict=True):
-                run_dest, body_dest, body_pos, bodies, n = [], [], [], [], 0
+                run_dest, body_dest, body_pos, true_pos, bodies, n = [], [], [], [], [], 0
                 for kind, item in items:
                     if kind == "run":
                         length = cu[item + 1] - cu[item]
@@ -211,12 +211,14 @@ class CombineContext(ForwardContext):
                         e = item.entry
                         length = e.body_length
                         body_dest += range(n, n + length)
-                        body_pos += range(item.start + e.seam, item.start + e.length)
+                        true_pos += range(item.start + e.seam, item.start + e.length)
+                        offset = item.start if self.assembly.rope_fix else 0
+                        body_pos += range(offset + e.seam, offset + e.length)
                         bodies.append(e)
                     n += length
                 key_pos = torch.empty(n, dtype=torch.long)
                 key_pos[run_dest] = self.host_positions[ra:rb]
-                key_pos[body_dest] = torch.tensor(body_pos, dtype=torch.long)
+                key_pos[body_dest] = torch.tensor(true_pos, dtype=torch.long)
                 # the [rows, keys] comparison on the device: on the host it took ≈ 8 ms for 328 × 33k
                 as_long = (lambda xs: torch.tensor(xs, dtype=torch.long))  # noqa: E731
                 key_pos, run_dest, body_dest, body_pos = to_device_many(

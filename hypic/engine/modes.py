@@ -1,12 +1,18 @@
-"""The ablation ladder (DESIGN §6): one engine, five ways to assemble a prompt's state."""
+"""The ablation ladder (DESIGN §6): one engine, six ways to assemble a prompt's state.
+
+``addition`` is the published system's straw man (its ``addition`` mode): states summed like
+``naive``, and cached keys left with the RoPE phase of their standalone prefill (positions from 0
+in every segment) instead of being roped at their true positions. ``naive`` keeps the RoPE fix,
+so it isolates what dropping T costs; ``addition`` shows what a cache that fixes nothing costs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["full", "prefix", "naive", "transition", "hypic"]
-MODES: tuple[str, ...] = ("full", "prefix", "naive", "transition", "hypic")
+Mode = Literal["full", "prefix", "addition", "naive", "transition", "hypic"]
+MODES: tuple[str, ...] = ("full", "prefix", "addition", "naive", "transition", "hypic")
 
 
 @dataclass(frozen=True)
@@ -17,9 +23,11 @@ class Assembly:
     seam: bool  # recompute each cached segment's first w tokens in context
     rerotate: bool  # move RoPE-carrying linear states to their true position
     conv_warmup: bool  # start a recompute run's conv from the preceding segment's tail
+    rope_fix: bool = True  # rope cached keys at their true positions (else at their standalone ones)
 
 
 ASSEMBLY: dict[str, Assembly] = {
+    "addition": Assembly(False, False, False, False, rope_fix=False),
     "naive": Assembly(False, False, False, False),
     "transition": Assembly(True, False, False, False),
     "hypic": Assembly(True, True, True, True),

@@ -65,3 +65,16 @@ def test_cache_salt_isolates_tenants(llm) -> None:
     assert other.metrics.segment_hits == 0 and other.metrics.cached_tokens == 0
     same = llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="tenant-a")[0]
     assert same.metrics.segment_hits == 2
+
+
+def test_addition_is_naive_without_the_rope_fix(llm) -> None:
+    """``addition`` (the published straw man) differs from ``naive`` only in the RoPE phase of cached
+    keys: where every cached segment starts at position 0 anyway (the head), the two are the same
+    computation; a document further in gets keys at its standalone positions and the answer moves."""
+    head_only = _segments(3, [24, 6])
+    assert _maxdiff(_logits(llm, head_only, "addition"), _logits(llm, head_only, "naive")) <= 1e-6
+    prompt = _segments(5, [16, 120, 120, 10])
+    assert _maxdiff(_logits(llm, prompt, "addition"), _logits(llm, prompt, "naive")) > 1e-3
+    out = llm.generate([prompt], SamplingParams(max_tokens=2), mode="addition")[0]
+    assert len(out.token_ids) == 2 and out.metrics.segment_hits == 3  # decodes on after the straw-man prefill
+    assert llm.engine.store.check_integrity()
