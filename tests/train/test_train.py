@@ -132,3 +132,6 @@ def test_easy_share_draws_short_prompts_whatever_the_curriculum() -> None:
     assert all((a[0] == b[0]).all() for a, b in zip(same, hard, strict=True))
     with pytest.raises(ValueError, match="easy_share"):
         Stream(tok, batch_tokens=100, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_share=1.5)
+    stream = Stream(tok, batch_tokens=8000, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_share=1.0,
+                    families=families, pool_batches=1)
+    assert max(stream.batch(1000).lengths) < 2_500  # the stream hands the share to its item maker
