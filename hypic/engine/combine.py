@@ -202,7 +202,7 @@ class CombineContext(ForwardContext):
             self._layouts = []
             cu, dev = self.linear_cu.tolist(), self.positions.device
             for items, (ra, rb) in zip(self.items, self.request_rows, strict=True):
-                run_dest, body_dest, body_pos, true_pos, bodies, n = [], [], [], [], [], 0
+                run_dest, body_dest, body_pos, local_pos, bodies, n = [], [], [], [], [], 0
                 for kind, item in items:
                     if kind == "run":
                         length = cu[item + 1] - cu[item]
@@ -211,20 +211,21 @@ class CombineContext(ForwardContext):
                         e = item.entry
                         length = e.body_length
                         body_dest += range(n, n + length)
-                        true_pos += range(item.start + e.seam, item.start + e.length)
-                        offset = item.start if self.assembly.rope_fix else 0
-                        body_pos += range(offset + e.seam, offset + e.length)
+                        body_pos += range(item.start + e.seam, item.start + e.length)
+                        if not self.assembly.rope_fix:
+                            local_pos += range(e.seam, e.length)
                         bodies.append(e)
                     n += length
                 key_pos = torch.empty(n, dtype=torch.long)
                 key_pos[run_dest] = self.host_positions[ra:rb]
-                key_pos[body_dest] = torch.tensor(true_pos, dtype=torch.long)
+                key_pos[body_dest] = torch.tensor(body_pos, dtype=torch.long)
                 # the [rows, keys] comparison on the device: on the host it took ≈ 8 ms for 328 × 33k
                 as_long = (lambda xs: torch.tensor(xs, dtype=torch.long))  # noqa: E731
-                key_pos, run_dest, body_dest, body_pos = to_device_many(
-                    [key_pos, as_long(run_dest), as_long(body_dest), as_long(body_pos)], dev)
+                key_pos, run_dest, body_dest, rope_pos = to_device_many(
+                    [key_pos, as_long(run_dest), as_long(body_dest),
+                     as_long(body_pos if self.assembly.rope_fix else local_pos)], dev)
                 visible = key_pos[None, :] <= self.positions[ra:rb, None]
-                self._layouts.append(_KeyLayout(n, run_dest, body_dest, body_pos, bodies, visible))
+                self._layouts.append(_KeyLayout(n, run_dest, body_dest, rope_pos, bodies, visible))
         return self._layouts
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
