@@ -71,7 +71,6 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
         raise ValueError("model: quality evaluation needs a tokenizer.json")
     tok = loaded.tokenizer
     examples = {f: generate(f, n, seed, difficulty=difficulty) for f in FAMILIES}
-    refs = {f: [ex.answer for ex in examples[f]] for f in FAMILIES}
     data = {f: [encode_example(tok, ex) for ex in examples[f]] for f in FAMILIES}
     labels = labels or list(LABELS)
     unknown = [label for label in labels if label not in LABELS]
@@ -96,7 +95,7 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
                 logits.append(torch.stack([r.first_logits for r in runs]))
                 engine.finish(runs)
                 preds += [tok.decode(r.output.token_ids, skip_special_tokens=True).strip() for r in runs]
-            scores = [score(metric, p, r) for p, r in zip(preds, refs[family], strict=True)]
+            scores = [score(metric, p, r) for p, r in zip(preds, (ex.answer for ex in examples[family]), strict=True)]
             key = "f1" if metric == "em_f1" else "rougeL"
             res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
             if metric == "em_f1":

@@ -113,15 +113,18 @@ class World:
         return next(e for e in self.people + self.orgs if e.name == name)
 
 
+INDEFINITE = ("job", "pet")  # value kinds the documents give an indefinite article ("a weaver")
+
+
 def article(word: str) -> str:
     return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def value_phrase(rel: Relation, value: str) -> str:
-    """The value as it reads inside a sentence; the bare value (the answer) is always a contiguous part of it."""
+    """The value as it reads inside a sentence; the bare value is always a contiguous part of it."""
     if rel.values == "org" or rel.values == "instrument":
         return f"the {value}"
-    if rel.values in ("job", "pet"):
+    if rel.values in INDEFINITE:
         return article(value)
     return value
 
@@ -132,7 +135,7 @@ def answer_phrase(rel: Relation, value: str) -> str:
     lets a model answer by copying the span the document holds. A model trained on bare values
     learned to read the article ("an" → the one pet that starts with a vowel) but never the noun
     after "a" (docs/training.md, session 5)."""
-    return article(value) if rel.values in ("job", "pet") else value
+    return article(value) if rel.values in INDEFINITE else value
 
 
 def sentence(template: str, s: str, v: str = "") -> str:
