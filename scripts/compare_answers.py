@@ -1,0 +1,66 @@
+"""Greedy answers of the bundled model (or --model) side by side across modes, per example, with
+the reference: where a mode loses points, and how (docs/quality.md, "where the remaining gaps come
+from"). For the summary families it also counts reference facts recalled and answers that give the
+same facts as the first mode in another order.
+
+    python scripts/compare_answers.py [--family multi_doc_summary] [--n 12] [--difficulty 1] [--modes full,hypic]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
+from hypic.eval.metrics import score
+from hypic.eval.quality import MAX_TOKENS
+from hypic.eval.tasks import FAMILIES, generate
+from hypic.eval.tokenizer import encode_example
+from hypic.llm import bundled_model_path
+from hypic.models.loader import load_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(bundled_model_path()))
+    ap.add_argument("--family", default="multi_doc_summary", choices=list(FAMILIES))
+    ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--difficulty", type=float, default=1.0)
+    ap.add_argument("--modes", default="full,hypic")
+    ap.add_argument("--seam", type=int, default=8)
+    args = ap.parse_args()
+    loaded = load_model(args.model, device="cpu", dtype=torch.float32)
+    tok, metric = loaded.tokenizer, FAMILIES[args.family].metric
+    examples = generate(args.family, args.n, 1234, difficulty=args.difficulty)  # the quality runner's seed
+    prompts = [encode_example(tok, ex).segments for ex in examples]
+    modes = args.modes.split(",")
+    answers: dict[str, list[str]] = {}
+    for mode in modes:
+        outs = Engine(loaded, seam=args.seam).generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS[metric])]
+                                                         * len(prompts), mode=mode)
+        answers[mode] = [tok.decode(o.token_ids, skip_special_tokens=True).strip() for o in outs]
+    key = "f1" if metric == "em_f1" else "rougeL"
+    recalled = dict.fromkeys(modes, 0)
+    reordered = dict.fromkeys(modes, 0)
+    facts_total = 0
+    for i, ex in enumerate(examples):
+        print(f"[{i}] {len(ex.documents)} documents · reference: {ex.answer}")
+        facts = ex.answer.split("; ")
+        facts_total += len(facts)
+        first = answers[modes[0]][i].split("; ")
+        for mode in modes:
+            got = answers[mode][i]
+            print(f"    {mode:10s} {score(metric, got, ex.answer)[key]:.2f}  {got}")
+            recalled[mode] += sum(f in got for f in facts)
+            parts = got.split("; ")
+            reordered[mode] += parts != first and sorted(parts) == sorted(first)
+    if metric == "rougeL":
+        for mode in modes:
+            print(f"{mode}: {recalled[mode]} of {facts_total} reference facts recalled; "
+                  f"{reordered[mode]} of {len(examples)} answers are {modes[0]}'s facts in another order")
+
+
+if __name__ == "__main__":
+    main()
