@@ -27,6 +27,17 @@ else
   python3 -m hypic.train --out "$ck" --tokenizer hypic/assets/tokenizer --minutes "$MINUTES" ${TRAIN_ARGS:-} \
     | tee /tmp/train.log
 fi
+if [ -n "${THEN_QUALITY_SECONDS:-}" ]; then
+  # The last run of a schedule: export the model and measure the full quality table in the same call
+  # (no second machine start). $OUT returns ≤ 8 files, so the optimizer state and the unchanged
+  # config stay behind: 4 checkpoint files + quality.{md,png,json,log}. Needs the fla wheels (.whl).
+  cp "$ck"/model-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
+  python3 -m hypic.train.export --from "$ck"
+  OUT="$OUT" GPU_OPS=0 SKIP_GPU_TESTS=1 GPU_QUALITY=1 GPU_QUALITY_SECONDS="$THEN_QUALITY_SECONDS" \
+    GPU_QUALITY_ARGS="${THEN_QUALITY_ARGS:---n 200 --batch 200}" bash scripts/gpu_check.sh | grep -E '^(\||\[)' || true
+  tail -2 /tmp/train.log
+  exit 0
+fi
 cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/config.json \
   "$ck"/train_state.json "$OUT"/
 [ "${QUALITY_SECONDS:-60}" = 0 ] || timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \

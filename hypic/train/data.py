@@ -74,11 +74,12 @@ EASY_MAX = 0.25  # the top of the easy share's difficulty range: up to 10 docume
 
 def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, families: tuple[str, ...],
               max_tokens: int, extra: int = 0, extra_multi: int = 0,
-              weights: tuple[float, ...] | None = None, easy_share: float = 0.0) -> list[Item]:
+              weights: tuple[float, ...] | None = None, easy_share: float = 0.0,
+              easy_max: float = EASY_MAX) -> list[Item]:
     """``count`` training items; difficulty drawn in [0, max_difficulty] with density rising linearly
     (max · √u): easy examples keep appearing, but the long many-document ones the evaluation uses
     (difficulty 1) get twice the weight of the middle of the range. ``easy_share`` of the items
-    instead draw their difficulty uniformly from [0, EASY_MAX]: short prompts teach a lookup in a
+    instead draw their difficulty uniformly from [0, ``easy_max``]: short prompts teach a lookup in a
     few hundred steps that long ones did not teach in thousands (docs/training.md, session 5).
     Arrays, not lists: they cross the process boundary and become tensors cheaply."""
     tok = Tokenizer.from_str(tok_json)
@@ -87,7 +88,7 @@ def sequences(tok_json: str, seed: int, max_difficulty: float, count: int, famil
     while len(out) < count:
         family = rng.choice(families) if weights is None else rng.choices(families, weights)[0]
         if easy_share > 0 and rng.random() < easy_share:  # no draw at 0: earlier runs' streams stay as they were
-            difficulty = min(max_difficulty, EASY_MAX) * rng.random()
+            difficulty = min(max_difficulty, easy_max) * rng.random()
         else:
             difficulty = max_difficulty * math.sqrt(rng.random())
         ex = generate(family, 1, rng.randrange(2**31), difficulty=difficulty)[0]
@@ -127,10 +128,13 @@ class Stream:
     def __init__(self, tokenizer: Tokenizer, *, batch_tokens: int, seed: int, ramp_steps: int, doc_weight: float,
                  workers: int = 4, max_tokens: int = 18432, families: tuple[str, ...] = tuple(FAMILIES),
                  pool_batches: int = 8, extra: int = 0, extra_multi: int = 0,
-                 family_weights: dict[str, float] | None = None, easy_share: float = 0.0) -> None:
+                 family_weights: dict[str, float] | None = None, easy_share: float = 0.0,
+                 easy_max: float = EASY_MAX) -> None:
         if not 0.0 <= easy_share <= 1.0:
             raise ValueError(f"easy_share must be in [0, 1], got {easy_share}")
-        self.easy_share = easy_share
+        if not 0.0 <= easy_max <= 1.0:
+            raise ValueError(f"easy_max must be in [0, 1], got {easy_max}")
+        self.easy_share, self.easy_max = easy_share, easy_max
         self.tok_json, self.batch_tokens, self.seed = tokenizer.to_str(), batch_tokens, seed
         self.ramp_steps, self.doc_weight, self.max_tokens, self.families = ramp_steps, doc_weight, max_tokens, families
         self.pool_batches, self.extra, self.extra_multi = pool_batches, extra, extra_multi
@@ -146,7 +150,8 @@ class Stream:
 
     def _request(self, step: int) -> None:
         args = (self.tok_json, self.seed * 1_000_003 + self._jobs, difficulty_at(step, self.ramp_steps), 64,
-                self.families, self.max_tokens, self.extra, self.extra_multi, self.weights, self.easy_share)
+                self.families, self.max_tokens, self.extra, self.extra_multi, self.weights, self.easy_share,
+                self.easy_max)
         self._jobs += 1
         self._pending.append(self.pool.apply_async(sequences, args) if self.pool else args)
 

@@ -24,7 +24,7 @@ from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
 from hypic.train.checkpoint import load_checkpoint, save_checkpoint
-from hypic.train.data import Stream, difficulty_at
+from hypic.train.data import EASY_MAX, Stream, difficulty_at
 from hypic.train.pic import StandaloneSegmentsContext
 
 
@@ -117,7 +117,7 @@ def train(args: argparse.Namespace) -> dict:
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
                     extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights),
-                    easy_share=args.easy_share)
+                    easy_share=args.easy_share, easy_max=args.easy_max)
     t0, last, logged_tokens = time.time(), time.time(), state["tokens"]
     try:
         with backend_override("torch"):
@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--family-weights", default="",
                    help="sampling weights of task families, e.g. multi_hop=2,report_summary=0.5 (others 1)")
     p.add_argument("--easy-share", type=float, default=0.0,
-                   help="share of examples at low difficulty (uniform in [0, 0.25]) whatever the curriculum")
+                   help="share of examples at low difficulty (uniform in [0, --easy-max]) whatever the curriculum")
+    p.add_argument("--easy-max", type=float, default=EASY_MAX,
+                   help="top of the easy share's difficulty range (0: one or two documents)")
     p.add_argument("--standalone-every", type=int, default=0,
                    help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
     p.add_argument("--schedule-start", type=int, default=0,

@@ -2,11 +2,12 @@
 
 The bounds are what the shipped model must keep: exact reuse (`prefix`) scores exactly as `full`,
 the model answers well above chance, hypic's reuse stays close to `full` and above naive state
-addition, and naive disagrees more with `full` on the first token. Measured for the step-9465 model
-(docs/quality.md): full 80.2, hypic_w8 80.2, naive 68.5; KL naive 0.88, hypic_w8 0.010. At difficulty
-0.3 naive loses little (few documents to add up), so its bound is loose; the bounds sit below the
-measured scores by the noise of 4 examples per family, so a retrained model that is no worse
-passes and a broken engine or a broken export does not.
+addition, and naive disagrees far more with `full` on the first token. Measured for the step-12928
+model (docs/quality.md, session 6): full 90.6, hypic_w8 90.6, naive 84.0; first-token KL to `full`
+naive 0.270, hypic_w8 0.008 (33×). At difficulty 0.3 naive loses few points (few documents to add
+up), so its score bound is loose and the KL ratio carries the sensitivity check; the bounds sit
+below the measured values by the noise of 4 examples per family, so a retrained model that is no
+worse passes and a broken engine or a broken export does not.
 """
 
 import json
@@ -25,8 +26,9 @@ def test_quick_quality_of_the_bundled_model(capsys) -> None:
     scores = out["scores"]
     assert out["difficulty"] == 0.3 and out["examples_per_family"] == 4
     assert scores["prefix"] == pytest.approx(scores["full"], abs=1e-9)  # exact reuse
-    assert scores["full"] >= 70.0
+    assert scores["full"] >= 80.0
     assert scores["full"] - scores["hypic_w8"] <= 5.0  # position-independent reuse stays close
-    assert scores["full"] - scores["naive"] >= 6.0  # naive addition loses
+    assert scores["full"] - scores["naive"] >= 4.0  # naive addition loses
     assert scores["hypic_w8"] >= scores["naive"]
-    assert out["top1"]["prefix"] == 100.0 and out["kl"]["naive"] > out["kl"]["hypic_w8"]
+    assert out["top1"]["prefix"] == 100.0
+    assert out["kl"]["naive"] >= 10 * out["kl"]["hypic_w8"]  # the first token: naive strays, hypic does not

@@ -135,3 +135,8 @@ def test_easy_share_draws_short_prompts_whatever_the_curriculum() -> None:
     stream = Stream(tok, batch_tokens=8000, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_share=1.0,
                     families=families, pool_batches=1)
     assert max(stream.batch(1000).lengths) < 2_500  # the stream hands the share to its item maker
+    # easy_max 0: every easy prompt is as short as the family allows (single-hop: one or two short documents)
+    tiny = sequences(tok.to_str(), 0, 1.0, 16, families, 20_000, easy_share=1.0, easy_max=0.0)
+    assert max(len(segs) for _, _, segs in tiny) == 3 and max(len(t) for t, _, _ in tiny) < 300
+    with pytest.raises(ValueError, match="easy_max"):
+        Stream(tok, batch_tokens=100, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_max=2.0)
