@@ -5,10 +5,10 @@ answered home, birthplace, hq, colour, job and pet with the uniform prior over t
 tied embeddings for those values had collapsed onto one direction (mean pairwise cosine: colours
 0.95, cities 0.89), so the value a document states reaches the answer position as "some city",
 not as "Orlwick". The collapse is self-sustaining — a model that predicts the kind's prior pushes
-every value's output row the same way — and from step 12120 no amount of short-prompt training
-broke it (430 CPU steps of single-hop prompts: 0%). Giving those values distinct random
-directions with the norm of healthy value embeddings and training the same way for 280 steps
-took all six relations to 97–100% at difficulty 0.
+every value's output row the same way — and from step 12165 short-prompt training no longer
+broke it (391 CPU steps of single-hop prompts: 0–7%, pet 40%; 290 had sufficed at step 9465). Giving those
+values distinct random directions with the norm of healthy value embeddings and training the
+same way for 256 steps took all six relations to 97–100% at difficulty 0.
 
 ``python -m hypic.train.reinit --ckpt DIR [--kinds city,colour,job,pet] [--report]``: rewrites the
 embedding rows of the kinds' single-token values in place (fp32 checkpoint shards); the
