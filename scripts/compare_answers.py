@@ -1,7 +1,8 @@
 """Greedy answers of the bundled model (or --model) side by side across modes, per example, with
 the reference: where a mode loses points, and how (docs/quality.md, "where the remaining gaps come
 from"). For the summary families it also counts reference facts recalled and answers that give the
-same facts as the first mode in another order.
+same facts as the first mode in another order; for two-hop questions it says where each wrong
+answer came from (the documents naming the bridge entity, the subject, another entity, or none).
 
     python scripts/compare_answers.py [--family multi_doc_summary] [--n 12] [--difficulty 1] [--modes full,hypic]
 """
@@ -20,6 +21,28 @@ from hypic.eval.tasks import FAMILIES, generate
 from hypic.eval.tokenizer import encode_example
 from hypic.llm import bundled_model_path
 from hypic.models.loader import load_model
+
+
+def wrong_sources(examples: list, got: list[str]) -> dict[str, int]:
+    """Where the wrong answers to two-hop questions come from. A document "names" an entity when its
+    text contains the name; "bridge" means the answer stands in a document naming the bridge entity
+    (the second hop read the right entity but the wrong fact, or the model stopped at hop one when
+    the answer is the bridge itself), "subject" that it stands only in the subject's (the hop was
+    skipped), "other" another document (the first hop found the wrong bridge), "none" nowhere."""
+    counts = dict.fromkeys(("right", "bridge", "subject", "other", "none"), 0)
+    for ex, answer in zip(examples, got, strict=True):
+        if score("em_f1", answer, ex.answer)["em"] == 1.0:
+            counts["right"] += 1
+            continue
+        value = answer.removeprefix("a ").removeprefix("an ").strip()
+        holders = [d for d in ex.documents if value and value in d]
+        if value == ex.meta["bridge"] or any(ex.meta["bridge"] in d for d in holders):
+            counts["bridge"] += 1
+        elif any(ex.meta["subject"] in d for d in holders):
+            counts["subject"] += 1
+        else:
+            counts["other" if holders else "none"] += 1
+    return counts
 
 
 def main() -> None:
@@ -56,6 +79,9 @@ def main() -> None:
             recalled[mode] += sum(f in got for f in facts)
             parts = got.split("; ")
             reordered[mode] += parts != first and sorted(parts) == sorted(first)
+    if args.family == "multi_hop":
+        for mode in modes:
+            print(f"{mode}: wrong answers by source: {wrong_sources(examples, answers[mode])}")
     if metric == "rougeL":
         for mode in modes:
             print(f"{mode}: {recalled[mode]} of {facts_total} reference facts recalled; "
