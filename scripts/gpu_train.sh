@@ -30,16 +30,21 @@ fi
 if [ -n "${THEN_QUALITY_SECONDS:-}" ]; then
   # The last run of a schedule: export the model and measure the full quality table in the same call
   # (no second machine start). $OUT returns ≤ 8 files, so the optimizer state and the unchanged
-  # config stay behind: 4 checkpoint files + quality.{md,png,json,log}. Needs the fla wheels (.whl).
+  # config stay behind: the weights' shards (2 for the 8-layer model, 3 for a 12-layer one), their
+  # index, train_state + quality.{md,png,json} (the log is shown, not returned). Needs .whl.
   cp "$ck"/model-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
   python3 -m hypic.train.export --from "$ck"
   OUT="$OUT" GPU_OPS=0 SKIP_GPU_TESTS=1 GPU_QUALITY=1 GPU_QUALITY_SECONDS="$THEN_QUALITY_SECONDS" \
     GPU_QUALITY_ARGS="${THEN_QUALITY_ARGS:---n 200 --batch 200}" bash scripts/gpu_check.sh | grep -E '^(\||\[)' || true
+  mv "$OUT/quality.log" /tmp/quality.log 2>/dev/null && grep -E 'Error' /tmp/quality.log | tail -n 3
   tail -2 /tmp/train.log
   exit 0
 fi
-cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/config.json \
-  "$ck"/train_state.json "$OUT"/
+# weights + moments + index + state: 2+2+2 files for the 8-layer model, 3+3+2 for a 12-layer one
+# (hypic.train.grow); the config only on a first run (resuming never changes it).
+cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
+[ -f .ckpt/train_state.json ] || cp "$ck"/config.json "$OUT"/
 [ "${QUALITY_SECONDS:-60}" = 0 ] || timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \
-  --labels full,naive,hypic_w8 2>&1 | tail -1 > "$OUT/quality.json" || true
-tail -3 /tmp/train.log; cat "$OUT/quality.json" 2>/dev/null || true
+  --labels full,naive,hypic_w8 2>&1 | tail -1 || true
+tail -3 /tmp/train.log
+[ "$(ls "$OUT" | wc -l)" -le 8 ] || echo "warning: $(ls "$OUT" | wc -l) files in \$OUT; a call returns at most 8"
