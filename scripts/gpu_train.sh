@@ -35,7 +35,7 @@ if [ -n "${THEN_QUALITY_SECONDS:-}" ]; then
   cp "$ck"/model-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
   python3 -m hypic.train.export --from "$ck"
   OUT="$OUT" GPU_OPS=0 SKIP_GPU_TESTS=1 GPU_QUALITY=1 GPU_QUALITY_SECONDS="$THEN_QUALITY_SECONDS" \
-    GPU_QUALITY_ARGS="${THEN_QUALITY_ARGS:---n 200 --batch 200}" bash scripts/gpu_check.sh | grep -E '^(\||\[)' || true
+    GPU_QUALITY_ARGS="${THEN_QUALITY_ARGS:---n 200 --batch 400}" bash scripts/gpu_check.sh | grep -E '^(\||\[)' || true
   mv "$OUT/quality.log" /tmp/quality.log 2>/dev/null && grep -E 'Error' /tmp/quality.log | tail -n 3
   tail -2 /tmp/train.log
   exit 0
