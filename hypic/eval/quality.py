@@ -82,15 +82,14 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
     # instead of once per family (with --batch ≥ all prompts: 48 decode steps per label, not 112).
     items = [(family, e) for family, encoded in data.items() for e in encoded]
     # the reference logits in the same batches as every label: `full` then matches itself bitwise
-    reference = torch.cat([Engine(loaded).prefill_logits([e.segments for _, e in chunk], mode="full")[0]
-                           for chunk in _batches(items, batch)])
-    full_logits = {f: reference[[i for i, (g, _) in enumerate(items) if g == f]] for f in data}
+    reference = torch.log_softmax(torch.cat([Engine(loaded).prefill_logits([e.segments for _, e in chunk],
+                                                                           mode="full")[0]
+                                             for chunk in _batches(items, batch)]), -1)
     for label in labels:
         mode, seam, cold = LABELS[label]
         engine = Engine(loaded, seam=seam, cold=cold)
-        res, kls, agree = LabelResult(), [], []
+        res, first = LabelResult(), []
         preds: dict[str, list[str]] = {f: [] for f in data}
-        logits: dict[str, list[torch.Tensor]] = {f: [] for f in data}
         for chunk in _batches(items, batch):
             prompts = [e.segments for _, e in chunk]
             if cold == "in_context":  # entries built in context of another order (reversed documents)
@@ -98,8 +97,8 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             params = [SamplingParams(max_tokens=MAX_TOKENS[FAMILIES[f].metric]) for f, _ in chunk]
             runs = engine.start(prompts, params, mode=mode)
             engine.finish(runs)
+            first += [r.first_logits for r in runs]
             for (family, _), r in zip(chunk, runs, strict=True):
-                logits[family].append(r.first_logits)
                 preds[family].append(tok.decode(r.output.token_ids, skip_special_tokens=True).strip())
         for family in data:
             metric = FAMILIES[family].metric
@@ -110,10 +109,9 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             if metric == "em_f1":
                 res.family_em[family] = 100 * sum(s["em"] for s in scores) / len(scores)
                 res.relation_em.update(_by_relation(family, examples[family], [s["em"] for s in scores]))
-            p, q = torch.log_softmax(full_logits[family], -1), torch.log_softmax(torch.stack(logits[family]), -1)
-            kls += (p.exp() * (p - q)).sum(-1).tolist()
-            agree += (p.argmax(-1) == q.argmax(-1)).float().tolist()
-        res.kl, res.top1 = sum(kls) / len(kls), 100 * sum(agree) / len(agree)
+        p, q = reference, torch.log_softmax(torch.stack(first), -1)  # every prompt, in `items` order
+        res.kl = (p.exp() * (p - q)).sum(-1).mean().item()
+        res.top1 = 100 * (p.argmax(-1) == q.argmax(-1)).float().mean().item()
         results[label] = res
         if on_label is not None:
             on_label(results)

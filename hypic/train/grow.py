@@ -41,12 +41,6 @@ RESIDUAL_WRITERS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "m
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 
 
-def _layer_types(config: dict[str, Any]) -> list[str]:
-    n, every = config["num_hidden_layers"], config.get("full_attention_interval", 4)
-    return config.get("layer_types") or [
-        "full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(n)]
-
-
 def _renumber(tensors: dict[str, torch.Tensor], at: int, shift: int) -> dict[str, torch.Tensor]:
     out = {}
     for name, t in tensors.items():
@@ -67,9 +61,9 @@ def grow_config(config: dict[str, Any], at: int, blocks: int) -> dict[str, Any]:
         raise ValueError(f"grow: blocks must be ≥ 1, got {blocks}")
     if not (every <= at <= n and at % every == 0):
         raise ValueError(f"grow: --at must be a block boundary in [{every}, {n}] (a multiple of {every}), got {at}")
-    types = _layer_types(config)
     new = dict(config, num_hidden_layers=n + blocks * every)
-    if "layer_types" in config:
+    if "layer_types" in config:  # else the interval alone places the attention layers
+        types = config["layer_types"]
         new["layer_types"] = types[:at] + types[at - every:at] * blocks + types[at:]
     return new
 
@@ -79,7 +73,7 @@ def grow(src: Path, dst: Path, at: int, blocks: int = 1) -> int:
     config = json.loads((src / "config.json").read_text())
     new_config = grow_config(config, at, blocks)
     every = config.get("full_attention_interval", 4)
-    shift = blocks * every
+    shift = new_config["num_hidden_layers"] - config["num_hidden_layers"]
     weights = load_sharded(src, "model")
     if not any(_LAYER.match(k) for k in weights):
         raise ValueError(f"{src}: no model.layers.* tensors in the checkpoint")

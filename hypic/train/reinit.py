@@ -69,8 +69,8 @@ def report(ckpt: Path) -> dict[str, float]:
     """Mean pairwise cosine of each value kind's single-token embeddings."""
     tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
     table = load_file(str(_embedding_file(ckpt)))[EMBED]
-    return {kind: mean_cosine(table[value_token_ids(tok, kind)]) for kind in VALUES
-            if len(value_token_ids(tok, kind)) >= 2}
+    ids = {kind: value_token_ids(tok, kind) for kind in VALUES}
+    return {kind: mean_cosine(table[ids[kind]]) for kind in VALUES if len(ids[kind]) >= 2}
 
 
 def reinit(ckpt: Path, kinds: list[str], seed: int = 0) -> list[int]:

@@ -7,20 +7,12 @@ import pytest
 
 from hypic.cli import main as cli
 from hypic.eval.quality import LABELS, evaluate
-from hypic.eval.tokenizer import corpus, train_tokenizer
 from hypic.models.loader import load_model
-from hypic.train.loop import main as train
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("quality")
-    tok = train_tokenizer(corpus(5, [-1], difficulties=(0.0,)), 512)
-    (root / "tok").mkdir()
-    tok.save(str(root / "tok" / "tokenizer.json"))
-    train(["--out", str(root / "model"), "--tokenizer", str(root / "tok"), "--preset", "tiny", "--device", "cpu",
-           "--batch-tokens", "800", "--workers", "0", "--total-steps", "3", "--log-every", "1"])
-    return root / "model"
+def model_dir(tiny_trained_model):
+    return tiny_trained_model
 
 
 def test_every_label_is_scored_and_fidelity_orders_the_ladder(model_dir) -> None:

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 
-from hypic.eval.tokenizer import corpus, train_tokenizer
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.loader import load_model
 from hypic.train.checkpoint import load_sharded
@@ -15,17 +14,9 @@ from hypic.train.loop import main as train_main
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
+def tiny_ckpt(tiny_trained_model):
     """A real 4-layer training checkpoint (weights, Adam moments, state) after 3 steps."""
-    root = tmp_path_factory.mktemp("grow")
-    tok = train_tokenizer(corpus(3, [-1], difficulties=(0.0,)), 512)
-    (root / "tok").mkdir()
-    tok.save(str(root / "tok" / "tokenizer.json"))
-    out = root / "run"
-    assert train_main(["--out", str(out), "--tokenizer", str(root / "tok"), "--preset", "tiny", "--device", "cpu",
-                       "--batch-tokens", "1500", "--workers", "0", "--minutes", "5", "--total-steps", "3",
-                       "--warmup", "1", "--lr", "3e-3"]) == 0
-    return out
+    return tiny_trained_model
 
 
 def _logits(folder, ids: torch.Tensor) -> torch.Tensor:
