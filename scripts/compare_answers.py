@@ -2,7 +2,10 @@
 the reference: where a mode loses points, and how (docs/quality.md, "where the remaining gaps come
 from"). For the summary families it also counts reference facts recalled and answers that give the
 same facts as the first mode in another order; for two-hop questions it says where each wrong
-answer came from (the documents naming the bridge entity, the subject, another entity, or none).
+answer came from (the documents naming the bridge entity, the subject, another entity, or none),
+and exact match split by which of the two evidence documents comes first: in context a model can
+link the bridge while reading its document after the subject's, which hypic's standalone documents
+cannot (docs/quality.md).
 
     python scripts/compare_answers.py [--family multi_doc_summary] [--n 12] [--difficulty 1] [--modes full,hypic]
 """
@@ -45,6 +48,17 @@ def wrong_sources(examples: list, got: list[str]) -> dict[str, int]:
     return counts
 
 
+def em_by_order(examples: list, got: list[str]) -> dict[str, str]:
+    """Exact match of two-hop answers, split by whether the subject's document (``support[0]``)
+    comes before the bridge's (``support[1]``) or after it."""
+    tally = {"subject first": [0, 0], "bridge first": [0, 0]}
+    for ex, answer in zip(examples, got, strict=True):
+        cell = tally["subject first" if ex.support[0] < ex.support[1] else "bridge first"]
+        cell[0] += score("em_f1", answer, ex.answer)["em"] == 1.0
+        cell[1] += 1
+    return {k: f"{right}/{n}" for k, (right, n) in tally.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(bundled_model_path()))
@@ -82,6 +96,7 @@ def main() -> None:
     if args.family == "multi_hop":
         for mode in modes:
             print(f"{mode}: wrong answers by source: {wrong_sources(examples, answers[mode])}")
+            print(f"{mode}: exact match by evidence order: {em_by_order(examples, answers[mode])}")
     if metric == "rougeL":
         for mode in modes:
             print(f"{mode}: {recalled[mode]} of {facts_total} reference facts recalled; "

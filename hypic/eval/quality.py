@@ -78,8 +78,10 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
         raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
     results: dict[str, LabelResult] = {}
     # Every family's prompts in one stream of batches: a batch decodes until its longest answer is
-    # done, so mixing short QA answers with summaries costs the summaries' steps once per batch
-    # instead of once per family (with --batch ≥ all prompts: 48 decode steps per label, not 112).
+    # done, so mixing short QA answers with summaries takes the summaries' steps once per batch
+    # instead of once per family. Fewer steps, not less time: finished rows leave each step, and on
+    # the H200 a step of 200 rows is already row-bound (docs/training.md, session 7: 23 s per label
+    # at --batch 400 against 19 s at 200 with one extra reference pass).
     items = [(family, e) for family, encoded in data.items() for e in encoded]
     # the reference logits in the same batches as every label: `full` then matches itself bitwise
     reference = torch.log_softmax(torch.cat([Engine(loaded).prefill_logits([e.segments for _, e in chunk],

@@ -1,6 +1,6 @@
 """Deepen a training checkpoint without changing what it computes.
 
-Why (docs/quality.md, session 6): the bundled model answers single-hop questions at difficulty 1
+Why (docs/quality.md, session 6): the step-12975 model answered single-hop questions at difficulty 1
 98.5% of the time but two-hop ones 44%; most wrong two-hop answers are the right kind of value
 from a third entity's document — the bridge the first hop read is not carried into the second
 lookup. With ``full_attention_interval`` 4 and 8 layers the model has two attention layers, one
