@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--difficulty", type=float, default=1.0)
     ap.add_argument("--modes", default="full,hypic")
     ap.add_argument("--seam", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8, help="prompts per engine call")
     args = ap.parse_args()
     loaded = load_model(args.model, device="cpu", dtype=torch.float32)
     tok, metric = loaded.tokenizer, FAMILIES[args.family].metric
@@ -74,9 +75,13 @@ def main() -> None:
     prompts = [encode_example(tok, ex).segments for ex in examples]
     modes = args.modes.split(",")
     answers: dict[str, list[str]] = {}
+    params = SamplingParams(max_tokens=MAX_TOKENS[metric])
     for mode in modes:
-        outs = Engine(loaded, seam=args.seam).generate(prompts, [SamplingParams(max_tokens=MAX_TOKENS[metric])]
-                                                         * len(prompts), mode=mode)
+        engine = Engine(loaded, seam=args.seam)
+        # a few prompts per call: 200 long prompts at once hold every KV cache together (> 24 GB)
+        outs = [o for i in range(0, len(prompts), args.batch)
+                for o in engine.generate(prompts[i:i + args.batch], [params] * len(prompts[i:i + args.batch]),
+                                         mode=mode)]
         answers[mode] = [tok.decode(o.token_ids, skip_special_tokens=True).strip() for o in outs]
     key = "f1" if metric == "em_f1" else "rougeL"
     recalled = dict.fromkeys(modes, 0)
