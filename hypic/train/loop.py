@@ -53,26 +53,30 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 
 
 def loss_of(model: torch.nn.Module, batch, device: torch.device,
-            standalone: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            standalone: bool = False, seam: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted loss, teacher-forced accuracy on the answer tokens, on answers' first tokens): the
     accuracies are the signal that retrieval is being learned (the first token most of all); the
     loss alone mixes in the documents' language modelling.
-    ``standalone``: the forward hypic makes at seam 0 — segments before the query computed on their
-    own (``hypic.train.pic``)."""
+    ``standalone``: the forward hypic makes at seam ``seam`` — segments before the query computed
+    on their own, their first ``seam`` tokens again in context (``hypic.train.pic``)."""
+    ids, labels, w, first = batch.input_ids, batch.labels, batch.weights, batch.first
     if standalone:
-        ctx = StandaloneSegmentsContext(batch.lengths, batch.segments, device)
+        ctx = StandaloneSegmentsContext(batch.lengths, batch.segments, device, seam=seam)
+        # physical rows: seam copies scored 0 (their tokens are scored once, in the cold prefill)
+        ids, labels, w = ids[ctx.source], labels[ctx.source], w[ctx.source] * ~ctx.seam_copy
+        first = first[ctx.source] & ~ctx.seam_copy
     else:
         ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_state=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        hidden = model.hidden_states(to_device(batch.input_ids, device), ctx)
+        hidden = model.hidden_states(to_device(ids, device), ctx)
         logits = model.lm_head(hidden).float()
-    labels = to_device(batch.labels, device)
+    labels = to_device(labels, device)
     nll = F.cross_entropy(logits, labels, reduction="none")
-    w = to_device(batch.weights, device, None)
+    w = to_device(w, device, None)
     answer = w == 1.0  # masked sums, not boolean indexing: nothing here may wait for the GPU
     right = logits.argmax(-1) == labels
     accuracy = (right & answer).sum() / answer.sum().clamp_min(1)
-    first = to_device(batch.first, device, None)
+    first = to_device(first, device, None)
     first_accuracy = (right & first).sum() / first.sum().clamp_min(1)
     return (nll * w).sum() / w.sum(), accuracy.detach(), first_accuracy.detach()
 
@@ -128,7 +132,7 @@ def train(args: argparse.Namespace) -> dict:
                     g["lr"] = lr_at(step - args.schedule_start, args.lr, args.warmup,
                                     args.total_steps - args.schedule_start)
                 standalone = args.standalone_every > 0 and step % args.standalone_every == 0
-                loss, accuracy, first = loss_of(model, batch, device, standalone)
+                loss, accuracy, first = loss_of(model, batch, device, standalone, args.standalone_seam)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -183,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="top of the easy share's difficulty range (0: one or two documents)")
     p.add_argument("--standalone-every", type=int, default=0,
                    help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
+    p.add_argument("--standalone-seam", type=int, default=0,
+                   help="hypic's seam w in those steps: each segment's first w tokens recomputed in context")
     p.add_argument("--schedule-start", type=int, default=0,
                    help="step where this learning-rate schedule (warm-up, cosine to --total-steps) begins")
     train(p.parse_args(argv))

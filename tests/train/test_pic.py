@@ -1,5 +1,6 @@
-"""The standalone-segment training forward equals the engine's hypic mode at seam 0 (fp32, per
-family), and differs from the in-context forward (so the check can fail)."""
+"""The standalone-segment training forward equals the engine's hypic mode at its seam w (fp32, per
+family, w = 0, 4, 8), and differs from the in-context forward and from other seams (so the check
+can fail)."""
 
 import pytest
 import torch
@@ -20,6 +21,23 @@ def _prompts(vocab: int, seed: int) -> list[list[list[int]]]:
     return [[torch.randint(0, vocab, (n,), generator=g).tolist() for n in s] for s in shapes]
 
 
+def _seam_prompts(vocab: int, seed: int) -> list[list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    # at w = 4 and 8: segments of at most w tokens (computed in context whole) and bodies of at least
+    # W − 1 = 3 tokens (the engine warms the next conv up from a body's own tail)
+    shapes = [[3, 17, 12, 23, 6], [4, 11, 7], [13, 30, 2, 7]]
+    return [[torch.randint(0, vocab, (n,), generator=g).tolist() for n in s] for s in shapes]
+
+
+def _pic_logits(model, prompts: list[list[list[int]]], seam: int) -> torch.Tensor:
+    ids = torch.tensor([t for p in prompts for s in p for t in s])
+    lengths = [sum(map(len, p)) for p in prompts]
+    ctx = StandaloneSegmentsContext(lengths, [[len(s) for s in p] for p in prompts], torch.device("cpu"), seam=seam)
+    last_token = torch.tensor(lengths).cumsum(0) - 1  # the query's last token is never a seam copy
+    last = torch.stack([(ctx.source == i).nonzero()[0, 0] for i in last_token])
+    return model(ids[ctx.source], ctx, last)
+
+
 @pytest.mark.parametrize("build", [_qwen3_5, _kimi], ids=["gdn", "kda"])
 @torch.no_grad()
 def test_standalone_segments_forward_is_hypic_at_seam_0(build, tmp_path) -> None:
@@ -27,14 +45,40 @@ def test_standalone_segments_forward_is_hypic_at_seam_0(build, tmp_path) -> None
     model = loaded.model
     prompts = _prompts(model.vocab_size, 0)
     want, _ = Engine(loaded, seam=0).prefill_logits(prompts, mode="hypic")
-    ids = torch.tensor([t for p in prompts for s in p for t in s])
-    lengths = [sum(map(len, p)) for p in prompts]
-    ctx = StandaloneSegmentsContext(lengths, [[len(s) for s in p] for p in prompts], torch.device("cpu"))
-    last = torch.tensor(lengths).cumsum(0) - 1
-    got = model(ids, ctx, last)
+    got = _pic_logits(model, prompts, 0)
     assert (got - want).abs().max() <= 1e-4
+    lengths = [sum(map(len, p)) for p in prompts]
+    ids = torch.tensor([t for p in prompts for s in p for t in s])
+    last = torch.tensor(lengths).cumsum(0) - 1
     full = model(ids, SequenceContext([SequenceState() for _ in lengths], lengths, torch.device("cpu")), last)
     assert (full - want).abs().max() > 1e-3  # in context is measurably different
+
+
+@pytest.mark.parametrize("build", [_qwen3_5, _kimi], ids=["gdn", "kda"])
+@torch.no_grad()
+def test_standalone_segments_forward_is_hypic_at_its_seam(build, tmp_path) -> None:
+    loaded = load_model(build(tmp_path / "m"), device="cpu", dtype=torch.float32)
+    model = loaded.model
+    prompts = _seam_prompts(model.vocab_size, 1)
+    got = {w: _pic_logits(model, prompts, w) for w in (0, 4, 8)}
+    for w in (4, 8):
+        want, _ = Engine(loaded, seam=w).prefill_logits(prompts, mode="hypic")
+        assert (got[w] - want).abs().max() <= 1e-4, w
+        assert (got[0] - want).abs().max() > 1e-3  # the seam changes the answer: the check can fail
+    assert (got[4] - got[8]).abs().max() > 1e-3
+
+
+def test_seam_copies_follow_the_engine_plan() -> None:
+    # one sequence: head 3 (≤ w: all in context), document 10 (seam 4, body 6), query 5
+    ctx = StandaloneSegmentsContext([18], [[3, 10, 5]], torch.device("cpu"), seam=4)
+    assert ctx.source.tolist() == [*range(13), 0, 1, 2, 3, 4, 5, 6, *range(13, 18)]
+    assert ctx.seam_copy.tolist() == [False] * 13 + [True] * 7 + [False] * 5
+    assert ctx.positions.tolist() == [*range(13), 0, 1, 2, 3, 4, 5, 6, *range(13, 18)]
+    # the request in true-position order: the head's copy, the document's seam copy, its body, the query
+    assert ctx.virtual.tolist() == [13, 14, 15, 16, 17, 18, 19, 7, 8, 9, 10, 11, 12, *range(20, 25)]
+    assert ctx.in_context.tolist() == [False] * 13 + [True] * 12
+    with pytest.raises(ValueError, match="seam"):
+        StandaloneSegmentsContext([18], [[3, 10, 5]], torch.device("cpu"), seam=-1)
 
 
 @torch.no_grad()

@@ -9,10 +9,11 @@ import torch
 
 from hypic.eval.tasks import generate
 from hypic.eval.tokenizer import END, corpus, encode_example, train_tokenizer
+from hypic.models.random_init import random_model
 from hypic.ops.linear import linear_attention
 from hypic.ops.samples import family_inputs, token_kwargs
 from hypic.train.data import Stream, encode_item, pack, sequences
-from hypic.train.loop import main, parse_weights
+from hypic.train.loop import loss_of, main, model_config, parse_weights
 
 
 def test_chunked_kernel_gradients_match_finite_differences() -> None:
@@ -60,7 +61,7 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
     out = tmp_path / "run"
     common = ["--out", str(out), "--preset", "tiny", "--device", "cpu", "--batch-tokens", "1500", "--workers", "0",
               "--log-every", "10", "--ramp-steps", "100000", "--warmup", "5", "--lr", "3e-3",
-              "--extra-questions", "4", "--standalone-every", "3",
+              "--extra-questions", "4", "--standalone-every", "3", "--standalone-seam", "4",
               "--extra-multi", "2", "--family-weights", "multi_hop=2,report_summary=0.5"]
     assert main([*common, "--tokenizer", str(tok_dir), "--minutes", "5", "--total-steps", "40"]) == 0
     state = json.loads((out / "train_state.json").read_text())
@@ -77,6 +78,25 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
     assert export(out, tmp_path / "bundled") > 0  # bf16 weights, config, tokenizer: a model folder
     bundled = LLM(str(tmp_path / "bundled"), device="cpu")
     assert bundled.generate("Question: Who?\nAnswer:", SamplingParams(max_tokens=1))[0].token_ids
+
+
+def test_standalone_loss_at_a_seam_trains_every_layer(tmp_path) -> None:
+    tok = train_tokenizer(corpus(2, [-1], difficulties=(0.0,)), 512)
+    model = random_model(model_config(tok, "tiny"), device="cpu", dtype=torch.float32, seed=0).model.train()
+    model.requires_grad_(True)
+    tokens = np.random.default_rng(0).integers(5, 500, 31)
+    marks = np.zeros(31, np.uint8)
+    marks[-4:] = 1
+    batch = pack([(tokens, marks, np.array([3, 10, 8])), (tokens[:20], marks[:20], np.array([12]))], doc_weight=0.1)
+    cpu = torch.device("cpu")
+    loss, accuracy, first = loss_of(model, batch, cpu, standalone=True, seam=4)
+    assert torch.isfinite(loss) and 0 <= accuracy <= 1 and 0 <= first <= 1
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    with torch.no_grad():  # the seam is computed in context: a different forward from seam 0 and from full
+        at0 = loss_of(model, batch, cpu, standalone=True, seam=0)[0]
+        full = loss_of(model, batch, cpu)[0]
+    assert abs(loss.item() - at0.item()) > 1e-5 and abs(loss.item() - full.item()) > 1e-5
 
 
 def test_items_alternate_single_and_two_hop_extra_questions() -> None:
