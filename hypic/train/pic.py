@@ -95,11 +95,16 @@ class StandaloneSegmentsContext(ForwardContext):
         # rows that take the virtual result: seam copies and each sequence's query onward
         after_query = torch.cat([torch.arange(n) >= n - segs[-1] for n, segs in zip(lengths, segments, strict=True)])
         self.in_context = to_device(self.seam_copy | after_query[self.source], device)
-        self.virtual = to_device(torch.tensor(virtual), device)
-        self.in_request = to_device(in_request, device)
+        # no seam copies (w = 0): the virtual layout is the physical one, and no row needs gathering
+        self.virtual = None if not any(copies) else to_device(torch.tensor(virtual), device)
+        self.in_request = None if self.virtual is None else to_device(in_request, device)
+
+    def _request(self, x: Tensor) -> Tensor:
+        """Physical rows → the request's true-position order."""
+        return x if self.virtual is None else x[self.virtual]
 
     def _pick(self, whole_virtual: Tensor, alone: Tensor) -> Tensor:
-        whole = whole_virtual[self.in_request]  # back to physical rows
+        whole = whole_virtual if self.in_request is None else whole_virtual[self.in_request]  # physical rows
         mask = self.in_context.view(-1, *([1] * (alone.dim() - 1)))
         return torch.where(mask, whole, alone)
 
@@ -110,7 +115,7 @@ class StandaloneSegmentsContext(ForwardContext):
         pass
 
     def conv(self, layer: int, raw: Tensor, weight: Tensor) -> Tensor:
-        whole = causal_conv1d(raw[self.virtual], weight, cu_seqlens=self.cu_seqlens, activation="silu").y
+        whole = causal_conv1d(self._request(raw), weight, cu_seqlens=self.cu_seqlens, activation="silu").y
         alone = causal_conv1d(raw, weight, cu_seqlens=self.cu_alone, activation="silu").y
         return self._pick(whole, alone)
 
@@ -122,7 +127,6 @@ class StandaloneSegmentsContext(ForwardContext):
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         if rope is not None:  # true positions for everything: cached keys are re-roped where they land
             q, k = rope(q, self.positions), rope(k, self.positions)
-        v_ = self.virtual
-        whole = causal_prefill_batch(q[v_], k[v_], v[v_], self.cu_seqlens, scale)
+        whole = causal_prefill_batch(self._request(q), self._request(k), self._request(v), self.cu_seqlens, scale)
         alone = causal_prefill_batch(q, k, v, self.cu_alone, scale)
         return self._pick(whole, alone)

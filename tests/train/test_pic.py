@@ -69,6 +69,9 @@ def test_seam_copies_follow_the_engine_plan() -> None:
     # the request in true-position order: the head's copy, the document's seam copy, its body, the query
     assert ctx.virtual.tolist() == [13, 14, 15, 16, 17, 18, 19, 7, 8, 9, 10, 11, 12, *range(20, 25)]
     assert ctx.in_context.tolist() == [False] * 13 + [True] * 12
+    # at seam 0 there are no copies and the request is the physical order: nothing to gather
+    ctx0 = StandaloneSegmentsContext([18], [[3, 10, 5]], torch.device("cpu"), seam=0)
+    assert ctx0.source.tolist() == list(range(18)) and ctx0.virtual is None
     with pytest.raises(ValueError, match="seam"):
         StandaloneSegmentsContext([18], [[3, 10, 5]], torch.device("cpu"), seam=-1)
 
