@@ -58,11 +58,12 @@ class StandaloneSegmentsContext(ForwardContext):
         for n, segs in zip(lengths, segments, strict=True):
             pre = n - segs[-1]
             offset = len(source)
-            source += range(base, base + n - segs[-1])  # segments before the query, in order
+            source += range(base, base + pre)  # segments before the query, in order
             copy_row = offset + pre
             order: list[int] = []
             a = 0
             for L in segs[:-1]:
+                # the engine's plan: all seam (recomputed whole) when L ≤ w, else min(w, L − 1)
                 w = L if 0 < seam and L <= seam else min(seam, max(L - 1, 0))
                 source += range(base + a, base + a + w)
                 order += range(copy_row, copy_row + w)  # the seam, recomputed in context
@@ -87,8 +88,7 @@ class StandaloneSegmentsContext(ForwardContext):
         self.cu_alone = torch.tensor([0, *alone_runs]).cumsum(0)
         self.source = torch.tensor(source)
         self.seam_copy = torch.tensor(copies)
-        rows = len(source)
-        in_request = torch.zeros(rows, dtype=torch.long)  # physical row → its index in the virtual layout
+        in_request = torch.zeros(len(source), dtype=torch.long)  # physical row → its index in the virtual layout
         in_request[torch.tensor(virtual)] = torch.arange(len(virtual))
         original = torch.cat([torch.arange(n) for n in lengths]) if lengths else torch.zeros(0, dtype=torch.long)
         self.positions = to_device(original[self.source], device)  # true positions, copies included
