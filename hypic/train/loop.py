@@ -113,6 +113,7 @@ def train(args: argparse.Namespace) -> dict:
     state = {"step": 0, "tokens": 0, "log": []}
     if args.resume:
         state = load_checkpoint(out, model, opt)
+        state.pop("stopped", None)  # an earlier run's early stop is not this one's
     else:
         (out / "config.json").write_text(json.dumps(config, indent=1))
         tok.save(str(out / "tokenizer.json"))
@@ -152,6 +153,11 @@ def train(args: argparse.Namespace) -> dict:
                         row["mem_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 1)
                     state["log"].append(row)
                     print(json.dumps(row), flush=True)
+    except torch.OutOfMemoryError:
+        # A step that runs out of memory fails in its forward or backward, before opt.step: the model
+        # and optimizer are still those of the last finished step, so a device run keeps its progress.
+        state["stopped"] = f"out of memory at step {state['step']} (--batch-tokens {args.batch_tokens})"
+        print(json.dumps({"step": state["step"], "stopped": state["stopped"]}), flush=True)
     finally:
         stream.close()
     save_checkpoint(out, model, opt, state)
@@ -191,5 +197,5 @@ def main(argv: list[str] | None = None) -> int:
                    help="hypic's seam w in those steps: each segment's first w tokens recomputed in context")
     p.add_argument("--schedule-start", type=int, default=0,
                    help="step where this learning-rate schedule (warm-up, cosine to --total-steps) begins")
-    train(p.parse_args(argv))
-    return 0
+    state = train(p.parse_args(argv))
+    return 1 if "stopped" in state else 0

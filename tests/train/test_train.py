@@ -80,6 +80,36 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
     assert bundled.generate("Question: Who?\nAnswer:", SamplingParams(max_tokens=1))[0].token_ids
 
 
+def test_a_step_out_of_memory_keeps_the_run_so_far(tmp_path, monkeypatch) -> None:
+    # the device's out-of-memory error injected at step 3 (nothing on CPU runs out); the loop, the
+    # checkpoint and the resume are real
+    import hypic.train.loop as loop
+
+    tok = train_tokenizer(corpus(2, [-1], difficulties=(0.0,)), 512)
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    tok.save(str(tok_dir / "tokenizer.json"))
+    real, calls = loop.loss_of, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "loss_of", failing)
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--preset", "tiny", "--device", "cpu", "--batch-tokens", "800", "--workers", "0",
+              "--log-every", "1", "--minutes", "5"]
+    assert main([*common, "--tokenizer", str(tok_dir), "--total-steps", "10"]) == 1
+    state = json.loads((out / "train_state.json").read_text())
+    assert state["step"] == 3 and state["stopped"] == "out of memory at step 3 (--batch-tokens 800)"
+    monkeypatch.setattr(loop, "loss_of", real)
+    assert main([*common, "--resume", "--total-steps", "5"]) == 0  # resumes from step 3
+    state = json.loads((out / "train_state.json").read_text())
+    assert state["step"] == 5 and "stopped" not in state
+
+
 def test_standalone_loss_at_a_seam_trains_every_layer(tmp_path) -> None:
     tok = train_tokenizer(corpus(2, [-1], difficulties=(0.0,)), 512)
     model = random_model(model_config(tok, "tiny"), device="cpu", dtype=torch.float32, seed=0).model.train()
