@@ -10,10 +10,11 @@ nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 ck=/tmp/ckpt
 mkdir -p "$ck"
 # BATCH_SWEEP="65536,131072": time standalone steps (the most memory-hungry kind) at each batch size
-# on a random model first and train with the fastest one whose peak stays under MAX_GB (a training
+# on a random model first (at hypic's seam SWEEP_SEAM, default 0: use the run's --standalone-seam) and
+# train with the fastest one whose peak stays under MAX_GB (a training
 # step is host-bound, so tokens/s grows with the batch until the device is busy or memory runs out).
 if [ -n "${BATCH_SWEEP:-}" ]; then
-  python3 scripts/gpu_train_profile.py --out /tmp --batch-tokens "$BATCH_SWEEP" --standalone --difficulty-step 5000 \
+  python3 scripts/gpu_train_profile.py --out /tmp --batch-tokens "$BATCH_SWEEP" --standalone --standalone-seam "${SWEEP_SEAM:-0}" --difficulty-step 5000 \
     2>&1 | grep -E "^(batch|data)" | tee /tmp/sweep.log
   best=$(python3 scripts/pick_batch.py /tmp/sweep.log "${MAX_GB:-110}")
   echo "batch sweep: training with --batch-tokens $best"

@@ -1,10 +1,13 @@
 """Where a training step's time goes on the GPU: times the data stream and the step separately, then
-profiles two steps (device kernels and host ops) into $OUT/profile_train_*.txt."""
+profiles two steps (device kernels and host ops) into $OUT/profile_train_*.txt. Each batch size's
+line gives the peak memory too (the device's; on CPU the process's resident peak), which is what
+`gpu_train.sh`'s BATCH_SWEEP picks a batch size by."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 from pathlib import Path
 
@@ -25,6 +28,7 @@ def main() -> None:
     p.add_argument("--batch-tokens", default="65536",
                    help="comma-separated batch sizes: each is timed (the first also profiled)")
     p.add_argument("--standalone", action="store_true", help="time standalone-segment steps (hypic.train.pic)")
+    p.add_argument("--standalone-seam", type=int, default=0, help="hypic's seam w in those steps")
     a = p.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = Tokenizer.from_file("hypic/assets/tokenizer/tokenizer.json")
@@ -38,7 +42,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     def step(b):
-        loss, *_ = loss_of(model, b, dev, a.standalone)
+        loss, *_ = loss_of(model, b, dev, a.standalone, a.standalone_seam)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -62,7 +66,9 @@ def main() -> None:
                 step(b)
             sync()
             ms = 1e3 * (time.perf_counter() - t0) / 2
-            mem = torch.cuda.max_memory_allocated() / 1e9 if dev.type == "cuda" else 0.0
+            # on CPU the process's resident peak so far (Linux reports kilobytes)
+            mem = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
+                   else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 1e9
             tokens = sum(b.input_ids.numel() for b in batches[3:5]) / 2
             print(f"batch {size}: step {ms:.1f} ms, {tokens / ms * 1e3:.0f} tokens/s, peak {mem:.1f} GB")
             if prof is None:

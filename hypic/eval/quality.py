@@ -77,11 +77,8 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
     if unknown:
         raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
     results: dict[str, LabelResult] = {}
-    # Every family's prompts in one stream of batches: a batch decodes until its longest answer is
-    # done, so mixing short QA answers with summaries takes the summaries' steps once per batch
-    # instead of once per family. Fewer steps, not less time: finished rows leave each step, and on
-    # the H200 a step of 200 rows is already row-bound (docs/training.md, session 7: 23 s per label
-    # at --batch 400 against 19 s at 200 with one extra reference pass).
+    # Every family's prompts in one stream of batches: fewer decode steps than a batch per family,
+    # though on the H200 not less time — a step is row-bound there (docs/training.md, session 7).
     items = [(family, e) for family, encoded in data.items() for e in encoded]
     # the reference logits in the same batches as every label: `full` then matches itself bitwise
     reference = torch.log_softmax(torch.cat([Engine(loaded).prefill_logits([e.segments for _, e in chunk],
