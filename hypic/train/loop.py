@@ -46,6 +46,11 @@ def model_config(tok: Tokenizer, preset: str) -> dict:
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine to a tenth of ``peak`` at ``total``;
+    ``step`` counts from the schedule's start (a negative one would warm up backwards: a negative
+    learning rate, i.e. gradient ascent)."""
+    if step < 0:
+        raise ValueError(f"learning-rate schedule asked for step {step}, before its start")
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -114,6 +119,13 @@ def train(args: argparse.Namespace) -> dict:
     if args.resume:
         state = load_checkpoint(out, model, opt)
         state.pop("stopped", None)  # an earlier run's early stop is not this one's
+    if not state["step"] >= args.schedule_start:
+        # checked before any step: resuming short of the schedule's start once trained 47 steps
+        # at a negative learning rate (docs/training.md, run 15)
+        raise ValueError(f"--schedule-start {args.schedule_start} is after the checkpoint's step "
+                         f"{state['step']}: the schedule must begin at or before the step training resumes from")
+    if args.total_steps <= args.schedule_start:
+        raise ValueError(f"--total-steps {args.total_steps} must be after --schedule-start {args.schedule_start}")
     else:
         (out / "config.json").write_text(json.dumps(config, indent=1))
         tok.save(str(out / "tokenizer.json"))

@@ -13,7 +13,7 @@ from hypic.models.random_init import random_model
 from hypic.ops.linear import linear_attention
 from hypic.ops.samples import family_inputs, token_kwargs
 from hypic.train.data import Stream, encode_item, pack, sequences
-from hypic.train.loop import loss_of, main, model_config, parse_weights
+from hypic.train.loop import loss_of, lr_at, main, model_config, parse_weights
 
 
 def test_chunked_kernel_gradients_match_finite_differences() -> None:
@@ -27,6 +27,14 @@ def test_chunked_kernel_gradients_match_finite_differences() -> None:
 
     assert torch.autograd.gradcheck(f, args, eps=1e-6, atol=1e-6)
     assert token_kwargs(x)
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    assert lr_at(0, 1.0, 10, 100) == pytest.approx(0.1) and lr_at(9, 1.0, 10, 100) == pytest.approx(1.0)
+    assert lr_at(10, 1.0, 10, 100) == pytest.approx(1.0) and lr_at(100, 1.0, 10, 100) == pytest.approx(0.1)
+    assert lr_at(55, 1.0, 10, 100) == pytest.approx(0.55)  # half-way down the cosine
+    with pytest.raises(ValueError, match="before its start"):
+        lr_at(-1, 1.0, 10, 100)
 
 
 def test_pack_weights_answers() -> None:
@@ -69,6 +77,9 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
     assert all(f.stat().st_size < 15 * 2**20 for f in out.glob("*.safetensors"))
     assert main([*common, "--resume", "--minutes", "5", "--total-steps", "45"]) == 0
     assert json.loads((out / "train_state.json").read_text())["step"] == 45
+    with pytest.raises(ValueError, match="--schedule-start 50 is after the checkpoint's step 45"):
+        main([*common, "--resume", "--minutes", "5", "--total-steps", "60", "--schedule-start", "50"])
+    assert json.loads((out / "train_state.json").read_text())["step"] == 45  # nothing trained, nothing lost
     from hypic import LLM, SamplingParams
 
     llm = LLM(str(out), device="cpu")
