@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One resumable training run of the bundled model on the GPU machine (see docs/training.md).
 # Carries the previous checkpoint in .ckpt/ (git-ignored; name it in `carry`), trains for
-# $MINUTES, and leaves the new checkpoint in $OUT (≤ 8 files, each < 16 MiB) to copy back into .ckpt/.
+# $MINUTES, and leaves the new checkpoint in $OUT (≤ 8 files, each < 16 MiB, 64 MiB in all) to copy back into .ckpt/.
 set -eu
 OUT=${OUT:-$(mktemp -d)}
 MINUTES=${MINUTES:-8}
@@ -30,14 +30,19 @@ else
 fi
 if [ -n "${THEN_QUALITY_SECONDS:-}" ]; then
   # The last run of a schedule: export the model and measure the full quality table in the same call
-  # (no second machine start). $OUT returns ≤ 8 files, so the optimizer state and the unchanged
-  # config stay behind: the weights' shards (2 for the 8-layer model, 3 for a 12-layer one), their
-  # index, train_state + quality.{md,png,json} (the log is shown, not returned). Needs .whl.
+  # (no second machine start). $OUT returns ≤ 8 files and 64 MiB: the weights' shards, their index,
+  # train_state, the table's three files packed as quality.tar (`tar -xf quality.tar -C docs`), and
+  # the Adam moments where they fit (the 8-layer model's 2 shards; a 12-layer one's 3 + 3 do not),
+  # so that the next run resumes from this step's moments rather than an earlier call's. Needs .whl.
   cp "$ck"/model-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
+  moments=$(ls "$ck"/optim-*.safetensors 2>/dev/null | wc -l)
+  [ "$moments" -ge 1 ] && [ "$moments" -le 2 ] && cp "$ck"/optim-*.safetensors "$OUT"/
   python3 -m hypic.train.export --from "$ck"
-  OUT="$OUT" GPU_OPS=0 SKIP_GPU_TESTS=1 GPU_QUALITY=1 GPU_QUALITY_SECONDS="$THEN_QUALITY_SECONDS" \
+  q=/tmp/quality && mkdir -p "$q"
+  OUT="$q" GPU_OPS=0 SKIP_GPU_TESTS=1 GPU_QUALITY=1 GPU_QUALITY_SECONDS="$THEN_QUALITY_SECONDS" \
     GPU_QUALITY_ARGS="${THEN_QUALITY_ARGS:---n 200 --batch 400}" bash scripts/gpu_check.sh | grep -E '^(\||\[)' || true
-  mv "$OUT/quality.log" /tmp/quality.log 2>/dev/null && grep -E 'Error' /tmp/quality.log | tail -n 3
+  grep -E 'Error' "$q/quality.log" | tail -n 3
+  (cd "$q" && ls quality.md quality.png quality.json 2>/dev/null | xargs -r tar -cf "$OUT/quality.tar")
   tail -2 /tmp/train.log
   exit 0
 fi
