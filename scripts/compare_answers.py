@@ -1,7 +1,8 @@
 """Greedy answers of the bundled model (or --model) side by side across modes, per example, with
 the reference: where a mode loses points, and how (docs/quality.md, "where the remaining gaps come
 from"). For the summary families it also counts reference facts recalled and answers that give the
-same facts as the first mode in another order; for two-hop questions it says where each wrong
+same facts as the first mode in another order, and how many documents apart the facts it swaps
+stand; for two-hop questions it says where each wrong
 answer came from (the documents naming the bridge entity, the subject, another entity, or none),
 and exact match split by which of the two evidence documents comes first: in context a model can
 link the bridge while reading its document after the subject's, which hypic's standalone documents
@@ -59,6 +60,23 @@ def em_by_order(examples: list, got: list[str]) -> dict[str, str]:
     return {k: f"{right}/{n}" for k, (right, n) in tally.items()}
 
 
+def inverted_pairs(examples: list, got: list[str]) -> dict[int, int]:
+    """Pairs of reference facts an answer gives in the wrong order, counted by how many documents
+    apart their documents stand (``support`` holds each fact's document, in reference order). A
+    standalone document knows its place only through the attention layers' positions; if that is
+    where order slips, the swaps sit between neighbours."""
+    distance: dict[int, int] = {}
+    for ex, answer in zip(examples, got, strict=True):
+        facts = ex.answer.split("; ")
+        order = [facts.index(p) for p in answer.split("; ") if p in facts]
+        for a, i in enumerate(order):
+            for j in order[a + 1:]:
+                if i > j:
+                    d = ex.support[i] - ex.support[j]
+                    distance[d] = distance.get(d, 0) + 1
+    return dict(sorted(distance.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=str(bundled_model_path()))
@@ -106,6 +124,8 @@ def main() -> None:
         for mode in modes:
             print(f"{mode}: {recalled[mode]} of {facts_total} reference facts recalled; "
                   f"{reordered[mode]} of {len(examples)} answers are {modes[0]}'s facts in another order")
+            print(f"{mode}: fact pairs out of reference order, by documents apart: "
+                  f"{inverted_pairs(examples, answers[mode])}")
 
 
 if __name__ == "__main__":
