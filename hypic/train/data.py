@@ -12,6 +12,7 @@ in the mix. Examples are generated on the fly by worker processes.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import multiprocessing as mp
 import random
@@ -117,6 +118,16 @@ def pack(items: list[Item], doc_weight: float) -> Batch:
     return Batch(torch.cat(ids), torch.cat(labels), torch.cat(weights), lengths, answers, segments, torch.cat(firsts))
 
 
+def job_seed(seed: int, start: int, job: int) -> int:
+    """The seed of the ``job``-th lot of examples of a stream that served its first batch at step
+    ``start``. The start is part of it because a resumed run restarts its job count at 0: seeded by
+    (seed, job) alone, every resumed run drew its predecessors' examples again in the same order
+    (runs 12, 14 and 15 trained on one set of examples; docs/training.md, session 8). Two runs from
+    the same checkpoint still draw the same examples."""
+    digest = hashlib.blake2b(f"{seed}/{start}/{job}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 class Stream:
     """Batches of about ``batch_tokens`` tokens from a pool of worker processes.
 
@@ -146,10 +157,13 @@ class Stream:
         self.ahead = max(4, 2 * workers)
         self._pending: list = []
         self._jobs = 0
+        self._start: int | None = None  # the step of the first batch served (job_seed)
         self._ready: list[Batch] = []
 
     def _request(self, step: int) -> None:
-        args = (self.tok_json, self.seed * 1_000_003 + self._jobs, difficulty_at(step, self.ramp_steps), 64,
+        if self._start is None:
+            self._start = step
+        args = (self.tok_json, job_seed(self.seed, self._start, self._jobs), difficulty_at(step, self.ramp_steps), 64,
                 self.families, self.max_tokens, self.extra, self.extra_multi, self.weights, self.easy_share,
                 self.easy_max)
         self._jobs += 1

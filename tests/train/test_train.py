@@ -180,6 +180,21 @@ def test_family_weights_steer_sampling() -> None:
         Stream(tok, batch_tokens=100, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, family_weights={"nope": 1.0})
 
 
+def test_a_resumed_stream_draws_new_examples() -> None:
+    """A stream that starts at another step (a resumed run) draws other examples; one that starts
+    at the same step (the same checkpoint) draws the same ones."""
+    tok = train_tokenizer(corpus(3, [-1], difficulties=(0.0,)), 512)
+
+    def first_rows(start: int) -> set[tuple[int, ...]]:
+        stream = Stream(tok, batch_tokens=3000, seed=0, ramp_steps=1, doc_weight=0.1, workers=0, easy_share=1.0,
+                        families=("single_hop",), pool_batches=4)
+        batches = [stream.batch(start + i) for i in range(4)]
+        return {tuple(row.tolist()) for b in batches for row in torch.split(b.input_ids, b.lengths)}
+
+    assert first_rows(10) == first_rows(10)
+    assert not first_rows(10) & first_rows(11)
+
+
 def test_easy_share_draws_short_prompts_whatever_the_curriculum() -> None:
     """``easy_share`` items come from the bottom of the difficulty range even at full difficulty
     (at most 10 documents of ≈ 152 tokens), the rest follow the curriculum; 0 leaves the stream as it was."""
