@@ -120,13 +120,13 @@ def train(args: argparse.Namespace) -> dict:
         state = load_checkpoint(out, model, opt)
         state.pop("stopped", None)  # an earlier run's early stop is not this one's
     if not state["step"] >= args.schedule_start:
-        # checked before any step: resuming short of the schedule's start once trained 47 steps
-        # at a negative learning rate (docs/training.md, run 15)
+        # checked before anything is written or trained: resuming short of the schedule's start once
+        # trained 47 steps at a negative learning rate (docs/training.md, run 15)
         raise ValueError(f"--schedule-start {args.schedule_start} is after the checkpoint's step "
                          f"{state['step']}: the schedule must begin at or before the step training resumes from")
     if args.total_steps <= args.schedule_start:
         raise ValueError(f"--total-steps {args.total_steps} must be after --schedule-start {args.schedule_start}")
-    else:
+    if not args.resume:
         (out / "config.json").write_text(json.dumps(config, indent=1))
         tok.save(str(out / "tokenizer.json"))
         (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,

@@ -71,10 +71,15 @@ def test_short_run_learns_saves_and_resumes(tmp_path) -> None:
               "--log-every", "10", "--ramp-steps", "100000", "--warmup", "5", "--lr", "3e-3",
               "--extra-questions", "4", "--standalone-every", "3", "--standalone-seam", "4",
               "--extra-multi", "2", "--family-weights", "multi_hop=2,report_summary=0.5"]
+    with pytest.raises(ValueError, match="--schedule-start 5 is after the checkpoint's step 0"):
+        main([*common, "--tokenizer", str(tok_dir), "--minutes", "5", "--total-steps", "40", "--schedule-start", "5"])
+    assert not any(out.iterdir())  # refused before writing anything
     assert main([*common, "--tokenizer", str(tok_dir), "--minutes", "5", "--total-steps", "40"]) == 0
     state = json.loads((out / "train_state.json").read_text())
     assert state["step"] == 40 and state["log"][-1]["loss"] < state["log"][0]["loss"] - 0.5
     assert all(f.stat().st_size < 15 * 2**20 for f in out.glob("*.safetensors"))
+    with pytest.raises(ValueError, match="--total-steps 40 must be after --schedule-start 40"):
+        main([*common, "--resume", "--minutes", "5", "--total-steps", "40", "--schedule-start", "40"])
     assert main([*common, "--resume", "--minutes", "5", "--total-steps", "45"]) == 0
     assert json.loads((out / "train_state.json").read_text())["step"] == 45
     with pytest.raises(ValueError, match="--schedule-start 50 is after the checkpoint's step 45"):
