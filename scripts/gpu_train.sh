@@ -31,7 +31,7 @@ fi
 if [ -n "${THEN_QUALITY_SECONDS:-}" ]; then
   # The last run of a schedule: export the model and measure the full quality table in the same call
   # (no second machine start). $OUT returns ≤ 8 files and 64 MiB: the weights' shards, their index,
-  # train_state, the table's three files packed as quality.tar (`tar -xf quality.tar -C docs`), and
+  # train_state, the table's three files packed as quality.tar (scripts/ckpt_in.sh unpacks it), and
   # the Adam moments where they fit (the 8-layer model's 2 shards; a 12-layer one's 3 + 3 do not),
   # so that the next run resumes from this step's moments rather than an earlier call's. Needs .whl.
   cp "$ck"/model-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
