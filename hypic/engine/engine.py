@@ -22,7 +22,7 @@ from hypic.engine.cold import ColdContext
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.combine import CombineContext
 from hypic.engine.modes import ASSEMBLY, check_mode
-from hypic.engine.plan import RequestPlan, SegmentPlan, effective_seam
+from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
 from hypic.engine.prefix import PrefixCache, chain
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
@@ -90,9 +90,7 @@ class Engine:
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
         for i, ids in enumerate(segments):
-            # The query is never cached; a segment no longer than the seam is all seam: recomputed
-            # in context every time, so caching it would save nothing.
-            in_context = i == len(segments) - 1 or (seam > 0 and len(ids) <= seam)
+            in_context = i == len(segments) - 1 or all_seam(seam, len(ids))  # the query is never cached
             key = None if in_context else segment_key(ids, model_fingerprint=self.fingerprint, seam=seam,
                                                       dtype=self.dtype_name, salt=salt)
             plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))

@@ -53,3 +53,9 @@ class RequestPlan:
 def effective_seam(seam: int, length: int) -> int:
     """Cap w ≤ L − 1 so that every cached segment keeps a non-empty body."""
     return max(0, min(seam, length - 1))
+
+
+def all_seam(seam: int, length: int) -> bool:
+    """A segment no longer than the seam is all seam: recomputed in context every time, so caching
+    it would save nothing (the engine plans it in context; training's forward does the same)."""
+    return seam > 0 and length <= seam

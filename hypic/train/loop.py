@@ -119,7 +119,7 @@ def train(args: argparse.Namespace) -> dict:
     if args.resume:
         state = load_checkpoint(out, model, opt)
         state.pop("stopped", None)  # an earlier run's early stop is not this one's
-    if not state["step"] >= args.schedule_start:
+    if state["step"] < args.schedule_start:
         # checked before anything is written or trained: resuming short of the schedule's start once
         # trained 47 steps at a negative learning rate (docs/training.md, run 15)
         raise ValueError(f"--schedule-start {args.schedule_start} is after the checkpoint's step "

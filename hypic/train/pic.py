@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from hypic.engine.plan import all_seam, effective_seam
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
 from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.conv import causal_conv1d
@@ -63,8 +64,7 @@ class StandaloneSegmentsContext(ForwardContext):
             order: list[int] = []
             a = 0
             for L in segs[:-1]:
-                # the engine's plan: all seam (recomputed whole) when L ≤ w, else min(w, L − 1)
-                w = L if 0 < seam and L <= seam else min(seam, max(L - 1, 0))
+                w = L if all_seam(seam, L) else effective_seam(seam, L)  # as the engine plans it
                 source += range(base + a, base + a + w)
                 order += range(copy_row, copy_row + w)  # the seam, recomputed in context
                 order += range(offset + a + w, offset + a + L)  # the body, from the cold prefill
