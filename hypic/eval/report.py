@@ -13,11 +13,12 @@ def table(results: dict[str, LabelResult]) -> str:
     head = ("| mode | " + " | ".join(fams) +
             " | average | Δ vs full | EM single/multi-hop | KL(full‖mode) | top-1 vs full |")
     lines = [head, "|" + "---|" * (len(fams) + 6)]
-    full = results["full"].average if "full" in results else float("nan")
+    full = results["full"].average if "full" in results else None  # a --labels run may leave it out
     for label, r in results.items():
         em = "/".join(f"{r.family_em.get(f, float('nan')):.1f}" for f in ("single_hop", "multi_hop"))
         cells = [f"{r.family_scores[f]:.1f}" for f in fams]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {r.average:.1f} | {r.average - full:+.1f} | {em} | "
+        delta = "–" if full is None else f"{r.average - full:+.1f}"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {r.average:.1f} | {delta} | {em} | "
                      f"{r.kl:.4f} | {r.top1:.1f}% |")
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ from torch import Tensor
 @triton.jit
 def _gdn_transition_kernel(k, w, g, cu_seqlens, out, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
                            BK: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr):
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
@@ -53,7 +53,9 @@ def gdn_transition(k: Tensor, w: Tensor, g_log2: Tensor, cu_seqlens: Tensor, *, 
     HV, N = w.shape[1], len(cu_seqlens) - 1
     out = torch.empty(N, HV, K, K, dtype=torch.float32, device=k.device)
     BV = 64 if K > 32 else 32
-    grid = (triton.cdiv(K, BV), N * HV)
+    # One program per (sequence, value head) on the grid's first axis: CUDA caps the other two at
+    # 65 535 blocks, and a cold batch of many short segments passes that (16 384 segments at HV = 4).
+    grid = (N * HV, triton.cdiv(K, BV))
     _gdn_transition_kernel[grid](k.contiguous(), w.contiguous(), g_log2.contiguous(), cu_seqlens, out, H=H, HV=HV,
                                  K=K, BK=max(16, triton.next_power_of_2(K)), BT=chunk_size, BV=BV, num_warps=4,
                                  num_stages=2)

@@ -64,3 +64,19 @@ def test_demo_session_reports_cold_and_warm(model_dir, capsys) -> None:
     warm = next(r for r in rows if r["mode"] == "hypic warm")
     cold = next(r for r in rows if r["mode"] == "hypic cold")
     assert cold["cached"] == 0 and warm["cached"] > 0 and warm["recomputed"] < warm["prompt"] / 4
+
+
+def test_table_leaves_the_gap_blank_without_full() -> None:
+    """`--labels naive,hypic_w8` scores no `full` row: the gap column says so instead of `nan`."""
+    from hypic.eval.quality import LabelResult
+    from hypic.eval.report import table
+
+    fams = ("single_hop", "multi_hop", "multi_doc_summary", "report_summary")
+
+    def result(score: float) -> LabelResult:
+        return LabelResult(family_scores=dict.fromkeys(fams, score), family_em=dict.fromkeys(fams[:2], score))
+
+    rows = table({"naive": result(70.0), "hypic_w8": result(89.5)}).splitlines()[2:]
+    assert [r.split(" | ")[6] for r in rows] == ["–", "–"] and "nan" not in "".join(rows)
+    rows = table({"full": result(90.0), "hypic_w8": result(89.5)}).splitlines()[2:]
+    assert [r.split(" | ")[6] for r in rows] == ["+0.0", "-0.5"]

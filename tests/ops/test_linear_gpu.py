@@ -72,3 +72,23 @@ def test_cuda_conv_matches_fp64_conv_with_tails(kernel: str, with_tails: bool, m
         assert got.y.dtype == dtype
         assert torch.allclose(got.y.cpu().double(), want.y, atol=tol, rtol=tol)
         assert torch.allclose(got.tail.cpu().double(), want.tail, atol=tol, rtol=tol)
+
+
+def test_gdn_summary_of_more_sequences_than_a_grid_axis_holds() -> None:
+    """A cold batch of thousands of segments: the transition kernel launches a program per
+    (sequence, value head), 66 000 here — more than CUDA's 65 535 on a grid's second axis, where it
+    once stood (`Triton Error [CUDA]: invalid argument` at 600 prompts per engine call). Every
+    sequence's summary must equal the one it gets in a small batch."""
+    n, length = 16_500, 80  # > kernels.RECURRENT_MAX: the chunked path and its transition kernel
+    cu = torch.arange(n + 1, device="cuda") * length
+    x = family_inputs("gdn", n * length, heads=2, value_heads=4, key_dim=16, value_dim=16, device="cuda", seed=5)
+    xb = {name: t.bfloat16() for name, t in x.items()}
+    out = linear_attention("gdn", xb["q"], xb["k"], xb["v"], **token_kwargs(xb), cu_seqlens=cu, output_summary=True,
+                           backend="fla")
+    for i in (0, 8_191, 16_383, 16_384, n - 1):  # either side of the old limit
+        span = slice(i * length, (i + 1) * length)
+        one = linear_attention("gdn", xb["q"][span], xb["k"][span], xb["v"][span],
+                               **token_kwargs(xb, span), output_summary=True,
+                               backend="fla")
+        assert torch.allclose(out.summary.transition[i], one.summary.transition[0], atol=1e-5), i
+        assert torch.allclose(out.summary.state[i], one.summary.state[0], atol=1e-5), i
