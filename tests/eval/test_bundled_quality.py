@@ -2,9 +2,10 @@
 
 The bounds are what the shipped model must keep: exact reuse (`prefix`) scores exactly as `full`,
 the model answers well above chance, hypic's reuse stays close to `full` and above naive state
-addition, and naive disagrees far more with `full` on the first token. Measured for the step-16203
-model (docs/quality.md, session 8): full 96.9, hypic_w8 96.9, naive 86.0; first-token KL to `full`
-naive 0.191, hypic_w8 0.005 (40×; step 14398: full 90.6, naive 85.5, KL 0.237 against 0.001). At
+addition, and naive disagrees far more with `full` on the first token. Measured for the step-17900
+model (docs/quality.md, session 9): full 96.9, hypic_w8 100.0 (one two-hop question of 4 that
+`full` misses), naive 86.2; first-token KL to `full` naive 0.163, hypic_w8 0.003 (53×; step 16203:
+full 96.9, naive 86.0, KL 0.191 against 0.005). At
 difficulty 0.3 naive loses few points (few documents to add up), so its score bound is loose and
 the KL ratio carries the sensitivity check; the bounds sit below the measured values by the noise
 of 4 examples per family, so a retrained model that is no worse passes and a broken engine or a
