@@ -81,7 +81,7 @@ def test_gdn_summary_of_more_sequences_than_a_grid_axis_holds() -> None:
     sequence's summary must equal the one it gets in a small batch."""
     n, length = 16_500, 80  # > kernels.RECURRENT_MAX: the chunked path and its transition kernel
     cu = torch.arange(n + 1, device="cuda") * length
-    x = family_inputs("gdn", n * length, heads=2, value_heads=4, key_dim=16, value_dim=16, device="cuda", seed=5)
+    x = family_inputs("gdn", n * length, heads=2, value_heads=4, key_dim=64, value_dim=32, device="cuda", seed=5)
     xb = {name: t.bfloat16() for name, t in x.items()}
     out = linear_attention("gdn", xb["q"], xb["k"], xb["v"], **token_kwargs(xb), cu_seqlens=cu, output_summary=True,
                            backend="fla")
@@ -90,5 +90,5 @@ def test_gdn_summary_of_more_sequences_than_a_grid_axis_holds() -> None:
         one = linear_attention("gdn", xb["q"][span], xb["k"][span], xb["v"][span],
                                **token_kwargs(xb, span), output_summary=True,
                                backend="fla")
-        assert torch.allclose(out.summary.transition[i], one.summary.transition[0], atol=1e-5), i
-        assert torch.allclose(out.summary.state[i], one.summary.state[0], atol=1e-5), i
+        assert _rel(out.summary.transition[i], one.summary.transition[0]) < 1e-5, i
+        assert _rel(out.summary.state[i], one.summary.state[0]) < 1e-5, i
