@@ -87,8 +87,7 @@ def test_gdn_summary_of_more_sequences_than_a_grid_axis_holds() -> None:
                            backend="fla")
     for i in (0, 8_191, 16_383, 16_384, n - 1):  # either side of the old limit
         span = slice(i * length, (i + 1) * length)
-        one = linear_attention("gdn", xb["q"][span], xb["k"][span], xb["v"][span],
-                               **token_kwargs(xb, span), output_summary=True,
-                               backend="fla")
+        one = linear_attention("gdn", xb["q"][span], xb["k"][span], xb["v"][span], **token_kwargs(xb, span),
+                               output_summary=True, backend="fla")
         assert _rel(out.summary.transition[i], one.summary.transition[0]) < 1e-5, i
         assert _rel(out.summary.state[i], one.summary.state[0]) < 1e-5, i
