@@ -11,6 +11,7 @@ import argparse
 import datetime
 import os
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,15 @@ def gdn_inputs(total: int, H: int, HV: int, K: int, V: int, dtype: torch.dtype, 
     g = -a_log.exp() * F.softplus(dt)
     beta = torch.sigmoid(torch.randn(total, HV, device=dev, generator=gen))
     return {"q": q.to(dtype), "k": k.to(dtype), "v": v.to(dtype), "g": g.to(dtype), "beta": beta.to(dtype)}
+
+
+_T0 = time.perf_counter()
+
+
+def emit(table: list[str], line: str) -> None:
+    """Append a row and print it at once, so a run cut short by its time limit still shows how far it got."""
+    table.append(line)
+    print(f"[{time.perf_counter() - _T0:6.1f} s] {line}", flush=True)
 
 
 def bench(fn, reps: int = 50) -> float:
@@ -68,7 +78,7 @@ def check_families(rows: list[str]) -> None:
         out = linear_attention(fam, base["q"].bfloat16(), base["k"].bfloat16(), base["v"].bfloat16(), cu_seqlens=cu,
                                initial_state=s0.float(), output_summary=True, backend="fla", **bf)
         t_err = rel(out.summary.transition, ref.summary.transition) if fam != "scalar" else 0.0
-        rows.append(f"| {fam} varlen {lens} GVA {H}/{HV} | o {rel(out.o, ref.o):.1e} | final {rel(out.final_state, ref.final_state):.1e} "
+        emit(rows, f"| {fam} varlen {lens} GVA {H}/{HV} | o {rel(out.o, ref.o):.1e} | final {rel(out.final_state, ref.final_state):.1e} "
                     f"| S {rel(out.summary.state, ref.summary.state):.1e} | T {t_err:.1e} | chunk-vs-loop fp64 {tie:.1e} |")
 
 
@@ -88,6 +98,7 @@ def check_composition(rows: list[str], timings: list[str], errors: bool) -> None
         full = linear_attention("gdn", xb["q"], xb["k"], xb["v"], g=xb["g"], beta=xb["beta"],
                                 initial_state=s0.float(), backend="fla").final_state[0]
         full_err = rel(full, ref)
+        print(f"[{time.perf_counter() - _T0:6.1f} s] gdn 32k fp64 reference and full fla run done", flush=True)
     for nseg in (1, 8, 32, 64):
         seg = total // nseg
         cu_cpu = torch.arange(0, total + 1, seg)
@@ -100,7 +111,7 @@ def check_composition(rows: list[str], timings: list[str], errors: bool) -> None
                 summary = recurrence.Summary(out.summary.transition[i], out.summary.state[i])
                 state = recurrence.apply("gdn", summary, state)
             comp_err = rel(state, ref)
-            rows.append(f"| gdn 32k as {nseg}×{seg} | full-run err {full_err:.2e} | composed err {comp_err:.2e} "
+            emit(rows, f"| gdn 32k as {nseg}×{seg} | full-run err {full_err:.2e} | composed err {comp_err:.2e} "
                         f"| ratio {comp_err / full_err:.2f} | | |")
         h0 = torch.zeros(nseg, HV, K, V, device="cuda")
         args = (xb["q"][None], xb["k"][None], xb["v"][None], xb["g"][None].float(), xb["beta"][None])
@@ -132,7 +143,7 @@ def check_composition(rows: list[str], timings: list[str], errors: bool) -> None
         def pct(t: float) -> str:
             return f"{t:.3f} ({100 * (t / t_plain - 1):+.0f}%)"
 
-        timings.append(f"| {nseg}×{seg} | {t_plain:.3f} | {t_hp:.3f} | {pct(t_sum)} | {pct(t_serial)} | {pct(t_one)} |")
+        emit(timings, f"| {nseg}×{seg} | {t_plain:.3f} | {t_hp:.3f} | {pct(t_sum)} | {pct(t_serial)} | {pct(t_one)} |")
 
 
 def main() -> None:

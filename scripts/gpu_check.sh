@@ -25,7 +25,7 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 
 [ "${GPU_TRAIN_PROFILE:-0}" = 1 ] && section train_profile "${GPU_TRAIN_PROFILE_SECONDS:-100}" \
   python3 scripts/gpu_train_profile.py --out "$OUT" ${GPU_TRAIN_PROFILE_ARGS:-}
-[ "${GPU_OPS:-1}" = 1 ] && section ops "${GPU_OPS_SECONDS:-200}" python3 scripts/gpu_check.py --out "$OUT" "$@"
+[ "${GPU_OPS:-1}" = 1 ] && section ops "${GPU_OPS_SECONDS:-330}" python3 scripts/gpu_check.py --out "$OUT" "$@"
 [ "${GPU_MODELS:-0}" = 1 ] && section models "${GPU_MODELS_SECONDS:-300}" \
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
 [ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
