@@ -118,7 +118,7 @@ def eval_quality(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hypic.eval.quality import evaluate
-    from hypic.eval.report import plot, relation_table, table
+    from hypic.eval.report import docs_table, plot, relation_table, table
     from hypic.llm import bundled_model_path
     from hypic.models.loader import load_model
 
@@ -136,6 +136,7 @@ def eval_quality(args: argparse.Namespace) -> int:
                 "families": {k: r.family_scores for k, r in results.items()},
                 "em": {k: r.family_em for k, r in results.items()},
                 "relation_em": {k: r.relation_em for k, r in results.items()},
+                "by_documents": {k: r.docs_scores for k, r in results.items()},
                 "kl": {k: r.kl for k, r in results.items()}, "top1": {k: r.top1 for k, r in results.items()},
                 "examples_per_family": n, "difficulty": difficulty}
 
@@ -147,6 +148,8 @@ def eval_quality(args: argparse.Namespace) -> int:
                        f"model {shown} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
                        f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
                        f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n"
+                       f"\nThe family average by the number of documents in the prompt (Δ vs `full` in the same "
+                       f"prompts):\n\n{docs_table(results)}\n"
                        + (f"\nExact match per answered relation under `full` (a two-hop question counts under "
                           f"its second hop):\n\n{relation_table(results['full'])}\n" if "full" in results else ""))
 

@@ -41,6 +41,9 @@ class LabelResult:
     # QA exact match per relation the answer comes from ("single_hop:colour", "multi_hop:home"), 0–100:
     # a model can learn to look some relations up and not others, which a family average hides
     relation_em: dict[str, float] = field(default_factory=dict)
+    # the family average within each document-count bucket ("4-8": …): how a mode's loss grows with
+    # the number of cached segments composed before the query
+    docs_scores: dict[str, float] = field(default_factory=dict)
     kl: float = 0.0  # mean first-token KL(full ‖ label)
     top1: float = 0.0  # first-token top-1 agreement with full, 0–100
 
@@ -60,6 +63,27 @@ def _by_relation(family: str, examples: list, ems: list[float]) -> dict[str, flo
     for ex, em in zip(examples, ems, strict=True):
         groups.setdefault(f"{family}:{ex.meta['relation'].split('>')[-1]}", []).append(em)
     return {key: 100 * sum(v) / len(v) for key, v in sorted(groups.items())}
+
+
+def docs_bucket(num_docs: int) -> str:
+    """Power-of-two buckets of the document count: 1, 2, 3-4, 5-8, 9-16, 17-32, …"""
+    if num_docs < 1:
+        raise ValueError(f"num_docs must be ≥ 1, got {num_docs}")
+    hi = 1 << (num_docs - 1).bit_length()
+    return str(num_docs) if hi <= 2 else f"{hi // 2 + 1}-{hi}"
+
+
+def _by_docs(per_family: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
+    """(document count, score) per example and family → the family average per bucket (families
+    with no example in a bucket are left out of its average)."""
+    cells: dict[str, dict[str, list[float]]] = {}
+    for family, pairs in per_family.items():
+        for num_docs, value in pairs:
+            cells.setdefault(docs_bucket(num_docs), {}).setdefault(family, []).append(value)
+    out = {}
+    for bucket, fams in sorted(cells.items(), key=lambda kv: int(kv[0].split("-")[0])):
+        out[bucket] = sum(100 * sum(v) / len(v) for v in fams.values()) / len(fams)
+    return out
 
 
 def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
@@ -99,15 +123,18 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             first += [r.first_logits for r in runs]
             for (family, _), r in zip(chunk, runs, strict=True):
                 preds[family].append(tok.decode(r.output.token_ids, skip_special_tokens=True).strip())
+        per_docs: dict[str, list[tuple[int, float]]] = {}
         for family in data:
             metric = FAMILIES[family].metric
             scores = [score(metric, p, r) for p, r in zip(preds[family], (ex.answer for ex in examples[family]),
                                                           strict=True)]
             key = "f1" if metric == "em_f1" else "rougeL"
             res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
+            per_docs[family] = [(len(ex.segments) - 2, s[key]) for ex, s in zip(examples[family], scores, strict=True)]
             if metric == "em_f1":
                 res.family_em[family] = 100 * sum(s["em"] for s in scores) / len(scores)
                 res.relation_em.update(_by_relation(family, examples[family], [s["em"] for s in scores]))
+        res.docs_scores = _by_docs(per_docs)
         p, q = reference, torch.log_softmax(torch.stack(first), -1)  # every prompt, in `items` order
         res.kl = (p.exp() * (p - q)).sum(-1).mean().item()
         res.top1 = 100 * (p.argmax(-1) == q.argmax(-1)).float().mean().item()

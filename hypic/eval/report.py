@@ -23,6 +23,25 @@ def table(results: dict[str, LabelResult]) -> str:
     return "\n".join(lines)
 
 
+def docs_table(results: dict[str, LabelResult]) -> str:
+    """The family average per document-count bucket, with its difference from ``full`` in the bucket."""
+    buckets = list(next(iter(results.values())).docs_scores) if results else []
+    full = results.get("full")
+    lines = ["| mode | " + " | ".join(f"{b} documents" for b in buckets) + " |", "|" + "---|" * (len(buckets) + 1)]
+    for label, r in results.items():
+        cells = []
+        for b in buckets:
+            value = r.docs_scores.get(b)
+            if value is None:
+                cells.append("–")
+            elif full is None or label == "full" or b not in full.docs_scores:
+                cells.append(f"{value:.1f}")
+            else:
+                cells.append(f"{value:.1f} ({value - full.docs_scores[b]:+.1f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def relation_table(result: LabelResult) -> str:
     """EM per answered relation, one row per QA family: where a model has not learned a lookup."""
     rels = sorted({key.split(":", 1)[1] for key in result.relation_em})

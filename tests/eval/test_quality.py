@@ -33,6 +33,8 @@ def test_cli_quick_json_and_report(model_dir, tmp_path, capsys) -> None:
     assert {"full", "prefix", "naive", "transition", "hypic_w0", "hypic_w32"} <= set(scores)
     assert "| hypic_w8 |" in out.read_text() and out.with_suffix(".png").stat().st_size > 1000
     assert "Exact match per answered relation" in out.read_text()
+    assert "| mode | " in out.read_text().split("by the number of documents")[1]
+    assert set(json.loads(out.with_suffix(".json").read_text())["by_documents"]["naive"])
 
 
 def test_relation_em_averages_the_family_em(model_dir) -> None:
@@ -80,3 +82,34 @@ def test_table_leaves_the_gap_blank_without_full() -> None:
     assert [r.split(" | ")[6] for r in rows] == ["–", "–"] and "nan" not in "".join(rows)
     rows = table({"full": result(90.0), "hypic_w8": result(89.5)}).splitlines()[2:]
     assert [r.split(" | ")[6] for r in rows] == ["+0.0", "-0.5"]
+
+
+def test_scores_by_document_count() -> None:
+    """Buckets are powers of two; a bucket's score is the mean over the families present in it of
+    each family's mean there; the report's cells carry the gap to `full` in the same bucket."""
+    from hypic.eval.quality import LabelResult, _by_docs, docs_bucket
+    from hypic.eval.report import docs_table
+
+    assert [docs_bucket(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 32)] == \
+        ["1", "2", "3-4", "3-4", "5-8", "5-8", "9-16", "9-16", "17-32", "17-32"]
+    with pytest.raises(ValueError, match="num_docs"):
+        docs_bucket(0)
+    per = {"a": [(4, 1.0), (3, 0.0), (20, 1.0)], "b": [(6, 0.5), (30, 0.0), (31, 1.0)]}
+    got = _by_docs(per)
+    assert list(got) == ["3-4", "5-8", "17-32"]  # ordered by size, empty buckets absent
+    assert got == {"3-4": pytest.approx(50.0), "5-8": pytest.approx(50.0), "17-32": pytest.approx((100 + 50) / 2)}
+    full = LabelResult(docs_scores={"3-4": 90.0, "5-8": 80.0})
+    naive = LabelResult(docs_scores={"3-4": 85.0, "5-8": 60.0})
+    rows = docs_table({"full": full, "naive": naive}).splitlines()
+    assert rows[0] == "| mode | 3-4 documents | 5-8 documents |"
+    assert rows[2] == "| full | 90.0 | 80.0 |" and rows[3] == "| naive | 85.0 (-5.0) | 60.0 (-20.0) |"
+
+
+def test_evaluate_buckets_match_the_prompts(model_dir) -> None:
+    from hypic.eval.quality import docs_bucket
+    from hypic.eval.tasks import FAMILIES, generate
+
+    r = evaluate(load_model(model_dir, device="cpu"), n=4, difficulty=0.5, labels=["naive"])["naive"]
+    counts = {len(ex.segments) - 2 for f in FAMILIES for ex in generate(f, 4, 1234, difficulty=0.5)}
+    assert set(r.docs_scores) == {docs_bucket(c) for c in counts} and len(r.docs_scores) > 1
+    assert all(0.0 <= v <= 100.0 for v in r.docs_scores.values())
