@@ -43,10 +43,14 @@ def gdn_inputs(total: int, H: int, HV: int, K: int, V: int, dtype: torch.dtype, 
 _T0 = time.perf_counter()
 
 
-def emit(table: list[str], line: str) -> None:
-    """Append a row and print it at once, so a run cut short by its time limit still shows how far it got."""
-    table.append(line)
+def progress(line: str) -> None:
+    """Printed at once with the time since start, so a run cut short by its time limit shows how far it got."""
     print(f"[{time.perf_counter() - _T0:6.1f} s] {line}", flush=True)
+
+
+def emit(table: list[str], line: str) -> None:
+    table.append(line)
+    progress(line)
 
 
 def bench(fn, reps: int = 50) -> float:
@@ -98,7 +102,7 @@ def check_composition(rows: list[str], timings: list[str], errors: bool) -> None
         full = linear_attention("gdn", xb["q"], xb["k"], xb["v"], g=xb["g"], beta=xb["beta"],
                                 initial_state=s0.float(), backend="fla").final_state[0]
         full_err = rel(full, ref)
-        print(f"[{time.perf_counter() - _T0:6.1f} s] gdn 32k fp64 reference and full fla run done", flush=True)
+        progress("gdn 32k fp64 reference and full fla run done")
     for nseg in (1, 8, 32, 64):
         seg = total // nseg
         cu_cpu = torch.arange(0, total + 1, seg)

@@ -41,7 +41,7 @@ class LabelResult:
     # QA exact match per relation the answer comes from ("single_hop:colour", "multi_hop:home"), 0–100:
     # a model can learn to look some relations up and not others, which a family average hides
     relation_em: dict[str, float] = field(default_factory=dict)
-    # the family average within each document-count bucket ("4-8": …): how a mode's loss grows with
+    # the family average within each document-count bucket ("5-8": …): how a mode's loss grows with
     # the number of cached segments composed before the query
     docs_scores: dict[str, float] = field(default_factory=dict)
     kl: float = 0.0  # mean first-token KL(full ‖ label)
@@ -76,14 +76,10 @@ def docs_bucket(num_docs: int) -> str:
 def _by_docs(per_family: dict[str, list[tuple[int, float]]]) -> dict[str, float]:
     """(document count, score) per example and family → the family average per bucket (families
     with no example in a bucket are left out of its average)."""
-    cells: dict[str, dict[str, list[float]]] = {}
-    for family, pairs in per_family.items():
-        for num_docs, value in pairs:
-            cells.setdefault(docs_bucket(num_docs), {}).setdefault(family, []).append(value)
-    out = {}
-    for bucket, fams in sorted(cells.items(), key=lambda kv: int(kv[0].split("-")[0])):
-        out[bucket] = sum(100 * sum(v) / len(v) for v in fams.values()) / len(fams)
-    return out
+    cells: dict[str, dict[str, list[float]]] = {}  # filled smallest count first: buckets in order
+    for num_docs, family, value in sorted((d, f, v) for f, pairs in per_family.items() for d, v in pairs):
+        cells.setdefault(docs_bucket(num_docs), {}).setdefault(family, []).append(value)
+    return {bucket: sum(100 * sum(v) / len(v) for v in fams.values()) / len(fams) for bucket, fams in cells.items()}
 
 
 def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
