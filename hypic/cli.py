@@ -1,9 +1,9 @@
 """Command line: ``hypic demo`` (the main job), ``hypic serve`` (the OpenAI-compatible server),
-``hypic bench``; generate / eval as they land.
+``hypic generate``, ``hypic bench ttft``, ``hypic eval quality | deviation``.
 
-Until the engine exists the demo is the algebra's self-check: for every linear-attention family it
-splits a random span in two, composes the halves' cached summaries and prints how far the result
-is from running the whole span, next to the naive sum that drops ``T``.
+``hypic demo --self-check`` is the algebra's check without a model: for every linear-attention
+family it splits a random span in two, composes the halves' cached summaries and prints how far the
+result is from running the whole span, next to the naive sum that drops ``T``.
 """
 
 from __future__ import annotations
@@ -162,6 +162,35 @@ def eval_quality(args: argparse.Namespace) -> int:
     return 0
 
 
+def eval_deviation(args: argparse.Namespace) -> int:
+    import datetime
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from hypic.eval.deviation import measure, tables
+    from hypic.llm import bundled_model_path
+    from hypic.models.loader import load_model
+
+    path = args.model or str(bundled_model_path())
+    loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
+    labels = args.labels.split(",") if args.labels else None
+    results = measure(loaded, n=args.n, difficulty=args.difficulty, labels=labels, batch=args.batch)
+    text = tables(results, loaded.model.kinds.kinds)
+    if args.out:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        Path(args.out).write_text(f"# Deviation from `full`, layer by layer\n\nCommand: `hypic eval deviation "
+                                  f"{' '.join(sys.argv[3:])}` · {args.n} examples per family, difficulty "
+                                  f"{args.difficulty} · {when}\n\n{text}\n")
+    if args.json:
+        print(json.dumps({"deviation": {k: asdict(r) for k, r in results.items()},
+                          "kinds": list(loaded.model.kinds.kinds), "examples_per_family": args.n,
+                          "difficulty": args.difficulty}))
+    else:
+        print(text)
+    return 0
+
+
 def parse_bytes(text: str) -> int:
     """``"4GiB"``, ``"512MB"``, ``"1000000"`` → bytes (binary and decimal suffixes)."""
     units = {"": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -303,6 +332,18 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--batch", type=int, default=8, help="prompts per engine call")
     p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")
     p_q.set_defaults(func=eval_quality)
+    p_d = eval_sub.add_parser("deviation", help="per-layer deviation from full across the mode ladder")
+    p_d.add_argument("--model", help="model folder (default: the bundled model)")
+    p_d.add_argument("--n", type=int, default=50, help="examples per family")
+    p_d.add_argument("--difficulty", type=float, default=1.0)
+    p_d.add_argument("--labels", help="comma list of mode labels (default: full, naive, addition, transition, "
+                                      "hypic_w0, hypic_w8)")
+    p_d.add_argument("--device")
+    p_d.add_argument("--dtype", choices=["float32", "bfloat16"])
+    p_d.add_argument("--batch", type=int, default=8, help="prompts per engine call")
+    p_d.add_argument("--json", action="store_true", help="print one JSON object")
+    p_d.add_argument("--out", help="write the markdown tables here")
+    p_d.set_defaults(func=eval_deviation)
     _serve_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)

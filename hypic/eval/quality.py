@@ -82,6 +82,14 @@ def _by_docs(per_family: dict[str, list[tuple[int, float]]]) -> dict[str, float]
     return {bucket: sum(100 * sum(v) / len(v) for v in fams.values()) / len(fams) for bucket, fams in cells.items()}
 
 
+def build_entries(engine: Engine, prompts: list[list[list[int]]], mode: str, cold: str) -> None:
+    """What a label's cache holds when its prompts arrive. In-context entries depend on what preceded
+    them, so that strategy first builds them from the same documents in reverse order; standalone
+    entries are the same whether a document was cached earlier or is filled by the request itself."""
+    if cold == "in_context":
+        engine.prefill_logits([[p[0], *p[-2:0:-1], p[-1]] for p in prompts], mode=mode)
+
+
 def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
              labels: list[str] | None = None, batch: int = 8,
              on_label: Callable[[dict[str, LabelResult]], None] | None = None) -> dict[str, LabelResult]:
@@ -110,10 +118,9 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
         res, first = LabelResult(), []
         preds: dict[str, list[str]] = {f: [] for f in data}
         for chunk in _batches(items, batch):
-            prompts = [e.segments for _, e in chunk]
-            if cold == "in_context":  # entries built in context of another order (reversed documents)
-                engine.prefill_logits([[p[0], *p[-2:0:-1], p[-1]] for p in prompts], mode=mode)
             params = [SamplingParams(max_tokens=MAX_TOKENS[FAMILIES[f].metric]) for f, _ in chunk]
+            prompts = [e.segments for _, e in chunk]
+            build_entries(engine, prompts, mode, cold)
             runs = engine.start(prompts, params, mode=mode)
             engine.finish(runs)
             first += [r.first_logits for r in runs]
