@@ -9,8 +9,9 @@ Two measures per label of the ladder (``hypic.eval.quality.LABELS``):
 
 Scores say how much a mode loses; this says where. The first linear layer sees only token
 embeddings, so there hypic's composed state (exact ``T``, conv warm-up, seams of ``w ≥ W − 1``) is
-the true one to rounding, while ``naive``'s sum of zero-start states is not; from the first
-attention layer on, every cached mode carries what the documents' standalone prefill did not see.
+the true one to rounding, while ``naive`` and ``transition`` (no warm-up) are not; from the second
+layer on, every cached mode carries what a document's standalone prefill did not see (its lower
+layers ran from zero state). docs/quality.md has the bundled model's tables.
 """
 
 from __future__ import annotations
