@@ -143,8 +143,8 @@ class CombineContext(ForwardContext):
         # every run's summary as a view, from one op each (not one indexing op per run and layer)
         run_T = None if runs is None or runs.transition is None else runs.transition.unbind(0)
         run_S = None if runs is None else runs.state.unbind(0)
-        initial: Tensor | None = None
-        for items in self.items:
+        initial: Tensor | None = None  # stays None (every run from zero) without carry_state
+        for items in self.items if self.assembly.carry_state else ():
             chain: list[Summary] = []  # every span before the request's last run, in position order
             starts: list[tuple[int, int]] = []  # (run index, its place in the chain)
             for kind, item in items:

@@ -4,6 +4,10 @@
 ``naive``, and cached keys left with the RoPE phase of their standalone prefill (positions from 0
 in every segment) instead of being roped at their true positions. ``naive`` keeps the RoPE fix,
 so it isolates what dropping T costs; ``addition`` shows what a cache that fixes nothing costs.
+``zero_state`` is the floor under both: every linear-layer run starts from a zero state, so the
+documents reach the query only through the attention layers' cached keys and values. Its distance
+from ``full`` is what the linear layers carry across segments at all, the most any corruption of
+their state alone could cost short of actively misleading the model (docs/quality.md).
 """
 
 from __future__ import annotations
@@ -11,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["full", "prefix", "addition", "naive", "transition", "hypic"]
-MODES: tuple[str, ...] = ("full", "prefix", "addition", "naive", "transition", "hypic")
+Mode = Literal["full", "prefix", "zero_state", "addition", "naive", "transition", "hypic"]
+MODES: tuple[str, ...] = ("full", "prefix", "zero_state", "addition", "naive", "transition", "hypic")
 
 
 @dataclass(frozen=True)
@@ -24,9 +28,11 @@ class Assembly:
     rerotate: bool  # move RoPE-carrying linear states to their true position
     conv_warmup: bool  # start a recompute run's conv from the preceding segment's tail
     rope_fix: bool = True  # rope cached keys at their true positions (else at their standalone ones)
+    carry_state: bool = True  # linear states flow into later runs (else every run starts from zero)
 
 
 ASSEMBLY: dict[str, Assembly] = {
+    "zero_state": Assembly(False, False, False, False, carry_state=False),
     "addition": Assembly(False, False, False, False, rope_fix=False),
     "naive": Assembly(False, False, False, False),
     "transition": Assembly(True, False, False, False),

@@ -26,7 +26,7 @@ SEAMS = (0, 1, 2, 4, 8, 16, 32)
 # label → (mode, seam, cold strategy)
 LABELS: dict[str, tuple[str, int, str]] = {
     "full": ("full", 8, "standalone"), "prefix": ("prefix", 8, "standalone"), "naive": ("naive", 0, "standalone"),
-    "addition": ("addition", 0, "standalone"),
+    "zero_state": ("zero_state", 0, "standalone"), "addition": ("addition", 0, "standalone"),
     "transition": ("transition", 0, "standalone"),
     **{f"hypic_w{w}": ("hypic", w, "standalone") for w in SEAMS},
     "hypic_w8_in_context": ("hypic", 8, "in_context"),

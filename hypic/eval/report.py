@@ -62,7 +62,8 @@ def plot(results: dict[str, LabelResult], path: Path) -> None:
     xs = [w for w in SEAMS if f"hypic_w{w}" in results]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
     ax.plot([max(w, 0.5) for w in xs], [results[f"hypic_w{w}"].average for w in xs], "o-", label="hypic")
-    refs = (("full", "k--"), ("naive", "r:"), ("addition", "y:"), ("transition", "m-."), ("prefix", "g--"))
+    refs = (("full", "k--"), ("naive", "r:"), ("addition", "y:"), ("zero_state", "c:"), ("transition", "m-."),
+            ("prefix", "g--"))
     for label, style in refs:
         if label in results:
             ax.axhline(results[label].average, linestyle=style[1:], color=style[0], label=label)

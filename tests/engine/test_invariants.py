@@ -36,6 +36,19 @@ def test_linear_only_model_is_exact_for_seam_at_least_conv_width(linear_only_pat
         assert _maxdiff(_logits(llm, prompt, "hypic"), _logits(llm, prompt, "full")) <= TOL
 
 
+def test_zero_state_of_a_linear_only_model_is_the_query_alone(linear_only_path) -> None:
+    """With no attention layer the documents can reach the query only through linear state, so
+    ``zero_state`` (every run from a zero state) answers as if the query were the whole prompt — and
+    that is far from the answer with the documents (the state they carry matters)."""
+    llm = LLM(str(linear_only_path), device="cpu")
+    prompt = _segments(11, [16, 200, 200, 200, 6])
+    alone = _logits(llm, [prompt[-1]], "full")
+    assert _maxdiff(_logits(llm, prompt, "zero_state"), alone) <= 1e-5  # measured 1.5e-7
+    assert _maxdiff(_logits(llm, prompt, "full"), alone) > 1e-3  # measured 4.0e-3
+    out = llm.generate([prompt], SamplingParams(max_tokens=3), mode="zero_state")[0]
+    assert len(out.token_ids) == 3 and out.metrics.segment_hits == 4 and llm.engine.store.check_integrity()
+
+
 def test_hypic_close_to_full_and_naive_far(llm) -> None:
     prompt = _segments(7, [16, 120, 120, 120, 10])
     full = _logits(llm, prompt, "full")
