@@ -336,8 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p_d.add_argument("--model", help="model folder (default: the bundled model)")
     p_d.add_argument("--n", type=int, default=50, help="examples per family")
     p_d.add_argument("--difficulty", type=float, default=1.0)
-    p_d.add_argument("--labels", help="comma list of mode labels (default: full, naive, addition, transition, "
-                                      "hypic_w0, hypic_w8)")
+    p_d.add_argument("--labels", help="comma list of mode labels (default: full, prefix, zero_state, naive, "
+                                      "addition, transition, hypic_w0, hypic_w8)")
     p_d.add_argument("--device")
     p_d.add_argument("--dtype", choices=["float32", "bfloat16"])
     p_d.add_argument("--batch", type=int, default=8, help="prompts per engine call")

@@ -9,6 +9,7 @@
 #   GPU_TTFT=1           TTFT across the ladder on the 9B shape (hypic bench ttft; GPU_TTFT_ARGS)
 #   GPU_QUALITY=1        the full quality run of the bundled model (or GPU_QUALITY_MODEL) into
 #                        $OUT/quality.{md,png,json}, rewritten after every label (GPU_QUALITY_ARGS)
+#   GPU_DEVIATION=1      per-layer deviation from full, fp32, into $OUT/deviation.md (GPU_DEVIATION_ARGS)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -33,6 +34,9 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ "${GPU_QUALITY:-0}" = 1 ] && section quality "${GPU_QUALITY_SECONDS:-300}" \
   python3 -m hypic.cli eval quality ${GPU_QUALITY_MODEL:+--model "$GPU_QUALITY_MODEL"} --device cuda --batch 64 \
   --out "$OUT/quality.md" ${GPU_QUALITY_ARGS:-}
+[ "${GPU_DEVIATION:-0}" = 1 ] && section deviation "${GPU_DEVIATION_SECONDS:-300}" \
+  python3 -m hypic.cli eval deviation --device cuda --dtype float32 --n 200 --batch 200 \
+  --out "$OUT/deviation.md" ${GPU_DEVIATION_ARGS:-}
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
   python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider
 
@@ -44,4 +48,6 @@ for f in ops models ttft; do
 done
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
+[ -f "$OUT/deviation.md" ] && grep -E '^\|' "$OUT/deviation.md"
+[ -f "$OUT/deviation.log" ] && grep -E 'Error' "$OUT/deviation.log" | tail -n 5
 exit 0

@@ -28,7 +28,7 @@ from hypic.eval.tasks import FAMILIES, generate
 from hypic.eval.tokenizer import encode_example
 from hypic.models.loader import LoadedModel
 
-DEFAULT_LABELS = ("full", "naive", "addition", "transition", "hypic_w0", "hypic_w8")
+DEFAULT_LABELS = ("full", "prefix", "zero_state", "naive", "addition", "transition", "hypic_w0", "hypic_w8")
 
 
 @dataclass
