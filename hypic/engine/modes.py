@@ -6,8 +6,8 @@ in every segment) instead of being roped at their true positions. ``naive`` keep
 so it isolates what dropping T costs; ``addition`` shows what a cache that fixes nothing costs.
 ``zero_state`` is the floor under both: every linear-layer run starts from a zero state, so the
 documents reach the query only through the attention layers' cached keys and values. Its distance
-from ``full`` is what the linear layers carry across segments at all, the most any corruption of
-their state alone could cost short of actively misleading the model (docs/quality.md).
+from ``full`` is what the linear layers carry across segments: a mode that keeps part of it (the
+naive sum) loses less, only one whose state misleads the model could lose more (docs/quality.md).
 """
 
 from __future__ import annotations
