@@ -23,9 +23,7 @@ from torch import Tensor
 
 from hypic.engine.engine import Engine
 from hypic.engine.request import SamplingParams
-from hypic.eval.quality import LABELS, build_entries
-from hypic.eval.tasks import FAMILIES, generate
-from hypic.eval.tokenizer import encode_example
+from hypic.eval.quality import LABELS, build_entries, check_labels, task_prompts
 from hypic.models.loader import LoadedModel
 
 DEFAULT_LABELS = ("full", "prefix", "zero_state", "naive", "addition", "transition", "hypic_w0", "hypic_w8")
@@ -82,16 +80,10 @@ def _relative(x: Tensor, ref: Tensor, start: int) -> Tensor:
 def measure(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float = 1.0,
             labels: list[str] | None = None, batch: int = 8) -> dict[str, Deviation]:
     """Mean relative deviation from ``full`` per layer, for each label, over ``n`` prompts per family."""
-    if loaded.tokenizer is None:
-        raise ValueError("model: deviation needs a tokenizer.json to build its prompts")
-    labels = labels or list(DEFAULT_LABELS)
-    unknown = [label for label in labels if label not in LABELS]
-    if unknown:
-        raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
+    labels = check_labels(labels or list(DEFAULT_LABELS))
     if n < 1:
         raise ValueError(f"n: expected at least one example per family, got {n}")
-    prompts = [encode_example(loaded.tokenizer, ex).segments
-               for f in FAMILIES for ex in generate(f, n, seed, difficulty=difficulty)]
+    prompts = [e.segments for encoded in task_prompts(loaded, n, seed, difficulty)[1].values() for e in encoded]
     chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     linear_layers = loaded.model.kinds.linear_layers
     probe = ResidualProbe(loaded.model)

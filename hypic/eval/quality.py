@@ -82,6 +82,21 @@ def _by_docs(per_family: dict[str, list[tuple[int, float]]]) -> dict[str, float]
     return {bucket: sum(100 * sum(v) / len(v) for v in fams.values()) / len(fams) for bucket, fams in cells.items()}
 
 
+def check_labels(labels: list[str]) -> list[str]:
+    unknown = [label for label in labels if label not in LABELS]
+    if unknown:
+        raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
+    return labels
+
+
+def task_prompts(loaded: LoadedModel, n: int, seed: int, difficulty: float) -> tuple[dict[str, list], dict[str, list]]:
+    """Every family's ``n`` examples and their encodings (prompt segments as token ids)."""
+    if loaded.tokenizer is None:
+        raise ValueError("model: the task prompts need a tokenizer.json")
+    examples = {f: generate(f, n, seed, difficulty=difficulty) for f in FAMILIES}
+    return examples, {f: [encode_example(loaded.tokenizer, ex) for ex in examples[f]] for f in FAMILIES}
+
+
 def build_entries(engine: Engine, prompts: list[list[list[int]]], mode: str, cold: str) -> None:
     """What a label's cache holds when its prompts arrive. In-context entries depend on what preceded
     them, so that strategy first builds them from the same documents in reverse order; standalone
@@ -95,15 +110,9 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
              on_label: Callable[[dict[str, LabelResult]], None] | None = None) -> dict[str, LabelResult]:
     """Scores per label. `on_label` sees the results so far after each label: a long run that is cut
     off (a device call's time limit) still leaves every finished label behind."""
-    if loaded.tokenizer is None:
-        raise ValueError("model: quality evaluation needs a tokenizer.json")
+    examples, data = task_prompts(loaded, n, seed, difficulty)
     tok = loaded.tokenizer
-    examples = {f: generate(f, n, seed, difficulty=difficulty) for f in FAMILIES}
-    data = {f: [encode_example(tok, ex) for ex in examples[f]] for f in FAMILIES}
-    labels = labels or list(LABELS)
-    unknown = [label for label in labels if label not in LABELS]
-    if unknown:
-        raise ValueError(f"labels: unknown {unknown}; choose from {list(LABELS)}")
+    labels = check_labels(labels or list(LABELS))
     results: dict[str, LabelResult] = {}
     # Every family's prompts in one stream of batches: fewer decode steps than a batch per family,
     # though on the H200 not less time — a step is row-bound there (docs/training.md, session 7).
