@@ -1,5 +1,5 @@
 """Command line: ``hypic demo`` (the main job), ``hypic serve`` (the OpenAI-compatible server),
-``hypic generate``, ``hypic bench ttft``, ``hypic eval quality | deviation``.
+``hypic generate``, ``hypic bench ttft | scatter``, ``hypic eval quality | deviation``.
 
 ``hypic demo --self-check`` is the algebra's check without a model: for every linear-attention
 family it splits a random span in two, composes the halves' cached summaries and prints how far the
@@ -68,13 +68,12 @@ def algebra_check(args: argparse.Namespace) -> int:
     return 0 if worst < 1e-4 else 1
 
 
-def bench_ttft(args: argparse.Namespace) -> int:
-    import datetime
+def _bench_model(args: argparse.Namespace) -> tuple[object, str, str]:
+    """The benchmark's model (a folder, or random weights of a real shape), its title, and the
+    machine's name for the table's footer."""
     import platform
 
     from hypic.bench.shapes import SHAPES
-    from hypic.bench.ttft import RagShape, report, run
-    from hypic.engine.engine import Engine
     from hypic.models.loader import load_model
     from hypic.models.random_init import random_model
 
@@ -85,18 +84,33 @@ def bench_ttft(args: argparse.Namespace) -> int:
         loaded, title = load_model(args.model, device=device, dtype=dtype), args.model
     else:
         loaded, title = random_model(SHAPES[args.shape], device=device, dtype=dtype), f"{args.shape} (random weights)"
-    shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
-    engine = Engine(loaded, seam=args.seam)
-    ab = args.ab and device.type == "cuda"
-    res = run(engine, shape, reps=args.reps, ab=ab)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+    return loaded, f"{title}, {dtype}", machine
+
+
+def _publish(table: str, machine: str, args: argparse.Namespace) -> None:
+    """Print a benchmark's table with its command, machine and date, and append it to ``--out``."""
+    import datetime
+
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = report(res, shape, f"TTFT: {title}, {dtype}, seam {args.seam}") + (
-        f"\n\nCommand: `hypic bench ttft {' '.join(sys.argv[3:])}` · {machine} · torch {torch.__version__} · {when}\n")
+    text = table + f"\n\nCommand: `hypic {' '.join(args.argv)}` · {machine} · torch {torch.__version__} · {when}\n"
     print(text)
     if args.out:
         with open(args.out, "a") as f:
             f.write("\n" + text)
+
+
+def bench_ttft(args: argparse.Namespace) -> int:
+    from hypic.bench.ttft import RagShape, report, run
+    from hypic.engine.engine import Engine
+
+    loaded, title, machine = _bench_model(args)
+    device = loaded.device  # type: ignore[attr-defined]
+    shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
+    engine = Engine(loaded, seam=args.seam)
+    ab = args.ab and device.type == "cuda"
+    res = run(engine, shape, reps=args.reps, ab=ab)
+    _publish(report(res, shape, f"TTFT: {title}, seam {args.seam}"), machine, args)
     if args.sync_report and device.type == "cuda":
         from hypic.bench.syncs import format_sites, profile_request, sync_sites
         from hypic.bench.ttft import rag_prompts
@@ -109,6 +123,21 @@ def bench_ttft(args: argparse.Namespace) -> int:
         sites["hypic cold"] = sync_sites(engine, prompt, ("hypic",))["hypic"]
         with open(args.sync_report, "w") as f:
             f.write(format_sites(sites) + "\n\n" + warm + "\n")
+    return 0
+
+
+def bench_scatter(args: argparse.Namespace) -> int:
+    from hypic.bench.scatter import report, run
+    from hypic.engine.engine import Engine
+
+    loaded, title, machine = _bench_model(args)
+    engine = Engine(loaded, seam=args.seam, cold_workers=args.workers)
+    try:
+        results = [run(engine, kind, args.docs, args.doc_tokens, args.reps) for kind in args.kinds.split(",")]
+    finally:
+        engine.close()
+    title = f"Cold TTFT, documents scattered over {1 + args.workers} devices: {title}, seam {args.seam}"
+    _publish(report(results, title), f"{1 + args.workers} × {machine}", args)
     return 0
 
 
@@ -302,22 +331,28 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.set_defaults(func=generate)
     p_bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
-    p_ttft = bench_sub.add_parser("ttft", help="TTFT across the mode ladder on RAG prompts")
-    p_ttft.add_argument("--model", help="a model folder (default: random weights of --shape)")
-    p_ttft.add_argument("--shape", default="qwen3.5-9b", choices=["qwen3.5-9b", "qwen3.5-35b-a3b", "tiny"])
-    p_ttft.add_argument("--device")
-    p_ttft.add_argument("--dtype", choices=["bfloat16", "float32"])
-    p_ttft.add_argument("--seam", type=int, default=8)
+    shared = argparse.ArgumentParser(add_help=False)  # what every model benchmark takes
+    shared.add_argument("--model", help="a model folder (default: random weights of --shape)")
+    shared.add_argument("--shape", default="qwen3.5-9b", choices=["qwen3.5-9b", "qwen3.5-35b-a3b", "tiny"])
+    shared.add_argument("--device")
+    shared.add_argument("--dtype", choices=["bfloat16", "float32"])
+    shared.add_argument("--seam", type=int, default=8)
+    shared.add_argument("--docs", type=int, default=32)
+    shared.add_argument("--doc-tokens", type=int, default=1024)
+    shared.add_argument("--out", help="append the table to this markdown file")
+    p_ttft = bench_sub.add_parser("ttft", parents=[shared], help="TTFT across the mode ladder on RAG prompts")
     p_ttft.add_argument("--sync-report", help="CUDA: write where warm/full/prefix requests sync the host, to FILE")
-    p_ttft.add_argument("--docs", type=int, default=32)
-    p_ttft.add_argument("--doc-tokens", type=int, default=1024)
     p_ttft.add_argument("--head-tokens", type=int, default=512)
     p_ttft.add_argument("--query-tokens", type=int, default=64)
     p_ttft.add_argument("--reps", type=int, default=10)
     p_ttft.add_argument("--ab", action="store_true",
                         help="CUDA: add warm rows with the recurrent short-run path and hypic's conv undone")
-    p_ttft.add_argument("--out", help="append the table to this markdown file")
     p_ttft.set_defaults(func=bench_ttft)
+    p_sc = bench_sub.add_parser("scatter", parents=[shared], help="cold TTFT with documents prefilled across devices")
+    p_sc.add_argument("--workers", type=int, default=1, help="cold workers besides the engine's device")
+    p_sc.add_argument("--kinds", default="uniform,skewed", help="prompt sets: uniform, skewed")
+    p_sc.add_argument("--reps", type=int, default=5)
+    p_sc.set_defaults(func=bench_scatter)
     p_eval = sub.add_parser("eval", help="evaluations")
     eval_sub = p_eval.add_subparsers(dest="eval", required=True)
     p_q = eval_sub.add_parser("quality", help="task quality across the mode ladder")
@@ -346,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     p_d.set_defaults(func=eval_deviation)
     _serve_parser(sub)
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv  # the command line, for the tables' footers
     return args.func(args)
 
 

@@ -9,6 +9,8 @@
 #   GPU_TTFT=1           TTFT across the ladder on the 9B shape (hypic bench ttft; GPU_TTFT_ARGS)
 #   GPU_QUALITY=1        the full quality run of the bundled model (or GPU_QUALITY_MODEL) into
 #                        $OUT/quality.{md,png,json}, rewritten after every label (GPU_QUALITY_ARGS)
+#   GPU_SCATTER=1        cold TTFT with documents scattered over every GPU of the machine
+#                        (hypic bench scatter on the 9B shape; GPU_SCATTER_ARGS)
 #   GPU_DEVIATION=1      per-layer deviation from full, fp32, into $OUT/deviation.md (GPU_DEVIATION_ARGS)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
@@ -16,6 +18,7 @@ OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1 FLA_DISABLE_BACKEND_DISPATCH=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the machine's rule
 
 section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   local name=$1 secs=$2; shift 2
@@ -31,6 +34,10 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
 [ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
   python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
+[ "${GPU_SCATTER:-0}" = 1 ] && section scatter "${GPU_SCATTER_SECONDS:-300}" \
+  python3 -m hypic.cli bench scatter --shape qwen3.5-9b --device cuda:0 \
+  --workers $(( $(python3 -c 'import torch; print(torch.cuda.device_count())') - 1 )) \
+  --out "$OUT/scatter.md" ${GPU_SCATTER_ARGS:-}
 [ "${GPU_QUALITY:-0}" = 1 ] && section quality "${GPU_QUALITY_SECONDS:-300}" \
   python3 -m hypic.cli eval quality ${GPU_QUALITY_MODEL:+--model "$GPU_QUALITY_MODEL"} --device cuda --batch 64 \
   --out "$OUT/quality.md" ${GPU_QUALITY_ARGS:-}
@@ -43,8 +50,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
-for f in ops models ttft; do
-  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft ' "$OUT/$f.log" | tail -n 40
+for f in ops models ttft scatter; do
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
 done
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5

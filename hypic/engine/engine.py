@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hypic.cache.entry import Entry
 from hypic.cache.keys import segment_key
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold import ColdContext
@@ -30,6 +31,8 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
+from hypic.parallel.pool import ColdPool, ColdSegment, worker_devices
+from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
 
@@ -69,7 +72,11 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 
 class Engine:
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
-                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None) -> None:
+                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None,
+                 cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
+        """``cold_workers``: extra devices whose worker processes prefill cold segments alongside
+        this engine's device (``hypic.parallel``): a count (the next GPUs after the engine's, or
+        CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin)."""
         if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
         if cold not in COLD_STRATEGIES:
@@ -85,6 +92,18 @@ class Engine:
         self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
+        self.pool: ColdPool | None = None
+        devices = worker_devices(self.device, cold_workers or 0)
+        if devices and cold != "standalone":
+            raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
+        if devices:
+            self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route)
+
+    def close(self) -> None:
+        """Stop the cold workers, if any (the engine keeps serving on its own device)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
         seam = self.seam if ASSEMBLY[mode].seam else 0
@@ -104,11 +123,39 @@ class Engine:
         self.store.pin(plan.pinned)
         return plan
 
+    @staticmethod
+    def _misses(plans: list[RequestPlan]) -> list[SegmentPlan]:
+        return [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
+
+    def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
+        """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
+        ctx = ColdContext(segments, self.device)
+        self.model.hidden_states(ctx.input_ids, ctx)
+        return ctx.entries
+
+    def _scatter(self, plans: list[RequestPlan]) -> list[Entry]:
+        """With cold workers, the distinct misses prefilled across them now; their entries, which the
+        misses point to from now on. Nothing when there is no pool, or when the router keeps every
+        miss on this device: then the one-forward cold request (``_cold_context``) is the faster path."""
+        misses = self._misses(plans)
+        distinct = {s.key: s for s in misses}
+        if self.pool is None or not distinct:
+            return []
+        segments = [(s.token_ids, s.seam, k) for k, s in distinct.items()]
+        owner = self.pool.route(segments)
+        if not any(owner):
+            return []
+        entries = self.pool.prefill(segments, owner, self._prefill_alone)
+        built = {e.key: e for e in entries}
+        for s in misses:
+            s.entry = built[s.key]
+        return entries
+
     def _cold_context(self, plans: list[RequestPlan], cold: str | None = None) -> ColdContext | None:
         """The standalone prefill of every miss, not yet run: one varlen batch of the distinct missing
         segments, whose entries the misses point to from now on. None when nothing is missing, or
         when the cold strategy is in context (misses then join the combine pass's recompute set)."""
-        misses = [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
+        misses = self._misses(plans)
         if (cold or self.cold) == "in_context":
             for s in misses:
                 s.in_context = True
@@ -123,7 +170,9 @@ class Engine:
         return ctx
 
     def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:
-        """Fill every miss now, on its own (``prewarm``)."""
+        """Fill every miss now, on its own (``prewarm``): scattered over the cold workers if any."""
+        for e in self._scatter(plans):
+            self.store.insert(e)
         ctx = self._cold_context(plans, cold)
         if ctx is not None:
             self.model.hidden_states(ctx.input_ids, ctx)
@@ -147,6 +196,7 @@ class Engine:
             return self._prefix(prompts, salts, metrics)
         plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
         try:
+            scattered = self._scatter(plans) if self.cold == "standalone" else []
             cold = self._cold_context(plans)
             ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
             if cold is None:
@@ -154,9 +204,10 @@ class Engine:
             else:  # the standalone prefill and the combine pass in one forward, layer by layer
                 both = ColdCombineContext(cold, ctx)
                 logits = self.model(both.input_ids, both, both.logits_rows())
-                for e in cold.entries:
-                    self.store.insert(e)
-            cold_tokens = 0 if cold is None else sum(e.length for e in cold.entries)
+            built = scattered + ([] if cold is None else cold.entries)
+            for e in built:
+                self.store.insert(e)
+            cold_tokens = sum(e.length for e in built)
             for p in plans:
                 for s in p.segments:
                     if s.in_context and s.key is not None:

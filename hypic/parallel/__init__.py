@@ -1,0 +1,1 @@
+"""Segment-level parallelism: cold segments prefilled on several devices at once (DESIGN §7)."""

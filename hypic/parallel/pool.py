@@ -1,0 +1,206 @@
+"""The engine's side of segment-level parallelism: scatter a request's cold segments over workers.
+
+Rank 0 is the engine itself (its device, its model); ranks 1 … n−1 are worker processes
+(``hypic.parallel.worker``), one per extra device. ``prefill`` routes the distinct cold segments
+(``router.assign``), sends each worker its share, runs rank 0's share locally while the workers run
+theirs, then receives the workers' entries onto the engine's device. Every entry is then exactly
+what a local standalone prefill would have produced (the same model, the same kernels, from
+position 0 and a zero state), so the combine pass that follows cannot tell where it was computed.
+
+Transfers use torch.distributed point-to-point (NCCL between GPUs — NVLink on one host — and gloo
+between CPU processes). The process group is the process's default group, so an engine process
+holds at most one pool.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from multiprocessing.connection import Connection, Listener
+
+import torch
+import torch.distributed as dist
+
+from hypic.cache.entry import Entry
+from hypic.cache.keys import SegmentKey
+from hypic.parallel.router import assign
+from hypic.parallel.spec import ModelSpec, same_weights, weight_fingerprint
+from hypic.parallel.wire import unpack
+
+ColdSegment = tuple[list[int], int, SegmentKey]  # token ids, seam w, key
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _accept(listener: Listener, proc: subprocess.Popen, rank: int, timeout_s: float) -> Connection:
+    """The worker's connection, or a clear error if it exits or never connects (accept() itself
+    has no timeout, so it waits in a thread)."""
+    got: list[Connection] = []
+    waiter = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
+    waiter.start()
+    deadline = time.monotonic() + timeout_s
+    while waiter.is_alive():
+        waiter.join(0.05)
+        if proc.poll() is not None and not got:
+            raise RuntimeError(f"cold worker {rank} exited (code {proc.returncode}) before connecting")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"cold worker {rank} did not connect within {timeout_s:.0f} s")
+    return got[0]
+
+
+def worker_devices(local: torch.device, spec: int | list[str] | list[torch.device]) -> list[torch.device]:
+    """The workers' devices: a list as given, or ``n`` meaning the next n GPUs after the engine's
+    (or n CPU processes when the engine runs on the CPU)."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, list)):
+        raise ValueError(f"cold_workers: expected a count or a list of devices, got {spec!r}")
+    if isinstance(spec, int):
+        if spec < 0:
+            raise ValueError(f"cold_workers: expected a count ≥ 0, got {spec}")
+        if local.type == "cpu":
+            return [torch.device("cpu")] * spec
+        first = local.index if local.index is not None else torch.cuda.current_device()
+        spec = [f"cuda:{first + 1 + i}" for i in range(spec)]
+    devices = []
+    for d in spec:
+        try:
+            dev = torch.device(d)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"cold_workers: {d!r} is not a device") from e
+        if dev.type != local.type:
+            raise ValueError(f"cold_workers: {dev} is not a {local.type} device like the engine's ({local})")
+        if dev.type == "cuda" and (dev.index is None or dev.index >= torch.cuda.device_count()):
+            raise ValueError(f"cold_workers: {dev} does not exist ({torch.cuda.device_count()} GPUs here)")
+        if dev.type == "cuda" and (dev == local or dev in devices):
+            raise ValueError(f"cold_workers: {dev} is used twice (the engine runs on {local})")
+        devices.append(dev)
+    return devices
+
+
+class ColdPool:
+    def __init__(self, spec: ModelSpec, local: torch.device, devices: list[torch.device],
+                 local_model: torch.nn.Module, policy: str = "lpt", threads: int | None = None,
+                 timeout_s: float = 600.0) -> None:
+        if dist.is_initialized():
+            raise ValueError("cold_workers: this process already has a torch.distributed group (one pool per process)")
+        assign([], 1, policy)  # validates the policy name
+        self.local, self.policy, self.workers = local, policy, 1 + len(devices)
+        backend = "nccl" if local.type == "cuda" else "gloo"
+        threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
+        self.closed = True  # until every worker has joined
+        self._conns: list[Connection] = []
+        self._procs: list[subprocess.Popen] = []
+        try:
+            self._start(spec, devices, local_model, backend, threads, timeout_s)
+        except BaseException:
+            self._kill()
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            raise
+        self.closed = False
+
+    def _start(self, spec: ModelSpec, devices: list[torch.device], local_model: torch.nn.Module, backend: str,
+               threads: int, timeout_s: float) -> None:
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        authkey = secrets.token_bytes(32)
+        env = {**os.environ, "HYPIC_WORKER_AUTHKEY": authkey.hex(), "OMP_NUM_THREADS": str(threads)}
+        with Listener(("127.0.0.1", 0), authkey=authkey) as listener:
+            host, port = listener.address
+            for rank, dev in enumerate(devices, start=1):
+                self._procs.append(subprocess.Popen([sys.executable, "-m", "hypic.parallel.worker", host, str(port)],
+                                                    env=env))
+                conn = _accept(listener, self._procs[-1], rank, timeout_s)  # one worker at a time: ranks in order
+                conn.send((rank, self.workers, init, backend, str(dev), spec, threads, timeout_s))
+                self._conns.append(conn)
+        reference = weight_fingerprint(local_model)
+        for rank in range(1, self.workers):
+            kind, payload = self._recv(rank, timeout_s)
+            if kind == "error":
+                raise RuntimeError(f"cold worker {rank} failed to load the model:\n{payload}")
+            if not same_weights(reference, payload):  # type: ignore[arg-type]
+                raise ValueError(f"cold worker {rank} ({devices[rank - 1]}) loaded different weights "
+                                 "than the engine's model")
+        dist.init_process_group(backend, init_method=init, rank=0, world_size=self.workers,
+                                timeout=timedelta(seconds=timeout_s))
+        for rank in range(1, self.workers):
+            dist.recv(torch.zeros(1, device=self.local), src=rank)  # warm-up: the links exist from here on
+
+    def _recv(self, rank: int, timeout_s: float) -> tuple[str, object]:
+        conn = self._conns[rank - 1]
+        if not conn.poll(timeout_s):
+            raise RuntimeError(f"cold worker {rank} did not answer within {timeout_s:.0f} s")
+        try:
+            return conn.recv()
+        except EOFError as e:
+            raise RuntimeError(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
+
+    def route(self, segments: list[ColdSegment]) -> list[int]:
+        """Each segment's rank under the pool's policy."""
+        return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy)
+
+    def prefill(self, segments: list[ColdSegment], owner: list[int],
+                run_local: Callable[[list[ColdSegment]], list[Entry]]) -> list[Entry]:
+        """Entries of ``segments`` (input order) on the engine's device; ``owner`` from ``route``."""
+        if self.closed:
+            raise RuntimeError("the cold pool is closed")
+        shares: list[list[int]] = [[] for _ in range(self.workers)]
+        for i, r in enumerate(owner):
+            shares[r].append(i)
+        for rank in range(1, self.workers):
+            if shares[rank]:
+                self._conns[rank - 1].send(("prefill", [segments[i] for i in shares[rank]]))
+        out: list[Entry | None] = [None] * len(segments)
+        errors: list[str] = []
+        try:
+            if shares[0]:
+                for i, e in zip(shares[0], run_local([segments[i] for i in shares[0]]), strict=True):
+                    out[i] = e
+        finally:  # every worker's answer is taken, even after a failure: the links stay in step
+            for rank in range(1, self.workers):
+                if not shares[rank]:
+                    continue
+                kind, payload = self._recv(rank, 600.0)
+                if kind == "error":
+                    errors.append(f"cold worker {rank}:\n{payload}")
+                    continue
+                for i, header in zip(shares[rank], payload, strict=True):  # type: ignore[arg-type]
+                    buf = torch.empty(header.nbytes, dtype=torch.uint8, device=self.local)
+                    dist.recv(buf, src=rank)
+                    out[i] = unpack(header, buf)
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        return out  # type: ignore[return-value]
+
+    def _kill(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=10)
+
+    def close(self) -> None:
+        """Stop the workers and leave the process group."""
+        if self.closed:
+            return
+        self.closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self._procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+        dist.destroy_process_group()

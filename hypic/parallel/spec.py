@@ -1,0 +1,54 @@
+"""What a worker process needs to build the engine's model on its own device.
+
+Weights never cross the process boundary: a worker loads the same checkpoint folder, or rebuilds
+the same random-weight model from its config and seed (benchmarks at real shapes). Its weight
+fingerprint is then checked against the engine's, so a worker whose weights differ (another
+checkpoint on disk, a different random stream) is refused rather than silently producing entries
+of another model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hypic.models.loader import LoadedModel, load_model
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str | None  # a local model folder, or None for a random-weight model
+    config: dict[str, Any] | None  # the random-weight model's config
+    seed: int
+    dtype: str
+
+    @classmethod
+    def of(cls, loaded: LoadedModel) -> ModelSpec:
+        dtype = str(loaded.dtype).removeprefix("torch.")
+        name = str(loaded.path)
+        if name.startswith("random:"):  # hypic.models.random_init names its models so
+            return cls(None, loaded.config, int(name.removeprefix("random:")), dtype)
+        return cls(str(loaded.path), None, 0, dtype)
+
+    def build(self, device: torch.device) -> LoadedModel:
+        if self.path is not None:
+            return load_model(self.path, device=device, dtype=self.dtype)
+        from hypic.models.random_init import random_model
+
+        return random_model(self.config or {}, device=device, dtype=getattr(torch, self.dtype), seed=self.seed)
+
+
+@torch.no_grad()
+def weight_fingerprint(model: torch.nn.Module) -> list[float]:
+    """Per parameter, the fp64 sum and 2-norm: equal weights give equal lists (the same
+    reduction over the same numbers), and any changed tensor shows."""
+    out: list[float] = []
+    for _, p in sorted(model.named_parameters()):
+        out += [torch.sum(p, dtype=torch.float64).item(), torch.linalg.vector_norm(p, dtype=torch.float64).item()]
+    return out
+
+
+def same_weights(a: list[float], b: list[float], rtol: float = 1e-9) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rtol * max(1.0, abs(x), abs(y)) for x, y in zip(a, b, strict=True))

@@ -1,0 +1,107 @@
+"""Cold segments scattered over worker processes (CPU, gloo): the same answers and entries as one
+device, errors that name the worker and leave the pool serving, and refused configurations."""
+
+import pytest
+import torch
+
+from hypic import LLM, SamplingParams
+from hypic.cache.keys import segment_key
+from hypic.eval.tasks import generate as task_examples
+from hypic.models.random_init import random_model
+from hypic.parallel.pool import ColdPool, worker_devices
+from hypic.parallel.spec import ModelSpec
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The bundled model served twice: with two CPU cold workers, and alone."""
+    pooled = LLM(cold_workers=2)
+    yield pooled, LLM()
+    pooled.close()
+
+
+def _prompts(n, seed):
+    return [e.segments for e in task_examples("multi_hop", n, seed=seed, num_docs=(6, 9), doc_tokens=(64, 160))]
+
+
+def test_scattered_cold_prefill_answers_as_one_device_does(pair):
+    pooled, alone = pair
+    prompts = _prompts(3, seed=11)
+    sp = SamplingParams(max_tokens=10, logprobs=2)
+    got, want = pooled.generate(prompts, sp), alone.generate(prompts, sp)
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        assert g.metrics.segment_misses == w.metrics.segment_misses > 4
+        assert g.metrics.recomputed_tokens == w.metrics.recomputed_tokens
+        for a, b in zip(g.logprobs, w.logprobs, strict=True):
+            assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
+    # The entries themselves: every worker's equals the local standalone prefill's.
+    ours, theirs = pooled.engine.store, alone.engine.store
+    assert pooled.cache_stats()["entries"] == alone.cache_stats()["entries"]
+    assert ours.check_integrity() and theirs.check_integrity()
+    for key, mine in ours._tiers["device"].items():
+        other = theirs._tiers["device"][key]
+        for layer, s in mine.summaries.items():
+            torch.testing.assert_close(s.state, other.summaries[layer].state, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(s.transition, other.summaries[layer].transition, rtol=1e-4, atol=1e-5)
+        for layer, k in mine.keys.items():
+            torch.testing.assert_close(k, other.keys[layer], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(mine.values[layer], other.values[layer], rtol=1e-4, atol=1e-5)
+    # Warm now: every document a hit, nothing scattered.
+    again = pooled.generate(prompts, SamplingParams(max_tokens=10))
+    assert [o.token_ids for o in again] == [o.token_ids for o in got]
+    assert all(o.metrics.segment_misses == 0 for o in again)
+
+
+def test_prewarm_scatters_documents(pair):
+    pooled, _ = pair
+    docs = [pooled.tokenize(s)[0] for s in _prompts(1, seed=12)[0][1:-1]]
+    assert pooled.engine.prewarm(docs, salt="prewarm") == [False] * len(docs)
+    assert pooled.engine.prewarm(docs, salt="prewarm") == [True] * len(docs)
+    assert pooled.engine.store.check_integrity()
+
+
+def test_a_failing_segment_names_the_worker_and_the_pool_keeps_serving(pair):
+    pooled, _ = pair
+    pool, vocab = pooled.engine.pool, pooled.vocab_size
+    good = [list(range(5, 40)), list(range(7, 30)), list(range(9, 50))]
+    bad = [vocab + 5] * 20  # an id past the embedding table: the worker's forward raises
+    segs = [(ids, 2, segment_key(ids, model_fingerprint="t", seam=2, dtype="x")) for ids in [*good, bad]]
+    owner = [0, 0, 1, 2]
+    with pytest.raises(RuntimeError, match="cold worker 2"):
+        pool.prefill(segs, owner, pooled.engine._prefill_alone)
+    entries = pool.prefill(segs[:3], [1, 2, 0], pooled.engine._prefill_alone)
+    assert [e.token_ids for e in entries] == [tuple(ids) for ids in good]
+    out = pooled.generate(_prompts(1, seed=13), SamplingParams(max_tokens=4))
+    assert out[0].metrics.segment_misses > 0 and out[0].token_ids
+
+
+def test_refused_configurations(pair):
+    with pytest.raises(ValueError, match="count"):
+        worker_devices(torch.device("cpu"), -1)
+    with pytest.raises(ValueError, match="not a cpu device"):
+        worker_devices(torch.device("cpu"), ["cuda:1"])
+    with pytest.raises(ValueError, match="not a device"):
+        worker_devices(torch.device("cpu"), ["gpu7"])
+    with pytest.raises(ValueError, match="standalone"):
+        LLM(cold_workers=1, cold="in_context")
+    with pytest.raises(ValueError, match="one pool per process"):  # `pair` holds this process's pool
+        LLM(cold_workers=1)
+
+
+def test_a_worker_with_other_weights_is_refused(pair):
+    pooled, _ = pair
+    pooled.close()  # this process's pool: a new one may start
+    mine = random_model({"architectures": ["Qwen3_5ForCausalLM"], **_TINY}, device="cpu", dtype=torch.float32, seed=0)
+    other = ModelSpec(None, mine.config, 1, "float32")  # the same shape from another random stream
+    with pytest.raises(ValueError, match="different weights"):
+        ColdPool(other, torch.device("cpu"), [torch.device("cpu")], mine.model)
+    pool = ColdPool(ModelSpec.of(mine), torch.device("cpu"), [torch.device("cpu")], mine.model)  # the same: accepted
+    pool.close()
+
+
+_TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, full_attention_interval=2, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=16, intermediate_size=64, linear_num_key_heads=2,
+             linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+             rms_norm_eps=1e-6, max_position_embeddings=4096,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})
