@@ -10,7 +10,8 @@ combine pass runs. Rows, measured round-robin per prompt so host and device nois
 Two prompt sets: ``uniform`` (every document the same length, where both policies agree) and
 ``skewed`` (a fixed mix of short and long documents, where LPT's balance shows). Each row's
 first-token logits are compared with the one-device row's on the same prompt: scattering moves
-work, not numbers, so they must agree to the dtype's rounding.
+work, not numbers, so they must agree to the dtype's rounding. Under the table, each scatter row's
+last request as a timeline: what each device computed, when, and when its entries had arrived.
 """
 
 from __future__ import annotations
@@ -60,6 +61,22 @@ def _cold(engine: Engine, prompt: list[list[int]]) -> tuple[float, torch.Tensor]
     return time.perf_counter() - t0, logits[0]
 
 
+def timeline(pool_timeline: dict, ttft: float) -> str:
+    """One scattered request's timeline, in ms from the moment the shares were sent."""
+    t = pool_timeline
+    local = t.get("local", {"documents": 0, "tokens": 0})
+    parts = [f"engine's device {local['documents']} docs / {local['tokens']} tokens"]
+    if "local_events" in t:
+        start, end = t["local_events"]
+        parts[-1] += f", device time {start.elapsed_time(end):.0f}"
+    for rank, w in sorted(t["workers"].items()):
+        computed, done = 1000 * (w["computed"] - w["started"]), 1000 * (w["computed"] - t["sent"])
+        parts.append(f"worker {rank} {w['documents']} docs / {w['tokens']} tokens, computed {computed:.0f} "
+                     f"(done at +{done:.0f}), {w['bytes'] / 2**30:.2f} GiB received by "
+                     f"+{1000 * (w['answered'] - t['sent']):.0f}")
+    return "; ".join(parts) + f"; TTFT {1000 * ttft:.0f}"
+
+
 def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps: int = 5,
         seed: int = 0) -> dict[str, object]:
     """p50 cold TTFT (s) per row, with min/max, the largest logit difference from one device, and
@@ -71,6 +88,7 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
     rows = {"one device": None, "scatter, lpt": "lpt", "scatter, round_robin": "round_robin"}
     times: dict[str, list[float]] = {r: [] for r in rows}
     diff: dict[str, float] = {r: 0.0 for r in rows}
+    lines: dict[str, str] = {}
     for i, prompt in enumerate(batch):
         ref = None
         for row, policy in rows.items():
@@ -81,12 +99,14 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
             diff[row] = max(diff[row], (logits - ref).abs().max().item())
             if i:  # prompt 0 warms kernels and links up
                 times[row].append(t)
+            if policy is not None and i == len(batch) - 1:
+                lines[row] = timeline(pool.timeline, t)
         print(f"scatter {kind} prompt {i}: " + ", ".join(f"{r} {1000 * v[-1]:.1f} ms" for r, v in times.items() if v),
               file=sys.stderr, flush=True)
     engine.pool, pool.policy = pool, "lpt"
-    lengths = [len(d) for d in batch[0][1:-1]]
+    lengths = [len(d) for d in batch[0][:-1]]  # every cached segment: the head and the documents
     res: dict[str, object] = {"kind": kind, "workers": pool.workers, "tokens": sum(len(s) for s in batch[0]),
-                              "doc_lengths": lengths}
+                              "doc_lengths": lengths, "timelines": lines}
     for row, values in times.items():
         res[row] = (statistics.median(values), min(values), max(values), diff[row])
     for policy in ("lpt", "round_robin"):
@@ -106,8 +126,10 @@ def report(results: list[dict[str, object]], title: str) -> str:
                          f"{one / p50:.2f}× | {d:.2e} |")
     lines.append("")
     for res in results:
-        lengths = res["doc_lengths"]
-        lines.append(f"{res['kind']}: {res['tokens']} prompt tokens, {len(lengths)} documents "  # type: ignore[arg-type]
-                     f"({min(lengths)}–{max(lengths)} tokens), {res['workers']} devices; tokens on the busiest "  # type: ignore[type-var]
-                     f"device: lpt {res['makespan_lpt']}, round_robin {res['makespan_round_robin']}")
+        lengths: list[int] = res["doc_lengths"]  # type: ignore[assignment]
+        lines.append(f"{res['kind']}: {res['tokens']} prompt tokens, {len(lengths)} cached segments (the head and "
+                     f"documents, {min(lengths)}–{max(lengths)} tokens), {res['workers']} devices; tokens on the "
+                     f"busiest device: lpt {res['makespan_lpt']}, round_robin {res['makespan_round_robin']}")
+        for row, line in res["timelines"].items():  # type: ignore[attr-defined]
+            lines.append(f"- {res['kind']}, {row}, last prompt (ms): {line}")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ from hypic.cache.entry import Entry
 from hypic.cache.keys import SegmentKey
 from hypic.parallel.router import assign
 from hypic.parallel.spec import ModelSpec, same_weights, weight_fingerprint
-from hypic.parallel.wire import unpack
+from hypic.parallel.wire import split
 
 ColdSegment = tuple[list[int], int, SegmentKey]  # token ids, seam w, key
 
@@ -95,6 +95,7 @@ class ColdPool:
             raise ValueError("cold_workers: this process already has a torch.distributed group (one pool per process)")
         assign([], 1, policy)  # validates the policy name
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
+        self.timeline: dict[str, object] = {}
         backend = "nccl" if local.type == "cuda" else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
         self.closed = True  # until every worker has joined
@@ -156,27 +157,43 @@ class ColdPool:
         shares: list[list[int]] = [[] for _ in range(self.workers)]
         for i, r in enumerate(owner):
             shares[r].append(i)
+        sent = time.time()
         for rank in range(1, self.workers):
             if shares[rank]:
                 self._conns[rank - 1].send(("prefill", [segments[i] for i in shares[rank]]))
         out: list[Entry | None] = [None] * len(segments)
         errors: list[str] = []
+        timeline: dict[str, object] = {"sent": sent, "workers": {}}
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.local.type == "cuda" else []
         try:
             if shares[0]:
+                if events:
+                    events[0].record()
                 for i, e in zip(shares[0], run_local([segments[i] for i in shares[0]]), strict=True):
                     out[i] = e
+                if events:
+                    events[1].record()
+                    timeline["local_events"] = events  # its device time, readable once the device got there
+            timeline["local_enqueued"] = time.time()
+            timeline["local"] = {"documents": len(shares[0]), "tokens": sum(len(segments[i][0]) for i in shares[0])}
         finally:  # every worker's answer is taken, even after a failure: the links stay in step
             for rank in range(1, self.workers):
                 if not shares[rank]:
                     continue
-                kind, payload = self._recv(rank, 600.0)
-                if kind == "error":
-                    errors.append(f"cold worker {rank}:\n{payload}")
+                msg = self._recv(rank, 600.0)
+                if msg[0] == "error":
+                    errors.append(f"cold worker {rank}:\n{msg[1]}")
                     continue
-                for i, header in zip(shares[rank], payload, strict=True):  # type: ignore[arg-type]
-                    buf = torch.empty(header.nbytes, dtype=torch.uint8, device=self.local)
-                    dist.recv(buf, src=rank)
-                    out[i] = unpack(header, buf)
+                _, headers, stamps = msg
+                buf = torch.empty(sum(h.nbytes for h in headers), dtype=torch.uint8, device=self.local)
+                dist.recv(buf, src=rank)
+                for i, e in zip(shares[rank], split(headers, buf), strict=True):
+                    out[i] = e
+                timeline["workers"][rank] = {**stamps, "answered": time.time(),  # type: ignore[index]
+                                             "documents": len(headers),
+                                             "tokens": sum(len(h.token_ids) for h in headers),
+                                             "bytes": buf.numel()}
+        self.timeline = timeline  # the last call's, for benchmarks: wall-clock seconds (time.time())
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]

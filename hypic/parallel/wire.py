@@ -1,12 +1,14 @@
 """Cache entries on the wire: one byte buffer per entry plus a small picklable header.
 
-A worker prefills segments on its own device and hands the entries to the engine's device. Each
-entry's tensors (per linear layer the summary ``(T, S)`` and conv tail, per attention layer the body
-keys and values) are packed into one contiguous uint8 buffer, so an entry crosses in one
-point-to-point transfer (NCCL between GPUs, gloo between CPU processes) and the header — shapes,
-dtypes, offsets, key, token ids — goes over the control pipe. Unpacked tensors are views into the
-received buffer: one allocation per entry, freed with the entry. Offsets are aligned so every view
-is aligned for its dtype.
+A worker prefills segments on its own device and hands the entries to the engine's device. All
+tensors of all entries of its share (per linear layer the summary ``(T, S)`` and conv tail, per
+attention layer the body keys and values) are gathered into one contiguous uint8 buffer, so a share
+crosses in one point-to-point transfer (NCCL between GPUs, gloo between CPU processes), and the
+headers — shapes, dtypes, offsets, key, token ids — go over the control pipe. (An entry's ~90
+tensors packed and sent one by one cost ~90 launches and a send each: per-document host work on the
+worker.) On arrival each entry's bytes are copied out on their own, and its tensors are views into
+that copy: one allocation per entry, freed with the entry. Offsets are aligned so every view is
+aligned for its dtype.
 """
 
 from __future__ import annotations
@@ -48,20 +50,40 @@ def _tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:
     return out
 
 
-def pack(entry: Entry) -> tuple[Header, Tensor]:
-    """The entry as (header, uint8 buffer on the entry's device)."""
-    parts = _tensors(entry)
-    fields, offset = [], 0
-    for slot, layer, t in parts:
-        fields.append((slot, layer, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
-        offset += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-    device = parts[0][2].device if parts else torch.device("cpu")
-    buf = torch.empty(offset, dtype=torch.uint8, device=device)
-    for (_, _, t), f in zip(parts, fields, strict=True):
-        n = t.numel() * t.element_size()
-        buf[f[4]:f[4] + n] = t.contiguous().reshape(-1).view(torch.uint8)
-    no_t = tuple(layer for layer, s in sorted(entry.summaries.items()) if s.transition is None)
-    return Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset, no_t), buf
+def pack(entries: list[Entry]) -> tuple[list[Header], Tensor]:
+    """Entries as (one header each, one uint8 buffer on their device holding them all, each entry's
+    bytes contiguous and in order): one gather kernel and one transfer for a worker's whole share."""
+    pad = None
+    parts: list[Tensor] = []
+    headers, offset = [], 0
+    for entry in entries:
+        fields, start = [], offset
+        for slot, layer, t in _tensors(entry):
+            n = t.numel() * t.element_size()
+            fields.append((slot, layer, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset - start))
+            parts.append(t.contiguous().reshape(-1).view(torch.uint8))
+            gap = -n % ALIGN
+            if gap:
+                pad = torch.zeros(ALIGN, dtype=torch.uint8, device=t.device) if pad is None else pad
+                parts.append(pad[:gap])
+            offset += n + gap
+        no_t = tuple(layer for layer, s in sorted(entry.summaries.items()) if s.transition is None)
+        headers.append(Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset - start, no_t))
+    buf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+    return headers, buf
+
+
+def split(headers: list[Header], buf: Tensor) -> list[Entry]:
+    """``pack``'s buffer back into entries, each on its own copy of its bytes (so the store frees an
+    entry's memory when it evicts it, not when the whole share is gone)."""
+    want = sum(h.nbytes for h in headers)
+    if buf.numel() != want:
+        raise ValueError(f"expected {want} bytes for {len(headers)} entries, got {buf.numel()}")
+    out, offset = [], 0
+    for h in headers:
+        out.append(unpack(h, buf[offset:offset + h.nbytes].clone()))
+        offset += h.nbytes
+    return out
 
 
 def unpack(header: Header, buf: Tensor) -> Entry:

@@ -14,7 +14,7 @@ Protocol (engine ↔ worker), control messages over that connection, tensors ove
   worker → ("loaded", weight fingerprint) | ("error", message)     after building the model
   both join the process group; worker → a one-element warm-up send (creates the NCCL link)
   engine → ("prefill", [(token ids, seam, key), ...])
-  worker → ("done", [Header, ...]), then one buffer per entry, in order   | ("error", message)
+  worker → ("done", [Header, ...], timestamps), then one buffer holding them all  | ("error", message)
   engine → ("stop",)
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client, Connection
@@ -58,18 +59,19 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
             if msg[0] == "stop":
                 break
             try:
+                started = time.time()
                 with torch.no_grad():
                     ctx = ColdContext(msg[1], dev)
                     loaded.model.hidden_states(ctx.input_ids, ctx)
-                    packed = [pack(e) for e in ctx.entries]
+                    headers, buf = pack(ctx.entries)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)  # "done" then means computed: the timeline is true
             except Exception:  # noqa: BLE001 — this request fails, the worker keeps serving
                 conn.send(("error", traceback.format_exc()))
                 continue
-            conn.send(("done", [h for h, _ in packed]))
-            for _, buf in packed:
-                dist.send(buf, dst=0)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)  # the buffers stay alive until their sends have run
+            conn.send(("done", headers, {"started": started, "computed": time.time()}))
+            dist.send(buf, dst=0)
+            del buf  # NCCL's send holds the buffer until it has run (the caching allocator records its stream)
     finally:
         dist.destroy_process_group()
 

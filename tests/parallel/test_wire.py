@@ -6,7 +6,7 @@ import torch
 from hypic.cache.keys import segment_key
 from hypic.engine.cold import ColdContext
 from hypic.models.loader import load_model
-from hypic.parallel.wire import ALIGN, pack, unpack
+from hypic.parallel.wire import ALIGN, pack, split
 
 
 @pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear"])
@@ -18,11 +18,11 @@ def test_pack_unpack_is_bitwise(model_paths, family):
                       torch.device("cpu"))
     with torch.no_grad():
         loaded.model.hidden_states(ctx.input_ids, ctx)
-    for entry in ctx.entries:
-        header, buf = pack(entry)
-        assert buf.dtype == torch.uint8 and buf.numel() == header.nbytes
-        assert all(f[4] % ALIGN == 0 for f in header.fields)
-        back = unpack(header, buf.clone())
+    headers, buf = pack(ctx.entries)
+    assert buf.dtype == torch.uint8 and buf.numel() == sum(h.nbytes for h in headers)
+    for entry, header, back in zip(ctx.entries, headers, split(headers, buf), strict=True):
+        assert all(f[4] % ALIGN == 0 for f in header.fields) and header.nbytes % ALIGN == 0
+        assert back.summaries[min(back.summaries)].state.untyped_storage().nbytes() == header.nbytes  # its own copy
         assert (back.key, back.token_ids, back.seam) == (entry.key, entry.token_ids, entry.seam)
         assert back.nbytes == entry.nbytes
         for layer, s in entry.summaries.items():
@@ -44,6 +44,6 @@ def test_a_buffer_of_the_wrong_size_is_refused(model_paths):
     ctx = ColdContext([(ids, 2, segment_key(ids, model_fingerprint="t", seam=2, dtype="f32"))], torch.device("cpu"))
     with torch.no_grad():
         loaded.model.hidden_states(ctx.input_ids, ctx)
-    header, buf = pack(ctx.entries[0])
+    headers, buf = pack(ctx.entries)
     with pytest.raises(ValueError, match="bytes"):
-        unpack(header, buf[:-1])
+        split(headers, buf[:-1])
