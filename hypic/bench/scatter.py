@@ -74,7 +74,7 @@ def timeline(pool_timeline: dict, ttft: float) -> str:
         parts.append(f"worker {rank} {w['documents']} docs / {w['tokens']} tokens, computed {computed:.0f} "
                      f"(done at +{done:.0f}), {w['bytes'] / 2**30:.2f} GiB received by "
                      f"+{1000 * (w['answered'] - t['sent']):.0f}")
-    return "; ".join(parts) + f"; TTFT {1000 * ttft:.0f}"
+    return "; ".join(parts) + f"; TTFT {1000 * ttft:.0f}; handicap (tokens) {t.get('handicap')}"
 
 
 def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps: int = 5,
@@ -109,8 +109,9 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
                               "doc_lengths": lengths, "timelines": lines}
     for row, values in times.items():
         res[row] = (statistics.median(values), min(values), max(values), diff[row])
-    for policy in ("lpt", "round_robin"):
-        res[f"makespan_{policy}"] = makespan(lengths, assign(lengths, pool.workers, policy), pool.workers)
+    for policy in ("lpt", "round_robin"):  # as routed at the end (LPT with the handicap learned by then)
+        owner = assign(lengths, pool.workers, policy, pool.handicap if policy == "lpt" else None)
+        res[f"makespan_{policy}"] = makespan(lengths, owner, pool.workers)
     return res
 
 

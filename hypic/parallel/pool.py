@@ -96,6 +96,7 @@ class ColdPool:
         assign([], 1, policy)  # validates the policy name
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
         self.timeline: dict[str, object] = {}
+        self.handicap = [0.0] * self.workers  # tokens each worker starts behind in LPT (rank 0: none)
         backend = "nccl" if local.type == "cuda" else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
         self.closed = True  # until every worker has joined
@@ -146,8 +147,23 @@ class ColdPool:
             raise RuntimeError(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
 
     def route(self, segments: list[ColdSegment]) -> list[int]:
-        """Each segment's rank under the pool's policy."""
-        return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy)
+        """Each segment's rank under the pool's policy (LPT starts each worker at its handicap)."""
+        loads = self.handicap if self.policy == "lpt" else None
+        return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
+
+    def _learn(self, workers: dict[int, dict[str, float]]) -> None:
+        """Update each worker's handicap from one call: the seconds between its finishing (or the
+        engine's host turning to it, if later: time spent on rank 0's own work is not the worker's)
+        and its entries being on the engine's device, in tokens at the worker's measured rate. Rank 0
+        has no such delay. Equal-cost shares would leave it on the request's critical path; charged
+        in advance, it is spent while rank 0 still computes. A moving average (half weight to the
+        newest call) rides out one noisy call."""
+        for rank, w in workers.items():
+            compute = w["computed"] - w["started"]
+            if compute <= 0 or w["tokens"] <= 0:
+                continue
+            late = max(0.0, w["answered"] - max(w["computed"], w["waited_from"])) * w["tokens"] / compute
+            self.handicap[rank] = 0.5 * self.handicap[rank] + 0.5 * late
 
     def prefill(self, segments: list[ColdSegment], owner: list[int],
                 run_local: Callable[[list[ColdSegment]], list[Entry]]) -> list[Entry]:
@@ -180,6 +196,7 @@ class ColdPool:
             for rank in range(1, self.workers):
                 if not shares[rank]:
                     continue
+                waited_from = time.time()  # the engine's host is free for this worker from here
                 msg = self._recv(rank, 600.0)
                 if msg[0] == "error":
                     errors.append(f"cold worker {rank}:\n{msg[1]}")
@@ -190,10 +207,13 @@ class ColdPool:
                 for i, e in zip(shares[rank], split(headers, buf), strict=True):
                     out[i] = e
                 timeline["workers"][rank] = {**stamps, "answered": time.time(),  # type: ignore[index]
+                                             "waited_from": waited_from,
                                              "documents": len(headers),
                                              "tokens": sum(len(h.token_ids) for h in headers),
                                              "bytes": buf.numel()}
         self.timeline = timeline  # the last call's, for benchmarks: wall-clock seconds (time.time())
+        timeline["handicap"] = [round(h) for h in self.handicap]  # the one this call was routed with
+        self._learn(timeline["workers"])  # type: ignore[arg-type]
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]
