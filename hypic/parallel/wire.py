@@ -39,11 +39,12 @@ class Header:
 
 
 def _tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:
-    out: list[tuple[str, int, Tensor]] = []
-    for layer, s in sorted(entry.summaries.items()):
-        if s.transition is not None:
-            out.append(("T", layer, s.transition))
-        out.append(("S", layer, s.state))
+    """An entry's tensors, kind by kind (every layer's T, then every S, …): runs of one shape, which
+    ``unpack`` turns into views with one call per run instead of one per tensor (~90 per entry at
+    a 9B shape, ~15 ms of host time for a share of 18 entries)."""
+    summaries = sorted(entry.summaries.items())
+    out = [("T", layer, s.transition) for layer, s in summaries if s.transition is not None]
+    out += [("S", layer, s.state) for layer, s in summaries]
     out += [("conv", layer, t) for layer, t in sorted(entry.conv_tails.items())]
     out += [("k", layer, t) for layer, t in sorted(entry.keys.items())]
     out += [("v", layer, t) for layer, t in sorted(entry.values.items())]
@@ -92,10 +93,19 @@ def unpack(header: Header, buf: Tensor) -> Entry:
         raise ValueError(f"entry {header.key}: expected a uint8 buffer of {header.nbytes} bytes, "
                          f"got {buf.dtype} × {buf.numel()}")
     got: dict[tuple[str, int], Tensor] = {}
-    for slot, layer, dtype_name, shape, offset in header.fields:
+    fields, i = header.fields, 0
+    while i < len(fields):  # a run of one kind, dtype and shape, back to back: one view, unbound
+        slot, _, dtype_name, shape, offset = fields[i]
         dtype = getattr(torch, dtype_name)
         n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        got[slot, layer] = buf[offset:offset + n].view(dtype).view(shape)
+        j = i + 1
+        while (j < len(fields) and fields[j][0] == slot and fields[j][2:4] == (dtype_name, shape)
+               and fields[j][4] == offset + (j - i) * n):
+            j += 1
+        run = buf[offset:offset + (j - i) * n].view(dtype).view(j - i, *shape)
+        for f, t in zip(fields[i:j], run.unbind(0), strict=True):
+            got[f[0], f[1]] = t
+        i = j
     entry = Entry(header.key, header.token_ids, header.seam)
     for (slot, layer), t in got.items():
         if slot == "S":
