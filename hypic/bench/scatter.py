@@ -74,8 +74,7 @@ def timeline(pool_timeline: dict, ttft: float) -> str:
         parts.append(f"worker {rank} {w['documents']} docs / {w['tokens']} tokens, computed {computed:.0f} "
                      f"(done at +{done:.0f}), {w['bytes'] / 2**30:.2f} GiB received by "
                      f"+{1000 * (w['answered'] - t['sent']):.0f}")
-    return "; ".join(parts) + (f"; TTFT {1000 * ttft:.0f}; routed with handicap (tokens) {t.get('handicap')}; "
-                               f"combine pass issued in {t.get('combine_ms')} (moving average)")
+    return "; ".join(parts) + f"; TTFT {1000 * ttft:.0f}; routed with handicap (tokens) {t.get('handicap')}"
 
 
 def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps: int = 5,

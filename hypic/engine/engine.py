@@ -197,13 +197,10 @@ class Engine:
         plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
         try:
             scattered = self._scatter(plans) if self.cold == "standalone" else []
-            combine_from = time.perf_counter()
             cold = self._cold_context(plans)
             ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
             if cold is None:
                 logits = self.model(ctx.input_ids, ctx, ctx.logits_rows())
-                if scattered and self.pool is not None:  # the host's share of the combine pass (no sync in it)
-                    self.pool.observe_combine(time.perf_counter() - combine_from)
             else:  # the standalone prefill and the combine pass in one forward, layer by layer
                 both = ColdCombineContext(cold, ctx)
                 logits = self.model(both.input_ids, both, both.logits_rows())

@@ -97,7 +97,6 @@ class ColdPool:
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
         self.timeline: dict[str, object] = {}
         self.handicap = [0.0] * self.workers  # tokens each worker starts behind in LPT (rank 0: none)
-        self.combine_s = 0.0  # the engine's host time to issue the combine pass (moving average)
         backend = "nccl" if local.type == "cuda" else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
         self.closed = True  # until every worker has joined
@@ -152,26 +151,24 @@ class ColdPool:
         loads = self.handicap if self.policy == "lpt" else None
         return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
 
-    def observe_combine(self, seconds: float) -> None:
-        """The engine's host time to issue the combine pass after a scattered prefill. On a GPU the
-        host issues it while the device still computes rank 0's share, so entries that arrive that
-        much before rank 0 finishes cost nothing; on the CPU the combine pass runs after everything."""
-        if self.local.type == "cuda":
-            self.combine_s = seconds if not self.combine_s else 0.5 * self.combine_s + 0.5 * seconds
-
     def _learn(self, workers: dict[int, dict[str, float]]) -> None:
         """Update each worker's handicap from one call: the seconds between its finishing (or the
         engine's host turning to it, if later: time spent on rank 0's own work is not the worker's)
-        and its entries being on the engine's device, plus the host's time to issue the combine
-        pass (``observe_combine``), in tokens at the worker's measured rate. Rank 0 has neither
-        delay. Equal-cost shares would leave them on the request's critical path; charged in
-        advance, they are spent while rank 0 still computes. A moving average (half weight to the
-        newest call) rides out one noisy call."""
+        and its entries being on the engine's device, in tokens at the worker's measured rate. Rank 0
+        has no such delay. Equal-cost shares would leave it on the request's critical path; charged
+        in advance, it is spent while rank 0 still computes. A moving average (half weight to the
+        newest call) rides out one noisy call.
+
+        Not charged: the host's time to issue the combine pass after the last arrival. Measured from
+        the engine (session 12, H200 ×2) it read 195–235 ms, because issuing it waits on the device
+        (it includes rank 0's remaining compute), and charging it moved ~9 000 tokens to rank 0 and
+        cost 60–90 ms per request; a clean measure needs a combine pass that can be issued before
+        the entries arrive."""
         for rank, w in workers.items():
             compute = w["computed"] - w["started"]
             if compute <= 0 or w["tokens"] <= 0:
                 continue
-            late = max(0.0, w["answered"] - max(w["computed"], w["waited_from"])) + self.combine_s
+            late = max(0.0, w["answered"] - max(w["computed"], w["waited_from"]))
             self.handicap[rank] = 0.5 * self.handicap[rank] + 0.5 * late * w["tokens"] / compute
 
     def prefill(self, segments: list[ColdSegment], owner: list[int],
@@ -222,7 +219,6 @@ class ColdPool:
                                              "bytes": buf.numel()}
         self.timeline = timeline  # the last call's, for benchmarks: wall-clock seconds (time.time())
         timeline["handicap"] = [round(h) for h in self.handicap]  # the one this call was routed with
-        timeline["combine_ms"] = round(1000 * self.combine_s)
         self._learn(timeline["workers"])  # type: ignore[arg-type]
         if errors:
             raise RuntimeError("\n".join(errors))

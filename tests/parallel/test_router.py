@@ -62,7 +62,7 @@ def test_the_pool_charges_a_worker_its_arrival_delay_in_tokens():
 
     from hypic.parallel.pool import ColdPool
 
-    pool = SimpleNamespace(handicap=[0.0, 0.0, 0.0], combine_s=0.0)
+    pool = SimpleNamespace(handicap=[0.0, 0.0, 0.0])
     late = {"started": 0.0, "computed": 0.5, "waited_from": 0.1, "answered": 0.55, "tokens": 10_000}  # 50 ms late
     hidden = {"started": 0.0, "computed": 0.3, "waited_from": 0.5, "answered": 0.5, "tokens": 6_000}  # in time
     ColdPool._learn(pool, {1: late, 2: hidden})
@@ -72,6 +72,3 @@ def test_the_pool_charges_a_worker_its_arrival_delay_in_tokens():
     busy = {**hidden, "waited_from": 0.8, "answered": 0.81}  # rank 0's own work is not the worker's delay
     ColdPool._learn(pool, {2: busy})
     assert pool.handicap[2] == pytest.approx(0.5 * 0.01 * 6_000 / 0.3)
-    pool.combine_s = 0.1  # a GPU engine's host issues the combine pass in 100 ms: charged as well
-    ColdPool._learn(pool, {1: late})
-    assert pool.handicap[1] == pytest.approx(0.5 * 750 + 0.5 * (0.05 + 0.1) * 20_000)
