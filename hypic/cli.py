@@ -245,7 +245,8 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
-                  cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes)
+                  cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
+                  cold_workers=args.cold_workers, route=args.route)
         settings = ServerSettings(
             model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                                   else "hypic"),
@@ -265,7 +266,15 @@ def serve(args: argparse.Namespace) -> int:
                     timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
     except KeyboardInterrupt:
         pass
+    finally:
+        llm.close()  # the cold workers, if any
     return 0
+
+
+def parse_workers(text: str) -> int | list[str]:
+    """``--cold-workers``: a count (``2``) or devices (``cuda:1,cuda:2``)."""
+    text = text.strip()
+    return int(text) if text.isdigit() else [d.strip() for d in text.split(",") if d.strip()]
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -278,6 +287,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--seam", type=int, default=8, help="seam window w: tokens of each cached segment recomputed")
     p.add_argument("--cold", default="standalone", choices=["standalone", "in_context"])
+    p.add_argument("--cold-workers", type=parse_workers, default=0,
+                   help="prefill cold segments on more devices too: a count (the next GPUs) or cuda:1,cuda:2")
+    p.add_argument("--route", default="lpt", choices=["lpt", "round_robin"], help="how cold segments are spread")
     p.add_argument("--cache-device-bytes", type=parse_bytes, help="device-tier budget, e.g. 20GiB (default: none)")
     p.add_argument("--cache-host-bytes", type=parse_bytes, help="host-tier budget, e.g. 64GiB (default: none)")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")

@@ -55,7 +55,10 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
     dist.send(torch.zeros(1, device=dev), dst=0)
     try:
         while True:
-            msg = conn.recv()
+            try:
+                msg = conn.recv()
+            except EOFError:  # the engine is gone: nothing left to serve
+                break
             if msg[0] == "stop":
                 break
             try:

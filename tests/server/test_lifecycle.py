@@ -141,7 +141,8 @@ def test_hypic_serve_command(model_dir: Path) -> None:
     port = _free_port()
     env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}
     proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
-                             "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning"],
+                             "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning",
+                             "--cold-workers", "1"],  # documents prefilled by a worker process as well
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -155,6 +156,11 @@ def test_hypic_serve_command(model_dir: Path) -> None:
         assert httpx.get(f"{url}/v1/models").status_code == 401  # the key came from $HYPIC_API_KEY
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-cli"}, json=body(2), timeout=60)
         assert r.status_code == 200 and r.json()["model"] == model_dir.name
+        docs = "<<PIC_SEP>>".join(f"Profile of {name}. {name} lives in a city by the sea and plays the harp."
+                                  for name in ("Wrenna Jessop", "Liora Galvost", "Tamsin Orrick"))
+        r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-cli"}, timeout=60,
+                       json={**body(2), "prompt": docs + "<<PIC_SEP>>Question: who plays the harp?"})
+        assert r.status_code == 200  # three cold documents: LPT gives the worker one of them
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
     finally:
