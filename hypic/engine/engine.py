@@ -12,6 +12,7 @@ import hashlib
 import json
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
-from hypic.parallel.pool import ColdPool, ColdSegment, worker_devices
+from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost, worker_devices
 from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
@@ -145,7 +146,15 @@ class Engine:
         owner = self.pool.route(segments)
         if not any(owner):
             return []
-        entries = self.pool.prefill(segments, owner, self._prefill_alone)
+        try:
+            entries = self.pool.prefill(segments, owner, self._prefill_alone)
+        except RuntimeError as e:  # a worker failed: this request is answered on the engine's device alone
+            lost = isinstance(e, WorkerLost)
+            then = "prefilling on this device alone from now on" if lost else "retried on this device"
+            warnings.warn(f"cold workers: {e}; {then}", RuntimeWarning, stacklevel=2)
+            if lost:
+                self.close()
+            return []
         built = {e.key: e for e in entries}
         for s in misses:
             s.entry = built[s.key]

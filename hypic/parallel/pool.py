@@ -43,19 +43,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _accept(listener: Listener, proc: subprocess.Popen, rank: int, timeout_s: float) -> Connection:
-    """The worker's connection, or a clear error if it exits or never connects (accept() itself
-    has no timeout, so it waits in a thread)."""
+class WorkerLost(RuntimeError):
+    """A worker process exited or stopped answering: the pool cannot be used any more."""
+
+
+def _accept(listener: Listener, procs: list[subprocess.Popen], timeout_s: float) -> Connection:
+    """The next worker's connection, or a clear error if a worker exits or none connects (accept()
+    itself has no timeout, so it waits in a thread)."""
     got: list[Connection] = []
     waiter = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
     waiter.start()
     deadline = time.monotonic() + timeout_s
     while waiter.is_alive():
         waiter.join(0.05)
-        if proc.poll() is not None and not got:
-            raise RuntimeError(f"cold worker {rank} exited (code {proc.returncode}) before connecting")
+        dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.poll() is not None]
+        if dead and not got:
+            raise WorkerLost(f"cold worker {dead[0][0]} exited (code {dead[0][1]}) before connecting")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"cold worker {rank} did not connect within {timeout_s:.0f} s")
+            raise WorkerLost(f"a cold worker did not connect within {timeout_s:.0f} s")
     return got[0]
 
 
@@ -118,12 +123,16 @@ class ColdPool:
         env = {**os.environ, "HYPIC_WORKER_AUTHKEY": authkey.hex(), "OMP_NUM_THREADS": str(threads)}
         with Listener(("127.0.0.1", 0), authkey=authkey) as listener:
             host, port = listener.address
-            for rank, dev in enumerate(devices, start=1):
-                self._procs.append(subprocess.Popen([sys.executable, "-m", "hypic.parallel.worker", host, str(port)],
-                                                    env=env))
-                conn = _accept(listener, self._procs[-1], rank, timeout_s)  # one worker at a time: ranks in order
-                conn.send((rank, self.workers, init, backend, str(dev), spec, threads, timeout_s))
-                self._conns.append(conn)
+            for rank in range(1, self.workers):  # all start at once: imports and model loads overlap
+                self._procs.append(subprocess.Popen([sys.executable, "-m", "hypic.parallel.worker", host, str(port),
+                                                     str(rank)], env=env))
+            conns: dict[int, Connection] = {}
+            for _ in devices:
+                conn = _accept(listener, self._procs, timeout_s)
+                rank = conn.recv()  # a worker says which it is: they connect in any order
+                conn.send((rank, self.workers, init, backend, str(devices[rank - 1]), spec, threads, timeout_s))
+                conns[rank] = conn
+            self._conns = [conns[rank] for rank in range(1, self.workers)]
         reference = weight_fingerprint(local_model)
         for rank in range(1, self.workers):
             kind, payload = self._recv(rank, timeout_s)
@@ -139,12 +148,12 @@ class ColdPool:
 
     def _recv(self, rank: int, timeout_s: float) -> tuple[str, object]:
         conn = self._conns[rank - 1]
-        if not conn.poll(timeout_s):
-            raise RuntimeError(f"cold worker {rank} did not answer within {timeout_s:.0f} s")
         try:
+            if not conn.poll(timeout_s):
+                raise WorkerLost(f"cold worker {rank} did not answer within {timeout_s:.0f} s")
             return conn.recv()
-        except EOFError as e:
-            raise RuntimeError(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
+        except (EOFError, OSError) as e:
+            raise WorkerLost(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
 
     def route(self, segments: list[ColdSegment]) -> list[int]:
         """Each segment's rank under the pool's policy (LPT starts each worker at its handicap)."""
@@ -182,7 +191,10 @@ class ColdPool:
         sent = time.time()
         for rank in range(1, self.workers):
             if shares[rank]:
-                self._conns[rank - 1].send(("prefill", [segments[i] for i in shares[rank]]))
+                try:
+                    self._conns[rank - 1].send(("prefill", [segments[i] for i in shares[rank]]))
+                except OSError as e:  # its end of the pipe is gone
+                    raise WorkerLost(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
         out: list[Entry | None] = [None] * len(segments)
         errors: list[str] = []
         timeline: dict[str, object] = {"sent": sent, "workers": {}}

@@ -4,13 +4,13 @@ It does one thing, the standalone cold prefill (``hypic.engine.cold``), for what
 engine sends, and hands back their entries. It keeps no cache: the engine's store owns every entry,
 because the combine pass reads them on the engine's device.
 
-It is started as ``python -m hypic.parallel.worker HOST PORT`` (a fresh interpreter, never a fork
+It is started as ``python -m hypic.parallel.worker HOST PORT RANK`` (a fresh interpreter, never a fork
 of the engine, which may hold CUDA state, and never a re-run of the caller's main module, as
 multiprocessing's spawn would do), connects back to the engine's listener with the authkey from
-``HYPIC_WORKER_AUTHKEY``, and receives its arguments as the first message.
+``HYPIC_WORKER_AUTHKEY``, says its rank, and receives its arguments in return.
 
 Protocol (engine ↔ worker), control messages over that connection, tensors over torch.distributed:
-  engine → (rank, world, init method, backend, device, ModelSpec, threads, timeout)
+  worker → its rank;  engine → (rank, world, init method, backend, device, ModelSpec, threads, timeout)
   worker → ("loaded", weight fingerprint) | ("error", message)     after building the model
   both join the process group; worker → a one-element warm-up send (creates the NCCL link)
   engine → ("prefill", [(token ids, seam, key), ...])
@@ -80,8 +80,9 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
 
 
 def main(argv: list[str]) -> None:
-    host, port = argv[0], int(argv[1])
+    host, port, rank = argv[0], int(argv[1]), int(argv[2])
     conn = Client((host, port), authkey=bytes.fromhex(os.environ.pop("HYPIC_WORKER_AUTHKEY")))
+    conn.send(rank)
     rank, world, init_method, backend, device, spec, threads, timeout_s = conn.recv()
     serve(rank, world, init_method, backend, device, spec, conn, threads, timeout_s)
 

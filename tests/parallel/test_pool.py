@@ -100,6 +100,43 @@ def test_a_worker_with_other_weights_is_refused(pair):
     pool.close()
 
 
+def test_a_lost_worker_leaves_the_engine_serving_alone(pair):
+    pooled, alone = pair
+    pooled.close()  # whichever test ran last, this process may hold one pool
+    llm = LLM(cold_workers=1)
+    try:
+        llm.engine.pool._procs[0].kill()
+        llm.engine.pool._procs[0].wait()
+        prompts = _prompts(2, seed=14)
+        with pytest.warns(RuntimeWarning, match="cold worker 1 exited"):
+            got = llm.generate(prompts, SamplingParams(max_tokens=6))
+        assert llm.engine.pool is None  # closed: later requests prefill here
+        want = alone.generate(prompts, SamplingParams(max_tokens=6))
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert all(o.metrics.segment_misses > 0 for o in got) and llm.engine.store.check_integrity()
+    finally:
+        llm.close()
+
+
+def test_a_failing_worker_request_is_retried_on_the_engine(pair, monkeypatch):
+    pooled, alone = pair
+    pooled.close()
+    llm = LLM(cold_workers=1)
+    try:
+        pool = llm.engine.pool
+
+        def fail(*args, **kwargs):
+            raise RuntimeError("cold worker 1:\nTraceback … CUDA out of memory")
+        monkeypatch.setattr(pool, "prefill", fail)  # isolates the engine's handling; the real failure is tested above
+        prompts = _prompts(1, seed=15)
+        with pytest.warns(RuntimeWarning, match="retried on this device"):
+            got = llm.generate(prompts, SamplingParams(max_tokens=6))
+        assert llm.engine.pool is pool  # a failed request does not cost the pool
+        assert got[0].token_ids == alone.generate(prompts, SamplingParams(max_tokens=6))[0].token_ids
+    finally:
+        llm.close()
+
+
 _TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, full_attention_interval=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16, intermediate_size=64, linear_num_key_heads=2,
              linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
