@@ -39,8 +39,7 @@ from hypic.parallel.wire import pack
 def serve(rank: int, world: int, init_method: str, backend: str, device: str, spec: ModelSpec,
           conn: Connection, threads: int, timeout_s: float) -> None:
     try:
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        torch.set_num_threads(threads)
+        torch.set_num_threads(threads)  # the pool shares the host's cores among its processes
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
