@@ -94,6 +94,9 @@ class Engine:
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.pool: ColdPool | None = None
+        # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
+        self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
+        self.cold_failures = {"request": 0, "lost": 0}
         devices = worker_devices(self.device, cold_workers or 0)
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
@@ -150,15 +153,23 @@ class Engine:
             entries = self.pool.prefill(segments, owner, self._prefill_alone)
         except RuntimeError as e:  # a worker failed: this request is answered on the engine's device alone
             lost = isinstance(e, WorkerLost)
+            self.cold_failures["lost" if lost else "request"] += 1
             then = "prefilling on this device alone from now on" if lost else "retried on this device"
             warnings.warn(f"cold workers: {e}; {then}", RuntimeWarning, stacklevel=2)
             if lost:
                 self.close()
             return []
+        for (ids, _, _), rank in zip(segments, owner, strict=True):
+            self._count_cold(rank, len(ids))
         built = {e.key: e for e in entries}
         for s in misses:
             s.entry = built[s.key]
         return entries
+
+    def _count_cold(self, rank: int, tokens: int) -> None:
+        counts = self.cold_counts.setdefault(rank, [0, 0])
+        counts[0] += 1
+        counts[1] += tokens
 
     def _cold_context(self, plans: list[RequestPlan], cold: str | None = None) -> ColdContext | None:
         """The standalone prefill of every miss, not yet run: one varlen batch of the distinct missing
@@ -173,6 +184,8 @@ class Engine:
         if not distinct:
             return None
         ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
+        for s in distinct.values():
+            self._count_cold(0, s.length)
         built = {e.key: e for e in ctx.entries}
         for s in misses:
             s.entry = built[s.key]

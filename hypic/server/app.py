@@ -93,7 +93,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="hypic", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0))
+    metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0), llm.engine)
     state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics)
     app.state.hypic = state
     install_handlers(app, metrics.count_error)

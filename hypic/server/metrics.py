@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from hypic.cache.store import TIERS, SegmentStore
+from hypic.engine.engine import Engine
 from hypic.engine.request import RequestMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -29,10 +30,10 @@ def cache_outcome(m: RequestMetrics) -> str:
 
 
 class _Live(Collector):
-    """Cache tiers and queue depth, read at scrape time."""
+    """Cache tiers, queue depth and who prefilled cold segments, read at scrape time."""
 
-    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]]) -> None:
-        self.store, self.depth = store, depth
+    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]], engine: Engine | None = None) -> None:
+        self.store, self.depth, self.engine = store, depth, engine
 
     def collect(self) -> Iterator[Metric]:
         s = self.store.stats()
@@ -53,10 +54,25 @@ class _Live(Collector):
         waiting, running = self.depth()
         yield GaugeMetricFamily("hypic_queue_depth", "Requests waiting for a decode slot", value=waiting)
         yield GaugeMetricFamily("hypic_running_requests", "Requests decoding", value=running)
+        if self.engine is not None:
+            e = self.engine
+            yield GaugeMetricFamily("hypic_cold_devices", "Devices prefilling cold segments (this one and its "
+                                    "cold workers)", value=1 if e.pool is None else e.pool.workers)
+            for name, doc, i in (("segments", "Cold segments prefilled, by device rank (0: the engine's)", 0),
+                                 ("tokens", "Cold segment tokens prefilled, by device rank (0: the engine's)", 1)):
+                c = CounterMetricFamily(f"hypic_cold_{name}", doc, labels=["rank"])
+                for rank, counts in sorted(e.cold_counts.items()):
+                    c.add_metric([str(rank)], counts[i])
+                yield c
+            c = CounterMetricFamily("hypic_cold_worker_failures", "Cold workers' failures: a request retried on "
+                                    "the engine's device, or a worker lost", labels=["kind"])
+            for kind, n in e.cold_failures.items():
+                c.add_metric([kind], n)
+            yield c
 
 
 class Metrics:
-    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]], engine: Engine | None = None) -> None:
         r = self.registry = CollectorRegistry()
         self.ttft = Histogram("hypic_time_to_first_token_seconds", "Arrival to first token, by cache outcome",
                               ["cache"], buckets=TTFT_BUCKETS, registry=r)
@@ -76,7 +92,7 @@ class Metrics:
         for kind in ("invalid_request", "authentication", "not_found", "overloaded", "shutting_down", "timeout",
                      "cancelled", "engine", "internal"):
             self.errors.labels(kind)  # every kind is exported from the start, at 0
-        r.register(_Live(store, depth))
+        r.register(_Live(store, depth, engine))
 
     def count_error(self, kind: str) -> None:
         self.errors.labels(kind).inc()

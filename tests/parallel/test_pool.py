@@ -47,6 +47,9 @@ def test_scattered_cold_prefill_answers_as_one_device_does(pair):
         for layer, k in mine.keys.items():
             torch.testing.assert_close(k, other.keys[layer], rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(mine.values[layer], other.values[layer], rtol=1e-4, atol=1e-5)
+    counts = pooled.engine.cold_counts  # every device prefilled some of the documents, each document once
+    assert sorted(counts) == [0, 1, 2] and all(c[0] > 0 for c in counts.values())
+    assert sum(c[0] for c in counts.values()) == sum(c[0] for c in alone.engine.cold_counts.values())
     # Warm now: every document a hit, nothing scattered.
     again = pooled.generate(prompts, SamplingParams(max_tokens=10))
     assert [o.token_ids for o in again] == [o.token_ids for o in got]
@@ -110,7 +113,7 @@ def test_a_lost_worker_leaves_the_engine_serving_alone(pair):
         prompts = _prompts(2, seed=14)
         with pytest.warns(RuntimeWarning, match="cold worker 1 exited"):
             got = llm.generate(prompts, SamplingParams(max_tokens=6))
-        assert llm.engine.pool is None  # closed: later requests prefill here
+        assert llm.engine.pool is None and llm.engine.cold_failures == {"request": 0, "lost": 1}  # closed
         want = alone.generate(prompts, SamplingParams(max_tokens=6))
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
         assert all(o.metrics.segment_misses > 0 for o in got) and llm.engine.store.check_integrity()
@@ -131,7 +134,7 @@ def test_a_failing_worker_request_is_retried_on_the_engine(pair, monkeypatch):
         prompts = _prompts(1, seed=15)
         with pytest.warns(RuntimeWarning, match="retried on this device"):
             got = llm.generate(prompts, SamplingParams(max_tokens=6))
-        assert llm.engine.pool is pool  # a failed request does not cost the pool
+        assert llm.engine.pool is pool and llm.engine.cold_failures["request"] == 1  # the pool stays
         assert got[0].token_ids == alone.generate(prompts, SamplingParams(max_tokens=6))[0].token_ids
     finally:
         llm.close()

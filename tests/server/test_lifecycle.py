@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -161,6 +162,9 @@ def test_hypic_serve_command(model_dir: Path) -> None:
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-cli"}, timeout=60,
                        json={**body(2), "prompt": docs + "<<PIC_SEP>>Question: who plays the harp?"})
         assert r.status_code == 200  # three cold documents: LPT gives the worker one of them
+        scraped = httpx.get(f"{url}/metrics").text
+        assert re.search(r'^hypic_cold_segments_total\{rank="1"\} [1-9]', scraped, re.M)
+        assert re.search(r"^hypic_cold_devices 2", scraped, re.M)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
     finally:
