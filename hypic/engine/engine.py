@@ -12,16 +12,14 @@ import hashlib
 import json
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from hypic.cache.entry import Entry
 from hypic.cache.keys import segment_key
 from hypic.cache.store import SegmentStore
-from hypic.engine.cold import ColdContext
 from hypic.engine.cold_combine import ColdCombineContext
+from hypic.engine.cold_prefill import ColdPrefill
 from hypic.engine.combine import CombineContext
 from hypic.engine.modes import ASSEMBLY, check_mode
 from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
@@ -32,7 +30,7 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
-from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost, worker_devices
+from hypic.parallel.pool import ColdPool, worker_devices
 from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
@@ -71,7 +69,7 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
     return ids
 
 
-class Engine:
+class Engine(ColdPrefill):
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: int | None = None, cache_host_bytes: int | None = None,
                  cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
@@ -103,12 +101,6 @@ class Engine:
         if devices:
             self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route)
 
-    def close(self) -> None:
-        """Stop the cold workers, if any (the engine keeps serving on its own device)."""
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-
     def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
@@ -126,80 +118,6 @@ class Engine:
         plan.pinned = [s.key for s in plans if s.key is not None]
         self.store.pin(plan.pinned)
         return plan
-
-    @staticmethod
-    def _misses(plans: list[RequestPlan]) -> list[SegmentPlan]:
-        return [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
-
-    def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
-        """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
-        ctx = ColdContext(segments, self.device)
-        self.model.hidden_states(ctx.input_ids, ctx)
-        return ctx.entries
-
-    def _scatter(self, plans: list[RequestPlan]) -> list[Entry]:
-        """With cold workers, the distinct misses prefilled across them now; their entries, which the
-        misses point to from now on. Nothing when there is no pool, or when the router keeps every
-        miss on this device: then the one-forward cold request (``_cold_context``) is the faster path."""
-        misses = self._misses(plans)
-        distinct = {s.key: s for s in misses}
-        if self.pool is None or not distinct:
-            return []
-        segments = [(s.token_ids, s.seam, k) for k, s in distinct.items()]
-        owner = self.pool.route(segments)
-        if not any(owner):
-            return []
-        try:
-            entries = self.pool.prefill(segments, owner, self._prefill_alone)
-        except RuntimeError as e:  # a worker failed: this request is answered on the engine's device alone
-            lost = isinstance(e, WorkerLost)
-            self.cold_failures["lost" if lost else "request"] += 1
-            then = "prefilling on this device alone from now on" if lost else "retried on this device"
-            warnings.warn(f"cold workers: {e}; {then}", RuntimeWarning, stacklevel=2)
-            if lost:
-                self.close()
-            return []
-        for (ids, _, _), rank in zip(segments, owner, strict=True):
-            self._count_cold(rank, len(ids))
-        built = {e.key: e for e in entries}
-        for s in misses:
-            s.entry = built[s.key]
-        return entries
-
-    def _count_cold(self, rank: int, tokens: int) -> None:
-        counts = self.cold_counts.setdefault(rank, [0, 0])
-        counts[0] += 1
-        counts[1] += tokens
-
-    def _cold_context(self, plans: list[RequestPlan], cold: str | None = None) -> ColdContext | None:
-        """The standalone prefill of every miss, not yet run: one varlen batch of the distinct missing
-        segments, whose entries the misses point to from now on. None when nothing is missing, or
-        when the cold strategy is in context (misses then join the combine pass's recompute set)."""
-        misses = self._misses(plans)
-        if (cold or self.cold) == "in_context":
-            for s in misses:
-                s.in_context = True
-            return None
-        distinct = {s.key: s for s in misses}
-        if not distinct:
-            return None
-        ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
-        for s in distinct.values():
-            self._count_cold(0, s.length)
-        built = {e.key: e for e in ctx.entries}
-        for s in misses:
-            s.entry = built[s.key]
-        return ctx
-
-    def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:
-        """Fill every miss now, on its own (``prewarm``): scattered over the cold workers if any."""
-        for e in self._scatter(plans):
-            self.store.insert(e)
-        ctx = self._cold_context(plans, cold)
-        if ctx is not None:
-            self.model.hidden_states(ctx.input_ids, ctx)
-            for e in ctx.entries:
-                self.store.insert(e)
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
                   metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:

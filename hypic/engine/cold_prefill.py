@@ -1,0 +1,110 @@
+"""The cold path of a request: the standalone prefill of its missing segments, on this device or
+scattered over cold workers (``hypic.parallel``), producing their cache entries.
+
+A mixin of ``Engine`` (it reads the engine's model, device, store, cold strategy and pool), kept in
+its own file because it is its own concept: which segments are cold, who prefills them, what
+happens when a worker fails, and the counts the server exports.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from hypic.cache.entry import Entry
+from hypic.cache.store import SegmentStore
+from hypic.engine.cold import ColdContext
+from hypic.engine.plan import RequestPlan, SegmentPlan
+from hypic.models.hybrid import HybridLM
+from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost
+
+
+class ColdPrefill:
+    model: HybridLM
+    device: torch.device
+    store: SegmentStore
+    cold: str
+    pool: ColdPool | None
+    cold_counts: dict[int, list[int]]  # rank → [segments, tokens] prefilled cold (0: this device)
+    cold_failures: dict[str, int]  # cold workers' failures: "request" (retried here), "lost"
+
+    def close(self) -> None:
+        """Stop the cold workers, if any (the engine keeps serving on its own device)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    @staticmethod
+    def _misses(plans: list[RequestPlan]) -> list[SegmentPlan]:
+        return [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
+
+    def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
+        """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
+        ctx = ColdContext(segments, self.device)
+        self.model.hidden_states(ctx.input_ids, ctx)
+        return ctx.entries
+
+    def _scatter(self, plans: list[RequestPlan]) -> list[Entry]:
+        """With cold workers, the distinct misses prefilled across them now; their entries, which the
+        misses point to from now on. Nothing when there is no pool, or when the router keeps every
+        miss on this device: then the one-forward cold request (``_cold_context``) is the faster path."""
+        misses = self._misses(plans)
+        distinct = {s.key: s for s in misses}
+        if self.pool is None or not distinct:
+            return []
+        segments = [(s.token_ids, s.seam, k) for k, s in distinct.items()]
+        owner = self.pool.route(segments)
+        if not any(owner):
+            return []
+        try:
+            entries = self.pool.prefill(segments, owner, self._prefill_alone)
+        except RuntimeError as e:  # a worker failed: this request is answered on the engine's device alone
+            lost = isinstance(e, WorkerLost)
+            self.cold_failures["lost" if lost else "request"] += 1
+            then = "prefilling on this device alone from now on" if lost else "retried on this device"
+            warnings.warn(f"cold workers: {e}; {then}", RuntimeWarning, stacklevel=2)
+            if lost:
+                self.close()
+            return []
+        for (ids, _, _), rank in zip(segments, owner, strict=True):
+            self._count_cold(rank, len(ids))
+        built = {e.key: e for e in entries}
+        for s in misses:
+            s.entry = built[s.key]
+        return entries
+
+    def _count_cold(self, rank: int, tokens: int) -> None:
+        counts = self.cold_counts.setdefault(rank, [0, 0])
+        counts[0] += 1
+        counts[1] += tokens
+
+    def _cold_context(self, plans: list[RequestPlan], cold: str | None = None) -> ColdContext | None:
+        """The standalone prefill of every miss, not yet run: one varlen batch of the distinct missing
+        segments, whose entries the misses point to from now on. None when nothing is missing, or
+        when the cold strategy is in context (misses then join the combine pass's recompute set)."""
+        misses = self._misses(plans)
+        if (cold or self.cold) == "in_context":
+            for s in misses:
+                s.in_context = True
+            return None
+        distinct = {s.key: s for s in misses}
+        if not distinct:
+            return None
+        ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
+        for s in distinct.values():
+            self._count_cold(0, s.length)
+        built = {e.key: e for e in ctx.entries}
+        for s in misses:
+            s.entry = built[s.key]
+        return ctx
+
+    def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:
+        """Fill every miss now, on its own (``prewarm``): scattered over the cold workers if any."""
+        for e in self._scatter(plans):
+            self.store.insert(e)
+        ctx = self._cold_context(plans, cold)
+        if ctx is not None:
+            self.model.hidden_states(ctx.input_ids, ctx)
+            for e in ctx.entries:
+                self.store.insert(e)
