@@ -31,6 +31,7 @@ from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
 from hypic.parallel.pool import ColdPool, worker_devices
+from hypic.parallel.router import POLICIES
 from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
@@ -78,6 +79,8 @@ class Engine(ColdPrefill):
         CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin)."""
         if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
+        if route not in POLICIES:
+            raise ValueError(f"route: expected one of {POLICIES}, got {route!r}")
         if cold not in COLD_STRATEGIES:
             raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
         self.loaded, self.model, self.device = loaded, loaded.model, loaded.device

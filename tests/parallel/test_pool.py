@@ -88,6 +88,8 @@ def test_refused_configurations(pair):
         worker_devices(torch.device("cpu"), ["gpu7"])
     with pytest.raises(ValueError, match="standalone"):
         LLM(cold_workers=1, cold="in_context")
+    with pytest.raises(ValueError, match="route"):
+        LLM(route="fastest")
     with pytest.raises(ValueError, match="one pool per process"):  # `pair` holds this process's pool
         LLM(cold_workers=1)
 
