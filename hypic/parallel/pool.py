@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from multiprocessing.connection import Connection, Listener
@@ -92,6 +93,26 @@ def worker_devices(local: torch.device, spec: int | list[str] | list[torch.devic
     return devices
 
 
+def _stop(conns: list[Connection], procs: list[subprocess.Popen], leave_group: bool = False) -> None:
+    """Ask the workers to stop, wait for them (then kill what is left), and leave the process group."""
+    for conn in conns:
+        try:
+            conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=30 if conns else 0)
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+    if leave_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 class ColdPool:
     def __init__(self, spec: ModelSpec, local: torch.device, devices: list[torch.device],
                  local_model: torch.nn.Module, policy: str = "lpt", threads: int | None = None,
@@ -115,6 +136,7 @@ class ColdPool:
                 dist.destroy_process_group()
             raise
         self.closed = False
+        self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, True)
 
     def _start(self, spec: ModelSpec, devices: list[torch.device], local_model: torch.nn.Module, backend: str,
                threads: int, timeout_s: float) -> None:
@@ -237,25 +259,10 @@ class ColdPool:
         return out  # type: ignore[return-value]
 
     def _kill(self) -> None:
-        for p in self._procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=10)
+        _stop([], self._procs)
 
     def close(self) -> None:
-        """Stop the workers and leave the process group."""
-        if self.closed:
-            return
+        """Stop the workers and leave the process group (also run when the pool is garbage-collected
+        or the interpreter exits, so a pool nobody closed never blocks the next one)."""
         self.closed = True
-        for conn in self._conns:
-            try:
-                conn.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
-        for p in self._procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        self._kill()
-        dist.destroy_process_group()
+        self._finalizer()

@@ -142,6 +142,19 @@ def test_a_failing_worker_request_is_retried_on_the_engine(pair, monkeypatch):
         llm.close()
 
 
+def test_a_pool_nobody_closed_is_stopped_when_collected(pair):
+    import gc
+
+    pair[0].close()
+    llm = LLM(cold_workers=1)
+    proc = llm.engine.pool._procs[0]
+    del llm
+    gc.collect()
+    assert proc.poll() == 0  # asked to stop, and it did
+    again = LLM(cold_workers=1)  # the process group was left: a new pool may start
+    again.close()
+
+
 _TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, full_attention_interval=2, num_attention_heads=2,
              num_key_value_heads=1, head_dim=16, intermediate_size=64, linear_num_key_heads=2,
              linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
