@@ -116,13 +116,16 @@ def _stop(conns: list[Connection], procs: list[subprocess.Popen], leave_group: b
 class ColdPool:
     def __init__(self, spec: ModelSpec, local: torch.device, devices: list[torch.device],
                  local_model: torch.nn.Module, policy: str = "lpt", threads: int | None = None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 600.0, overlap: bool = False) -> None:
         if dist.is_initialized():
             raise ValueError("cold_workers: this process already has a torch.distributed group (one pool per process)")
         assign([], 1, policy)  # validates the policy name
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
         self.timeline: dict[str, object] = {}
         self.handicap = [0.0] * self.workers  # tokens each worker starts behind in LPT (rank 0: none)
+        self.overlap = overlap  # return before the workers have computed (see ``prefill``)
+        self.handicap_overlap = [0.0] * self.workers  # the same, learned for ``overlap`` (``_learn_overlap``)
+        self._owed: dict | None = None  # a call whose "computed" stamps are still to be read
         backend = "nccl" if local.type == "cuda" else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
         self.closed = True  # until every worker has joined
@@ -179,22 +182,21 @@ class ColdPool:
 
     def route(self, segments: list[ColdSegment]) -> list[int]:
         """Each segment's rank under the pool's policy (LPT starts each worker at its handicap)."""
-        loads = self.handicap if self.policy == "lpt" else None
+        loads = (self.handicap_overlap if self.overlap else self.handicap) if self.policy == "lpt" else None
         return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
 
     def _learn(self, workers: dict[int, dict[str, float]]) -> None:
         """Update each worker's handicap from one call: the seconds between its finishing (or the
         engine's host turning to it, if later: time spent on rank 0's own work is not the worker's)
-        and its entries being on the engine's device, in tokens at the worker's measured rate. Rank 0
-        has no such delay. Equal-cost shares would leave it on the request's critical path; charged
-        in advance, it is spent while rank 0 still computes. A moving average (half weight to the
-        newest call) rides out one noisy call.
+        and the engine's host having it, in tokens at the worker's measured rate. Rank 0 has no such
+        delay. Equal-cost shares would leave it on the request's critical path; charged in advance,
+        it is spent while rank 0 still computes. A moving average (half weight to the newest call)
+        rides out one noisy call.
 
         Not charged: the host's time to issue the combine pass after the last arrival. Measured from
         the engine (session 12, H200 ×2) it read 195–235 ms, because issuing it waits on the device
         (it includes rank 0's remaining compute), and charging it moved ~9 000 tokens to rank 0 and
-        cost 60–90 ms per request; a clean measure needs a combine pass that can be issued before
-        the entries arrive."""
+        cost 60–90 ms per request; ``overlap`` issues the combine pass before the arrivals instead."""
         for rank, w in workers.items():
             compute = w["computed"] - w["started"]
             if compute <= 0 or w["tokens"] <= 0:
@@ -202,11 +204,48 @@ class ColdPool:
             late = max(0.0, w["answered"] - max(w["computed"], w["waited_from"]))
             self.handicap[rank] = 0.5 * self.handicap[rank] + 0.5 * late * w["tokens"] / compute
 
+    def _learn_overlap(self, timeline: dict) -> None:
+        """``overlap``'s handicap: rank 0's device receives a worker's entries only after its own
+        prefill (NCCL orders the receive after the work already queued), so a worker should finish
+        when rank 0 does — earlier wastes it, later delays the request. A signed correction: half
+        the gap between its finish and rank 0's, in tokens at its rate."""
+        local_end = timeline.get("local_end")
+        if local_end is None:
+            return
+        for rank, w in timeline["workers"].items():
+            compute = w.get("computed", 0.0) - w["started"]
+            if compute <= 0 or w["tokens"] <= 0:
+                continue
+            gap = (w["computed"] - local_end) * w["tokens"] / compute
+            self.handicap_overlap[rank] = max(0.0, self.handicap_overlap[rank] + 0.5 * gap)
+
+    def settle(self) -> None:
+        """Take the "computed" stamps the workers still owe (``overlap`` leaves them for the next
+        call) and learn from the call they complete; ``timeline`` is then whole."""
+        timeline, self._owed = self._owed, None
+        if timeline is None:
+            return
+        for rank, w in timeline["workers"].items():
+            msg = self._recv(rank, 600.0)
+            w["computed"], w["answered"] = msg[1], time.time()  # type: ignore[index]
+        start, events = timeline.get("local_start"), timeline.get("local_events")
+        if events is not None:
+            timeline["local_end"] = start + events[0].elapsed_time(events[1]) / 1000
+        elif start is not None:
+            timeline["local_end"] = timeline["local_enqueued"]  # on the CPU it ran as it was issued
+        self._learn_overlap(timeline)
+
     def prefill(self, segments: list[ColdSegment], owner: list[int],
                 run_local: Callable[[list[ColdSegment]], list[Entry]]) -> list[Entry]:
-        """Entries of ``segments`` (input order) on the engine's device; ``owner`` from ``route``."""
+        """Entries of ``segments`` (input order) on the engine's device; ``owner`` from ``route``.
+
+        Without ``overlap`` it returns once every worker has computed (the entries' bytes may still be
+        on their way: the device orders the receives before anything issued later). With it, it
+        returns as soon as every worker has issued its work, so the engine issues the combine pass
+        while both devices still compute."""
         if self.closed:
             raise RuntimeError("the cold pool is closed")
+        self.settle()
         shares: list[list[int]] = [[] for _ in range(self.workers)]
         for i, r in enumerate(owner):
             shares[r].append(i)
@@ -219,10 +258,12 @@ class ColdPool:
                     raise WorkerLost(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
         out: list[Entry | None] = [None] * len(segments)
         errors: list[str] = []
-        timeline: dict[str, object] = {"sent": sent, "workers": {}}
+        timeline: dict = {"sent": sent, "workers": {}, "overlap": self.overlap,
+                          "handicap": [round(h) for h in (self.handicap_overlap if self.overlap else self.handicap)]}
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.local.type == "cuda" else []
         try:
             if shares[0]:
+                timeline["local_start"] = time.time()
                 if events:
                     events[0].record()
                 for i, e in zip(shares[0], run_local([segments[i] for i in shares[0]]), strict=True):
@@ -236,24 +277,25 @@ class ColdPool:
             for rank in range(1, self.workers):
                 if not shares[rank]:
                     continue
-                waited_from = time.time()  # the engine's host is free for this worker from here
                 msg = self._recv(rank, 600.0)
                 if msg[0] == "error":
                     errors.append(f"cold worker {rank}:\n{msg[1]}")
                     continue
                 _, headers, stamps = msg
                 buf = torch.empty(sum(h.nbytes for h in headers), dtype=torch.uint8, device=self.local)
-                dist.recv(buf, src=rank)
+                dist.recv(buf, src=rank)  # NCCL: queued after rank 0's own work; the host goes on
                 for i, e in zip(shares[rank], split(headers, buf), strict=True):
                     out[i] = e
-                timeline["workers"][rank] = {**stamps, "answered": time.time(),  # type: ignore[index]
-                                             "waited_from": waited_from,
-                                             "documents": len(headers),
-                                             "tokens": sum(len(h.token_ids) for h in headers),
-                                             "bytes": buf.numel()}
-        self.timeline = timeline  # the last call's, for benchmarks: wall-clock seconds (time.time())
-        timeline["handicap"] = [round(h) for h in self.handicap]  # the one this call was routed with
-        self._learn(timeline["workers"])  # type: ignore[arg-type]
+                timeline["workers"][rank] = {**stamps, "documents": len(headers), "bytes": buf.numel(),
+                                             "tokens": sum(len(h.token_ids) for h in headers)}
+        self.timeline, self._owed = timeline, timeline
+        if not self.overlap:  # wait for every worker's "computed" now
+            for rank, w in timeline["workers"].items():
+                w["waited_from"] = time.time()  # the engine's host is free for this worker from here
+                msg = self._recv(rank, 600.0)
+                w["computed"], w["answered"] = msg[1], time.time()
+            self._owed = None
+            self._learn(timeline["workers"])
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]

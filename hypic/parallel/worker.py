@@ -14,7 +14,8 @@ Protocol (engine ↔ worker), control messages over that connection, tensors ove
   worker → ("loaded", weight fingerprint) | ("error", message)     after building the model
   both join the process group; worker → a one-element warm-up send (creates the NCCL link)
   engine → ("prefill", [(token ids, seam, key), ...])
-  worker → ("done", [Header, ...], timestamps), then one buffer holding them all  | ("error", message)
+  worker → ("done", [Header, ...], {"started"}) once its work is issued  | ("error", message)
+  worker → one buffer holding them all (torch.distributed), then ("computed", time) once computed
   engine → ("stop",)
 """
 
@@ -66,13 +67,15 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
                     ctx = ColdContext(msg[1], dev)
                     loaded.model.hidden_states(ctx.input_ids, ctx)
                     headers, buf = pack(ctx.entries)
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)  # "done" then means computed: the timeline is true
             except Exception:  # noqa: BLE001 — this request fails, the worker keeps serving
                 conn.send(("error", traceback.format_exc()))
                 continue
-            conn.send(("done", headers, {"started": started, "computed": time.time()}))
+            conn.send(("done", headers, {"started": started}))  # issued: the engine can post its receive
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            computed = time.time()  # before the send, which waits for the engine's receive on the CPU
             dist.send(buf, dst=0)
+            conn.send(("computed", computed))
             del buf  # NCCL's send holds the buffer until it has run (the caching allocator records its stream)
     finally:
         dist.destroy_process_group()
