@@ -3,7 +3,9 @@
 Rank 0 is the engine itself (its device, its model); ranks 1 … n−1 are worker processes
 (``hypic.parallel.worker``), one per extra device. ``prefill`` routes the distinct cold segments
 (``router.assign``), sends each worker its share, runs rank 0's share locally while the workers run
-theirs, then receives the workers' entries onto the engine's device. Every entry is then exactly
+theirs, then receives the workers' entries onto the engine's device (the receive is posted as soon
+as a worker has issued its work; ``overlap`` returns without waiting for the workers to finish, so
+the engine issues the combine pass while they compute). Every entry is then exactly
 what a local standalone prefill would have produced (the same model, the same kernels, from
 position 0 and a zero state), so the combine pass that follows cannot tell where it was computed.
 
@@ -230,6 +232,7 @@ class ColdPool:
             w["computed"], w["answered"] = msg[1], time.time()  # type: ignore[index]
         start, events = timeline.get("local_start"), timeline.get("local_events")
         if events is not None:
+            events[1].synchronize()  # long done by now (the request's logits were read); cheap then
             timeline["local_end"] = start + events[0].elapsed_time(events[1]) / 1000
         elif start is not None:
             timeline["local_end"] = timeline["local_enqueued"]  # on the CPU it ran as it was issued
