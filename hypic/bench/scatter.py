@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from hypic.cache.store import SegmentStore
+from hypic.bench.ttft import empty_store
 from hypic.engine.engine import Engine
 from hypic.parallel.router import assign, makespan
 
@@ -52,8 +52,7 @@ def prompts(kind: str, docs: int, doc_tokens: int, vocab: int, count: int, seed:
 
 
 def _cold(engine: Engine, prompt: list[list[int]]) -> tuple[float, torch.Tensor]:
-    engine.store = SegmentStore(engine.device, device_bytes=engine.store.budgets["device"],
-                                host_bytes=engine.store.budgets["host"])
+    empty_store(engine)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     t0 = time.perf_counter()
@@ -87,24 +86,25 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
         raise ValueError("bench scatter: the engine has no cold workers (cold_workers=…)")
     pool = engine.pool
     batch = prompts(kind, docs, doc_tokens, engine.model.vocab_size, reps + 1, seed)
-    rows = {"one device": None, "scatter, lpt": "lpt", "scatter, round_robin": "round_robin",
-            "scatter, lpt, overlap": "lpt+overlap"}
+    rows: dict[str, tuple[str, bool] | None] = {  # row → (policy, overlap); None: the engine alone
+        "one device": None, "scatter, lpt": ("lpt", False), "scatter, round_robin": ("round_robin", False),
+        "scatter, lpt, overlap": ("lpt", True)}
     times: dict[str, list[float]] = {r: [] for r in rows}
     diff: dict[str, float] = {r: 0.0 for r in rows}
     lines: dict[str, str] = {}
     for i, prompt in enumerate(batch):
         ref = None
-        for row, policy in rows.items():
-            engine.pool = None if policy is None else pool
-            pool.policy = (policy or pool.policy).removesuffix("+overlap")
-            pool.overlap = policy is not None and policy.endswith("+overlap")
+        for row, how in rows.items():
+            engine.pool = None if how is None else pool
+            if how is not None:
+                pool.policy, pool.overlap = how
             t, logits = _cold(engine, prompt)
             pool.settle()  # an overlapped call's stamps: its timeline whole, its handicap learned
             ref = logits if ref is None else ref
             diff[row] = max(diff[row], (logits - ref).abs().max().item())
             if i:  # prompt 0 warms kernels and links up
                 times[row].append(t)
-            if policy is not None and i == len(batch) - 1:
+            if how is not None and i == len(batch) - 1:
                 lines[row] = timeline(pool.timeline, t)
         print(f"scatter {kind} prompt {i}: " + ", ".join(f"{r} {1000 * v[-1]:.1f} ms" for r, v in times.items() if v),
               file=sys.stderr, flush=True)

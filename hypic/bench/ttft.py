@@ -48,6 +48,12 @@ def rag_prompts(shape: RagShape, vocab: int, count: int, seed: int = 0) -> list[
     return prompts
 
 
+def empty_store(engine: Engine) -> None:
+    """A fresh store with the same budgets: the next request finds every segment cold."""
+    engine.store = SegmentStore(engine.device, device_bytes=engine.store.budgets["device"],
+                                host_bytes=engine.store.budgets["host"])
+
+
 def _ttft(engine: Engine, prompt: list[list[int]], mode: str) -> tuple[float, object]:
     out = engine.generate([prompt], [SamplingParams(max_tokens=1)], mode=mode)[0]
     return out.metrics.ttft_s, out.metrics
@@ -93,8 +99,7 @@ def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0, ab: bool 
     note("prefix")
     cold = []
     for p in prompts[1:reps + 1]:
-        engine.store = SegmentStore(engine.device, device_bytes=engine.store.budgets["device"],
-                                    host_bytes=engine.store.budgets["host"])
+        empty_store(engine)
         cold.append(_ttft(engine, p, "hypic")[0])
     _record(res, "hypic_cold", cold)
     note("hypic_cold")

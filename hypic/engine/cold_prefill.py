@@ -39,6 +39,18 @@ class ColdPrefill:
     def _misses(plans: list[RequestPlan]) -> list[SegmentPlan]:
         return [s for p in plans for s in p.segments if s.key is not None and s.entry is None]
 
+    @staticmethod
+    def _distinct(misses: list[SegmentPlan]) -> list[ColdSegment]:
+        """Each missing segment once (a document two requests share is prefilled once)."""
+        return [(s.token_ids, s.seam, k) for k, s in {s.key: s for s in misses}.items()]
+
+    @staticmethod
+    def _point(misses: list[SegmentPlan], entries: list[Entry]) -> None:
+        """The misses use the entries just built for them from now on."""
+        built = {e.key: e for e in entries}
+        for s in misses:
+            s.entry = built[s.key]
+
     def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
         """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
         ctx = ColdContext(segments, self.device)
@@ -49,11 +61,12 @@ class ColdPrefill:
         """With cold workers, the distinct misses prefilled across them now; their entries, which the
         misses point to from now on. Nothing when there is no pool, or when the router keeps every
         miss on this device: then the one-forward cold request (``_cold_context``) is the faster path."""
-        misses = self._misses(plans)
-        distinct = {s.key: s for s in misses}
-        if self.pool is None or not distinct:
+        if self.pool is None:
             return []
-        segments = [(s.token_ids, s.seam, k) for k, s in distinct.items()]
+        misses = self._misses(plans)
+        segments = self._distinct(misses)
+        if not segments:
+            return []
         owner = self.pool.route(segments)
         if not any(owner):
             return []
@@ -69,9 +82,7 @@ class ColdPrefill:
             return []
         for (ids, _, _), rank in zip(segments, owner, strict=True):
             self._count_cold(rank, len(ids))
-        built = {e.key: e for e in entries}
-        for s in misses:
-            s.entry = built[s.key]
+        self._point(misses, entries)
         return entries
 
     def _count_cold(self, rank: int, tokens: int) -> None:
@@ -88,15 +99,13 @@ class ColdPrefill:
             for s in misses:
                 s.in_context = True
             return None
-        distinct = {s.key: s for s in misses}
-        if not distinct:
+        segments = self._distinct(misses)
+        if not segments:
             return None
-        ctx = ColdContext([(s.token_ids, s.seam, k) for k, s in distinct.items()], self.device)
-        for s in distinct.values():
-            self._count_cold(0, s.length)
-        built = {e.key: e for e in ctx.entries}
-        for s in misses:
-            s.entry = built[s.key]
+        ctx = ColdContext(segments, self.device)
+        for ids, _, _ in segments:
+            self._count_cold(0, len(ids))
+        self._point(misses, ctx.entries)
         return ctx
 
     def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:

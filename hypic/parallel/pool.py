@@ -136,9 +136,7 @@ class ColdPool:
         try:
             self._start(spec, devices, local_model, backend, threads, timeout_s)
         except BaseException:
-            self._kill()
-            if dist.is_initialized():
-                dist.destroy_process_group()
+            _stop([], self._procs, leave_group=True)
             raise
         self.closed = False
         self._finalizer = weakref.finalize(self, _stop, self._conns, self._procs, True)
@@ -222,14 +220,18 @@ class ColdPool:
             self.handicap_overlap[rank] = max(0.0, self.handicap_overlap[rank] + 0.5 * gap)
 
     def settle(self) -> None:
-        """Take the "computed" stamps the workers still owe (``overlap`` leaves them for the next
-        call) and learn from the call they complete; ``timeline`` is then whole."""
+        """Take the "computed" stamps the workers owe for the last call (at once without ``overlap``;
+        with it, at the next call) and learn that call's handicap; ``timeline`` is then whole."""
         timeline, self._owed = self._owed, None
         if timeline is None:
             return
         for rank, w in timeline["workers"].items():
+            w["waited_from"] = time.time()  # the engine's host is free for this worker from here
             msg = self._recv(rank, 600.0)
-            w["computed"], w["answered"] = msg[1], time.time()  # type: ignore[index]
+            w["computed"], w["answered"] = msg[1], time.time()
+        if not timeline["overlap"]:
+            self._learn(timeline["workers"])
+            return
         start, events = timeline.get("local_start"), timeline.get("local_events")
         if events is not None:
             events[1].synchronize()  # long done by now (the request's logits were read); cheap then
@@ -293,18 +295,10 @@ class ColdPool:
                                              "tokens": sum(len(h.token_ids) for h in headers)}
         self.timeline, self._owed = timeline, timeline
         if not self.overlap:  # wait for every worker's "computed" now
-            for rank, w in timeline["workers"].items():
-                w["waited_from"] = time.time()  # the engine's host is free for this worker from here
-                msg = self._recv(rank, 600.0)
-                w["computed"], w["answered"] = msg[1], time.time()
-            self._owed = None
-            self._learn(timeline["workers"])
+            self.settle()
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]
-
-    def _kill(self) -> None:
-        _stop([], self._procs)
 
     def close(self) -> None:
         """Stop the workers and leave the process group (also run when the pool is garbage-collected

@@ -35,7 +35,6 @@ class Header:
     seam: int
     fields: tuple[Field, ...]
     nbytes: int  # the buffer's size
-    no_transition: tuple[int, ...]  # linear layers whose summary has no T (plain linear attention)
 
 
 def _tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:
@@ -68,8 +67,7 @@ def pack(entries: list[Entry]) -> tuple[list[Header], Tensor]:
                 pad = torch.zeros(ALIGN, dtype=torch.uint8, device=t.device) if pad is None else pad
                 parts.append(pad[:gap])
             offset += n + gap
-        no_t = tuple(layer for layer, s in sorted(entry.summaries.items()) if s.transition is None)
-        headers.append(Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset - start, no_t))
+        headers.append(Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset - start))
     buf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
     return headers, buf
 
@@ -109,7 +107,7 @@ def unpack(header: Header, buf: Tensor) -> Entry:
     entry = Entry(header.key, header.token_ids, header.seam)
     for (slot, layer), t in got.items():
         if slot == "S":
-            entry.summaries[layer] = Summary(None if layer in header.no_transition else got["T", layer], t)
+            entry.summaries[layer] = Summary(got.get(("T", layer)), t)  # no T field: plain linear attention
         elif slot == "conv":
             entry.conv_tails[layer] = t
         elif slot == "k":
