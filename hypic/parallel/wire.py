@@ -40,7 +40,7 @@ class Header:
 def _tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:
     """An entry's tensors, kind by kind (every layer's T, then every S, …): runs of one shape, which
     ``unpack`` turns into views with one call per run instead of one per tensor (~90 per entry at
-    a 9B shape, ~15 ms of host time for a share of 18 entries)."""
+    a 9B shape: 9.6 → 2.3 ms of host time for a share of 18 entries, scripts/wire_host_time.py)."""
     summaries = sorted(entry.summaries.items())
     out = [("T", layer, s.transition) for layer, s in summaries if s.transition is not None]
     out += [("S", layer, s.state) for layer, s in summaries]
