@@ -5,9 +5,7 @@ combine pass runs. Rows, measured round-robin per prompt so host and device nois
 
 - ``one device``: the engine alone (its one-forward cold request: prefill and combine fused);
 - ``scatter, lpt`` and ``scatter, round_robin``: the same engine with its cold workers, routing
-  the documents by each policy;
-- ``scatter, lpt, overlap``: LPT, with the combine pass issued before the workers have finished
-  (``ColdPool.overlap``; its own learned handicap).
+  the documents by each policy.
 
 Two prompt sets: ``uniform`` (every document the same length, where both policies agree) and
 ``skewed`` (a fixed mix of short and long documents, where LPT's balance shows). Each row's
@@ -86,9 +84,8 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
         raise ValueError("bench scatter: the engine has no cold workers (cold_workers=…)")
     pool = engine.pool
     batch = prompts(kind, docs, doc_tokens, engine.model.vocab_size, reps + 1, seed)
-    rows: dict[str, tuple[str, bool] | None] = {  # row → (policy, overlap); None: the engine alone
-        "one device": None, "scatter, lpt": ("lpt", False), "scatter, round_robin": ("round_robin", False),
-        "scatter, lpt, overlap": ("lpt", True)}
+    rows: dict[str, str | None] = {  # row → routing policy; None: the engine alone
+        "one device": None, "scatter, lpt": "lpt", "scatter, round_robin": "round_robin"}
     times: dict[str, list[float]] = {r: [] for r in rows}
     diff: dict[str, float] = {r: 0.0 for r in rows}
     lines: dict[str, str] = {}
@@ -97,9 +94,8 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
         for row, how in rows.items():
             engine.pool = None if how is None else pool
             if how is not None:
-                pool.policy, pool.overlap = how
+                pool.policy = how
             t, logits = _cold(engine, prompt)
-            pool.settle()  # an overlapped call's stamps: its timeline whole, its handicap learned
             ref = logits if ref is None else ref
             diff[row] = max(diff[row], (logits - ref).abs().max().item())
             if i:  # prompt 0 warms kernels and links up
@@ -108,7 +104,7 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
                 lines[row] = timeline(pool.timeline, t)
         print(f"scatter {kind} prompt {i}: " + ", ".join(f"{r} {1000 * v[-1]:.1f} ms" for r, v in times.items() if v),
               file=sys.stderr, flush=True)
-    engine.pool, pool.policy, pool.overlap = pool, "lpt", False
+    engine.pool, pool.policy = pool, "lpt"
     lengths = [len(d) for d in batch[0][:-1]]  # every cached segment: the head and the documents
     res: dict[str, object] = {"kind": kind, "workers": pool.workers, "tokens": sum(len(s) for s in batch[0]),
                               "doc_lengths": lengths, "timelines": lines}
@@ -126,7 +122,7 @@ def report(results: list[dict[str, object]], title: str) -> str:
              "|---|---|---|---|---|---|"]
     for res in results:
         one = res["one device"][0]  # type: ignore[index]
-        for row in ("one device", "scatter, lpt", "scatter, round_robin", "scatter, lpt, overlap"):
+        for row in ("one device", "scatter, lpt", "scatter, round_robin"):
             p50, lo, hi, d = res[row]  # type: ignore[misc]
             lines.append(f"| {res['kind']} | {row} | {1000 * p50:.1f} | {1000 * lo:.1f}–{1000 * hi:.1f} | "
                          f"{one / p50:.2f}× | {d:.2e} |")

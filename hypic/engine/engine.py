@@ -73,13 +73,10 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 class Engine(ColdPrefill):
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: int | None = None, cache_host_bytes: int | None = None,
-                 cold_workers: int | list[str] | None = None, route: str = "lpt",
-                 cold_overlap: bool = False) -> None:
+                 cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
         """``cold_workers``: extra devices whose worker processes prefill cold segments alongside
         this engine's device (``hypic.parallel``): a count (the next GPUs after the engine's, or
-        CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin);
-        ``cold_overlap`` issues the combine pass before the workers have finished (not yet
-        measured on a GPU: docs/benchmarks.md)."""
+        CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin)."""
         if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
         if route not in POLICIES:
@@ -105,8 +102,7 @@ class Engine(ColdPrefill):
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
         if devices:
-            self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route,
-                                 overlap=cold_overlap)
+            self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route)
 
     def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
         seam = self.seam if ASSEMBLY[mode].seam else 0

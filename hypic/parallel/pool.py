@@ -4,8 +4,8 @@ Rank 0 is the engine itself (its device, its model); ranks 1 … n−1 are worke
 (``hypic.parallel.worker``), one per extra device. ``prefill`` routes the distinct cold segments
 (``router.assign``), sends each worker its share, runs rank 0's share locally while the workers run
 theirs, then receives the workers' entries onto the engine's device (the receive is posted as soon
-as a worker has issued its work; ``overlap`` returns without waiting for the workers to finish, so
-the engine issues the combine pass while they compute). Every entry is then exactly
+as a worker has issued its work, so it is queued on the engine's device behind rank 0's own share
+and the host never waits on the bytes). Every entry is then exactly
 what a local standalone prefill would have produced (the same model, the same kernels, from
 position 0 and a zero state), so the combine pass that follows cannot tell where it was computed.
 
@@ -118,16 +118,13 @@ def _stop(conns: list[Connection], procs: list[subprocess.Popen], leave_group: b
 class ColdPool:
     def __init__(self, spec: ModelSpec, local: torch.device, devices: list[torch.device],
                  local_model: torch.nn.Module, policy: str = "lpt", threads: int | None = None,
-                 timeout_s: float = 600.0, overlap: bool = False) -> None:
+                 timeout_s: float = 600.0) -> None:
         if dist.is_initialized():
             raise ValueError("cold_workers: this process already has a torch.distributed group (one pool per process)")
         assign([], 1, policy)  # validates the policy name
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
         self.timeline: dict[str, object] = {}
         self.handicap = [0.0] * self.workers  # tokens each worker starts behind in LPT (rank 0: none)
-        self.overlap = overlap  # return before the workers have computed (see ``prefill``)
-        self.handicap_overlap = [0.0] * self.workers  # the same, learned for ``overlap`` (``_learn_overlap``)
-        self._owed: dict | None = None  # a call whose "computed" stamps are still to be read
         backend = "nccl" if local.type == "cuda" else "gloo"
         threads = threads or max(1, (os.cpu_count() or 1) // self.workers)
         self.closed = True  # until every worker has joined
@@ -182,7 +179,7 @@ class ColdPool:
 
     def route(self, segments: list[ColdSegment]) -> list[int]:
         """Each segment's rank under the pool's policy (LPT starts each worker at its handicap)."""
-        loads = (self.handicap_overlap if self.overlap else self.handicap) if self.policy == "lpt" else None
+        loads = self.handicap if self.policy == "lpt" else None
         return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
 
     def _learn(self, workers: dict[int, dict[str, float]]) -> None:
@@ -196,7 +193,7 @@ class ColdPool:
         Not charged: the host's time to issue the combine pass after the last arrival. Measured from
         the engine (session 12, H200 ×2) it read 195–235 ms, because issuing it waits on the device
         (it includes rank 0's remaining compute), and charging it moved ~9 000 tokens to rank 0 and
-        cost 60–90 ms per request; ``overlap`` issues the combine pass before the arrivals instead."""
+        cost 60–90 ms per request."""
         for rank, w in workers.items():
             compute = w["computed"] - w["started"]
             if compute <= 0 or w["tokens"] <= 0:
@@ -204,53 +201,24 @@ class ColdPool:
             late = max(0.0, w["answered"] - max(w["computed"], w["waited_from"]))
             self.handicap[rank] = 0.5 * self.handicap[rank] + 0.5 * late * w["tokens"] / compute
 
-    def _learn_overlap(self, timeline: dict) -> None:
-        """``overlap``'s handicap: rank 0's device receives a worker's entries only after its own
-        prefill (NCCL orders the receive after the work already queued), so a worker should finish
-        when rank 0 does — earlier wastes it, later delays the request. A signed correction: half
-        the gap between its finish and rank 0's, in tokens at its rate."""
-        local_end = timeline.get("local_end")
-        if local_end is None:
-            return
-        for rank, w in timeline["workers"].items():
-            compute = w.get("computed", 0.0) - w["started"]
-            if compute <= 0 or w["tokens"] <= 0:
-                continue
-            gap = (w["computed"] - local_end) * w["tokens"] / compute
-            self.handicap_overlap[rank] = max(0.0, self.handicap_overlap[rank] + 0.5 * gap)
-
-    def settle(self) -> None:
-        """Take the "computed" stamps the workers owe for the last call (at once without ``overlap``;
-        with it, at the next call) and learn that call's handicap; ``timeline`` is then whole."""
-        timeline, self._owed = self._owed, None
-        if timeline is None:
-            return
+    def _settle(self, timeline: dict) -> None:
+        """Take the "computed" stamp each worker of this call owes and learn the handicap from them."""
         for rank, w in timeline["workers"].items():
             w["waited_from"] = time.time()  # the engine's host is free for this worker from here
             msg = self._recv(rank, 600.0)
             w["computed"], w["answered"] = msg[1], time.time()
-        if not timeline["overlap"]:
-            self._learn(timeline["workers"])
-            return
-        start, events = timeline.get("local_start"), timeline.get("local_events")
-        if events is not None:
-            events[1].synchronize()  # long done by now (the request's logits were read); cheap then
-            timeline["local_end"] = start + events[0].elapsed_time(events[1]) / 1000
-        elif start is not None:
-            timeline["local_end"] = timeline["local_enqueued"]  # on the CPU it ran as it was issued
-        self._learn_overlap(timeline)
+        self._learn(timeline["workers"])
 
     def prefill(self, segments: list[ColdSegment], owner: list[int],
                 run_local: Callable[[list[ColdSegment]], list[Entry]]) -> list[Entry]:
         """Entries of ``segments`` (input order) on the engine's device; ``owner`` from ``route``.
 
-        Without ``overlap`` it returns once every worker has computed (the entries' bytes may still be
-        on their way: the device orders the receives before anything issued later). With it, it
-        returns as soon as every worker has issued its work, so the engine issues the combine pass
-        while both devices still compute."""
+        Returns once every worker has computed; the entries' bytes may still be on their way (the
+        device orders the receives before anything issued later). Returning before the workers had
+        computed, so the host issues the combine pass earlier, was tried and bought nothing: the
+        combine pass is device-bound behind both shares (docs/benchmarks.md, session 13)."""
         if self.closed:
             raise RuntimeError("the cold pool is closed")
-        self.settle()
         shares: list[list[int]] = [[] for _ in range(self.workers)]
         for i, r in enumerate(owner):
             shares[r].append(i)
@@ -263,20 +231,17 @@ class ColdPool:
                     raise WorkerLost(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
         out: list[Entry | None] = [None] * len(segments)
         errors: list[str] = []
-        timeline: dict = {"sent": sent, "workers": {}, "overlap": self.overlap,
-                          "handicap": [round(h) for h in (self.handicap_overlap if self.overlap else self.handicap)]}
+        timeline: dict = {"sent": sent, "workers": {}, "handicap": [round(h) for h in self.handicap]}
         events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.local.type == "cuda" else []
         try:
             if shares[0]:
-                timeline["local_start"] = time.time()
                 if events:
                     events[0].record()
                 for i, e in zip(shares[0], run_local([segments[i] for i in shares[0]]), strict=True):
                     out[i] = e
                 if events:
                     events[1].record()
-                    timeline["local_events"] = events  # its device time, readable once the device got there
-            timeline["local_enqueued"] = time.time()
+                    timeline["local_events"] = events  # rank 0's device time, for the bench's timelines
             timeline["local"] = {"documents": len(shares[0]), "tokens": sum(len(segments[i][0]) for i in shares[0])}
         finally:  # every worker's answer is taken, even after a failure: the links stay in step
             for rank in range(1, self.workers):
@@ -293,9 +258,8 @@ class ColdPool:
                     out[i] = e
                 timeline["workers"][rank] = {**stamps, "documents": len(headers), "bytes": buf.numel(),
                                              "tokens": sum(len(h.token_ids) for h in headers)}
-        self.timeline, self._owed = timeline, timeline
-        if not self.overlap:  # wait for every worker's "computed" now
-            self.settle()
+        self.timeline = timeline
+        self._settle(timeline)
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]

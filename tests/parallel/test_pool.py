@@ -142,26 +142,6 @@ def test_a_failing_worker_request_is_retried_on_the_engine(pair, monkeypatch):
         llm.close()
 
 
-def test_overlap_answers_as_one_device_does_and_learns_its_handicap(pair):
-    pooled, alone = pair
-    pooled.close()
-    llm = LLM(cold_workers=2, cold_overlap=True)
-    try:
-        pool = llm.engine.pool
-        for seed in (16, 17):  # the second call settles the first's stamps and learns from them
-            prompts = _prompts(2, seed=seed)
-            got = llm.generate(prompts, SamplingParams(max_tokens=6))
-            want = alone.generate(prompts, SamplingParams(max_tokens=6))
-            assert [o.token_ids for o in got] == [o.token_ids for o in want]
-        assert pool._owed is not None  # the last call's stamps are still owed …
-        pool.settle()
-        assert pool._owed is None and all("computed" in w for w in pool.timeline["workers"].values())
-        assert pool.handicap == [0.0, 0.0, 0.0]  # … and only the overlap handicap learns
-        assert pool.handicap_overlap[0] == 0.0 and llm.engine.store.check_integrity()
-    finally:
-        llm.close()
-
-
 def test_a_pool_nobody_closed_is_stopped_when_collected(pair):
     import gc
 

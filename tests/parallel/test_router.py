@@ -73,20 +73,3 @@ def test_the_pool_charges_a_worker_its_arrival_delay_in_tokens():
     ColdPool._learn(pool, {2: busy})
     assert pool.handicap[2] == pytest.approx(0.5 * 0.01 * 6_000 / 0.3)
 
-
-def test_overlap_handicap_is_a_signed_correction_toward_finishing_with_rank_0():
-    from types import SimpleNamespace
-
-    from hypic.parallel.pool import ColdPool
-
-    pool = SimpleNamespace(handicap_overlap=[0.0, 0.0])
-    late = {"started": 0.0, "computed": 0.6, "tokens": 12_000}  # 20 tokens/ms, done 100 ms after rank 0
-    ColdPool._learn_overlap(pool, {"local_end": 0.5, "workers": {1: late}})
-    assert pool.handicap_overlap == [0.0, pytest.approx(1_000)]  # half of the 2 000-token gap
-    early = {"started": 0.0, "computed": 0.45, "tokens": 9_000}  # done 50 ms before rank 0: hand work back
-    ColdPool._learn_overlap(pool, {"local_end": 0.5, "workers": {1: early}})
-    assert pool.handicap_overlap[1] == pytest.approx(1_000 - 0.5 * 0.05 * 20_000)
-    ColdPool._learn_overlap(pool, {"local_end": 0.5, "workers": {1: {**early, "computed": 0.1}}})
-    assert pool.handicap_overlap[1] == 0.0  # never below zero
-    ColdPool._learn_overlap(pool, {"workers": {1: late}})  # no rank-0 share: nothing to aim at
-    assert pool.handicap_overlap[1] == 0.0
