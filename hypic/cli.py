@@ -1,5 +1,5 @@
 """Command line: ``hypic demo`` (the main job), ``hypic serve`` (the OpenAI-compatible server),
-``hypic generate``, ``hypic bench ttft | scatter``, ``hypic eval quality | deviation``.
+``hypic generate``, ``hypic bench ttft | scatter | trace``, ``hypic eval quality | deviation``.
 
 ``hypic demo --self-check`` is the algebra's check without a model: for every linear-attention
 family it splits a random span in two, composes the halves' cached summaries and prints how far the
@@ -138,6 +138,42 @@ def bench_scatter(args: argparse.Namespace) -> int:
         engine.close()
     title = f"Cold TTFT, documents scattered over {1 + args.workers} devices: {title}, seam {args.seam}"
     _publish(report(results, title), f"{1 + args.workers} × {machine}", args)
+    return 0
+
+
+def _pair(text: str, name: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--{name}: expected lo,hi (two integers), got {text!r}") from None
+    return lo, hi
+
+
+def bench_trace(args: argparse.Namespace) -> int:
+    from hypic.bench.trace import TraceLoad, report, run
+    from hypic.engine.engine import Engine
+    from hypic.engine.modes import check_mode
+    from hypic.llm import bundled_model_path
+
+    try:
+        modes = [check_mode(m) for m in args.modes.split(",")]
+        rates = [float(r) for r in args.rates.split(",")]
+        load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
+                         num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),
+                         max_tokens=args.max_tokens, slo_s=args.slo_ms / 1000, max_running=args.max_running,
+                         seed=args.seed)
+    except ValueError as e:
+        raise SystemExit(f"bench trace: {e}") from None
+    loaded, title, machine = _bench_model(args)
+    own = loaded.tokenizer  # type: ignore[attr-defined]  # None for random weights
+    if own is None:  # … then the bundled tokenizer gives the documents their lengths
+        from tokenizers import Tokenizer
+        tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    else:
+        tokenizer = own
+    engine = Engine(loaded, seam=args.seam)
+    probes = run(engine, load, modes, rates, tokenizer, answers_from=own)
+    _publish(report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}"), machine, args)
     return 0
 
 
@@ -349,10 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     shared.add_argument("--device")
     shared.add_argument("--dtype", choices=["bfloat16", "float32"])
     shared.add_argument("--seam", type=int, default=8)
-    shared.add_argument("--docs", type=int, default=32)
-    shared.add_argument("--doc-tokens", type=int, default=1024)
     shared.add_argument("--out", help="append the table to this markdown file")
-    p_ttft = bench_sub.add_parser("ttft", parents=[shared], help="TTFT across the mode ladder on RAG prompts")
+    rag = argparse.ArgumentParser(add_help=False)  # the fixed-shape RAG prompts of ttft and scatter
+    rag.add_argument("--docs", type=int, default=32)
+    rag.add_argument("--doc-tokens", type=int, default=1024)
+    p_ttft = bench_sub.add_parser("ttft", parents=[shared, rag], help="TTFT across the mode ladder on RAG prompts")
     p_ttft.add_argument("--sync-report", help="CUDA: write where warm/full/prefix requests sync the host, to FILE")
     p_ttft.add_argument("--head-tokens", type=int, default=512)
     p_ttft.add_argument("--query-tokens", type=int, default=64)
@@ -360,11 +397,27 @@ def main(argv: list[str] | None = None) -> int:
     p_ttft.add_argument("--ab", action="store_true",
                         help="CUDA: add warm rows with the recurrent short-run path and hypic's conv undone")
     p_ttft.set_defaults(func=bench_ttft)
-    p_sc = bench_sub.add_parser("scatter", parents=[shared], help="cold TTFT with documents prefilled across devices")
+    p_sc = bench_sub.add_parser("scatter", parents=[shared, rag],
+                                help="cold TTFT with documents prefilled across devices")
     p_sc.add_argument("--workers", type=int, default=1, help="cold workers besides the engine's device")
     p_sc.add_argument("--kinds", default="uniform,skewed", help="prompt sets: uniform, skewed")
     p_sc.add_argument("--reps", type=int, default=5)
     p_sc.set_defaults(func=bench_scatter)
+    p_tr = bench_sub.add_parser("trace", parents=[shared],
+                                help="a RAG trace served in real time: TTFT under load, sustainable rate per mode")
+    p_tr.add_argument("--modes", default="full,prefix,hypic", help="comma list of modes")
+    p_tr.add_argument("--rates", default="1,2,4,8", help="comma list of arrival rates (QPS), the sweep's grid")
+    p_tr.add_argument("--slo-ms", type=float, default=1000.0, help="the SLO on a rate's p90 TTFT")
+    p_tr.add_argument("--requests", type=int, default=64, help="requests per rate")
+    p_tr.add_argument("--warm", type=int, default=64, help="unmeasured warm-up requests per mode")
+    p_tr.add_argument("--pool", type=int, default=256, help="documents in the trace's pool")
+    p_tr.add_argument("--zipf", type=float, default=1.0, help="the pool's popularity exponent")
+    p_tr.add_argument("--num-docs", default="4,32", help="documents per request: lo,hi")
+    p_tr.add_argument("--doc-tokens", default="64,512", help="document length: lo,hi")
+    p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
+    p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
+    p_tr.add_argument("--seed", type=int, default=0)
+    p_tr.set_defaults(func=bench_trace)
     p_eval = sub.add_parser("eval", help="evaluations")
     eval_sub = p_eval.add_subparsers(dest="eval", required=True)
     p_q = eval_sub.add_parser("quality", help="task quality across the mode ladder")

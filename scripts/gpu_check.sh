@@ -7,6 +7,8 @@
 #   GPU_OPS=1 (default)  kernels and composition (scripts/gpu_check.py; extra args pass through)
 #   GPU_MODELS=1         whole models: 9B / 35B-A3B shapes vs transformers (GPU_MODELS_ARGS)
 #   GPU_TTFT=1           TTFT across the ladder on the 9B shape (hypic bench ttft; GPU_TTFT_ARGS)
+#   GPU_TRACE=1          a RAG trace served in real time on the 9B shape: TTFT under load and the
+#                        sustainable rate per mode (hypic bench trace; GPU_TRACE_ARGS)
 #   GPU_QUALITY=1        the full quality run of the bundled model (or GPU_QUALITY_MODEL) into
 #                        $OUT/quality.{md,png,json}, rewritten after every label (GPU_QUALITY_ARGS)
 #   GPU_SCATTER=1        cold TTFT with documents scattered over every GPU of the machine
@@ -38,6 +40,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 -m hypic.cli bench scatter --shape qwen3.5-9b --device cuda:0 \
   --workers $(( $(python3 -c 'import torch; print(torch.cuda.device_count())') - 1 )) \
   --out "$OUT/scatter.md" ${GPU_SCATTER_ARGS:-}
+[ "${GPU_TRACE:-0}" = 1 ] && section trace "${GPU_TRACE_SECONDS:-540}" \
+  python3 -m hypic.cli bench trace --shape qwen3.5-9b --device cuda --out "$OUT/trace.md" ${GPU_TRACE_ARGS:-}
 [ "${GPU_QUALITY:-0}" = 1 ] && section quality "${GPU_QUALITY_SECONDS:-300}" \
   python3 -m hypic.cli eval quality ${GPU_QUALITY_MODEL:+--model "$GPU_QUALITY_MODEL"} --device cuda --batch 64 \
   --out "$OUT/quality.md" ${GPU_QUALITY_ARGS:-}
@@ -50,8 +54,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
-for f in ops models ttft scatter; do
-  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
+for f in ops models ttft scatter trace; do
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
 done
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5

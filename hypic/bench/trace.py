@@ -1,0 +1,228 @@
+"""Serving a RAG trace: TTFT under load, and the highest arrival rate each mode sustains within a
+TTFT SLO (``hypic bench trace``).
+
+The published system's serving claim is of this kind: on a production RAG trace, under a 1-second
+TTFT SLO, 1.66× the sustainable QPS of a prefix cache. The trace here is ``hypic.eval.trace``: a
+document pool with Zipf popularity, Poisson arrivals, a varied number of documents per request in
+retrieval order. Requests go through the serving loop (``engine.scheduler.Scheduler``, what
+``hypic serve`` runs: waiting requests prefilled together, decode batched across requests) in real
+time. Each is submitted at its arrival, and its TTFT runs from the arrival to its first token, so
+time spent queueing behind other requests counts, as it does for a client.
+
+Per mode the caches start empty; a warm-up block of requests runs back to back, unmeasured (the
+state of a server that has been up a while; kernels compiled). Then one block of new requests
+per rate of the grid, ascending: the cache keeps the history a server would have, and every mode
+meets the same requests at the same rate. A rate is sustained when its block's p90 TTFT is within
+the SLO and no request failed; the first rate that is not ends the mode's sweep (past capacity the
+queue only grows). The sustainable rate is the highest grid rate sustained, so the grid's step is
+the resolution of every ratio quoted from it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from hypic.bench.ttft import empty_store
+from hypic.engine.engine import Engine
+from hypic.engine.prefix import PrefixCache
+from hypic.engine.request import RequestOutput, SamplingParams
+from hypic.engine.scheduler import QueueFull, Scheduler
+from hypic.eval.metrics import score
+from hypic.eval.trace import Trace, generate_trace
+
+QUANTILE = 0.9  # the SLO is on this quantile of a block's TTFT
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    requests: int = 64  # per rate of the grid
+    warm: int = 64  # the unmeasured warm-up block
+    pool: int = 256  # documents in the trace's pool
+    zipf: float = 1.0
+    num_docs: tuple[int, int] = (4, 32)
+    doc_tokens: tuple[int, int] = (64, 512)
+    max_tokens: int = 16  # decoded per request: decode steps share the device with new prefills
+    slo_s: float = 1.0
+    max_running: int = 32  # the serving loop's concurrent requests
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.requests < 1 or self.warm < 0 or self.max_tokens < 1 or self.max_running < 1:
+            raise ValueError("bench trace: need requests >= 1, warm >= 0, max_tokens >= 1 and max_running >= 1")
+        if not self.slo_s > 0:
+            raise ValueError(f"bench trace: the SLO must be positive, got {self.slo_s} s")
+
+
+@dataclass
+class Probe:
+    """One block of requests replayed at one rate under one mode."""
+    mode: str
+    rate: float
+    ttft: list[float] = field(default_factory=list)  # s, arrival → first token, per answered request
+    engine_ttft: list[float] = field(default_factory=list)  # s, the prefill alone (the engine's own clock)
+    errors: list[str] = field(default_factory=list)
+    hits: int = 0
+    misses: int = 0
+    prompt_tokens: int = 0
+    em: float | None = None  # exact match of the answers, when the model has a tokenizer of its own
+
+    def quantile(self, q: float) -> float:
+        if not self.ttft:
+            return float("inf")
+        ordered = sorted(self.ttft)
+        return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+
+    def sustained(self, slo_s: float) -> bool:
+        return not self.errors and self.quantile(QUANTILE) <= slo_s
+
+
+def encode_trace(trace: Trace, tokenizer, vocab: int) -> list[list[list[int]]]:
+    """Every request as the engine sees it: per segment token ids (the query last). Ids beyond a
+    random-weight model's vocabulary wrap around: such a model only needs the lengths to be right."""
+    def ids(text: str) -> list[int]:
+        return [t % vocab for t in tokenizer.encode(text, add_special_tokens=False).ids]
+
+    head, docs = ids(trace.head), [ids(d) for d in trace.documents]
+    return [[head, *(docs[i] for i in r.doc_ids), ids(r.query)] for r in trace.requests]
+
+
+def replay(scheduler: Scheduler, prompts: list[list[list[int]]], arrivals: list[float], mode: str,
+           max_tokens: int) -> list[tuple[float, RequestOutput] | str]:
+    """Submit each prompt at its arrival (s from now) from a thread of its own; per request, its
+    TTFT (arrival → first token) and output, or the error that ended it."""
+    out: list[tuple[float, RequestOutput] | str] = ["never answered"] * len(prompts)
+    t0 = time.perf_counter() + 0.02  # every thread is started before the first arrival
+
+    def one(i: int) -> None:
+        due = t0 + arrivals[i]
+        time.sleep(max(0.0, due - time.perf_counter()))
+        try:
+            sub = scheduler.submit(prompts[i], SamplingParams(max_tokens=max_tokens), mode=mode)
+        except QueueFull as e:
+            out[i] = f"queue full: {e}"
+            return
+        first = None
+        for ev in sub.stream(timeout=600):
+            if ev.kind == "token" and first is None:
+                first = time.perf_counter() - due
+            elif ev.kind == "done":
+                out[i] = (first if first is not None else time.perf_counter() - due, ev.output)
+            elif ev.kind == "error":
+                out[i] = f"{type(ev.error).__name__}: {ev.error}"
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def reset_caches(engine: Engine) -> None:
+    empty_store(engine)
+    engine.prefix = PrefixCache(engine.prefix.max_states)
+
+
+def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], tokenizer,
+        answers_from: object | None = None) -> list[Probe]:
+    """Every mode's sweep over ``rates`` (ascending). ``answers_from``: the tokenizer that decodes the
+    model's answers for exact match (None for random weights, whose answers mean nothing)."""
+    rates = sorted(rates)
+    if not rates or rates[0] <= 0:
+        raise ValueError(f"bench trace: rates must be positive, got {rates}")
+    n = load.requests
+    trace = generate_trace(load.seed, num_requests=load.warm + n * len(rates), pool_size=load.pool, rate_qps=1.0,
+                           zipf_s=load.zipf, num_docs=load.num_docs, doc_tokens=load.doc_tokens)
+    prompts = encode_trace(trace, tokenizer, engine.model.vocab_size)
+    probes: list[Probe] = []
+    for mode in modes:
+        reset_caches(engine)
+        for i in range(0, load.warm, 8):  # back to back, eight at a time: only the caches' state matters
+            batch = prompts[i:min(i + 8, load.warm)]
+            engine.generate(batch, [SamplingParams(max_tokens=1)] * len(batch), mode=mode)
+        scheduler = Scheduler(engine, max_running=load.max_running, max_queue=n + 1)
+        try:
+            for k, rate in enumerate(rates):
+                block = range(load.warm + k * n, load.warm + (k + 1) * n)
+                first = trace.requests[block[0]].arrival_s  # the trace runs at 1 QPS: scale it to `rate`
+                arrivals = [(trace.requests[i].arrival_s - first) / rate for i in block]
+                probe = Probe(mode, rate)
+                results = replay(scheduler, [prompts[i] for i in block], arrivals, mode, load.max_tokens)
+                ems = []
+                for i, res in zip(block, results, strict=True):
+                    if isinstance(res, str):
+                        probe.errors.append(res)
+                        continue
+                    ttft, output = res
+                    m = output.metrics
+                    probe.ttft.append(ttft)
+                    probe.engine_ttft.append(m.ttft_s)
+                    probe.hits, probe.misses = probe.hits + m.segment_hits, probe.misses + m.segment_misses
+                    probe.prompt_tokens += m.prompt_tokens
+                    if answers_from is not None:
+                        text = answers_from.decode(output.token_ids, skip_special_tokens=True).strip()
+                        ems.append(score("em_f1", text, trace.requests[i].answer)["em"])
+                probe.em = 100 * sum(ems) / len(ems) if ems else None
+                probes.append(probe)
+                print(f"trace {mode} {rate:g} QPS: p50 {1e3 * probe.quantile(0.5):.0f} ms, "
+                      f"p90 {1e3 * probe.quantile(QUANTILE):.0f} ms, {len(probe.errors)} errors",
+                      file=sys.stderr, flush=True)
+                if not probe.sustained(load.slo_s):
+                    break
+        finally:
+            scheduler.shutdown()
+    return probes
+
+
+def sustainable(probes: list[Probe], mode: str, slo_s: float) -> tuple[float | None, bool]:
+    """(the highest rate ``mode`` sustained — None if it sustained none —, whether its sweep ended
+    on the grid's last rate sustained: then the rate is only a lower bound)."""
+    mine = [p for p in probes if p.mode == mode]
+    ok = [p.rate for p in mine if p.sustained(slo_s)]
+    return (max(ok) if ok else None), bool(mine) and mine[-1].sustained(slo_s)
+
+
+def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str) -> str:
+    slo_ms = 1e3 * load.slo_s
+    lines = [f"### {title}", "",
+             f"{load.requests} requests per rate after {load.warm} warm-up requests; pool of {load.pool} documents "
+             f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
+             f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
+             f"at most {load.max_running} requests running; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.", "",
+             "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
+             "prompt tokens / request | EM | within SLO |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    modes = list(dict.fromkeys(p.mode for p in probes))
+    for p in probes:
+        seg, verdict = p.hits + p.misses, "yes" if p.sustained(load.slo_s) else "no"
+        if p.errors:
+            verdict += f" ({len(p.errors)} errors)"
+        answered = max(1, len(p.ttft))
+        prefill = sorted(p.engine_ttft)[len(p.engine_ttft) // 2] if p.engine_ttft else float("nan")
+        lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
+                     f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
+                     f"{100 * p.hits / seg if seg else 0:.0f}% | {p.prompt_tokens / answered:.0f} | "
+                     f"{'–' if p.em is None else f'{p.em:.1f}'} | "
+                     f"{verdict} |")
+    lines += ["", "| mode | sustainable rate (QPS) | vs prefix | vs full |", "|---|---|---|---|"]
+    best = {m: sustainable(probes, m, load.slo_s) for m in modes}
+    for m in modes:
+        rate, open_ended = best[m]
+        cells = ["–" if base == m or base not in best else _ratio(best[m], best[base]) for base in ("prefix", "full")]
+        shown = f"< {rates[0]:g}" if rate is None else f"{'≥ ' if open_ended else ''}{rate:g}"
+        lines.append(f"| {m} | {shown} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def _ratio(mine: tuple[float | None, bool], base: tuple[float | None, bool]) -> str:
+    """One sustainable rate over another; a rate the grid did not bound above is a lower bound, so
+    the ratio is one too (or an upper bound when it is the base's)."""
+    (rate, open_mine), (ref, open_ref) = mine, base
+    if rate is None or ref is None:
+        return "–"
+    if open_mine and open_ref:
+        return "? (neither bounded)"
+    return f"{'≥ ' if open_mine else '≤ ' if open_ref else ''}{rate / ref:.2f}×"

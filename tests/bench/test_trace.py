@@ -1,0 +1,87 @@
+"""`hypic bench trace` on the CPU: real-time replay through the serving loop, the sweep's stopping
+rule, the sustainable-rate arithmetic, and the command line's errors."""
+
+import pytest
+import torch
+
+from hypic import LLM
+from hypic.bench.shapes import SHAPES
+from hypic.bench.trace import Probe, TraceLoad, _ratio, report, run, sustainable
+from hypic.cli import main
+from hypic.engine.engine import Engine
+from hypic.models.random_init import random_model
+
+SMALL = dict(requests=5, warm=4, pool=12, num_docs=(2, 3), doc_tokens=(20, 40), max_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def bundled() -> LLM:
+    return LLM(device="cpu")
+
+
+def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
+    load = TraceLoad(**SMALL, slo_s=100.0)
+    probes = run(bundled.engine, load, ["prefix", "hypic"], [1000.0, 500.0], bundled.tokenizer,
+                 answers_from=bundled.tokenizer)
+    assert [(p.mode, p.rate) for p in probes] == [("prefix", 500.0), ("prefix", 1000.0),
+                                                  ("hypic", 500.0), ("hypic", 1000.0)]  # ascending, per mode
+    for p in probes:
+        assert not p.errors and len(p.ttft) == load.requests
+        # a client's TTFT holds the engine's prefill and whatever the request waited before it
+        assert all(c >= e > 0 for c, e in zip(p.ttft, p.engine_ttft, strict=True))
+        assert p.em is not None and 0 <= p.em <= 100
+    by = {(p.mode, p.rate): p for p in probes}
+    for rate in (500.0, 1000.0):  # every mode meets the same requests at a rate
+        assert by["prefix", rate].prompt_tokens == by["hypic", rate].prompt_tokens
+    assert by["hypic", 500.0].hits > 0  # the warm-up filled the cache with the popular documents
+    assert bundled.engine.store.check_integrity()
+    table = report(probes, load, [500.0, 1000.0], "t")
+    assert "| hypic | ≥ 1000 | ? (neither bounded) | – |" in table
+
+
+def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    from tokenizers import Tokenizer
+
+    from hypic.llm import bundled_model_path
+    tok = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    load = TraceLoad(**SMALL, slo_s=1e-6)
+    probes = run(engine, load, ["full", "hypic"], [1.0, 2.0], tok)  # ids wrap into the tiny vocabulary
+    assert [(p.mode, p.rate) for p in probes] == [("full", 1.0), ("hypic", 1.0)]
+    assert all(p.em is None and not p.sustained(load.slo_s) for p in probes)
+    assert "| hypic | < 1 | – | – |" in report(probes, load, [1.0, 2.0], "t")
+
+
+def _probe(mode: str, rate: float, p90_s: float, errors: int = 0) -> Probe:
+    return Probe(mode, rate, ttft=[p90_s] * 10, errors=["x"] * errors)
+
+
+def test_sustainable_rates_and_their_ratios() -> None:
+    probes = [_probe("prefix", 1, 0.2), _probe("prefix", 2, 0.9), _probe("prefix", 4, 3.0),
+              _probe("hypic", 1, 0.1), _probe("hypic", 2, 0.1), _probe("hypic", 4, 0.3), _probe("hypic", 8, 0.5),
+              _probe("full", 1, 0.5), _probe("full", 2, 0.5, errors=1)]
+    assert sustainable(probes, "prefix", 1.0) == (2, False)
+    assert sustainable(probes, "hypic", 1.0) == (8, True)  # never failed: a lower bound
+    assert sustainable(probes, "full", 1.0) == (1, False)  # a failed request fails the rate
+    assert sustainable(probes, "none", 1.0) == (None, False)
+    assert _ratio((8, True), (2, False)) == "≥ 4.00×"
+    assert _ratio((2, False), (8, True)) == "≤ 0.25×"
+    assert _ratio((2, False), (1, False)) == "2.00×"
+    assert _ratio((None, False), (1, False)) == "–"
+    q = Probe("m", 1, ttft=[float(i) for i in range(1, 11)])
+    assert (q.quantile(0.5), q.quantile(0.9), q.quantile(0.99)) == (5.0, 9.0, 10.0)
+    assert Probe("m", 1).quantile(0.9) == float("inf")
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="SLO"):
+        TraceLoad(slo_s=0)
+    with pytest.raises(ValueError, match="requests"):
+        TraceLoad(requests=0)
+    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    with pytest.raises(ValueError, match="rates"):
+        run(engine, TraceLoad(**SMALL), ["hypic"], [0.0], None)
+    for argv, message in ((["--rates", "fast"], "could not convert"), (["--num-docs", "4"], "--num-docs"),
+                          (["--modes", "hypic,best"], "mode"), (["--slo-ms", "-1"], "SLO")):
+        with pytest.raises(SystemExit, match=message):
+            main(["bench", "trace", "--shape", "tiny", "--device", "cpu", *argv])
