@@ -20,6 +20,7 @@ the resolution of every ratio quoted from it.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import time
@@ -140,9 +141,15 @@ def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], t
     probes: list[Probe] = []
     for mode in modes:
         reset_caches(engine)
-        for i in range(0, load.warm, 8):  # back to back, eight at a time: only the caches' state matters
-            batch = prompts[i:min(i + 8, load.warm)]
-            engine.generate(batch, [SamplingParams(max_tokens=1)] * len(batch), mode=mode)
+        # Back to back, in calls of 1, 2, 4, then 8 prompts with one decode step each: a single
+        # prompt, a packed batch and a decode step each specialise kernels of their own on the GPU
+        # (a first single-prompt `full` call took 2.8 s after warm-up by batches alone), and none of
+        # that may land in a measured block.
+        sizes, i = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
+        while i < load.warm:
+            batch = prompts[i:min(i + next(sizes), load.warm)]
+            i += len(batch)
+            engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=mode)
         scheduler = Scheduler(engine, max_running=load.max_running, max_queue=n + 1)
         try:
             for k, rate in enumerate(rates):
