@@ -171,9 +171,11 @@ def bench_trace(args: argparse.Namespace) -> int:
         tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
     else:
         tokenizer = own
-    engine = Engine(loaded, seam=args.seam)
+    budget = None if args.cache_gib is None else int(args.cache_gib * 2**30)
+    engine = Engine(loaded, seam=args.seam, cache_device_bytes=budget)
     probes = run(engine, load, modes, rates, tokenizer, answers_from=own)
-    _publish(report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}"), machine, args)
+    _publish(report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}", budget),
+             machine, args)
     return 0
 
 
@@ -416,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tr.add_argument("--doc-tokens", default="64,512", help="document length: lo,hi")
     p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
     p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
+    p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: unbounded)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.set_defaults(func=bench_trace)
     p_eval = sub.add_parser("eval", help="evaluations")

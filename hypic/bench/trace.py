@@ -192,13 +192,16 @@ def sustainable(probes: list[Probe], mode: str, slo_s: float) -> tuple[float | N
     return (max(ok) if ok else None), bool(mine) and mine[-1].sustained(slo_s)
 
 
-def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str) -> str:
+def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
+           cache_bytes: int | None = None) -> str:
     slo_ms = 1e3 * load.slo_s
+    budget = "" if cache_bytes is None else f" Segment store: {cache_bytes / 2**30:.3g} GiB on the device."
+
     lines = [f"### {title}", "",
              f"{load.requests} requests per rate after {load.warm} warm-up requests; pool of {load.pool} documents "
              f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
-             f"at most {load.max_running} requests running; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.", "",
+             f"at most {load.max_running} requests running; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
              "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
              "prompt tokens / request | EM | within SLO |",
              "|---|---|---|---|---|---|---|---|---|---|"]
