@@ -174,8 +174,10 @@ def bench_trace(args: argparse.Namespace) -> int:
     budget = None if args.cache_gib is None else int(args.cache_gib * 2**30)
     engine = Engine(loaded, seam=args.seam, cache_device_bytes=budget)
     probes = run(engine, load, modes, rates, tokenizer, answers_from=own)
-    _publish(report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}", budget),
-             machine, args)
+    table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}", budget)
+    if engine.device.type == "cuda":  # what the store's budget left for the model and the requests
+        table += f"\n\nPeak device memory: {torch.cuda.max_memory_allocated(engine.device) / 2**30:.1f} GiB."
+    _publish(table, machine, args)
     return 0
 
 

@@ -177,6 +177,8 @@ def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], t
                 print(f"trace {mode} {rate:g} QPS: p50 {1e3 * probe.quantile(0.5):.0f} ms, "
                       f"p90 {1e3 * probe.quantile(QUANTILE):.0f} ms, {len(probe.errors)} errors",
                       file=sys.stderr, flush=True)
+                for e in sorted(set(probe.errors)):  # each distinct failure once: a bench must say why
+                    print(f"trace {mode} {rate:g} QPS: {probe.errors.count(e)} × {e}", file=sys.stderr, flush=True)
                 if not probe.sustained(load.slo_s):
                     break
         finally:

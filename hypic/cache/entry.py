@@ -42,11 +42,24 @@ class Entry:
     def body_length(self) -> int:
         return self.length - self.seam
 
+    def _tensors(self) -> list[Tensor]:
+        tensors = [*self.conv_tails.values(), *self.keys.values(), *self.values.values()]
+        return tensors + [t for s in self.summaries.values() for t in s if t is not None]
+
     @property
     def nbytes(self) -> int:
-        tensors = [*self.conv_tails.values(), *self.keys.values(), *self.values.values()]
-        tensors += [t for s in self.summaries.values() for t in s]
-        return sum(_nbytes(t) for t in tensors)
+        return sum(_nbytes(t) for t in self._tensors())
+
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes of the distinct storages behind the entry's tensors: what dropping it frees. Equal to
+        ``nbytes`` when the entry owns its memory; more when a tensor is a view into a larger buffer
+        (a batch's states), which would stay alive, unaccounted, as long as the entry does."""
+        storages = {}
+        for t in self._tensors():
+            st = t.untyped_storage()
+            storages[st.data_ptr(), t.device] = st.nbytes()
+        return sum(storages.values())
 
     def to(self, device: torch.device | str, tier: str) -> Entry:
         """A copy of the entry on another device (demotion to host memory, promotion back)."""

@@ -136,12 +136,15 @@ class SegmentStore:
 
     def check_integrity(self) -> bool:
         """Accounted bytes equal the sum of entries per tier, no key is in two tiers, budgets hold
-        (a tier may exceed its budget only by pinned entries)."""
+        (a tier may exceed its budget only by pinned entries), and every entry owns exactly the
+        memory it is accounted for (no view into a larger buffer that evicting it would not free)."""
         with self._lock:
             seen: set[SegmentKey] = set()
             for tier in TIERS:
                 entries = self._tiers[tier]
                 if sum(e.nbytes for e in entries.values()) != self._bytes[tier]:
+                    return False
+                if any(e.storage_bytes != e.nbytes for e in entries.values()):
                     return False
                 if seen & entries.keys() or any(e.tier != tier or e.key != k for k, e in entries.items()):
                     return False

@@ -40,7 +40,7 @@ class ColdContext(ForwardContext):
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
         for entry, tail in zip(self.entries, tails, strict=True):
-            entry.conv_tails[layer] = tail
+            entry.conv_tails[layer] = tail.clone()  # each entry owns its memory (SegmentStore.check_integrity)
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         seams = run(self.seam_cu, None, False, self.seam_rows).final_state  # [n, HV, K, V]: seams only
@@ -48,8 +48,11 @@ class ColdContext(ForwardContext):
         initial[1::2] = seams
         out = run(self.linear_cu, initial, True)
         T, S = out.summary
+        # Copies, not views: a view would keep the whole batch's T and S alive (twice the entries'
+        # bytes, the seams' rows included) for as long as any one entry stays on the device — on the
+        # H200 that put 50 GiB outside a 60 GiB store budget and ran the device out of memory.
         for i, entry in enumerate(self.entries):
-            entry.summaries[layer] = Summary(None if T is None else T[2 * i + 1], S[2 * i + 1])
+            entry.summaries[layer] = Summary(None if T is None else T[2 * i + 1].clone(), S[2 * i + 1].clone())
         return out.o
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:

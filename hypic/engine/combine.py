@@ -172,7 +172,8 @@ class CombineContext(ForwardContext):
         for state, r in zip(self.decode_states, self.last_run, strict=True):
             state.linear[layer] = out.final_state[r]
         for x in self.extracts:
-            s = Summary(None if runs.transition is None else runs.transition[x.run], runs.state[x.run])
+            s = Summary(None if runs.transition is None else runs.transition[x.run].clone(),
+                        runs.state[x.run].clone())  # owned, not views of every run's summary
             if rope is not None:  # entries are canonical: as if the segment started at position 0
                 s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
             x.entry.summaries[layer] = s

@@ -57,3 +57,19 @@ def test_pinned_entries_stay_and_collisions_miss() -> None:
 def test_budgets_are_validated() -> None:
     with pytest.raises(ValueError, match="cache_host_bytes"):
         SegmentStore(torch.device("cpu"), host_bytes=-1)
+
+
+def test_an_entry_must_own_the_memory_it_is_accounted_for() -> None:
+    """A view into a batch's states keeps the whole batch alive past eviction: integrity fails."""
+    batch = torch.zeros(4, 96)  # four segments' states in one buffer, as a batched prefill makes them
+    key = segment_key([9], model_fingerprint="m", seam=2, dtype="float32")
+    viewed = Entry(key, (9,), 2, summaries={0: Summary(None, batch[1])})
+    assert viewed.nbytes == 96 * 4 and viewed.storage_bytes == 4 * 96 * 4
+    store = SegmentStore(torch.device("cpu"))
+    store.insert(viewed)
+    assert not store.check_integrity()
+    owned = Entry(key, (9,), 2, summaries={0: Summary(None, batch[1].clone())})
+    assert owned.storage_bytes == owned.nbytes
+    fresh = SegmentStore(torch.device("cpu"))
+    fresh.insert(owned)
+    assert fresh.check_integrity()
