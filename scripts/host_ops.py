@@ -1,9 +1,11 @@
-"""Where a warm hypic request spends host work: aten ops per hypic source line (hypic.bench.host_ops).
+"""Where a warm hypic request, or one decode step, spends host work: aten ops per hypic source line
+(hypic.bench.host_ops).
 
 The model has the Qwen3.5-9B layer pattern (32 layers, every 4th full attention) at tiny width; the
 prompt is the TTFT benchmark's (head, N documents, query) with every document cached, in a new order.
+``--decode N`` counts one decode step of N running requests instead.
 
-    python scripts/host_ops.py [--docs 32] [--top 25]
+    python scripts/host_ops.py [--docs 32] [--top 25] [--decode N]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=32)
     ap.add_argument("--doc-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--decode", type=int, default=0, help="count one decode step of this many requests")
     args = ap.parse_args()
     layers = 32
     loaded = random_model(dict(SHAPES["tiny"], num_hidden_layers=layers), device="cpu", dtype=torch.float32)
@@ -32,10 +35,18 @@ def main() -> None:
     prompts = rag_prompts(RagShape(args.docs, args.doc_tokens, 64, 16), loaded.model.vocab_size, 2)
     one = [SamplingParams(max_tokens=1)]
     engine.generate([prompts[0]], one, mode="hypic")  # every document cached
-    with torch.no_grad():
-        counter = count_ops(lambda: engine.generate([prompts[1]], one, mode="hypic"))
+    if args.decode:
+        runs = engine.start([prompts[1]] * args.decode, [SamplingParams(max_tokens=8)] * args.decode, mode="hypic")
+        engine.step(runs)  # the first step grows nothing new: count a later one
+        with torch.no_grad():
+            counter = count_ops(lambda: engine.step(runs))
+        what = f"decode step, {args.decode} running"
+    else:
+        with torch.no_grad():
+            counter = count_ops(lambda: engine.generate([prompts[1]], one, mode="hypic"))
+        what = f"warm request, {args.docs} cached documents"
     total, gpu = sum(counter.sites.values()), counter.gpu_relevant()
-    print(f"warm request, {args.docs} cached documents: {total} aten ops, {sum(gpu.values())} outside CPU-only "
+    print(f"{what}: {total} aten ops, {sum(gpu.values())} outside CPU-only "
           f"kernels ({sum(gpu.values()) / layers:.0f} per layer)")
     print("\nby source line (CPU-only kernels left out):")
     for site, n in gpu.most_common(args.top):

@@ -34,21 +34,28 @@ def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
     for rate in (500.0, 1000.0):  # every mode meets the same requests at a rate
         assert by["prefix", rate].prompt_tokens == by["hypic", rate].prompt_tokens
     assert by["hypic", 500.0].hits > 0  # the warm-up filled the cache with the popular documents
+    assert all(p.moves == (0, 0, 0) for p in probes)  # an unbounded store never moves an entry
     assert bundled.engine.store.check_integrity()
     table = report(probes, load, [500.0, 1000.0], "t")
     assert "| hypic | ≥ 1000 | ? (neither bounded) | – |" in table
 
 
 def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
-    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
     from tokenizers import Tokenizer
 
     from hypic.llm import bundled_model_path
     tok = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    probe_engine = Engine(loaded, seam=4)
+    probe_engine.prewarm([list(range(30))])
+    entry_bytes = probe_engine.store.stats().bytes["device"]  # one 30-token document's entry
+    engine = Engine(loaded, seam=4, cache_device_bytes=3 * entry_bytes)  # room for about three
     load = TraceLoad(**SMALL, slo_s=1e-6)
     probes = run(engine, load, ["full", "hypic"], [1.0, 2.0], tok)  # ids wrap into the tiny vocabulary
     assert [(p.mode, p.rate) for p in probes] == [("full", 1.0), ("hypic", 1.0)]
     assert all(p.em is None and not p.sustained(load.slo_s) for p in probes)
+    assert probes[0].moves == (0, 0, 0) and probes[1].moves[1] > 0  # hypic's documents overflow to the host
+    assert engine.store.check_integrity()
     assert "| hypic | < 1 | – | – |" in report(probes, load, [1.0, 2.0], "t")
 
 
