@@ -69,6 +69,7 @@ class Probe:
     misses: int = 0
     prompt_tokens: int = 0
     moves: tuple[int, int, int] = (0, 0, 0)  # the store's promotions, demotions, evictions during the block
+    move_s: float = 0.0  # host seconds the store spent issuing those copies
     em: float | None = None  # exact match of the answers, when the model has a tokenizer of its own
 
     def quantile(self, q: float) -> float:
@@ -163,6 +164,7 @@ def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], t
                 after = engine.store.stats()
                 probe.moves = (after.promotions - before.promotions, after.demotions - before.demotions,
                                after.evictions - before.evictions)
+                probe.move_s = after.move_s - before.move_s
                 ems = []
                 for i, res in zip(block, results, strict=True):
                     if isinstance(res, str):
@@ -210,7 +212,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
              f"at most {load.max_running} requests running; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
              "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
-             "promoted / demoted / evicted | prompt tokens / request | EM | within SLO |",
+             "promoted / demoted / evicted (host ms) | prompt tokens / request | EM | within SLO |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     modes = list(dict.fromkeys(p.mode for p in probes))
     for p in probes:
@@ -221,7 +223,8 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
         prefill = sorted(p.engine_ttft)[len(p.engine_ttft) // 2] if p.engine_ttft else float("nan")
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
                      f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
-                     f"{100 * p.hits / seg if seg else 0:.0f}% | {' / '.join(map(str, p.moves))} | "
+                     f"{100 * p.hits / seg if seg else 0:.0f}% | "
+                     f"{' / '.join(map(str, p.moves))} ({1e3 * p.move_s:.0f}) | "
                      f"{p.prompt_tokens / answered:.0f} | "
                      f"{'–' if p.em is None else f'{p.em:.1f}'} | "
                      f"{verdict} |")

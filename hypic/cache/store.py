@@ -9,6 +9,7 @@ verifies that the bytes each tier accounts equal the sum of its entries and stay
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class CacheStats:
     evictions: int
     promotions: int
     demotions: int
+    move_s: float = 0.0  # host seconds spent issuing promotions and demotions (copies between tiers)
 
 
 class SegmentStore:
@@ -44,6 +46,7 @@ class SegmentStore:
         self._pins: dict[SegmentKey, int] = {}
         self._lock = threading.RLock()
         self.hits = self.misses = self.evictions = self.promotions = self.demotions = 0
+        self.move_s = 0.0
 
     def _fits(self, tier: str, nbytes: int) -> bool:
         budget = self.budgets[tier]
@@ -59,6 +62,12 @@ class SegmentStore:
         self._bytes[tier] -= entry.nbytes
         return entry
 
+    def _move(self, entry: Entry, device: torch.device | str, tier: str) -> Entry:
+        t0 = time.perf_counter()
+        moved = entry.to(device, tier)
+        self.move_s += time.perf_counter() - t0
+        return moved
+
     def _make_room(self, tier: str, nbytes: int) -> bool:
         """Evict unpinned LRU entries of ``tier`` (device → host → gone) until nbytes fit."""
         budget = self.budgets[tier]
@@ -71,7 +80,7 @@ class SegmentStore:
                 continue
             entry = self._remove(tier, key)
             if tier == "device" and self._fits("host", entry.nbytes) and self._make_room("host", entry.nbytes):
-                self._add("host", entry.to("cpu", "host"))
+                self._add("host", self._move(entry, "cpu", "host"))
                 self.demotions += 1
             else:
                 self.evictions += 1
@@ -85,7 +94,7 @@ class SegmentStore:
                     return True
             for tier in TIERS:
                 if self._fits(tier, entry.nbytes) and self._make_room(tier, entry.nbytes):
-                    self._add(tier, entry if tier == "device" else entry.to("cpu", "host"))
+                    self._add(tier, entry if tier == "device" else self._move(entry, "cpu", "host"))
                     return True
             return False
 
@@ -104,7 +113,7 @@ class SegmentStore:
                 if tier == "host" and self._fits("device", entry.nbytes):
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     if self._make_room("device", entry.nbytes):
-                        entry = entry.to(self.device, "device")
+                        entry = self._move(entry, self.device, "device")
                         self._add("device", entry)
                         self.promotions += 1
                     elif self._make_room("host", entry.nbytes):
@@ -132,7 +141,8 @@ class SegmentStore:
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats({t: len(self._tiers[t]) for t in TIERS}, dict(self._bytes), dict(self.budgets),
-                              self.hits, self.misses, self.evictions, self.promotions, self.demotions)
+                              self.hits, self.misses, self.evictions, self.promotions, self.demotions,
+                              self.move_s)
 
     def check_integrity(self) -> bool:
         """Accounted bytes equal the sum of entries per tier, no key is in two tiers, budgets hold

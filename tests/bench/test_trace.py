@@ -55,6 +55,7 @@ def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
     assert [(p.mode, p.rate) for p in probes] == [("full", 1.0), ("hypic", 1.0)]
     assert all(p.em is None and not p.sustained(load.slo_s) for p in probes)
     assert probes[0].moves == (0, 0, 0) and probes[1].moves[1] > 0  # hypic's documents overflow to the host
+    assert probes[0].move_s == 0 and probes[1].move_s > 0
     assert engine.store.check_integrity()
     assert "| hypic | < 1 | – | – |" in report(probes, load, [1.0, 2.0], "t")
 
