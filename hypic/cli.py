@@ -161,6 +161,7 @@ def bench_trace(args: argparse.Namespace) -> int:
         load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
                          num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),
                          max_tokens=args.max_tokens, slo_s=args.slo_ms / 1000, max_running=args.max_running,
+                         max_prefill_tokens=args.max_prefill_tokens,
                          seed=args.seed)
     except ValueError as e:
         raise SystemExit(f"bench trace: {e}") from None
@@ -293,7 +294,7 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("HYPIC_API_KEY") or None, max_segments=args.max_segments,
             max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
-            shutdown_timeout_s=args.shutdown_timeout)
+            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens)
         app = create_app(llm, settings)
     except ValueError as e:
         print(f"hypic serve: {e}", file=sys.stderr)
@@ -338,6 +339,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-completion-tokens", type=int, default=2048, help="cap on max_tokens")
     p.add_argument("--max-concurrent", type=int, default=16, help="requests decoding together")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting; beyond it: 429")
+    p.add_argument("--max-prefill-tokens", type=int,
+                   help="prompt tokens prefilled in one call (default: no limit; a longer prompt runs alone)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -420,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tr.add_argument("--doc-tokens", default="64,512", help="document length: lo,hi")
     p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
     p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
+    p_tr.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill call (default: no limit)")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: unbounded)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.set_defaults(func=bench_trace)

@@ -48,11 +48,14 @@ class TraceLoad:
     max_tokens: int = 16  # decoded per request: decode steps share the device with new prefills
     slo_s: float = 1.0
     max_running: int = 32  # the serving loop's concurrent requests
+    max_prefill_tokens: int | None = None  # the serving loop's prompt tokens per prefill call
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.requests < 1 or self.warm < 0 or self.max_tokens < 1 or self.max_running < 1:
             raise ValueError("bench trace: need requests >= 1, warm >= 0, max_tokens >= 1 and max_running >= 1")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ValueError(f"bench trace: max_prefill_tokens must be ≥ 1, got {self.max_prefill_tokens}")
         if not self.slo_s > 0:
             raise ValueError(f"bench trace: the SLO must be positive, got {self.slo_s} s")
 
@@ -152,7 +155,8 @@ def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], t
             batch = prompts[i:min(i + next(sizes), load.warm)]
             i += len(batch)
             engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=mode)
-        scheduler = Scheduler(engine, max_running=load.max_running, max_queue=n + 1)
+        scheduler = Scheduler(engine, max_running=load.max_running, max_queue=n + 1,
+                              max_prefill_tokens=load.max_prefill_tokens)
         try:
             for k, rate in enumerate(rates):
                 block = range(load.warm + k * n, load.warm + (k + 1) * n)
@@ -205,12 +209,13 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
            cache_bytes: int | None = None) -> str:
     slo_ms = 1e3 * load.slo_s
     budget = "" if cache_bytes is None else f" Segment store: {cache_bytes / 2**30:.3g} GiB on the device."
+    cap = "" if load.max_prefill_tokens is None else f" and {load.max_prefill_tokens} prompt tokens a prefill call"
 
     lines = [f"### {title}", "",
              f"{load.requests} requests per rate after {load.warm} warm-up requests; pool of {load.pool} documents "
              f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
-             f"at most {load.max_running} requests running; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
+             f"at most {load.max_running} requests running{cap}; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
              "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
              "promoted / demoted / evicted (host ms) | prompt tokens / request | EM | within SLO |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -1,6 +1,8 @@
 """The serving loop: requests arrive from many threads; one worker thread owns the engine.
 
-Each iteration admits waiting requests (prefilled together, per mode), runs one decode step for
+Each iteration admits waiting requests (prefilled together, per mode; at most
+``max_prefill_tokens`` prompt tokens a call, so a burst cannot build one prefill that outgrows the
+device's memory or holds every request of the burst to the slowest), runs one decode step for
 every running request — decode is batched across requests — and hands new tokens to each
 request's event queue. The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
 A cancelled request leaves at the next iteration; shutdown stops admitting, then finishes or
@@ -55,8 +57,15 @@ class Submission:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, *, max_running: int = 32, max_queue: int = 128) -> None:
+    def __init__(self, engine: Engine, *, max_running: int = 32, max_queue: int = 128,
+                 max_prefill_tokens: int | None = None) -> None:
+        """``max_prefill_tokens``: prompt tokens admitted into one prefill call (None: no limit). A
+        request longer than that is admitted alone: prompts are prefilled whole, never in chunks."""
+        if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, int)
+                                               or isinstance(max_prefill_tokens, bool) or max_prefill_tokens < 1):
+            raise ValueError(f"max_prefill_tokens: expected an integer ≥ 1 or None, got {max_prefill_tokens!r}")
         self.engine, self.max_running, self.max_queue = engine, max_running, max_queue
+        self.max_prefill_tokens = max_prefill_tokens
         self._waiting: deque[Submission] = deque()
         self._running: list[Submission] = []
         self._cv = threading.Condition()
@@ -93,8 +102,13 @@ class Scheduler:
 
     def _admit(self) -> None:
         with self._cv:
-            room = self.max_running - len(self._running)
-            batch = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            room, tokens, batch = self.max_running - len(self._running), 0, []
+            while self._waiting and len(batch) < room:
+                n = sum(len(s) for s in self._waiting[0].prompt)
+                if batch and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
+                    break  # first come, first served: the next call takes it
+                batch.append(self._waiting.popleft())
+                tokens += n
         for sub in batch:
             if sub.cancelled.is_set():
                 sub.events.put(Event("error", error=RuntimeError("cancelled")))

@@ -86,8 +86,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        state.runner = Runner(Scheduler(llm.engine, max_running=settings.max_concurrent,
-                                        max_queue=settings.max_queue), settings)
+        state.runner = Runner(Scheduler(llm.engine, max_running=settings.max_concurrent, max_queue=settings.max_queue,
+                                        max_prefill_tokens=settings.max_prefill_tokens), settings)
         yield
         await state.runner.shutdown()
 

@@ -18,6 +18,7 @@ class ServerSettings:
     max_completion_tokens: int = 2048  # cap on max_tokens; also the chat default
     max_concurrent: int = 16  # requests decoding together
     max_queue: int = 256  # requests waiting for a decode slot; beyond: 429
+    max_prefill_tokens: int | None = None  # prompt tokens per prefill call; None: no limit
     request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
     shutdown_timeout_s: float = 30.0  # in-flight requests may finish for this long, then are cancelled
     max_body_bytes: int = 32 << 20
@@ -34,10 +35,10 @@ class ServerSettings:
                 raise ValueError(f"{name}: expected an integer ≥ 1, got {value!r}")
         if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or self.max_queue < 0:
             raise ValueError(f"max_queue: expected an integer ≥ 0, got {self.max_queue!r}")
-        if self.max_prompt_tokens is not None and (not isinstance(self.max_prompt_tokens, int)
-                                                   or isinstance(self.max_prompt_tokens, bool)
-                                                   or self.max_prompt_tokens < 1):
-            raise ValueError(f"max_prompt_tokens: expected an integer ≥ 1 or None, got {self.max_prompt_tokens!r}")
+        for name in ("max_prompt_tokens", "max_prefill_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name}: expected an integer ≥ 1 or None, got {value!r}")
         for name in ("request_timeout_s", "shutdown_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:

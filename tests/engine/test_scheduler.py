@@ -61,3 +61,30 @@ def test_queue_bound_cancellation_and_shutdown(llm) -> None:
     sched.shutdown()
     with pytest.raises(QueueFull):
         sched.submit(_prompt(5), SamplingParams(max_tokens=2))
+
+
+@pytest.mark.parametrize("cap, most", [(160, 2), (10, 1)])  # a prompt here is 76 tokens
+def test_a_prefill_call_takes_at_most_max_prefill_tokens(llm, cap: int, most: int) -> None:
+    calls: list[int] = []
+    start = llm.engine.start
+
+    def counting_start(prompts, *args, **kwargs):  # the real start, with each call's size noted
+        calls.append(len(prompts))
+        return start(prompts, *args, **kwargs)
+
+    llm.engine.start = counting_start
+    try:
+        sched = Scheduler(llm.engine, max_running=8, max_prefill_tokens=cap)
+        prompts = [_prompt(20 + i) for i in range(6)]
+        sp = SamplingParams(max_tokens=3)
+        with llm.engine._lock:  # the loop blocks in its first prefill: the rest arrive as one burst
+            subs = [sched.submit(p, sp) for p in prompts]
+        outs = [list(s.stream(timeout=60))[-1] for s in subs]
+        sched.shutdown()
+    finally:
+        del llm.engine.start
+    assert [o.kind for o in outs] == ["done"] * 6
+    assert sum(calls) == 6 and max(calls) == most and len(calls) >= 6 // most
+    assert [o.output.token_ids for o in outs] == [llm.generate([p], sp)[0].token_ids for p in prompts]
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        Scheduler(llm.engine, max_prefill_tokens=0)

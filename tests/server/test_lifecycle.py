@@ -143,7 +143,8 @@ def test_hypic_serve_command(model_dir: Path) -> None:
     env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}
     proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
                              "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning",
-                             "--cold-workers", "1"],  # documents prefilled by a worker process as well
+                             "--cold-workers", "1",  # documents prefilled by a worker process as well
+                             "--max-prefill-tokens", "4096"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -174,3 +175,6 @@ def test_hypic_serve_command(model_dir: Path) -> None:
     missing = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir / "nope")],
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "not a directory" in missing.stderr
+    bad = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--device", "cpu",
+                          "--max-prefill-tokens", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "max_prefill_tokens" in bad.stderr
