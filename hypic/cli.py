@@ -150,7 +150,8 @@ def _pair(text: str, name: str) -> tuple[int, int]:
 
 
 def bench_trace(args: argparse.Namespace) -> int:
-    from hypic.bench.trace import TraceLoad, report, run
+    from hypic.bench.trace import TraceLoad, make_trace, report, run
+    from hypic.bench.trace_targets import EngineTarget, HttpTarget
     from hypic.engine.engine import Engine
     from hypic.engine.modes import check_mode
     from hypic.llm import bundled_model_path
@@ -161,10 +162,18 @@ def bench_trace(args: argparse.Namespace) -> int:
         load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
                          num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),
                          max_tokens=args.max_tokens, slo_s=args.slo_ms / 1000, max_running=args.max_running,
-                         max_prefill_tokens=args.max_prefill_tokens,
-                         seed=args.seed)
+                         max_prefill_tokens=args.max_prefill_tokens, seed=args.seed)
+        trace = make_trace(load, sorted(rates))
+        if args.url:  # a running server: its model, its device, its limits
+            target = HttpTarget(args.url, trace, api_key=args.api_key or os.environ.get("HYPIC_API_KEY"),
+                                answers=not args.no_answers)
     except ValueError as e:
         raise SystemExit(f"bench trace: {e}") from None
+    if args.url:
+        probes = run(target, trace, load, modes, rates)
+        title = f"A RAG trace served in real time: {target.model} at {args.url}"
+        _publish(report(probes, load, rates, title, url=args.url), "the server's machine", args)
+        return 0
     loaded, title, machine = _bench_model(args)
     own = loaded.tokenizer  # type: ignore[attr-defined]  # None for random weights
     if own is None:  # … then the bundled tokenizer gives the documents their lengths
@@ -174,7 +183,9 @@ def bench_trace(args: argparse.Namespace) -> int:
         tokenizer = own
     budget = None if args.cache_gib is None else int(args.cache_gib * 2**30)
     engine = Engine(loaded, seam=args.seam, cache_device_bytes=budget)
-    probes = run(engine, load, modes, rates, tokenizer, answers_from=own)
+    local = EngineTarget(engine, trace, tokenizer, answers_from=own, max_running=load.max_running,
+                         max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens)
+    probes = run(local, trace, load, modes, rates)
     table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}", budget)
     if engine.device.type == "cuda":  # what the store's budget left for the model and the requests
         table += f"\n\nPeak device memory: {torch.cuda.max_memory_allocated(engine.device) / 2**30:.1f} GiB."
@@ -426,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     p_tr.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill call (default: no limit)")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: unbounded)")
     p_tr.add_argument("--seed", type=int, default=0)
+    p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "
+                                    "http://127.0.0.1:8000); the model options are then unused")
+    p_tr.add_argument("--api-key", help="the server's key (default: $HYPIC_API_KEY)")
+    p_tr.add_argument("--no-answers", action="store_true", help="over HTTP: the served model is untrained, "
+                                                                 "leave out exact match")
     p_tr.set_defaults(func=bench_trace)
     p_eval = sub.add_parser("eval", help="evaluations")
     eval_sub = p_eval.add_subparsers(dest="eval", required=True)

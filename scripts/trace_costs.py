@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 
 from hypic.bench.shapes import SHAPES
-from hypic.bench.trace import encode_trace, reset_caches
+from hypic.bench.trace_targets import encode_trace, reset_caches
 from hypic.engine.engine import Engine
 from hypic.engine.request import SamplingParams
 from hypic.eval.trace import generate_trace

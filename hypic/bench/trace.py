@@ -6,8 +6,9 @@ TTFT SLO, 1.66× the sustainable QPS of a prefix cache. The trace here is ``hypi
 document pool with Zipf popularity, Poisson arrivals, a varied number of documents per request in
 retrieval order. Requests go through the serving loop (``engine.scheduler.Scheduler``, what
 ``hypic serve`` runs: waiting requests prefilled together, decode batched across requests) in real
-time. Each is submitted at its arrival, and its TTFT runs from the arrival to its first token, so
-time spent queueing behind other requests counts, as it does for a client.
+time, in this process or in a running ``hypic serve`` over HTTP (``trace_targets``). Each is
+submitted at its arrival, and its TTFT runs from the arrival to its first token, so time spent
+queueing behind other requests counts, as it does for a client.
 
 Per mode the caches start empty; a warm-up block of requests runs back to back, unmeasured (the
 state of a server that has been up a while; kernels compiled). Then one block of new requests
@@ -20,17 +21,13 @@ the resolution of every ratio quoted from it.
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from hypic.bench.ttft import empty_store
-from hypic.engine.engine import Engine
-from hypic.engine.prefix import PrefixCache
-from hypic.engine.request import RequestOutput, SamplingParams
-from hypic.engine.scheduler import QueueFull, Scheduler
+from hypic.bench.trace_targets import Moves, Outcome
 from hypic.eval.metrics import score
 from hypic.eval.trace import Trace, generate_trace
 
@@ -72,7 +69,7 @@ class Probe:
     misses: int = 0
     prompt_tokens: int = 0
     moves: tuple[int, int, int] = (0, 0, 0)  # the store's promotions, demotions, evictions during the block
-    move_s: float = 0.0  # host seconds the store spent issuing those copies
+    move_s: float | None = 0.0  # host seconds the store spent issuing those copies (None: not reported)
     em: float | None = None  # exact match of the answers, when the model has a tokenizer of its own
 
     def quantile(self, q: float) -> float:
@@ -85,41 +82,32 @@ class Probe:
         return not self.errors and self.quantile(QUANTILE) <= slo_s
 
 
-def encode_trace(trace: Trace, tokenizer, vocab: int) -> list[list[list[int]]]:
-    """Every request as the engine sees it: per segment token ids (the query last). Ids beyond a
-    random-weight model's vocabulary wrap around: such a model only needs the lengths to be right."""
-    def ids(text: str) -> list[int]:
-        return [t % vocab for t in tokenizer.encode(text, add_special_tokens=False).ids]
+class Target(Protocol):
+    """What the sweep drives (``hypic.bench.trace_targets``: in process, or a server over HTTP)."""
 
-    head, docs = ids(trace.head), [ids(d) for d in trace.documents]
-    return [[head, *(docs[i] for i in r.doc_ids), ids(r.query)] for r in trace.requests]
+    def begin(self, mode: str) -> None: ...  # the next calls use ``mode``, with empty caches
+
+    def warm(self, indices: list[int]) -> None: ...
+
+    def moves(self) -> Moves: ...
+
+    def call(self, i: int, due: float, max_tokens: int) -> Outcome | str: ...
+
+    def close(self) -> None: ...
 
 
-def replay(scheduler: Scheduler, prompts: list[list[list[int]]], arrivals: list[float], mode: str,
-           max_tokens: int) -> list[tuple[float, RequestOutput] | str]:
-    """Submit each prompt at its arrival (s from now) from a thread of its own; per request, its
-    TTFT (arrival → first token) and output, or the error that ended it."""
-    out: list[tuple[float, RequestOutput] | str] = ["never answered"] * len(prompts)
+def replay(target: Target, requests: list[int], arrivals: list[float], max_tokens: int) -> list[Outcome | str]:
+    """Send each request at its arrival (s from now) from a thread of its own; per request, its
+    outcome, or the error that ended it."""
+    out: list[Outcome | str] = ["never answered"] * len(requests)
     t0 = time.perf_counter() + 0.02  # every thread is started before the first arrival
 
-    def one(i: int) -> None:
-        due = t0 + arrivals[i]
+    def one(j: int) -> None:
+        due = t0 + arrivals[j]
         time.sleep(max(0.0, due - time.perf_counter()))
-        try:
-            sub = scheduler.submit(prompts[i], SamplingParams(max_tokens=max_tokens), mode=mode)
-        except QueueFull as e:
-            out[i] = f"queue full: {e}"
-            return
-        first = None
-        for ev in sub.stream(timeout=600):
-            if ev.kind == "token" and first is None:
-                first = time.perf_counter() - due
-            elif ev.kind == "done":
-                out[i] = (first if first is not None else time.perf_counter() - due, ev.output)
-            elif ev.kind == "error":
-                out[i] = f"{type(ev.error).__name__}: {ev.error}"
+        out[j] = target.call(requests[j], due, max_tokens)
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(prompts))]
+    threads = [threading.Thread(target=one, args=(j,), daemon=True) for j in range(len(requests))]
     for t in threads:
         t.start()
     for t in threads:
@@ -127,62 +115,47 @@ def replay(scheduler: Scheduler, prompts: list[list[list[int]]], arrivals: list[
     return out
 
 
-def reset_caches(engine: Engine) -> None:
-    empty_store(engine)
-    engine.prefix = PrefixCache(engine.prefix.max_states)
+def make_trace(load: TraceLoad, rates: list[float]) -> Trace:
+    """The warm-up block, then one block per rate; arrivals at 1 QPS (each block is rescaled)."""
+    return generate_trace(load.seed, num_requests=load.warm + load.requests * len(rates), pool_size=load.pool,
+                          rate_qps=1.0, zipf_s=load.zipf, num_docs=load.num_docs, doc_tokens=load.doc_tokens)
 
 
-def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], tokenizer,
-        answers_from: object | None = None) -> list[Probe]:
-    """Every mode's sweep over ``rates`` (ascending). ``answers_from``: the tokenizer that decodes the
-    model's answers for exact match (None for random weights, whose answers mean nothing)."""
+def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: list[float]) -> list[Probe]:
+    """Every mode's sweep over ``rates`` (ascending) on ``trace`` (``make_trace``)."""
     rates = sorted(rates)
     if not rates or rates[0] <= 0:
         raise ValueError(f"bench trace: rates must be positive, got {rates}")
     n = load.requests
-    trace = generate_trace(load.seed, num_requests=load.warm + n * len(rates), pool_size=load.pool, rate_qps=1.0,
-                           zipf_s=load.zipf, num_docs=load.num_docs, doc_tokens=load.doc_tokens)
-    prompts = encode_trace(trace, tokenizer, engine.model.vocab_size)
+    if len(trace.requests) < load.warm + n * len(rates):
+        raise ValueError(f"bench trace: the trace has {len(trace.requests)} requests, the sweep needs "
+                         f"{load.warm + n * len(rates)}")
     probes: list[Probe] = []
-    for mode in modes:
-        reset_caches(engine)
-        # Back to back, in calls of 1, 2, 4, then 8 prompts with one decode step each: a single
-        # prompt, a packed batch and a decode step each specialise kernels of their own on the GPU
-        # (a first single-prompt `full` call took 2.8 s after warm-up by batches alone), and none of
-        # that may land in a measured block.
-        sizes, i = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
-        while i < load.warm:
-            batch = prompts[i:min(i + next(sizes), load.warm)]
-            i += len(batch)
-            engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=mode)
-        scheduler = Scheduler(engine, max_running=load.max_running, max_queue=n + 1,
-                              max_prefill_tokens=load.max_prefill_tokens)
-        try:
+    try:
+        for mode in modes:
+            target.begin(mode)
+            target.warm(list(range(load.warm)))
             for k, rate in enumerate(rates):
-                block = range(load.warm + k * n, load.warm + (k + 1) * n)
+                block = list(range(load.warm + k * n, load.warm + (k + 1) * n))
                 first = trace.requests[block[0]].arrival_s  # the trace runs at 1 QPS: scale it to `rate`
                 arrivals = [(trace.requests[i].arrival_s - first) / rate for i in block]
-                probe = Probe(mode, rate)
-                before = engine.store.stats()
-                results = replay(scheduler, [prompts[i] for i in block], arrivals, mode, load.max_tokens)
-                after = engine.store.stats()
+                probe, before = Probe(mode, rate), target.moves()
+                results = replay(target, block, arrivals, load.max_tokens)
+                after = target.moves()
                 probe.moves = (after.promotions - before.promotions, after.demotions - before.demotions,
                                after.evictions - before.evictions)
-                probe.move_s = after.move_s - before.move_s
+                probe.move_s = None if after.seconds is None else after.seconds - (before.seconds or 0.0)
                 ems = []
                 for i, res in zip(block, results, strict=True):
                     if isinstance(res, str):
                         probe.errors.append(res)
                         continue
-                    ttft, output = res
-                    m = output.metrics
-                    probe.ttft.append(ttft)
-                    probe.engine_ttft.append(m.ttft_s)
-                    probe.hits, probe.misses = probe.hits + m.segment_hits, probe.misses + m.segment_misses
-                    probe.prompt_tokens += m.prompt_tokens
-                    if answers_from is not None:
-                        text = answers_from.decode(output.token_ids, skip_special_tokens=True).strip()
-                        ems.append(score("em_f1", text, trace.requests[i].answer)["em"])
+                    probe.ttft.append(res.ttft_s)
+                    probe.engine_ttft.append(res.prefill_s)
+                    probe.hits, probe.misses = probe.hits + res.hits, probe.misses + res.misses
+                    probe.prompt_tokens += res.prompt_tokens
+                    if res.answer is not None:
+                        ems.append(score("em_f1", res.answer, trace.requests[i].answer)["em"])
                 probe.em = 100 * sum(ems) / len(ems) if ems else None
                 probes.append(probe)
                 print(f"trace {mode} {rate:g} QPS: p50 {1e3 * probe.quantile(0.5):.0f} ms, "
@@ -192,8 +165,8 @@ def run(engine: Engine, load: TraceLoad, modes: list[str], rates: list[float], t
                     print(f"trace {mode} {rate:g} QPS: {probe.errors.count(e)} × {e}", file=sys.stderr, flush=True)
                 if not probe.sustained(load.slo_s):
                     break
-        finally:
-            scheduler.shutdown()
+    finally:
+        target.close()
     return probes
 
 
@@ -206,16 +179,19 @@ def sustainable(probes: list[Probe], mode: str, slo_s: float) -> tuple[float | N
 
 
 def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
-           cache_bytes: int | None = None) -> str:
+           cache_bytes: int | None = None, url: str | None = None) -> str:
+    """The tables; ``url``: the requests went to that server (its own limits apply, not ``load``'s)."""
     slo_ms = 1e3 * load.slo_s
     budget = "" if cache_bytes is None else f" Segment store: {cache_bytes / 2**30:.3g} GiB on the device."
     cap = "" if load.max_prefill_tokens is None else f" and {load.max_prefill_tokens} prompt tokens a prefill call"
+    serving = (f"sent to {url} over HTTP (the server's own limits)" if url is not None
+               else f"at most {load.max_running} requests running{cap}")
 
     lines = [f"### {title}", "",
              f"{load.requests} requests per rate after {load.warm} warm-up requests; pool of {load.pool} documents "
              f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
-             f"at most {load.max_running} requests running{cap}; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
+             f"{serving}; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
              "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
              "promoted / demoted / evicted (host ms) | prompt tokens / request | EM | within SLO |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -229,7 +205,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
                      f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
                      f"{100 * p.hits / seg if seg else 0:.0f}% | "
-                     f"{' / '.join(map(str, p.moves))} ({1e3 * p.move_s:.0f}) | "
+                     f"{' / '.join(map(str, p.moves))}{'' if p.move_s is None else f' ({1e3 * p.move_s:.0f})'} | "
                      f"{p.prompt_tokens / answered:.0f} | "
                      f"{'–' if p.em is None else f'{p.em:.1f}'} | "
                      f"{verdict} |")

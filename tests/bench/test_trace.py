@@ -6,7 +6,8 @@ import torch
 
 from hypic import LLM
 from hypic.bench.shapes import SHAPES
-from hypic.bench.trace import Probe, TraceLoad, _ratio, report, run, sustainable
+from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, report, run, sustainable
+from hypic.bench.trace_targets import EngineTarget
 from hypic.cli import main
 from hypic.engine.engine import Engine
 from hypic.models.random_init import random_model
@@ -21,8 +22,9 @@ def bundled() -> LLM:
 
 def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
     load = TraceLoad(**SMALL, slo_s=100.0)
-    probes = run(bundled.engine, load, ["prefix", "hypic"], [1000.0, 500.0], bundled.tokenizer,
-                 answers_from=bundled.tokenizer)
+    trace = make_trace(load, [500.0, 1000.0])
+    target = EngineTarget(bundled.engine, trace, bundled.tokenizer, answers_from=bundled.tokenizer)
+    probes = run(target, trace, load, ["prefix", "hypic"], [1000.0, 500.0])
     assert [(p.mode, p.rate) for p in probes] == [("prefix", 500.0), ("prefix", 1000.0),
                                                   ("hypic", 500.0), ("hypic", 1000.0)]  # ascending, per mode
     for p in probes:
@@ -51,7 +53,8 @@ def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
     entry_bytes = probe_engine.store.stats().bytes["device"]  # one 30-token document's entry
     engine = Engine(loaded, seam=4, cache_device_bytes=3 * entry_bytes)  # room for about three
     load = TraceLoad(**SMALL, slo_s=1e-6)
-    probes = run(engine, load, ["full", "hypic"], [1.0, 2.0], tok)  # ids wrap into the tiny vocabulary
+    trace = make_trace(load, [1.0, 2.0])
+    probes = run(EngineTarget(engine, trace, tok), trace, load, ["full", "hypic"], [1.0, 2.0])  # ids wrap
     assert [(p.mode, p.rate) for p in probes] == [("full", 1.0), ("hypic", 1.0)]
     assert all(p.em is None and not p.sustained(load.slo_s) for p in probes)
     assert probes[0].moves == (0, 0, 0) and probes[1].moves[1] > 0  # hypic's documents overflow to the host
@@ -86,10 +89,13 @@ def test_bad_arguments_are_named() -> None:
         TraceLoad(slo_s=0)
     with pytest.raises(ValueError, match="requests"):
         TraceLoad(requests=0)
-    engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
+    trace = make_trace(TraceLoad(**SMALL), [1.0])
     with pytest.raises(ValueError, match="rates"):
-        run(engine, TraceLoad(**SMALL), ["hypic"], [0.0], None)
+        run(None, trace, TraceLoad(**SMALL), ["hypic"], [0.0])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="the sweep needs"):
+        run(None, trace, TraceLoad(**SMALL), ["hypic"], [1.0, 2.0])  # type: ignore[arg-type]
     for argv, message in ((["--rates", "fast"], "could not convert"), (["--num-docs", "4"], "--num-docs"),
-                          (["--modes", "hypic,best"], "mode"), (["--slo-ms", "-1"], "SLO")):
+                          (["--modes", "hypic,best"], "mode"), (["--slo-ms", "-1"], "SLO"),
+                          (["--url", "http://127.0.0.1:9"], "cannot reach")):
         with pytest.raises(SystemExit, match=message):
             main(["bench", "trace", "--shape", "tiny", "--device", "cpu", *argv])

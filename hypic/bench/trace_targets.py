@@ -1,0 +1,198 @@
+"""Where ``hypic bench trace`` sends its requests: the serving loop in this process, or a running
+``hypic serve`` over HTTP.
+
+Both answer the same calls — start a mode with empty caches, warm up, serve one request that
+arrived at a given moment, report the store's moves — so one sweep (``hypic.bench.trace``)
+measures either. In process, the engine's own caches are emptied between modes; over HTTP a
+fresh ``cache_salt`` per mode gives the same effect (entries under another salt are never found),
+and the server's counters come from its ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import secrets
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from hypic.bench.ttft import empty_store
+from hypic.engine.engine import Engine
+from hypic.engine.prefix import PrefixCache
+from hypic.engine.request import SamplingParams
+from hypic.engine.scheduler import QueueFull, Scheduler
+from hypic.eval.trace import Trace
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ttft_s: float  # arrival → first token, as the client saw it
+    prefill_s: float  # the engine's own clock for the prefill call that served the request
+    hits: int
+    misses: int
+    prompt_tokens: int
+    answer: str | None  # the decoded answer, when it means something (a trained model)
+
+
+@dataclass(frozen=True)
+class Moves:
+    promotions: int
+    demotions: int
+    evictions: int
+    seconds: float | None  # host time issuing them (None: not reported over HTTP)
+
+
+def encode_trace(trace: Trace, tokenizer, vocab: int) -> list[list[list[int]]]:
+    """Every request as the engine sees it: per segment token ids (the query last). Ids beyond a
+    random-weight model's vocabulary wrap around: such a model only needs the lengths to be right."""
+    def ids(text: str) -> list[int]:
+        return [t % vocab for t in tokenizer.encode(text, add_special_tokens=False).ids]
+
+    head, docs = ids(trace.head), [ids(d) for d in trace.documents]
+    return [[head, *(docs[i] for i in r.doc_ids), ids(r.query)] for r in trace.requests]
+
+
+def reset_caches(engine: Engine) -> None:
+    """Empty the engine's segment store (same budgets) and its prefix cache."""
+    empty_store(engine)
+    engine.prefix = PrefixCache(engine.prefix.max_states)
+
+
+class EngineTarget:
+    """The serving loop (``Scheduler``) around an engine in this process."""
+
+    def __init__(self, engine: Engine, trace: Trace, tokenizer, *, answers_from=None, max_running: int = 32,
+                 max_queue: int = 1024, max_prefill_tokens: int | None = None) -> None:
+        """``answers_from``: the tokenizer that decodes answers (None for random weights)."""
+        self.engine, self.answers_from = engine, answers_from
+        self.prompts = encode_trace(trace, tokenizer, engine.model.vocab_size)
+        self._limits = dict(max_running=max_running, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens)
+        self.scheduler: Scheduler | None = None
+        self.mode = "hypic"
+
+    def begin(self, mode: str) -> None:
+        self.close()
+        reset_caches(self.engine)
+        self.mode = mode
+
+    def warm(self, indices: list[int]) -> None:
+        # Back to back, in calls of 1, 2, 4, then 8 prompts with one decode step each: a single
+        # prompt, a packed batch and a decode step each specialise kernels of their own on the GPU
+        # (a first single-prompt `full` call took 2.8 s after warm-up by batches alone), and none of
+        # that may land in a measured block.
+        sizes, at = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
+        while at < len(indices):
+            batch = [self.prompts[i] for i in indices[at:at + next(sizes)]]
+            at += len(batch)
+            self.engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=self.mode)
+        self.scheduler = Scheduler(self.engine, **self._limits)
+
+    def moves(self) -> Moves:
+        s = self.engine.store.stats()
+        return Moves(s.promotions, s.demotions, s.evictions, s.move_s)
+
+    def call(self, i: int, due: float, max_tokens: int) -> Outcome | str:
+        assert self.scheduler is not None, "warm() starts the serving loop"
+        try:
+            sub = self.scheduler.submit(self.prompts[i], SamplingParams(max_tokens=max_tokens), mode=self.mode)
+        except QueueFull as e:
+            return f"queue full: {e}"
+        first = None
+        for ev in sub.stream(timeout=600):
+            if ev.kind == "token" and first is None:
+                first = time.perf_counter() - due
+            elif ev.kind == "error":
+                return f"{type(ev.error).__name__}: {ev.error}"
+            elif ev.kind == "done":
+                m, out = ev.output.metrics, ev.output
+                answer = (None if self.answers_from is None
+                          else self.answers_from.decode(out.token_ids, skip_special_tokens=True).strip())
+                return Outcome(first if first is not None else time.perf_counter() - due, m.ttft_s,
+                               m.segment_hits, m.segment_misses, m.prompt_tokens, answer)
+        return "the stream ended without an answer"
+
+    def close(self) -> None:
+        if self.scheduler is not None:
+            self.scheduler.shutdown()
+            self.scheduler = None
+
+
+class HttpTarget:
+    """A running ``hypic serve``: streamed ``/v1/completions`` with the prompt as its segments."""
+
+    def __init__(self, url: str, trace: Trace, *, api_key: str | None = None, answers: bool = True) -> None:
+        self.url, self.trace, self.answers = url.rstrip("/"), trace, answers
+        self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"}
+                                                                if api_key else {})}
+        models = self._get("/v1/models")
+        self.model = json.loads(models)["data"][0]["id"]
+        self.mode, self.salt = "hypic", ""
+
+    def _get(self, path: str) -> str:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=self.headers),
+                                        timeout=60) as r:
+                return r.read().decode()
+        except (urllib.error.URLError, OSError) as e:
+            raise ValueError(f"bench trace: cannot reach {self.url + path}: {e}") from None
+
+    def begin(self, mode: str) -> None:
+        self.mode, self.salt = mode, f"bench-trace-{mode}-{secrets.token_hex(8)}"  # the server's caches, empty
+
+    def warm(self, indices: list[int]) -> None:
+        """Calls of 1, 2, 4, then 8 requests at once (the server batches what arrives together)."""
+        sizes, at = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
+        while at < len(indices):
+            group = indices[at:at + next(sizes)]
+            at += len(group)
+            threads = [threading.Thread(target=self.call, args=(i, time.perf_counter(), 2)) for i in group]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+    def moves(self) -> Moves:
+        text = self._get("/metrics")
+
+        def counter(name: str) -> int:
+            m = re.search(rf"^hypic_cache_{name}_total (\S+)$", text, re.M)
+            return 0 if m is None else int(float(m.group(1)))
+
+        return Moves(counter("promotions"), counter("demotions"), counter("evictions"), None)
+
+    def call(self, i: int, due: float, max_tokens: int) -> Outcome | str:
+        body = {"model": self.model, "segments": self.trace.segments(self.trace.requests[i]), "mode": self.mode,
+                "cache_salt": self.salt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        request = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                         headers=self.headers, method="POST")
+        first, text, ext, usage = None, "", None, None
+        try:
+            with urllib.request.urlopen(request, timeout=600) as r:
+                for raw in r:  # server-sent events, one `data: …` line each
+                    line = raw.decode().strip()
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        return f"{event['error'].get('type', 'error')}: {event['error'].get('message', '')}"
+                    if event.get("choices"):
+                        first = first if first is not None else time.perf_counter() - due
+                        text += event["choices"][0].get("text") or ""
+                    ext, usage = event.get("hypic", ext), event.get("usage", usage)
+        except urllib.error.HTTPError as e:
+            return f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"
+        except (urllib.error.URLError, OSError) as e:
+            return f"{type(e).__name__}: {e}"
+        if ext is None or usage is None:
+            return "the stream ended without its usage"
+        return Outcome(first if first is not None else time.perf_counter() - due, ext["prefill_s"] or 0.0,
+                       ext["segment_hits"], ext["segment_misses"], usage["prompt_tokens"],
+                       text.strip() if self.answers else None)
+
+    def close(self) -> None:
+        pass
