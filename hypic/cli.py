@@ -181,8 +181,9 @@ def bench_trace(args: argparse.Namespace) -> int:
         tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
     else:
         tokenizer = own
-    budget = None if args.cache_gib is None else int(args.cache_gib * 2**30)
-    engine = Engine(loaded, seam=args.seam, cache_device_bytes=budget)
+    engine = Engine(loaded, seam=args.seam,
+                    cache_device_bytes="auto" if args.cache_gib is None else int(args.cache_gib * 2**30))
+    budget = engine.store.budgets["device"]
     local = EngineTarget(engine, trace, tokenizer, answers_from=own, max_running=load.max_running,
                          max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens)
     probes = run(local, trace, load, modes, rates)
@@ -287,6 +288,16 @@ def parse_bytes(text: str) -> int:
     return int(value * units[unit])
 
 
+def parse_budget(text: str) -> int | str | None:
+    """A cache tier's budget: a byte count (``parse_bytes``), ``auto`` or ``none`` (unbounded)."""
+    word = text.strip().lower()
+    if word == "auto":
+        return "auto"
+    if word in ("none", "unbounded"):
+        return None
+    return parse_bytes(text)
+
+
 def serve(args: argparse.Namespace) -> int:
     import os
 
@@ -342,8 +353,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cold-workers", type=parse_workers, default=0,
                    help="prefill cold segments on more devices too: a count (the next GPUs) or cuda:1,cuda:2")
     p.add_argument("--route", default="lpt", choices=["lpt", "round_robin"], help="how cold segments are spread")
-    p.add_argument("--cache-device-bytes", type=parse_bytes, help="device-tier budget, e.g. 20GiB (default: none)")
-    p.add_argument("--cache-host-bytes", type=parse_bytes, help="host-tier budget, e.g. 64GiB (default: none)")
+    p.add_argument("--cache-device-bytes", type=parse_budget, default="auto",
+                   help="device-tier budget, e.g. 20GiB, or none (default auto: on a GPU half the memory free "
+                        "after loading the model; on the CPU unbounded)")
+    p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
+                   help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
+                        "memory; on the CPU unbounded)")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
     p.add_argument("--max-segments", type=int, default=256, help="segments per request")
     p.add_argument("--max-prompt-tokens", type=int, help="prompt tokens per request (default: the model's limit)")
@@ -435,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
     p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
     p_tr.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill call (default: no limit)")
-    p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: unbounded)")
+    p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
+                                                          "hypic.cache.budgets)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "
                                     "http://127.0.0.1:8000); the model options are then unused")

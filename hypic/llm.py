@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hypic.cache.budgets import AUTO, Budget
 from hypic.engine.engine import Engine
 from hypic.engine.request import RequestOutput, SamplingParams
 from hypic.models.loader import load_model
@@ -27,7 +28,7 @@ def bundled_model_path() -> Path:
 class LLM:
     def __init__(self, model: str | None = None, *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, seam: int = 8, cold: str = "standalone",
-                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None,
+                 cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
         if model is None:
             model = str(bundled_model_path())

@@ -37,3 +37,17 @@ def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
                  f"A reader.<<PIC_SEP>>{doc}<<PIC_SEP>>Question: What does Tal play?\nAnswer:"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert "hits 0" in err[0] and "hits 1" in err[1]
+
+
+def test_byte_counts_and_budgets_parse() -> None:
+    import argparse
+
+    import pytest
+
+    from hypic.cli import parse_budget, parse_bytes
+
+    assert parse_bytes("4GiB") == 4 * 2**30 and parse_bytes("512MB") == 512 * 10**6 and parse_bytes("1000") == 1000
+    assert parse_budget("auto") == "auto" and parse_budget("None") is None and parse_budget("1KiB") == 1024
+    for bad in ("lots", "-1GB", "4XB"):
+        with pytest.raises(argparse.ArgumentTypeError, match="byte count"):
+            parse_budget(bad)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hypic.cache.budgets import AUTO, Budget, resolve
 from hypic.cache.keys import segment_key
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
@@ -72,11 +73,13 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
 
 class Engine(ColdPrefill):
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
-                 cache_device_bytes: int | None = None, cache_host_bytes: int | None = None,
+                 cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
         """``cold_workers``: extra devices whose worker processes prefill cold segments alongside
         this engine's device (``hypic.parallel``): a count (the next GPUs after the engine's, or
-        CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin)."""
+        CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin).
+        ``cache_device_bytes`` / ``cache_host_bytes``: the store's tiers, in bytes, None for
+        unbounded, or "auto" (``hypic.cache.budgets``: bounded on a GPU, unbounded on the CPU)."""
         if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
         if route not in POLICIES:
@@ -87,7 +90,8 @@ class Engine(ColdPrefill):
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer
         self.seam, self.cold = seam, cold
-        self.store = SegmentStore(self.device, device_bytes=cache_device_bytes, host_bytes=cache_host_bytes)
+        self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
+                                  host_bytes=resolve(cache_host_bytes, "host", self.device))
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")

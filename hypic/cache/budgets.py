@@ -1,0 +1,48 @@
+"""Cache budgets when the user names none ("auto").
+
+An unbounded tier grows with every new document until its memory runs out: on the H200 a
+2 048-document pool of the 9B shape (≈ 105 MB an entry) ran the device out of memory
+(docs/benchmarks.md). So on a GPU the defaults are bounded. The device tier takes half the memory
+free once the model is loaded; the other half holds decode states, activations and the
+allocator's slack (measured: a 60 GiB store beside the 9B model — half of what was free — peaked at
+105.7 GiB of 140 while serving the trace). The host tier takes a quarter of physical memory: on a
+GPU machine its pages are pinned (asynchronous copies), and pinned pages cannot be swapped. A CPU
+engine keeps both tiers unbounded, as before: its "device" tier is host memory already.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+AUTO = "auto"
+DEVICE_FRACTION = 0.5  # of the device memory free after the model is loaded
+HOST_FRACTION = 0.25  # of physical memory
+
+Budget = int | str | None  # bytes, "auto", or None (unbounded)
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: no bound known
+        return None
+
+
+def resolve(value: Budget, tier: str, device: torch.device) -> int | None:
+    """A tier's budget in bytes (None: unbounded) from what the user passed."""
+    name = f"cache_{tier}_bytes"
+    if value is None:
+        return None
+    if value == AUTO:
+        if device.type != "cuda":
+            return None
+        if tier == "device":
+            free, _ = torch.cuda.mem_get_info(device)
+            return int(DEVICE_FRACTION * free)
+        ram = physical_memory_bytes()
+        return None if ram is None else int(HOST_FRACTION * ram)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name}: expected a non-negative integer, 'auto' or None, got {value!r}")
+    return value
