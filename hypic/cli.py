@@ -181,13 +181,18 @@ def bench_trace(args: argparse.Namespace) -> int:
         tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
     else:
         tokenizer = own
-    engine = Engine(loaded, seam=args.seam,
+    engine = Engine(loaded, seam=args.seam, cold_workers=args.workers,
                     cache_device_bytes="auto" if args.cache_gib is None else int(args.cache_gib * 2**30))
     budget = engine.store.budgets["device"]
     local = EngineTarget(engine, trace, tokenizer, answers_from=own, max_running=load.max_running,
                          max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens)
-    probes = run(local, trace, load, modes, rates)
-    table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}", budget)
+    try:
+        probes = run(local, trace, load, modes, rates)
+    finally:
+        engine.close()
+    devices = "" if not args.workers else f", cold segments over {1 + args.workers} devices"
+    table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}{devices}",
+                   budget)
     if engine.device.type == "cuda":  # what the store's budget left for the model and the requests
         table += f"\n\nPeak device memory: {torch.cuda.max_memory_allocated(engine.device) / 2**30:.1f} GiB."
     _publish(table, machine, args)
@@ -450,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
     p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
     p_tr.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill call (default: no limit)")
+    p_tr.add_argument("--workers", type=int, default=0, help="cold workers besides the engine's device")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
                                                           "hypic.cache.budgets)")
     p_tr.add_argument("--seed", type=int, default=0)

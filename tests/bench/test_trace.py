@@ -99,3 +99,12 @@ def test_bad_arguments_are_named() -> None:
                           (["--url", "http://127.0.0.1:9"], "cannot reach")):
         with pytest.raises(SystemExit, match=message):
             main(["bench", "trace", "--shape", "tiny", "--device", "cpu", *argv])
+
+
+def test_the_command_with_a_cold_worker_writes_its_table(tmp_path) -> None:
+    out = tmp_path / "trace.md"
+    assert main(["bench", "trace", "--shape", "tiny", "--device", "cpu", "--workers", "1", "--modes", "hypic",
+                 "--rates", "50", "--requests", "4", "--warm", "4", "--pool", "12", "--num-docs", "2,3",
+                 "--doc-tokens", "20,40", "--max-tokens", "2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "cold segments over 2 devices" in text and "| hypic | 50 |" in text and "Command: `hypic bench trace" in text
