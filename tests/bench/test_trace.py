@@ -108,3 +108,18 @@ def test_the_command_with_a_cold_worker_writes_its_table(tmp_path) -> None:
                  "--doc-tokens", "20,40", "--max-tokens", "2", "--out", str(out)]) == 0
     text = out.read_text()
     assert "cold segments over 2 devices" in text and "| hypic | 50 |" in text and "Command: `hypic bench trace" in text
+
+
+@pytest.mark.gpu
+def test_the_trace_on_a_gpu_serves_every_request_and_entries_own_their_memory() -> None:
+    from tokenizers import Tokenizer
+
+    from hypic.llm import bundled_model_path
+    engine = Engine(random_model(SHAPES["tiny"], device="cuda", dtype=torch.bfloat16), seam=4)
+    tok = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    load = TraceLoad(**SMALL, slo_s=100.0)
+    trace = make_trace(load, [200.0])
+    probes = run(EngineTarget(engine, trace, tok), trace, load, ["full", "hypic"], [200.0])
+    assert all(not p.errors and len(p.ttft) == load.requests for p in probes)
+    assert probes[1].hits > 0 and engine.store.stats().budgets["device"] is not None  # "auto" is bounded here
+    assert engine.store.check_integrity()  # the GPU kernels' entries are copies too, not views of a batch
