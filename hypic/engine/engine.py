@@ -24,7 +24,8 @@ from hypic.engine.cold_prefill import ColdPrefill
 from hypic.engine.combine import CombineContext
 from hypic.engine.modes import ASSEMBLY, check_mode
 from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
-from hypic.engine.prefix import PrefixCache, chain
+from hypic.engine.prefix import PrefixCache
+from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
@@ -71,7 +72,7 @@ def _eos_ids(loaded: LoadedModel) -> set[int]:
     return ids
 
 
-class Engine(ColdPrefill):
+class Engine(ColdPrefill, PrefixPrefill):
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
@@ -169,39 +170,6 @@ class Engine(ColdPrefill):
         finally:
             for p in plans:
                 self.store.unpin(p.pinned)
-
-    def _prefix(self, prompts: list[list[list[int]]], salts: list[str | None],
-                metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
-        rows, states = [], []
-        for segments, salt, m in zip(prompts, salts, metrics, strict=True):
-            keys = [segment_key(s, model_fingerprint=self.fingerprint, seam=0, dtype=self.dtype_name, salt=salt)
-                    for s in segments[:-1]]
-            links = chain(keys)
-            reused, state = self.prefix.longest(links)
-            state = state or SequenceState()
-            m.segment_hits, m.segment_misses = reused, len(keys) - reused
-            m.cached_tokens = sum(len(s) for s in segments[:reused])
-            logits, last = None, len(segments) - 1
-            # One forward per stretch between kept states: after the head (segment 0) and after the last
-            # context segment — where SGLang's and vLLM's hybrid caches hold states (request and block
-            # ends), not after every segment, which would cost a forward per document.
-            ends = sorted({e for e in (0, last - 1, last) if e >= reused})
-            start = reused
-            for end in ends:
-                ids = to_device([t for s in segments[start:end + 1] for t in s], self.device)
-                ctx = SequenceContext([state], [len(ids)], self.device)
-                if end == last:
-                    logits = self.model(ids, ctx, to_device([len(ids) - 1], self.device))
-                else:
-                    self.model.hidden_states(ids, ctx)
-                ctx.finish()
-                if end < last:
-                    self.prefix.put(links[end], state)
-                start = end + 1
-            m.recomputed_tokens = sum(len(s) for s in segments[reused:])
-            rows.append(logits)
-            states.append(state)
-        return torch.cat(rows), states
 
     @torch.no_grad()
     def prefill_logits(self, prompts: list[list[list[int]]], *, mode: str = "hypic",

@@ -48,6 +48,30 @@ def test_prefix_reuses_kept_states_only(model_paths) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_prefix_prefills_a_call_of_prompts_together_and_exactly(model_paths, family) -> None:
+    """Prompts that start fresh, continue the head's state or the whole context's, and a lone query,
+    in one call: each equals its own full computation, and the call runs a forward per round and
+    kind of start (fresh, continuing), not per prompt."""
+    llm = LLM(str(model_paths[family]), device="cpu")
+    head, other, a, b, q1, q2, q3 = _segments(6, [20, 18, 30, 25, 7, 9, 5])
+    _logits(llm, [head, a, b, q1], "prefix")  # keeps the states after head and after head·a·b
+    batch = [[head, b, a, q2], [other, a, q1], [head, a, b, q3], [q2]]
+    forwards = []
+    model_forward, hidden = llm.engine.model.forward, llm.engine.model.hidden_states
+    llm.engine.model.forward = lambda *a_, **k: forwards.append("logits") or model_forward(*a_, **k)
+    llm.engine.model.hidden_states = lambda *a_, **k: forwards.append("hidden") or hidden(*a_, **k)
+    try:
+        logits, metrics = llm.engine.prefill_logits(batch, mode="prefix")
+    finally:
+        del llm.engine.model.forward, llm.engine.model.hidden_states
+    assert [m.segment_hits for m in metrics] == [1, 0, 3, 0]
+    # every forward passes hidden_states once: head (fresh), context, query (continuing), lone query
+    assert forwards.count("hidden") == 4  # one prompt at a time: 7
+    for row, prompt in zip(logits, batch, strict=True):
+        assert (row - _logits(llm, prompt, "full")[0]).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_seam_covering_every_segment_equals_full(model_paths, family) -> None:
     llm = LLM(str(model_paths[family]), device="cpu", seam=100)
     prompt = _segments(2, [40, 70, 33, 12])
