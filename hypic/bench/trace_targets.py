@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from hypic.bench.ttft import empty_store
@@ -56,6 +57,17 @@ def encode_trace(trace: Trace, tokenizer, vocab: int) -> list[list[list[int]]]:
     return [[head, *(docs[i] for i in r.doc_ids), ids(r.query)] for r in trace.requests]
 
 
+def warm_groups(indices: list[int]) -> Iterator[list[int]]:
+    """The warm-up in calls of 1, 2, 4, then 8 requests: a single prompt, a packed batch and a decode
+    step each specialise kernels of their own on the GPU (a first single-prompt `full` call took
+    2.8 s after a warm-up by batches alone), and none of that may land in a measured block."""
+    sizes, at = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
+    while at < len(indices):
+        group = indices[at:at + next(sizes)]
+        at += len(group)
+        yield group
+
+
 def reset_caches(engine: Engine) -> None:
     """Empty the engine's segment store (same budgets) and its prefix cache."""
     empty_store(engine)
@@ -80,14 +92,8 @@ class EngineTarget:
         self.mode = mode
 
     def warm(self, indices: list[int]) -> None:
-        # Back to back, in calls of 1, 2, 4, then 8 prompts with one decode step each: a single
-        # prompt, a packed batch and a decode step each specialise kernels of their own on the GPU
-        # (a first single-prompt `full` call took 2.8 s after warm-up by batches alone), and none of
-        # that may land in a measured block.
-        sizes, at = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
-        while at < len(indices):
-            batch = [self.prompts[i] for i in indices[at:at + next(sizes)]]
-            at += len(batch)
+        for group in warm_groups(indices):  # back to back, one decode step each
+            batch = [self.prompts[i] for i in group]
             self.engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=self.mode)
         self.scheduler = Scheduler(self.engine, **self._limits)
 
@@ -144,11 +150,7 @@ class HttpTarget:
         self.mode, self.salt = mode, f"bench-trace-{mode}-{secrets.token_hex(8)}"  # the server's caches, empty
 
     def warm(self, indices: list[int]) -> None:
-        """Calls of 1, 2, 4, then 8 requests at once (the server batches what arrives together)."""
-        sizes, at = itertools.chain((1, 2, 4), itertools.repeat(8)), 0
-        while at < len(indices):
-            group = indices[at:at + next(sizes)]
-            at += len(group)
+        for group in warm_groups(indices):  # each group at once: the server batches what arrives together
             threads = [threading.Thread(target=self.call, args=(i, time.perf_counter(), 2)) for i in group]
             for t in threads:
                 t.start()
