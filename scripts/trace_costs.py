@@ -1,7 +1,9 @@
 """Where a trace request's time goes on the GPU, per mode: prefill time of 1, 2, 4 and 8 trace
 prompts in one call, and one decode step over 1 and 16 running requests (9B shape, random weights).
 A diagnostic behind docs/benchmarks.md's trace section: `python3 scripts/trace_costs.py
-[--decode-only]`; the decode step's busiest host and device operations are printed last."""
+[--decode-only | --pressure]`; the decode step's busiest host and device operations are printed last.
+`--pressure`: instead, `hypic` calls on a 2 048-document pool with a 60 GiB store (a quarter of the
+segments miss), the cold prefill of 1–16 documents alone, and a profile of one call."""
 
 import sys
 import time
@@ -26,7 +28,60 @@ def timed(fn) -> float:
     return 1e3 * (time.perf_counter() - t)
 
 
+def label(owner, name: str) -> None:
+    """Wrap ``owner.name`` in a profiler range, so the profile splits a call by phase."""
+    fn = getattr(owner, name)
+
+    def wrapped(*args, **kwargs):
+        with torch.profiler.record_function(f"hypic::{getattr(owner, '__name__', type(owner).__name__)}.{name}"):
+            return fn(*args, **kwargs)
+    setattr(owner, name, wrapped)
+
+
+def pressure(engine: Engine, tok: Tokenizer) -> None:
+    from hypic.engine.cold import ColdContext
+    from hypic.engine.combine import CombineContext
+    for owner, names in ((engine, ("_plan", "_scatter", "_cold_context")), (engine.store, ("insert", "lookup")),
+                         (ColdContext, ("linear", "attend", "save_conv", "__init__")),
+                         (CombineContext, ("linear", "attend", "save_conv", "__init__"))):
+        for name in names:
+            label(owner, name)
+    trace = generate_trace(0, num_requests=120, pool_size=2048, rate_qps=1.0)
+    prompts = encode_trace(trace, tok, engine.model.vocab_size)
+    one = SamplingParams(max_tokens=1)
+    for i in range(0, 48, 8):
+        engine.generate(prompts[i:i + 8], [one] * 8, mode="hypic")
+    print("| prompts per call | tokens | cold segments / all | prefill (ms) |")
+    print("|---|---|---|---|")
+    at = 48
+    for n in (1, 1, 2, 2, 4, 8):
+        batch = prompts[at:at + n]
+        at += n
+        out: list = []
+        ms = timed(lambda b=batch: out.extend(engine.generate(b, [one] * len(b), mode="hypic")))
+        misses = sum(o.metrics.segment_misses for o in out)
+        total = misses + sum(o.metrics.segment_hits for o in out)
+        print(f"| {n} | {sum(len(s) for p in batch for s in p)} | {misses} / {total} | {ms:.1f} |", flush=True)
+    docs = [s for p in prompts[100:] for s in p[1:-1]]
+    for k in (1, 1, 4, 16):
+        batch, docs = docs[:k], docs[k:]
+        ms = timed(lambda b=batch: engine.prewarm(b))
+        print(f"cold prefill alone, {k} documents, {sum(map(len, batch))} tokens: {ms:.1f} ms", flush=True)
+    batch = prompts[at:at + 2]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.generate(batch, [one] * 2, mode="hypic")
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=40))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
+
+
 def main() -> None:
+    if "--pressure" in sys.argv:
+        engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16),
+                        cache_device_bytes=60 << 30)
+        pressure(engine, Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json")))
+        return
     engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16))
     tok = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
     trace = generate_trace(0, num_requests=120, pool_size=256, rate_qps=1.0)

@@ -55,12 +55,11 @@ def bench_ttft(args: argparse.Namespace) -> int:
     if args.sync_report and device.type == "cuda":
         from hypic.bench.syncs import format_sites, profile_request, sync_sites
         from hypic.bench.ttft import rag_prompts
-        from hypic.cache.store import SegmentStore
         # the run's documents in an order it never used: every document hits, the prefix cache has only the head
         prompt = rag_prompts(shape, engine.model.vocab_size, args.reps + 3)[-1]
         sites = sync_sites(engine, prompt, ("hypic", "full", "prefix"))
         warm = profile_request(engine, prompt, "hypic")
-        engine.store = SegmentStore(engine.device)  # and once cold
+        engine.store.clear()  # and once cold
         sites["hypic cold"] = sync_sites(engine, prompt, ("hypic",))["hypic"]
         with open(args.sync_report, "w") as f:
             f.write(format_sites(sites) + "\n\n" + warm + "\n")

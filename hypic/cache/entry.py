@@ -10,12 +10,17 @@ at position 0) and placed at its true position on reuse.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from hypic.cache.keys import SegmentKey
 from hypic.ops.recurrence import Summary
+
+if TYPE_CHECKING:
+    from hypic.cache.host_arena import Region
+    from hypic.cache.layout import Header
 
 
 def _nbytes(t: Tensor | None) -> int:
@@ -33,6 +38,9 @@ class Entry:
     values: dict[int, Tensor] = field(default_factory=dict)  # attention layer → body values [L−w, Hkv, Dv]
     tier: str = "device"
     hits: int = 0
+    # In the host tier's pinned arena: the region its tensors are views into, and their layout there.
+    region: Region | None = None
+    header: Header | None = None
 
     @property
     def length(self) -> int:
@@ -54,7 +62,10 @@ class Entry:
     def storage_bytes(self) -> int:
         """Bytes of the distinct storages behind the entry's tensors: what dropping it frees. Equal to
         ``nbytes`` when the entry owns its memory; more when a tensor is a view into a larger buffer
-        (a batch's states), which would stay alive, unaccounted, as long as the entry does."""
+        (a batch's states), which would stay alive, unaccounted, as long as the entry does. An entry
+        in the host arena owns its region (the arena frees it with the entry)."""
+        if self.region is not None:
+            return self.region.nbytes
         storages = {}
         for t in self._tensors():
             st = t.untyped_storage()

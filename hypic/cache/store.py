@@ -2,7 +2,9 @@
 
 Inserts go to the device tier; when it is over budget the least recently used unpinned entries
 are demoted to the host tier (or dropped when that is full too); a hit in the host tier is
-promoted back. Entries a running request uses are pinned and never move. ``check_integrity``
+promoted back. Entries a running request uses are pinned and never move. On a GPU the host tier
+lives in pinned memory pinned ahead of time (``HostArena``): an entry goes there in one region and
+comes back in one copy. ``check_integrity``
 verifies that the bytes each tier accounts equal the sum of its entries and stay in budget.
 """
 
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from hypic.cache.entry import Entry
+from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey
+from hypic.cache.layout import layout, owns_memory, pack_into, unpack
 
 TIERS = ("device", "host")
 
@@ -32,15 +36,26 @@ class CacheStats:
     promotions: int
     demotions: int
     move_s: float = 0.0  # host seconds spent issuing promotions and demotions (copies between tiers)
+    host_pinned_bytes: int = 0  # page-locked host memory the host tier's arena holds (used or not)
 
 
 class SegmentStore:
-    def __init__(self, device: torch.device, *, device_bytes: int | None = None, host_bytes: int | None = None) -> None:
+    def __init__(self, device: torch.device, *, device_bytes: int | None = None, host_bytes: int | None = None,
+                 arena: HostArena | None | str = "auto", pin_gate: threading.Lock | None = None) -> None:
+        """``arena``: where demoted entries live — "auto" pins host memory in a ``HostArena`` when the
+        device is a GPU and keeps entries as they are on the CPU (its "device" tier is host memory
+        already, a demotion moves nothing); or an arena (tests), or None (plain copies).
+        ``pin_gate``: the auto arena pins only while holding it (the engine's lock)."""
         for name, budget in (("cache_device_bytes", device_bytes), ("cache_host_bytes", host_bytes)):
             if budget is not None and (not isinstance(budget, int) or budget < 0):
                 raise ValueError(f"{name}: expected a non-negative integer or None, got {budget!r}")
         self.device = torch.device(device)
         self.budgets: dict[str, int | None] = {"device": device_bytes, "host": host_bytes}
+        if arena == "auto":
+            arena = HostArena(host_bytes, gate=pin_gate) if self.device.type == "cuda" else None
+        elif arena is not None and not isinstance(arena, HostArena):
+            raise ValueError(f"arena: expected 'auto', a HostArena or None, got {arena!r}")
+        self.arena: HostArena | None = arena
         self._tiers: dict[str, OrderedDict[SegmentKey, Entry]] = {t: OrderedDict() for t in TIERS}
         self._bytes = {t: 0 for t in TIERS}
         self._pins: dict[SegmentKey, int] = {}
@@ -62,11 +77,21 @@ class SegmentStore:
         self._bytes[tier] -= entry.nbytes
         return entry
 
-    def _move(self, entry: Entry, device: torch.device | str, tier: str) -> Entry:
-        t0 = time.perf_counter()
-        moved = entry.to(device, tier)
-        self.move_s += time.perf_counter() - t0
-        return moved
+    def _release(self, entry: Entry) -> None:
+        """The entry leaves the store: its arena region (if any) is free for the next demotion."""
+        if entry.region is not None and self.arena is not None:
+            self.arena.free(entry.region)
+            entry.region = None
+
+    def _evict_lru(self, tier: str) -> int:
+        """Drop the least recently used unpinned entry of ``tier``; the bytes freed (0: none could go)."""
+        for key in self._tiers[tier]:
+            if not self._pins.get(key):
+                entry = self._remove(tier, key)
+                self._release(entry)
+                self.evictions += 1
+                return entry.nbytes
+        return 0
 
     def _make_room(self, tier: str, nbytes: int) -> bool:
         """Evict unpinned LRU entries of ``tier`` (device → host → gone) until nbytes fit."""
@@ -79,12 +104,52 @@ class SegmentStore:
             if self._pins.get(key):
                 continue
             entry = self._remove(tier, key)
-            if tier == "device" and self._fits("host", entry.nbytes) and self._make_room("host", entry.nbytes):
-                self._add("host", self._move(entry, "cpu", "host"))
+            host = self._to_host(entry) if tier == "device" else None
+            if host is not None:
+                self._add("host", host)
                 self.demotions += 1
             else:
+                self._release(entry)
                 self.evictions += 1
         return self._bytes[tier] + nbytes <= budget
+
+    def _to_host(self, entry: Entry) -> Entry | None:
+        """A host-tier copy of a device entry (room made in the host tier), or None: no room."""
+        if not (self._fits("host", entry.nbytes) and self._make_room("host", entry.nbytes)):
+            return None
+        t0 = time.perf_counter()
+        try:
+            if self.arena is None:
+                return entry.to("cpu", "host")
+            header = layout(entry)
+            region, freed = self.arena.allocate(header.nbytes), 0
+            while region is None and freed < 2 * header.nbytes:  # fragmented: free older neighbours' room
+                dropped = self._evict_lru("host")
+                if not dropped:
+                    break
+                freed += dropped
+                region = self.arena.allocate(header.nbytes)
+            if region is None:  # not pinned yet (the arena grows in the background): drop, never stall
+                return None
+            host = pack_into(entry, header, region.buffer)
+            host.region, host.header, host.tier = region, header, "host"
+            return host
+        finally:
+            self.move_s += time.perf_counter() - t0
+
+    def _to_device(self, entry: Entry) -> Entry:
+        """A device copy of a host entry (one copy from its arena region); the region is freed."""
+        t0 = time.perf_counter()
+        if entry.region is None:
+            moved = entry.to(self.device, "device")
+        else:
+            n = entry.header.nbytes
+            buf = torch.empty(n, dtype=torch.uint8, device=self.device)  # a copy, even on the CPU
+            moved = unpack(entry.header, buf.copy_(entry.region.buffer[:n], non_blocking=True))
+            moved.hits = entry.hits
+            self._release(entry)  # after the copy is issued: a later demotion's copy into it runs after it
+        self.move_s += time.perf_counter() - t0
+        return moved
 
     def insert(self, entry: Entry) -> bool:
         """Cache an entry; False when no tier has room (the caller still holds it for its request)."""
@@ -92,14 +157,18 @@ class SegmentStore:
             for tier in TIERS:
                 if entry.key in self._tiers[tier]:
                     return True
-            for tier in TIERS:
-                if self._fits(tier, entry.nbytes) and self._make_room(tier, entry.nbytes):
-                    self._add(tier, entry if tier == "device" else self._move(entry, "cpu", "host"))
-                    return True
+            if self._fits("device", entry.nbytes) and self._make_room("device", entry.nbytes):
+                self._add("device", entry)
+                return True
+            host = self._to_host(entry)
+            if host is not None:
+                self._add("host", host)
+                return True
             return False
 
     def lookup(self, key: SegmentKey, token_ids: tuple[int, ...]) -> Entry | None:
-        """The entry for these exact tokens, promoted to the device tier when it fits; else None."""
+        """The entry for these exact tokens, promoted to the device tier when it fits; else None.
+        The caller pins the key before its next lookup: an unpinned entry may move or go."""
         with self._lock:
             for tier in TIERS:
                 entry = self._tiers[tier].get(key)
@@ -113,12 +182,13 @@ class SegmentStore:
                 if tier == "host" and self._fits("device", entry.nbytes):
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     if self._make_room("device", entry.nbytes):
-                        entry = self._move(entry, self.device, "device")
+                        entry = self._to_device(entry)
                         self._add("device", entry)
                         self.promotions += 1
                     elif self._make_room("host", entry.nbytes):
                         self._add("host", entry)
-                    else:
+                    else:  # no tier keeps it: the request gets its own device copy (the region is freed)
+                        entry = self._to_device(entry)
                         self.evictions += 1
                 return entry
             self.misses += 1
@@ -138,23 +208,33 @@ class SegmentStore:
                 else:
                     self._pins.pop(k, None)
 
+    def clear(self) -> None:
+        """Drop every entry and reset the counters (budgets, pins and the arena's pinned memory stay)."""
+        with self._lock:
+            for tier in TIERS:
+                for key in list(self._tiers[tier]):
+                    self._release(self._remove(tier, key))
+            self.hits = self.misses = self.evictions = self.promotions = self.demotions = 0
+            self.move_s = 0.0
+
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats({t: len(self._tiers[t]) for t in TIERS}, dict(self._bytes), dict(self.budgets),
                               self.hits, self.misses, self.evictions, self.promotions, self.demotions,
-                              self.move_s)
+                              self.move_s, 0 if self.arena is None else self.arena.pinned_bytes)
 
     def check_integrity(self) -> bool:
         """Accounted bytes equal the sum of entries per tier, no key is in two tiers, budgets hold
-        (a tier may exceed its budget only by pinned entries), and every entry owns exactly the
-        memory it is accounted for (no view into a larger buffer that evicting it would not free)."""
+        (a tier may exceed its budget only by pinned entries), every entry owns exactly the memory
+        it is accounted for (no view into a larger buffer that evicting it would not free), and the
+        arena's used bytes are exactly the host entries' regions."""
         with self._lock:
             seen: set[SegmentKey] = set()
             for tier in TIERS:
                 entries = self._tiers[tier]
                 if sum(e.nbytes for e in entries.values()) != self._bytes[tier]:
                     return False
-                if any(e.storage_bytes != e.nbytes for e in entries.values()):
+                if not all(owns_memory(e) for e in entries.values()):
                     return False
                 if seen & entries.keys() or any(e.tier != tier or e.key != k for k, e in entries.items()):
                     return False
@@ -162,5 +242,11 @@ class SegmentStore:
                 budget = self.budgets[tier]
                 unpinned = sum(e.nbytes for k, e in entries.items() if not self._pins.get(k))
                 if budget is not None and self._bytes[tier] > budget and unpinned > 0:
+                    return False
+            if any(e.region is not None for e in self._tiers["device"].values()):
+                return False
+            if self.arena is not None:
+                regions = sum(e.region.nbytes for e in self._tiers["host"].values() if e.region is not None)
+                if regions != self.arena.used or not self.arena.check():
                     return False
             return True

@@ -91,14 +91,14 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer
         self.seam, self.cold = seam, cold
+        self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
-                                  host_bytes=resolve(cache_host_bytes, "host", self.device))
+                                  host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock)
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")
         self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
-        self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.pool: ColdPool | None = None
         # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
         self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
@@ -123,8 +123,10 @@ class Engine(ColdPrefill, PrefixPrefill):
             if s.key is not None:
                 s.entry = self.store.lookup(s.key, tuple(s.token_ids))
                 s.hit = s.entry is not None
-        plan.pinned = [s.key for s in plans if s.key is not None]
-        self.store.pin(plan.pinned)
+                # pinned before the next lookup, whose promotion may make room: a host entry
+                # evicted there would free the arena region this request is about to read
+                self.store.pin([s.key])
+                plan.pinned.append(s.key)
         return plan
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],

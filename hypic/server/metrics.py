@@ -48,6 +48,8 @@ class _Live(Collector):
             if s.budgets[tier] is not None:
                 g.add_metric([tier], s.budgets[tier])
         yield g
+        yield GaugeMetricFamily("hypic_cache_host_pinned_bytes", "Page-locked host memory the host tier holds "
+                                "(pinned ahead of demotions, used or not)", value=s.host_pinned_bytes)
         for name, value in (("evictions", s.evictions), ("promotions", s.promotions), ("demotions", s.demotions),
                             ("lookup_hits", s.hits), ("lookup_misses", s.misses)):
             yield CounterMetricFamily(f"hypic_cache_{name}", f"Cache {name.replace('_', ' ')}", value=value)

@@ -58,17 +58,21 @@ def test_hypic_close_to_full_and_naive_far(llm) -> None:
 
 
 def test_eviction_under_a_tiny_budget_keeps_results(qwen3_5_path) -> None:
+    """Two prompts that share nothing, in turn, through a store that holds one entry per tier: each
+    request's entries displace the other's (a request's own entries are pinned, so they never
+    displace each other), and the answers stay what an unbounded store gives."""
     roomy = LLM(str(qwen3_5_path), device="cpu")
-    prompt = _segments(9, [40, 60, 50, 8])
-    want = _logits(roomy, prompt, "hypic")
-    entry_bytes = roomy.cache_stats()["bytes"]["device"] // 3
+    prompts = [_segments(9, [40, 60, 50, 8]), _segments(19, [30, 45, 8])]
+    want = [_logits(roomy, p, "hypic") for p in prompts]
+    entry_bytes = roomy.cache_stats()["bytes"]["device"] // 5
     tight = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=entry_bytes + 10, cache_host_bytes=entry_bytes + 10)
     for _ in range(3):
-        assert _maxdiff(_logits(tight, prompt, "hypic"), want) <= TOL
-        stats = tight.cache_stats()
-        assert stats["entries"]["device"] <= 1 and stats["entries"]["host"] <= 1
-        assert tight.engine.store.check_integrity()
-    assert stats["evictions"] + stats["demotions"] > 0
+        for p, w in zip(prompts, want, strict=True):
+            assert _maxdiff(_logits(tight, p, "hypic"), w) <= TOL
+            stats = tight.cache_stats()
+            assert stats["entries"]["device"] <= 1 and stats["entries"]["host"] <= 1
+            assert tight.engine.store.check_integrity()
+    assert stats["evictions"] > 0 and stats["demotions"] > 0
 
 
 def test_cache_salt_isolates_tenants(llm) -> None:

@@ -1,0 +1,187 @@
+"""Pinned host memory for the host tier: pinned once, in slabs, off the serving path; reused.
+
+Demoting an entry to host memory must be an asynchronous copy, and only page-locked ("pinned")
+memory takes one. But pinning is slow: on the H200 machine, demoting a 9B-shape entry (106 MiB in
+88 tensors) into freshly pinned memory cost 80–97 ms of host time, against 1.1–1.4 ms into pinned
+memory freed before (``scripts/store_moves.py``, docs/benchmarks.md) — and while the host tier
+only grows, every demotion pins fresh memory: 193 demotions stalled one trace block for 16.9 s.
+
+So the arena pins memory in slabs on a background thread, ahead of demand (``ahead_bytes`` free
+beyond what is used, up to ``capacity``), and hands out contiguous regions first-fit from them; a
+freed region returns to its slab's free list, coalesced with its neighbours. ``allocate`` never
+pins on the caller's thread: with no room yet it returns None and the store evicts the entry
+rather than stall the request (an eviction costs a recompute later, ≈ 10–90 ms for a document).
+
+Pinning in the background is not free either: while the thread pinned 1 GiB slabs (≈ 0.5 s each
+on the H200 machine) the serving thread's demotions took 55 ms each instead of ≈ 1 (a trace block
+lost 3.6 s; the driver serialises the pinning with the other thread's CUDA calls). So the thread
+pins only while it holds ``gate`` — the engine's lock, free only between engine calls — one slab of
+``slab_bytes`` (256 MiB, ≈ 0.13 s) at a time: a call that arrives meanwhile waits at most that
+long, and a busy engine pins little (its demotions become evictions until it pauses).
+
+Stream order is the safety rule: every copy into or out of a region is issued on the device's
+current stream (the engine's, under its lock), so a region freed after a promotion's copy was
+issued can take the next demotion's copy without an event: the device runs them in order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hypic.cache.layout import ALIGN
+
+log = logging.getLogger(__name__)
+
+SLAB_BYTES = 256 << 20  # two 9B-shape entries (≈ 106 MiB each); a larger entry gets a slab of its size
+AHEAD_BYTES = 4 << 30
+
+
+@dataclass(frozen=True)
+class Region:
+    slab: int
+    offset: int
+    nbytes: int
+    buffer: Tensor  # uint8 [nbytes]: a view into the slab
+
+
+class HostArena:
+    def __init__(self, capacity: int | None, *, slab_bytes: int = SLAB_BYTES, ahead_bytes: int = AHEAD_BYTES,
+                 pin: bool = True, background: bool = True, gate: threading.Lock | None = None) -> None:
+        """``capacity``: the most bytes ever pinned (None: unbounded); ``pin=False`` takes ordinary
+        memory (CPU tests); ``background=False`` grows only when ``grow`` is called (tests);
+        ``gate``: a lock held while pinning (the engine's: pin only between its calls)."""
+        if slab_bytes <= 0 or slab_bytes % ALIGN:
+            raise ValueError(f"slab_bytes: expected a positive multiple of {ALIGN}, got {slab_bytes!r}")
+        self.capacity, self.slab_bytes, self.ahead_bytes = capacity, slab_bytes, ahead_bytes
+        self.pin, self.background, self.gate = pin, background, gate
+        self._largest = 0  # the largest request no slab could hold: the next slab is at least that
+        self.slabs: list[Tensor] = []
+        self._free: list[list[tuple[int, int]]] = []  # per slab: sorted (offset, size) free blocks
+        self.used = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(s.numel() for s in self.slabs)
+
+    def _next_slab(self) -> int:
+        """Bytes of the next slab (0: at capacity): ``slab_bytes``, or the largest entry that fit no
+        slab when that is more and capacity allows it, or what capacity has left."""
+        left = None if self.capacity is None else self.capacity - self.pinned_bytes
+        left = None if left is None else left - left % ALIGN
+        want = self.slab_bytes
+        if self._largest and (left is None or self._largest <= left):
+            want = self._largest
+        return want if left is None else max(0, min(want, left))
+
+    def _wants_slab(self) -> bool:
+        return not self._closed and self._next_slab() > 0 and self.pinned_bytes - self.used < self.ahead_bytes
+
+    def grow(self) -> bool:
+        """Pin one more slab (slow: the background thread's work); False at capacity."""
+        with self._cond:
+            size = self._next_slab()
+        if size <= 0:
+            return False
+        try:
+            with self.gate or contextlib.nullcontext():  # outside the arena's lock: it takes long
+                slab = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
+        except RuntimeError as e:  # the machine would not lock more pages: stay at what is pinned
+            with self._cond:
+                self.capacity = self.pinned_bytes
+            log.warning("host tier: pinning %d more bytes failed (%s); staying at %d", size, e, self.capacity)
+            return False
+        with self._cond:
+            if self._closed or (self.capacity is not None and self.pinned_bytes + size > self.capacity):
+                return False
+            self.slabs.append(slab)
+            self._free.append([(0, size)])
+            if size >= self._largest:
+                self._largest = 0
+        return True
+
+    def allocate(self, nbytes: int) -> Region | None:
+        """A region of ``nbytes`` (rounded up to ALIGN) from pinned memory; None when none is free."""
+        need = nbytes + (-nbytes % ALIGN)
+        with self._cond:
+            region = self._take(max(need, ALIGN))
+            if region is None and need > self.slab_bytes:
+                self._largest = max(self._largest, need)
+            if self.background and self._wants_slab():
+                self._start()
+                self._cond.notify_all()
+        return region
+
+    def _take(self, need: int) -> Region | None:
+        for i, blocks in enumerate(self._free):
+            for j, (offset, size) in enumerate(blocks):
+                if size >= need:
+                    if size == need:
+                        del blocks[j]
+                    else:
+                        blocks[j] = (offset + need, size - need)
+                    self.used += need
+                    return Region(i, offset, need, self.slabs[i][offset:offset + need])
+        return None
+
+    def free(self, region: Region) -> None:
+        with self._cond:
+            blocks = self._free[region.slab]
+            j = bisect.bisect(blocks, (region.offset, 0))
+            offset, size = region.offset, region.nbytes
+            if j < len(blocks) and blocks[j][0] == offset + size:  # merge the next block
+                size += blocks.pop(j)[1]
+            if j > 0 and blocks[j - 1][0] + blocks[j - 1][1] == offset:  # and the previous one
+                j -= 1
+                offset, size = blocks[j][0], blocks[j][1] + size
+                del blocks[j]
+            blocks.insert(j, (offset, size))
+            self.used -= region.nbytes
+
+    def check(self) -> bool:
+        """Free blocks are in bounds, sorted, disjoint and not adjacent; used + free = pinned."""
+        with self._cond:
+            free = 0
+            for slab, blocks in zip(self.slabs, self._free, strict=True):
+                end = -1
+                for offset, size in blocks:
+                    if offset <= end or size <= 0 or offset + size > slab.numel():
+                        return False
+                    end, free = offset + size, free + size
+            return free + self.used == self.pinned_bytes
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=_grow_ahead, args=(weakref.ref(self),), daemon=True,
+                                            name="hypic-host-arena")
+            self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def _grow_ahead(ref: weakref.ref[HostArena]) -> None:
+    """Keep ``ahead_bytes`` pinned beyond what is used, up to capacity; ends with the arena (it holds
+    only a weak reference between slabs, so a dropped store's arena and slabs are freed)."""
+    while True:
+        arena = ref()
+        if arena is None or arena._closed:
+            return
+        if arena._wants_slab():
+            arena.grow()
+        else:
+            with arena._cond:
+                arena._cond.wait(timeout=1.0)
+        del arena

@@ -1,0 +1,113 @@
+"""An entry's tensors laid out in one contiguous byte buffer, and back.
+
+Two places need an entry as one block of bytes: the wire (a worker's share crosses in one
+transfer, ``hypic.parallel.wire``) and the host tier (an entry demoted into pinned host memory
+comes back to the device in one copy instead of ~90, ``hypic.cache.host_arena``). A ``Header``
+says where each tensor sits: per linear layer the summary ``(T, S)`` and conv tail, per attention
+layer the body keys and values, kind by kind, each offset aligned so every view is aligned for its
+dtype. ``unpack`` turns a buffer back into an entry whose tensors are views into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from hypic.cache.entry import Entry
+from hypic.cache.keys import SegmentKey
+from hypic.ops.recurrence import Summary
+
+ALIGN = 64  # bytes: ≥ every dtype's size, and a cache line
+
+# (slot, layer, dtype name, shape, byte offset); slot ∈ "T", "S", "conv", "k", "v"
+Field = tuple[str, int, str, tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class Header:
+    key: SegmentKey
+    token_ids: tuple[int, ...]
+    seam: int
+    fields: tuple[Field, ...]
+    nbytes: int  # the buffer's size
+
+
+def tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:
+    """An entry's tensors, kind by kind (every layer's T, then every S, …): runs of one shape, which
+    ``unpack`` turns into views with one call per run instead of one per tensor (~90 per entry at
+    a 9B shape: 9.6 → 2.3 ms of host time for a share of 18 entries, scripts/wire_host_time.py)."""
+    summaries = sorted(entry.summaries.items())
+    out = [("T", layer, s.transition) for layer, s in summaries if s.transition is not None]
+    out += [("S", layer, s.state) for layer, s in summaries]
+    out += [("conv", layer, t) for layer, t in sorted(entry.conv_tails.items())]
+    out += [("k", layer, t) for layer, t in sorted(entry.keys.items())]
+    out += [("v", layer, t) for layer, t in sorted(entry.values.items())]
+    return out
+
+
+def layout(entry: Entry) -> Header:
+    """Where each of the entry's tensors goes in its buffer (no data moves)."""
+    fields, offset = [], 0
+    for slot, layer, t in tensors(entry):
+        fields.append((slot, layer, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        n = t.numel() * t.element_size()
+        offset += n + (-n % ALIGN)
+    return Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset)
+
+
+def pack_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
+    """Copy the entry's tensors into ``buf`` (uint8, ``header.nbytes``, any device) by ``header``;
+    returns the entry as views into ``buf``. Copies are issued non-blocking: a device→pinned-host
+    copy returns at once and completes in stream order."""
+    packed = unpack(header, buf)
+    for (_, _, t), (_, _, dst) in zip(tensors(entry), tensors(packed), strict=True):
+        dst.copy_(t, non_blocking=True)
+    packed.hits = entry.hits
+    return packed
+
+
+def unpack(header: Header, buf: Tensor) -> Entry:
+    """The entry back from its header and buffer (views into ``buf``)."""
+    if buf.dtype != torch.uint8 or buf.numel() != header.nbytes:
+        raise ValueError(f"entry {header.key}: expected a uint8 buffer of {header.nbytes} bytes, "
+                         f"got {buf.dtype} × {buf.numel()}")
+    got: dict[tuple[str, int], Tensor] = {}
+    fields, i = header.fields, 0
+    while i < len(fields):  # a run of one kind, dtype and shape, back to back: one view, unbound
+        slot, _, dtype_name, shape, offset = fields[i]
+        dtype = getattr(torch, dtype_name)
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        j = i + 1
+        while (j < len(fields) and fields[j][0] == slot and fields[j][2:4] == (dtype_name, shape)
+               and fields[j][4] == offset + (j - i) * n):
+            j += 1
+        run = buf[offset:offset + (j - i) * n].view(dtype).view(j - i, *shape)
+        for f, t in zip(fields[i:j], run.unbind(0), strict=True):
+            got[f[0], f[1]] = t
+        i = j
+    entry = Entry(header.key, header.token_ids, header.seam)
+    for (slot, layer), t in got.items():
+        if slot == "S":
+            entry.summaries[layer] = Summary(got.get(("T", layer)), t)  # no T field: plain linear attention
+        elif slot == "conv":
+            entry.conv_tails[layer] = t
+        elif slot == "k":
+            entry.keys[layer] = t
+        elif slot == "v":
+            entry.values[layer] = t
+    return entry
+
+
+def owns_memory(entry: Entry) -> bool:
+    """The entry holds exactly the memory it is accounted for, up to alignment padding: its own
+    tensors, one buffer of its own (``unpack``), or its region of the host arena — never a view into
+    a larger buffer (a batch's states) that dropping the entry would not free."""
+    ts = entry._tensors()
+    if entry.region is not None:
+        lo = entry.region.buffer.data_ptr()
+        hi = lo + entry.region.nbytes
+        if any(not lo <= t.data_ptr() <= t.data_ptr() + t.numel() * t.element_size() <= hi for t in ts):
+            return False
+    return entry.nbytes <= entry.storage_bytes <= entry.nbytes + ALIGN * (len(ts) + 1)

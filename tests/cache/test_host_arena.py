@@ -1,0 +1,164 @@
+"""The host tier's arena: regions first-fit from slabs, freed and coalesced, never beyond capacity;
+a store demotes into it and promotes out of it without ever serving another entry's bytes, and
+drops (never stalls) when the arena has no room yet; the background thread pins ahead of demand."""
+
+import gc
+import random
+import threading
+import time
+
+import pytest
+import torch
+
+from hypic.cache.entry import Entry
+from hypic.cache.host_arena import HostArena
+from hypic.cache.keys import segment_key
+from hypic.cache.layout import ALIGN
+from hypic.cache.store import SegmentStore
+from hypic.ops.recurrence import Summary
+
+
+def _entry(doc: int, length: int = 6) -> Entry:
+    """An entry with every kind of tensor, of mixed dtypes and sizes, filled from its document id."""
+    g = torch.Generator().manual_seed(doc)
+    ids = [doc] * length
+    e = Entry(segment_key(ids, model_fingerprint="m", seam=2, dtype="bfloat16"), tuple(ids), 2)
+    for layer in (0, 1, 2):
+        e.summaries[layer] = Summary(torch.randn(2, 4, 4, generator=g), torch.randn(2, 4, 3, generator=g))
+        e.conv_tails[layer] = torch.randn(3, 5, generator=g).to(torch.bfloat16)
+    e.keys[3] = torch.randn(length - 2, 1, 7, generator=g).to(torch.bfloat16)
+    e.values[3] = torch.randn(length - 2, 1, 7, generator=g).to(torch.bfloat16)
+    return e
+
+
+def _same(a: Entry, b: Entry) -> bool:
+    pairs = [(a.summaries[i].transition, b.summaries[i].transition) for i in a.summaries]
+    pairs += [(a.summaries[i].state, b.summaries[i].state) for i in a.summaries]
+    pairs += [(a.conv_tails[i], b.conv_tails[i]) for i in a.conv_tails]
+    pairs += [(a.keys[i], b.keys[i]) for i in a.keys] + [(a.values[i], b.values[i]) for i in a.values]
+    return a.token_ids == b.token_ids and all(torch.equal(x.cpu(), y.cpu()) for x, y in pairs)
+
+
+def test_regions_are_first_fit_coalesced_and_bounded_by_capacity() -> None:
+    arena = HostArena(3 * 1024, slab_bytes=1024, pin=False, background=False)
+    assert arena.allocate(10) is None  # nothing pinned yet: no region, no stall
+    assert arena.grow() and arena.grow() and arena.grow() and not arena.grow()  # capacity: 3 slabs
+    assert arena.pinned_bytes == 3 * 1024
+    a, b, c = arena.allocate(100), arena.allocate(300), arena.allocate(1)
+    assert (a.slab, a.offset, a.nbytes) == (0, 0, 128) and (b.offset, b.nbytes) == (128, 320)
+    assert c.offset == 448 and c.nbytes == ALIGN and arena.used == 128 + 320 + 64
+    assert arena.allocate(2000) is None  # larger than any slab
+    big = [arena.allocate(1024) for _ in range(2)]
+    assert [r.slab for r in big] == [1, 2] and arena.allocate(1024) is None
+    arena.free(b)
+    again = arena.allocate(300)
+    assert again.offset == 128 and again.slab == 0  # b's hole, first fit
+    for r in (a, c, *big, again):
+        arena.free(r)
+        assert arena.check()
+    assert arena.used == 0 and arena._free == [[(0, 1024)]] * 3  # everything coalesced
+    assert arena.check()
+
+
+def test_a_store_round_trips_entries_through_the_arena_without_mixing_them() -> None:
+    """Zipf lookups over more entries than fit: demotions, promotions and evictions reuse regions;
+    every lookup must return its own document's tensors, bit for bit."""
+    originals = {d: _entry(d, length=4 + d % 5) for d in range(24)}
+    size = max(e.nbytes for e in originals.values())
+    slab = (2 * size + 40 * ALIGN) // ALIGN * ALIGN  # two entries and their alignment padding, about
+    arena = HostArena(3 * slab, slab_bytes=slab, pin=False, background=False)
+    while arena.grow():
+        pass
+    store = SegmentStore(torch.device("cpu"), device_bytes=4 * size, host_bytes=6 * size, arena=arena)
+    for d, e in originals.items():
+        assert store.insert(_entry(d, length=e.length))
+        assert store.check_integrity()
+    s = store.stats()
+    assert s.demotions > 0 and s.evictions > 0 and s.entries["host"] > 0
+    assert all(e.region is not None for e in store._tiers["host"].values())
+    rng = random.Random(0)
+    for d in rng.choices(range(24), [1 / (k + 1) for k in range(24)], k=300):
+        got = store.lookup(originals[d].key, originals[d].token_ids)
+        if got is None:
+            assert store.insert(_entry(d, length=originals[d].length))
+        else:
+            assert _same(got, originals[d]) and got.region is None  # promoted: a device copy
+        assert store.check_integrity()
+    s = store.stats()
+    assert s.promotions > 20 and s.demotions > 20
+    store.clear()
+    assert arena.used == 0 and store.check_integrity() and arena.pinned_bytes == 3 * slab
+
+
+def test_without_pinned_room_a_demotion_is_an_eviction() -> None:
+    a, b = _entry(1), _entry(2)
+    arena = HostArena(None, pin=False, background=False)  # never grown: no pinned memory at all
+    store = SegmentStore(torch.device("cpu"), device_bytes=a.nbytes, host_bytes=None, arena=arena)
+    assert store.insert(a) and store.insert(b)
+    s = store.stats()
+    assert s.evictions == 1 and s.demotions == 0 and s.entries == {"device": 1, "host": 0}
+    assert store.lookup(a.key, a.token_ids) is None and store.check_integrity()
+
+
+def test_the_background_thread_pins_ahead_and_ends_with_the_arena() -> None:
+    arena = HostArena(10 * 4096, slab_bytes=4096, ahead_bytes=3 * 4096, pin=False)
+    assert arena.allocate(100) is None  # the first request starts the thread, and finds nothing yet
+    deadline = time.monotonic() + 10
+    while arena.pinned_bytes < 3 * 4096 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert arena.pinned_bytes == 3 * 4096  # ahead, not all of capacity
+    regions = [arena.allocate(4096) for _ in range(3)]
+    assert all(r is not None for r in regions)
+    while arena.pinned_bytes < 6 * 4096 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert arena.pinned_bytes == 6 * 4096  # three used, three more ahead
+    thread = arena._thread
+    del arena, regions
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_pinning_waits_for_the_gate_and_a_large_entry_gets_a_slab_of_its_size() -> None:
+    """The thread pins only while it holds the gate (the engine's lock, between engine calls); an
+    entry larger than ``slab_bytes`` makes the next slab its size instead of never fitting."""
+    gate = threading.Lock()
+    arena = HostArena(None, slab_bytes=1024, ahead_bytes=1024, pin=False, gate=gate)
+    with gate:  # an engine call in progress
+        assert arena.allocate(5000) is None  # starts the thread
+        time.sleep(0.3)
+        assert arena.pinned_bytes == 0  # it waits for the call to end
+    deadline = time.monotonic() + 10
+    while not arena.slabs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert arena.slabs[0].numel() == 5056  # 5000 rounded up to ALIGN
+    assert arena.allocate(5000) is not None and arena.check()
+    arena.close()
+
+
+def test_bad_arguments_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="slab_bytes"):
+        HostArena(None, slab_bytes=100)
+    with pytest.raises(ValueError, match="arena"):
+        SegmentStore(torch.device("cpu"), arena="pinned")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact() -> None:
+    originals = {d: _entry(d) for d in range(6)}
+    size = originals[0].nbytes
+    store = SegmentStore(torch.device("cuda"), device_bytes=2 * size, host_bytes=None)
+    assert store.arena is not None
+    assert store.arena.grow()  # one slab now (the background thread would do it on first demand)
+    for e in originals.values():
+        assert store.insert(Entry(e.key, e.token_ids, e.seam, {i: Summary(s.transition.cuda(), s.state.cuda())
+                                                                for i, s in e.summaries.items()},
+                                  {i: t.cuda() for i, t in e.conv_tails.items()},
+                                  {i: t.cuda() for i, t in e.keys.items()},
+                                  {i: t.cuda() for i, t in e.values.items()}))
+    host = list(store._tiers["host"].values())
+    assert len(host) == 4 and all(t.is_pinned() for e in host for t in e._tensors())
+    for d in (0, 1, 2, 3, 4, 5, 0, 1):
+        got = store.lookup(originals[d].key, originals[d].token_ids)
+        assert got is not None and got.keys[3].is_cuda and _same(got, originals[d])
+        assert store.check_integrity()
