@@ -3,9 +3,10 @@
 
 The model has the Qwen3.5-9B layer pattern (32 layers, every 4th full attention) at tiny width; the
 prompt is the TTFT benchmark's (head, N documents, query) with every document cached, in a new order.
-``--decode N`` counts one decode step of N running requests instead.
+``--decode N`` counts one decode step of N running requests instead; ``--cold K`` the request with
+its first K documents new (prefilled cold in the same forward, as under cache pressure).
 
-    python scripts/host_ops.py [--docs 32] [--top 25] [--decode N]
+    python scripts/host_ops.py [--docs 32] [--top 25] [--decode N | --cold K]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--doc-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--decode", type=int, default=0, help="count one decode step of this many requests")
+    ap.add_argument("--cold", type=int, default=0, help="this many of the request's documents are new")
     args = ap.parse_args()
     layers = 32
     loaded = random_model(dict(SHAPES["tiny"], num_hidden_layers=layers), device="cpu", dtype=torch.float32)
@@ -42,9 +44,11 @@ def main() -> None:
             counter = count_ops(lambda: engine.step(runs))
         what = f"decode step, {args.decode} running"
     else:
+        fresh = [[(t + 1) % loaded.model.vocab_size for t in d] for d in prompts[1][1:1 + args.cold]]  # never seen
+        prompt = [prompts[1][0], *fresh, *prompts[1][1 + args.cold:]]
         with torch.no_grad():
-            counter = count_ops(lambda: engine.generate([prompts[1]], one, mode="hypic"))
-        what = f"warm request, {args.docs} cached documents"
+            counter = count_ops(lambda: engine.generate([prompt], one, mode="hypic"))
+        what = f"request of {args.docs} documents, {args.cold} of them cold"
     total, gpu = sum(counter.sites.values()), counter.gpu_relevant()
     print(f"{what}: {total} aten ops, {sum(gpu.values())} outside CPU-only "
           f"kernels ({sum(gpu.values()) / layers:.0f} per layer)")

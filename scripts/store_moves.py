@@ -55,6 +55,9 @@ def main() -> None:
         engine.prewarm([d])
     recompute = [timed(lambda d=d: engine.prewarm([d]))[1] for d in docs[3:]]
     (entry,) = [e for e in engine.store._tiers["device"].values()][:1]
+    if DEVICE.startswith("cuda"):  # first: see contended()
+        for pinning in (False, True, False):
+            contended(entry, pinning)
     print(f"entry: {entry.nbytes / 2**20:.1f} MiB in {len(entry._tensors())} tensors, {entry.length} tokens")
     print("| operation | host issue (ms) | until done (ms) |")
     print("|---|---|---|")
@@ -81,39 +84,37 @@ def main() -> None:
     # with the host tier in per-tensor copies (as before the arena), once in the pinned arena.
     for arena in (None, "auto"):
         churn(entry, arena, rng)
-    if DEVICE.startswith("cuda"):
-        for pinning in (False, True):
-            contended(entry, pinning)
 
 
 def contended(entry: Entry, pinning: bool) -> None:
-    """Demote and promote 16 times through a pinned arena, while another thread pins 2 GiB in 256 MiB
-    slabs (the arena's background growth without its gate) or not."""
+    """40 promotions + demotions through a pinned arena, each waited for, while another thread pins
+    6 × 256 MiB of fresh host memory (the arena's growth without its gate) or not. Run before
+    anything else pins: freed pinned blocks are cached and would make the other thread's pins free."""
     arena = HostArena(None, background=False)
     arena.grow()
     store = SegmentStore(torch.device(DEVICE), device_bytes=entry.nbytes, host_bytes=None, arena=arena)
     copies = [clone(entry, 500 + i) for i in range(2)]
     for e in copies:
         store.insert(e)  # the second demotes the first
-    stop = threading.Event()
+    held: list[torch.Tensor] = []
+    pin_ms: list[float] = []
 
     def pin() -> None:
-        held = []
-        while not stop.is_set() and len(held) < 8:
+        for _ in range(6):
+            t0 = time.perf_counter()
             held.append(torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True))
+            pin_ms.append(1e3 * (time.perf_counter() - t0))
 
     thread = threading.Thread(target=pin)
     if pinning:
         thread.start()
-    t = time.perf_counter()
-    for i in range(16):  # each lookup promotes one and demotes the other
-        store.lookup(copies[i % 2].key, entry.token_ids)
-    sync()
-    total = 1e3 * (time.perf_counter() - t)
-    stop.set()
+    each = []
+    for i in range(40):  # each lookup promotes one and demotes the other
+        each.append(timed(lambda i=i: store.lookup(copies[i % 2].key, entry.token_ids))[1])
     if pinning:
         thread.join()
-    print(f"16 promotions + demotions {'while another thread pins' if pinning else 'alone'}: {total:.0f} ms")
+    print(f"40 promotions + demotions {'while another thread pins' if pinning else 'alone'}: {sum(each):.0f} ms, "
+          f"max {max(each):.1f} ms each; pins (ms): {' '.join(f'{t:.0f}' for t in pin_ms) or '–'}")
 
 
 def churn(entry: Entry, arena, rng: random.Random) -> None:

@@ -6,18 +6,19 @@ memory takes one. But pinning is slow: on the H200 machine, demoting a 9B-shape 
 memory freed before (``scripts/store_moves.py``, docs/benchmarks.md) — and while the host tier
 only grows, every demotion pins fresh memory: 193 demotions stalled one trace block for 16.9 s.
 
-So the arena pins memory in slabs on a background thread, ahead of demand (``ahead_bytes`` free
-beyond what is used, up to ``capacity``), and hands out contiguous regions first-fit from them; a
-freed region returns to its slab's free list, coalesced with its neighbours. ``allocate`` never
-pins on the caller's thread: with no room yet it returns None and the store evicts the entry
-rather than stall the request (an eviction costs a recompute later, ≈ 10–90 ms for a document).
+So the arena pins memory in slabs on a background thread and hands out contiguous regions
+first-fit from them; a freed region returns to its slab's free list, coalesced with its
+neighbours. The thread starts with the first demotion (an engine whose device tier never overflows
+pins nothing) and pins the whole ``capacity`` once (unbounded: ``ahead_bytes`` beyond what is
+used); after that the host tier never pins again. ``allocate`` never pins on the caller's thread:
+with no room yet it returns None and the store evicts the entry rather than stall the request (an
+eviction costs a recompute later, ≈ 10–90 ms for a document).
 
-Pinning in the background is not free either: while the thread pinned 1 GiB slabs (≈ 0.5 s each
-on the H200 machine) the serving thread's demotions took 55 ms each instead of ≈ 1 (a trace block
-lost 3.6 s; the driver serialises the pinning with the other thread's CUDA calls). So the thread
-pins only while it holds ``gate`` — the engine's lock, free only between engine calls — one slab of
-``slab_bytes`` (256 MiB, ≈ 0.13 s) at a time: a call that arrives meanwhile waits at most that
-long, and a busy engine pins little (its demotions become evictions until it pauses).
+The thread pins only while it holds ``gate`` — the engine's lock, free between engine calls — one
+slab of ``slab_bytes`` (256 MiB, ≈ 0.13 s) at a time, so a call that arrives meanwhile waits at
+most that long. (Ungated, while the thread pinned 1 GiB slabs, the serving thread's demotions took
+55 ms each instead of ≈ 1: a trace block lost 3.6 s.) ``pin_all`` pins everything now and waits,
+for a caller that would rather pay it up front (a benchmark's warm-up).
 
 Stream order is the safety rule: every copy into or out of a region is issued on the device's
 current stream (the engine's, under its lock), so a region freed after a promotion's copy was
@@ -85,7 +86,21 @@ class HostArena:
         return want if left is None else max(0, min(want, left))
 
     def _wants_slab(self) -> bool:
-        return not self._closed and self._next_slab() > 0 and self.pinned_bytes - self.used < self.ahead_bytes
+        if self._closed or self._next_slab() <= 0:
+            return False
+        return self.capacity is not None or self.pinned_bytes - self.used < self.ahead_bytes
+
+    def pin_all(self, timeout: float | None = None) -> bool:
+        """Pin up to capacity now (unbounded: ``ahead_bytes``) and wait for it; False on timeout.
+        Never call it holding the gate: the thread needs it for every slab."""
+        if not self.background:
+            while self._wants_slab() and self.grow():
+                pass
+            return not self._wants_slab()
+        with self._cond:
+            self._start()
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self._wants_slab(), timeout)
 
     def grow(self) -> bool:
         """Pin one more slab (slow: the background thread's work); False at capacity."""
@@ -108,6 +123,7 @@ class HostArena:
             self._free.append([(0, size)])
             if size >= self._largest:
                 self._largest = 0
+            self._cond.notify_all()  # pin_all may be waiting
         return True
 
     def allocate(self, nbytes: int) -> Region | None:
@@ -173,8 +189,8 @@ class HostArena:
 
 
 def _grow_ahead(ref: weakref.ref[HostArena]) -> None:
-    """Keep ``ahead_bytes`` pinned beyond what is used, up to capacity; ends with the arena (it holds
-    only a weak reference between slabs, so a dropped store's arena and slabs are freed)."""
+    """Pin up to capacity (unbounded: ``ahead_bytes`` beyond what is used); ends with the arena (it
+    holds only a weak reference between slabs, so a dropped store's arena and slabs are freed)."""
     while True:
         arena = ref()
         if arena is None or arena._closed:

@@ -100,23 +100,28 @@ def test_without_pinned_room_a_demotion_is_an_eviction() -> None:
     assert store.lookup(a.key, a.token_ids) is None and store.check_integrity()
 
 
-def test_the_background_thread_pins_ahead_and_ends_with_the_arena() -> None:
-    arena = HostArena(10 * 4096, slab_bytes=4096, ahead_bytes=3 * 4096, pin=False)
+def test_the_background_thread_pins_capacity_once_and_ends_with_the_arena() -> None:
+    arena = HostArena(10 * 4096, slab_bytes=4096, pin=False)
+    assert arena._thread is None and arena.pinned_bytes == 0  # nothing pinned before the first demotion
     assert arena.allocate(100) is None  # the first request starts the thread, and finds nothing yet
-    deadline = time.monotonic() + 10
-    while arena.pinned_bytes < 3 * 4096 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert arena.pinned_bytes == 3 * 4096  # ahead, not all of capacity
-    regions = [arena.allocate(4096) for _ in range(3)]
-    assert all(r is not None for r in regions)
-    while arena.pinned_bytes < 6 * 4096 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert arena.pinned_bytes == 6 * 4096  # three used, three more ahead
+    assert arena.pin_all(timeout=10) and arena.pinned_bytes == 10 * 4096  # all of capacity, once
+    assert arena.allocate(100) is not None
     thread = arena._thread
-    del arena, regions
+    del arena
     gc.collect()
     thread.join(timeout=5)
     assert not thread.is_alive()
+
+
+def test_unbounded_the_thread_pins_ahead_of_what_is_used() -> None:
+    arena = HostArena(None, slab_bytes=4096, ahead_bytes=3 * 4096, pin=False)
+    assert arena.pin_all(timeout=10) and arena.pinned_bytes == 3 * 4096
+    regions = [arena.allocate(4096) for _ in range(3)]
+    assert all(r is not None for r in regions)
+    assert arena.pin_all(timeout=10) and arena.pinned_bytes == 6 * 4096  # three used, three more ahead
+    arena.close()
+    sync = HostArena(2 * 4096, slab_bytes=4096, pin=False, background=False)
+    assert sync.pin_all() and sync.pinned_bytes == 2 * 4096 and sync._thread is None
 
 
 def test_pinning_waits_for_the_gate_and_a_large_entry_gets_a_slab_of_its_size() -> None:

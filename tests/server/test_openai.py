@@ -165,6 +165,7 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert ttft == 2 and delta['hypic_time_to_first_token_seconds_count{cache="hit"}'] == 1
     assert after['hypic_cache_bytes{tier="device"}'] > 0 and after['hypic_cache_entries{tier="device"}'] > 0
     assert after["hypic_queue_depth"] == 0 and "hypic_running_requests" in after
+    assert after["hypic_cache_host_pinned_bytes"] == 0  # a CPU engine's host tier moves nothing, pins nothing
     assert delta['hypic_cold_segments_total{rank="0"}'] == cacheable and after["hypic_cold_devices"] == 1
     assert delta['hypic_cold_tokens_total{rank="0"}'] > 0
     assert after['hypic_cold_worker_failures_total{kind="lost"}'] == 0
