@@ -112,4 +112,5 @@ class LLM:
     def cache_stats(self) -> dict[str, Any]:
         s = self.engine.store.stats()
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
-                "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions}
+                "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions,
+                "host_pinned_bytes": s.host_pinned_bytes}

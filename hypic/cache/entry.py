@@ -38,9 +38,12 @@ class Entry:
     values: dict[int, Tensor] = field(default_factory=dict)  # attention layer → body values [L−w, Hkv, Dv]
     tier: str = "device"
     hits: int = 0
-    # In the host tier's pinned arena: the region its tensors are views into, and their layout there.
-    region: Region | None = None
+    # Unpacked from one byte buffer (``layout.unpack``: the wire, the host tier, a promotion): the
+    # buffer its tensors are views into and their layout there, so it moves in one copy. In the host
+    # tier, also the arena region that buffer is.
     header: Header | None = None
+    buffer: Tensor | None = None
+    region: Region | None = None
 
     @property
     def length(self) -> int:

@@ -60,10 +60,14 @@ def layout(entry: Entry) -> Header:
 def pack_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
     """Copy the entry's tensors into ``buf`` (uint8, ``header.nbytes``, any device) by ``header``;
     returns the entry as views into ``buf``. Copies are issued non-blocking: a device→pinned-host
-    copy returns at once and completes in stream order."""
+    copy returns at once and completes in stream order. An entry that is one buffer already with
+    this layout moves in one copy, else tensor by tensor."""
     packed = unpack(header, buf)
-    for (_, _, t), (_, _, dst) in zip(tensors(entry), tensors(packed), strict=True):
-        dst.copy_(t, non_blocking=True)
+    if entry.buffer is not None and entry.header == header:
+        buf.copy_(entry.buffer, non_blocking=True)
+    else:
+        for (_, _, t), (_, _, dst) in zip(tensors(entry), tensors(packed), strict=True):
+            dst.copy_(t, non_blocking=True)
     packed.hits = entry.hits
     return packed
 
@@ -87,7 +91,7 @@ def unpack(header: Header, buf: Tensor) -> Entry:
         for f, t in zip(fields[i:j], run.unbind(0), strict=True):
             got[f[0], f[1]] = t
         i = j
-    entry = Entry(header.key, header.token_ids, header.seam)
+    entry = Entry(header.key, header.token_ids, header.seam, header=header, buffer=buf)
     for (slot, layer), t in got.items():
         if slot == "S":
             entry.summaries[layer] = Summary(got.get(("T", layer)), t)  # no T field: plain linear attention

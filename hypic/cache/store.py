@@ -121,7 +121,7 @@ class SegmentStore:
         try:
             if self.arena is None:
                 return entry.to("cpu", "host")
-            header = layout(entry)
+            header = entry.header if entry.buffer is not None else layout(entry)
             region, freed = self.arena.allocate(header.nbytes), 0
             while region is None and freed < 2 * header.nbytes:  # fragmented: free older neighbours' room
                 dropped = self._evict_lru("host")

@@ -20,6 +20,19 @@ from hypic.ops.recurrence import Summary
 from hypic.ops.transfer import to_device
 
 
+def owned(views: list[Tensor]) -> list[Tensor]:
+    """Copies of ``views`` (rows of a batch's tensors) that own their memory, made by one batched
+    copy instead of a clone each (~90 tensors per entry at a 9B shape, each a launch and a dispatch
+    on the host). Copies, not views: a view would keep the whole batch's T and S alive (twice the
+    entries' bytes, the seams' rows included) for as long as any one entry stays on the device — on
+    the H200 that put 50 GiB outside a 60 GiB store budget and ran the device out of memory
+    (``SegmentStore.check_integrity`` now refuses it)."""
+    out = [torch.empty_like(v, memory_format=torch.contiguous_format) for v in views]
+    if out:
+        torch._foreach_copy_(out, views)  # the optimizers' multi-tensor copy: few launches for all
+    return out
+
+
 class ColdContext(ForwardContext):
     def __init__(self, segments: list[tuple[list[int], int, SegmentKey]], device: torch.device) -> None:
         """segments: (token ids, seam w, key) of every cold segment."""
@@ -39,8 +52,8 @@ class ColdContext(ForwardContext):
         return None  # each segment starts with no history
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
-        for entry, tail in zip(self.entries, tails, strict=True):
-            entry.conv_tails[layer] = tail.clone()  # each entry owns its memory (SegmentStore.check_integrity)
+        for entry, tail in zip(self.entries, owned(list(tails.unbind(0))), strict=True):
+            entry.conv_tails[layer] = tail
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         seams = run(self.seam_cu, None, False, self.seam_rows).final_state  # [n, HV, K, V]: seams only
@@ -48,18 +61,18 @@ class ColdContext(ForwardContext):
         initial[1::2] = seams
         out = run(self.linear_cu, initial, True)
         T, S = out.summary
-        # Copies, not views: a view would keep the whole batch's T and S alive (twice the entries'
-        # bytes, the seams' rows included) for as long as any one entry stays on the device — on the
-        # H200 that put 50 GiB outside a 60 GiB store budget and ran the device out of memory.
+        n = len(self.entries)
+        bodies = owned([S[2 * i + 1] for i in range(n)] + ([] if T is None else [T[2 * i + 1] for i in range(n)]))
         for i, entry in enumerate(self.entries):
-            entry.summaries[layer] = Summary(None if T is None else T[2 * i + 1].clone(), S[2 * i + 1].clone())
+            entry.summaries[layer] = Summary(None if T is None else bodies[n + i], bodies[i])
         return out.o
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
         out = causal_prefill_batch(qr, kr, v, self.cu_seqlens, scale)  # every segment from position 0
-        cu = self.cu_seqlens.tolist()
-        for entry, a, b in zip(self.entries, cu[:-1], cu[1:], strict=True):
-            entry.keys[layer] = k[a + entry.seam:b].clone()  # before RoPE: placed anywhere on reuse
-            entry.values[layer] = v[a + entry.seam:b].clone()
+        cu, n = self.cu_seqlens.tolist(), len(self.entries)
+        bodies = [(a + e.seam, b) for e, a, b in zip(self.entries, cu[:-1], cu[1:], strict=True)]
+        kv = owned([k[a:b] for a, b in bodies] + [v[a:b] for a, b in bodies])  # keys before RoPE: placed anywhere
+        for i, entry in enumerate(self.entries):
+            entry.keys[layer], entry.values[layer] = kv[i], kv[n + i]
         return out

@@ -29,6 +29,7 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.decode_batch import DecodeContext, gather
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
@@ -224,10 +225,17 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not active:
             return
         with self._lock:
-            ctx = SequenceContext([r.state for r in active], [1] * len(active), self.device)
-            ids = to_device([r.output.token_ids[-1] for r in active], self.device)
-            logits = self.model(ids, ctx)
+            # the runs decoding together keep their state stacked between steps (DecodeBatch): a
+            # step's work per layer does not grow with the number of runs
+            batch, slots = gather([r.state for r in active], self.device)
+            by_slot = [None] * len(slots)
+            for r, i in zip(active, slots, strict=True):
+                by_slot[i] = r.output.token_ids[-1]
+            ctx = DecodeContext(batch)
+            logits = self.model(to_device(by_slot, self.device), ctx)
             ctx.finish()
+            if slots != list(range(len(slots))):
+                logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])
         for r, t, lp in zip(active, tokens, tops, strict=True):
             r.accept(t, lp, self.eos)

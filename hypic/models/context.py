@@ -12,6 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -22,6 +23,9 @@ from hypic.ops.conv import causal_conv1d
 from hypic.ops.linear import LinearOutput, linear_attention
 from hypic.ops.rope import apply_rope
 from hypic.ops.transfer import to_device
+
+if TYPE_CHECKING:
+    from hypic.models.decode_batch import DecodeBatch
 
 # (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary, rows) -> LinearOutput. The
 # context chooses the split (it may cut its runs finer for linear layers, e.g. a seam apart from
@@ -134,6 +138,9 @@ class SequenceState:
     conv: dict[int, Tensor] = field(default_factory=dict)  # layer → tail [W−1, D]
     kv: dict[int, KVBuffer] = field(default_factory=dict)  # attention layer → roped keys and values
     length: int = 0  # tokens seen: the next position
+    # Decoding in a batch (``hypic.models.decode_batch``): the state lives stacked there, the dicts
+    # above are empty until it is released.
+    batch: DecodeBatch | None = field(default=None, compare=False, repr=False)
 
 
 class SequenceContext(ForwardContext):

@@ -82,10 +82,14 @@ def test_a_store_round_trips_entries_through_the_arena_without_mixing_them() -> 
         if got is None:
             assert store.insert(_entry(d, length=originals[d].length))
         else:
-            assert _same(got, originals[d]) and got.region is None  # promoted: a device copy
+            assert _same(got, originals[d]) and got.region is None  # promoted: a device copy,
+            if got.buffer is not None:  # one buffer: its next demotion is one copy
+                assert all(got.buffer.data_ptr() <= t.data_ptr() < got.buffer.data_ptr() + got.buffer.numel()
+                           for t in got._tensors())
         assert store.check_integrity()
     s = store.stats()
     assert s.promotions > 20 and s.demotions > 20
+    assert any(e.buffer is not None for e in store._tiers["device"].values())  # promoted ones
     store.clear()
     assert arena.used == 0 and store.check_integrity() and arena.pinned_bytes == 3 * slab
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.decode_batch import DecodeContext, gather
 from hypic.models.loader import LoadedModel
 
 TINY_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
@@ -41,9 +42,12 @@ def hypic_logits(loaded: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def hypic_greedy(loaded: LoadedModel, prompts: list[torch.Tensor], steps: int) -> tuple[list[list[int]], torch.Tensor]:
-    """Batched greedy decode: one varlen prefill of all prompts, then batched one-token steps.
-    Returns each sequence's tokens and the logits of every step [steps, N, vocab]."""
+def hypic_greedy(loaded: LoadedModel, prompts: list[torch.Tensor], steps: int,
+                 stacked: bool = False) -> tuple[list[list[int]], torch.Tensor]:
+    """Batched greedy decode: one varlen prefill of all prompts, then batched one-token steps, each
+    sequence continuing its own state (``SequenceContext``) or, ``stacked``, the states kept stacked
+    between steps (``DecodeBatch``, what the engine runs). Returns each sequence's tokens and the
+    logits of every step [steps, N, vocab]."""
     model, dev = loaded.model, loaded.device
     states = [SequenceState() for _ in prompts]
     ctx = SequenceContext(states, [len(p) for p in prompts], dev)
@@ -55,7 +59,12 @@ def hypic_greedy(loaded: LoadedModel, prompts: list[torch.Tensor], steps: int) -
         nxt = logits.argmax(-1)
         for t, n in zip(tokens, nxt.tolist(), strict=True):
             t.append(n)
-        ctx = SequenceContext(states, [1] * len(prompts), dev)
+        if stacked:
+            batch, slots = gather(states, dev)
+            assert slots == list(range(len(prompts)))
+            ctx = DecodeContext(batch)
+        else:
+            ctx = SequenceContext(states, [1] * len(prompts), dev)
         logits = model(nxt, ctx)
         ctx.finish()
     return tokens, torch.stack(all_logits)
@@ -80,17 +89,19 @@ def assert_greedy_matches_transformers(ref: torch.nn.Module, loaded: LoadedModel
                                        tol: float = 1e-4) -> None:
     prompt = torch.randint(3, 512, (37,), generator=torch.Generator().manual_seed(seed))
     want, want_logits = hf_greedy(ref, prompt, steps)
-    got, got_logits = hypic_greedy(loaded, [prompt], steps)
-    assert got[0] == want
-    assert (got_logits[:, 0] - want_logits).abs().max() <= tol
+    for stacked in (False, True):
+        got, got_logits = hypic_greedy(loaded, [prompt], steps, stacked)
+        assert got[0] == want
+        assert (got_logits[:, 0] - want_logits).abs().max() <= tol
 
 
 def assert_varlen_equals_alone(loaded: LoadedModel, *, seed: int = 3, tol: float = 1e-5) -> None:
     """Two sequences in one varlen batch (prefill and decode) give what each gives alone."""
     gen = torch.Generator().manual_seed(seed)
     a, b = torch.randint(3, 512, (70,), generator=gen), torch.randint(3, 512, (129,), generator=gen)
-    both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5)
-    for i, p in enumerate((a, b)):
-        alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
-        assert both_tokens[i] == alone_tokens[0]
-        assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= tol
+    for stacked in (False, True):  # sequences of different lengths in one stacked batch: each masked to its own
+        both_tokens, both_logits = hypic_greedy(loaded, [a, b], 5, stacked)
+        for i, p in enumerate((a, b)):
+            alone_tokens, alone_logits = hypic_greedy(loaded, [p], 5)
+            assert both_tokens[i] == alone_tokens[0]
+            assert (both_logits[:, i] - alone_logits[:, 0]).abs().max() <= tol

@@ -228,9 +228,10 @@ def test_greedy_decode_matches_reference(ring) -> None:
             want_logits.append(logits)
             want.append(int(logits.argmax()))
             logits = ref.step(want[-1])
-    got, got_logits = hypic_greedy(loaded, [prompt], 20)
-    assert got[0] == want
-    assert (got_logits[:, 0] - torch.stack(want_logits)).abs().max() <= 1e-4
+    for stacked in (False, True):
+        got, got_logits = hypic_greedy(loaded, [prompt], 20, stacked)
+        assert got[0] == want
+        assert (got_logits[:, 0] - torch.stack(want_logits)).abs().max() <= 1e-4
 
 
 def test_varlen_batch_equals_sequences_alone(ring) -> None:

@@ -1,0 +1,183 @@
+"""Decode state kept stacked across steps: a batch of sequences decoding together.
+
+A decode step is host-bound on the GPU: with each sequence's state in tensors of its own, every
+layer stacked the linear states and conv tails of all sequences and unbound them again, and ran
+attention once per sequence — 721 launches for ≈ 10.5 ms of device work in a 51 ms step of 16
+sequences at the 9B shape (docs/benchmarks.md). Here the sequences that decode together keep their
+state stacked between steps: per linear layer the states [N, HV, K, V], per conv layer the tails
+[N, W−1, D], per attention layer a key/value arena [N, Hkv, cap, D] that each step writes one row
+of per sequence and attends in one call (each sequence masked to its own length). A layer's work
+in a step is then a fixed handful of ops whatever N.
+
+A ``SequenceState`` is either loose (its own tensors: after a prefill) or packed (``state.batch``
+set, its own dicts empty). ``gather`` makes one batch hold exactly a step's sequences: those
+already together stay put, newcomers are packed in, leavers are unpacked back to loose tensors (a
+sequence may continue elsewhere: another group, a prefix-cache continuation). Joins and leaves cost
+a copy per layer per sequence, once per sequence; steps cost none.
+
+The price of a plain (unpaged) arena: every sequence is padded to the longest one plus
+``HEADROOM`` rows, in memory and in what each step's attention reads — with very different lengths
+decoding together that is several times what the sequences hold. A paged arena with a varlen decode
+kernel would not pay it; this keeps to stock PyTorch ops (SDPA with a mask).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
+from hypic.ops.transfer import to_device_many
+
+HEADROOM = 64  # arena rows beyond the longest sequence: regrown (copied) once every HEADROOM steps at most
+
+
+class DecodeBatch:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.members: list[SequenceState] = []
+        self.linear: dict[int, Tensor] = {}  # layer → [N, HV, K, V]
+        self.conv: dict[int, Tensor] = {}  # layer → [N, W−1, D]
+        self.keys: dict[int, Tensor] = {}  # layer → [N, Hkv, cap, D], roped
+        self.values: dict[int, Tensor] = {}  # layer → [N, Hkv, cap, Dv]
+        self.cap = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        return [s.length for s in self.members]
+
+    def _arena(self, like: Tensor, n: int, cap: int) -> Tensor:
+        # zeros, not empty: rows past a sequence's length are masked out of its attention, but a
+        # masked row still meets the softmax's zero weight, and 0 × NaN (left-over memory) is NaN
+        return like.new_zeros(n, like.shape[1], cap, like.shape[-1])
+
+    def admit(self, states: list[SequenceState]) -> None:
+        """Pack loose states in after the current members."""
+        if not states:
+            return
+        if any(s.batch is not None for s in states):
+            raise ValueError("admit: a state is packed in a batch already (release it first)")
+        n, m = len(self.members), len(states)
+        for ours, theirs in ((self.linear, [s.linear for s in states]), (self.conv, [s.conv for s in states])):
+            for layer in theirs[0]:
+                new = torch.stack([t[layer] for t in theirs])
+                ours[layer] = new if n == 0 else torch.cat([ours[layer], new.to(ours[layer].dtype)])
+        cap = max(self.cap, max(s.length for s in states) + HEADROOM)
+        for layer in states[0].kv:
+            k0, v0 = states[0].kv[layer].keys, states[0].kv[layer].values
+            like_k, like_v = (self.keys[layer], self.values[layer]) if n else (k0.transpose(0, 1)[None],
+                                                                               v0.transpose(0, 1)[None])
+            keys, values = self._arena(like_k, n + m, cap), self._arena(like_v, n + m, cap)
+            if n:
+                keys[:n, :, :self.cap], values[:n, :, :self.cap] = self.keys[layer], self.values[layer]
+            for i, s in enumerate(states):
+                buf = s.kv[layer]
+                keys[n + i, :, :buf.length] = buf.keys.transpose(0, 1)
+                values[n + i, :, :buf.length] = buf.values.transpose(0, 1)
+            self.keys[layer], self.values[layer] = keys, values
+        self.cap = cap
+        for s in states:
+            s.linear, s.conv, s.kv, s.batch = {}, {}, {}, self
+        self.members += states
+
+    def release(self, states: list[SequenceState]) -> None:
+        """Unpack these members back to loose tensors of their own; the others stay, in order."""
+        if not states:
+            return
+        gone = {id(s) for s in states}
+        slots = {id(s): i for i, s in enumerate(self.members)}
+        if not gone <= slots.keys():
+            raise ValueError("release: a state is not a member of this batch")
+        for s in states:
+            i = slots[id(s)]
+            s.linear = {layer: t[i].clone() for layer, t in self.linear.items()}
+            s.conv = {layer: t[i].clone() for layer, t in self.conv.items()}
+            s.kv = {layer: KVBuffer(self.keys[layer][i, :, :s.length].transpose(0, 1),
+                                    self.values[layer][i, :, :s.length].transpose(0, 1)) for layer in self.keys}
+            s.batch = None
+        keep = [i for i, s in enumerate(self.members) if id(s) not in gone]
+        self.members = [self.members[i] for i in keep]
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for tensors in (self.linear, self.conv, self.keys, self.values):
+            for layer, t in tensors.items():
+                tensors[layer] = t.index_select(0, index)
+
+    def reserve(self) -> None:
+        """Room in the arenas for one more row of every member (regrown by HEADROOM when full)."""
+        need = max(self.lengths, default=0) + 1
+        if need <= self.cap:
+            return
+        cap = need + HEADROOM
+        for tensors in (self.keys, self.values):
+            for layer, t in tensors.items():
+                grown = self._arena(t, t.shape[0], cap)
+                grown[:, :, :self.cap] = t
+                tensors[layer] = grown
+        self.cap = cap
+
+
+def gather(states: list[SequenceState], device: torch.device) -> tuple[DecodeBatch, list[int]]:
+    """One batch holding exactly ``states`` (the one that holds most of them already, else a new
+    one); returns it and each state's slot in it."""
+    batches: dict[int, DecodeBatch] = {}
+    for s in states:
+        if s.batch is not None:
+            batches[id(s.batch)] = s.batch
+    mine = {id(s) for s in states}
+    batch = max(batches.values(), key=lambda b: sum(id(m) in mine for m in b.members), default=None)
+    if batch is None:
+        batch = DecodeBatch(device)
+    batch.release([m for m in batch.members if id(m) not in mine])
+    for other in batches.values():
+        if other is not batch:
+            other.release([m for m in other.members if id(m) in mine])
+    batch.admit([s for s in states if s.batch is None])
+    slots = {id(m): i for i, m in enumerate(batch.members)}
+    return batch, [slots[id(s)] for s in states]
+
+
+class DecodeContext(ForwardContext):
+    """One decode step of every member of a batch, in slot order: one token each."""
+
+    def __init__(self, batch: DecodeBatch) -> None:
+        batch.reserve()
+        self.batch = batch
+        n = len(batch.members)
+        self.cu_seqlens = torch.arange(n + 1)
+        lengths = torch.tensor(batch.lengths)
+        longest = int(lengths.max()) + 1
+        self._span = min(batch.cap, -(-longest // 16) * 16)  # keys attended: a multiple of 16 (kernel alignment)
+        # each sequence sees its own rows and the one this step writes: [N, 1, 1, span]
+        visible = torch.arange(self._span)[None, :] <= lengths[:, None]
+        rows, self.positions, visible = to_device_many([torch.arange(n), lengths, visible.view(-1).long()],
+                                                       batch.device)
+        self._rows, self._visible = rows, visible.bool().view(n, 1, 1, self._span)
+
+    def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
+        return self.batch.conv[layer].to(raw.dtype) if layer in self.batch.conv else None
+
+    def save_conv(self, layer: int, tails: Tensor) -> None:
+        self.batch.conv[layer] = tails
+
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        out = run(self.cu_seqlens, self.batch.linear.get(layer), False)
+        self.batch.linear[layer] = out.final_state
+        return out.o
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
+        if rope is not None:
+            q, k = rope(q, self.positions), rope(k, self.positions)
+        keys, values = self.batch.keys[layer], self.batch.values[layer]
+        keys[self._rows, :, self.positions] = k  # each sequence's new row, at its own length
+        values[self._rows, :, self.positions] = v
+        n, hq, d = q.shape
+        hkv = keys.shape[1]
+        # GQA without widening the keys: a group's query heads are the "query tokens" of its key head
+        qg = q.view(n, hkv, hq // hkv, d)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            qg, keys[:, :, :self._span], values[:, :, :self._span], attn_mask=self._visible, scale=scale)
+        return o.reshape(n, hq, values.shape[-1])
+
+    def finish(self) -> None:
+        for s in self.batch.members:
+            s.length += 1

@@ -1,0 +1,78 @@
+"""Stacked decode state (``DecodeBatch``): sequences join, leave and move between batches between
+steps, and every step's logits stay what each sequence decoding on its own state gives; a released
+state continues anywhere (another batch, a plain forward) from where it was."""
+
+import pytest
+import torch
+
+from hypic.bench.shapes import SHAPES
+from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.decode_batch import HEADROOM, DecodeBatch, DecodeContext, gather
+from hypic.models.random_init import random_model
+
+TOL = 1e-4  # fp32: the stacked step sums attention over padded rows in another order (≈ 1e-5 after 70 steps)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(dict(SHAPES["tiny"], num_hidden_layers=4), device="cpu", dtype=torch.float32).model
+
+
+def _prefill(model, prompt: torch.Tensor) -> tuple[SequenceState, torch.Tensor]:
+    state = SequenceState()
+    ctx = SequenceContext([state], [len(prompt)], torch.device("cpu"))
+    logits = model(prompt, ctx, model.last_token_rows(ctx.cu_seqlens))
+    ctx.finish()
+    return state, logits[0]
+
+
+def _alone(model, state: SequenceState, token: int) -> torch.Tensor:
+    ctx = SequenceContext([state], [1], torch.device("cpu"))
+    out = model(torch.tensor([token]), ctx)[0]
+    ctx.finish()
+    return out
+
+
+def _stacked(model, states: list[SequenceState], tokens: list[int]) -> torch.Tensor:
+    batch, slots = gather(states, torch.device("cpu"))
+    ids = [0] * len(states)
+    for t, i in zip(tokens, slots, strict=True):
+        ids[i] = t
+    ctx = DecodeContext(batch)
+    out = model(torch.tensor(ids), ctx)
+    ctx.finish()
+    return out[torch.tensor(slots)]
+
+
+def test_joins_leaves_and_moves_keep_every_step_exact(model) -> None:
+    gen = torch.Generator().manual_seed(0)
+    prompts = {name: torch.randint(3, 500, (n,), generator=gen) for name, n in (("a", 40), ("b", 7), ("c", 90))}
+    ref, mine, last = {}, {}, {}
+    for name, p in prompts.items():
+        ref[name], logits = _prefill(model, p)
+        mine[name], _ = _prefill(model, p)
+        last[name] = int(logits.argmax())
+    # who decodes together at each step: c joins, a leaves and comes back alone, then all three again
+    schedule = [("a", "b"), ("a", "b", "c"), ("b", "c"), ("a",), ("c", "a", "b"), ("c", "a", "b")] + [("b", "a")] * 130
+    for group in schedule:
+        got = _stacked(model, [mine[n] for n in group], [last[n] for n in group])
+        for row, name in zip(got, group, strict=True):
+            want = _alone(model, ref[name], last[name])
+            assert (row - want).abs().max() <= TOL, (group, name)
+            last[name] = int(want.argmax())
+    assert mine["a"].batch is mine["b"].batch and mine["c"].batch is None  # c was released, loose again
+    assert mine["b"].length == ref["b"].length == 7 + 135
+    assert mine["a"].length == 40 + 135 > 90 + HEADROOM  # past the arena's first size: it regrew
+    # and a released state continues in a plain forward
+    mine["a"].batch.release([mine["a"]])
+    assert (_alone(model, mine["a"], last["a"]) - _alone(model, ref["a"], last["a"])).abs().max() <= TOL
+
+
+def test_a_packed_state_cannot_be_packed_twice(model) -> None:
+    state, _ = _prefill(model, torch.arange(3, 20))
+    batch = DecodeBatch(torch.device("cpu"))
+    batch.admit([state])
+    with pytest.raises(ValueError, match="packed"):
+        DecodeBatch(torch.device("cpu")).admit([state])
+    with pytest.raises(ValueError, match="not a member"):
+        DecodeBatch(torch.device("cpu")).release([state])
