@@ -24,12 +24,19 @@ kernel would not pay it; this keeps to stock PyTorch ops (SDPA with a mask).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import sdpa_kernel
 
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
+from hypic.ops.attention import SHORT_BACKENDS
 from hypic.ops.transfer import to_device_many
 
 HEADROOM = 64  # arena rows beyond the longest sequence: regrown (copied) once every HEADROOM steps at most
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
 
 
 class DecodeBatch:
@@ -62,7 +69,7 @@ class DecodeBatch:
             for layer in theirs[0]:
                 new = torch.stack([t[layer] for t in theirs])
                 ours[layer] = new if n == 0 else torch.cat([ours[layer], new.to(ours[layer].dtype)])
-        cap = max(self.cap, max(s.length for s in states) + HEADROOM)
+        cap = max(self.cap, _round16(max(s.length for s in states) + HEADROOM))
         for layer in states[0].kv:
             k0, v0 = states[0].kv[layer].keys, states[0].kv[layer].values
             like_k, like_v = (self.keys[layer], self.values[layer]) if n else (k0.transpose(0, 1)[None],
@@ -107,7 +114,7 @@ class DecodeBatch:
         need = max(self.lengths, default=0) + 1
         if need <= self.cap:
             return
-        cap = need + HEADROOM
+        cap = _round16(need + HEADROOM)
         for tensors in (self.keys, self.values):
             for layer, t in tensors.items():
                 grown = self._arena(t, t.shape[0], cap)
@@ -146,7 +153,7 @@ class DecodeContext(ForwardContext):
         self.cu_seqlens = torch.arange(n + 1)
         lengths = torch.tensor(batch.lengths)
         longest = int(lengths.max()) + 1
-        self._span = min(batch.cap, -(-longest // 16) * 16)  # keys attended: a multiple of 16 (kernel alignment)
+        self._span = _round16(longest)  # keys attended: a multiple of 16 (the kernels' alignment), ≤ cap
         # each sequence sees its own rows and the one this step writes: [N, 1, 1, span]
         visible = torch.arange(self._span)[None, :] <= lengths[:, None]
         rows, self.positions, visible = to_device_many([torch.arange(n), lengths, visible.view(-1).long()],
@@ -174,8 +181,9 @@ class DecodeContext(ForwardContext):
         hkv = keys.shape[1]
         # GQA without widening the keys: a group's query heads are the "query tokens" of its key head
         qg = q.view(n, hkv, hq // hkv, d)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            qg, keys[:, :, :self._span], values[:, :, :self._span], attn_mask=self._visible, scale=scale)
+        with sdpa_kernel(SHORT_BACKENDS):  # never cuDNN: a graph per shape, and the span changes
+            o = F.scaled_dot_product_attention(qg, keys[:, :, :self._span], values[:, :, :self._span],
+                                               attn_mask=self._visible, scale=scale)
         return o.reshape(n, hq, values.shape[-1])
 
     def finish(self) -> None:
