@@ -76,3 +76,38 @@ def test_a_packed_state_cannot_be_packed_twice(model) -> None:
         DecodeBatch(torch.device("cpu")).admit([state])
     with pytest.raises(ValueError, match="not a member"):
         DecodeBatch(torch.device("cpu")).release([state])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_stacked_decode_matches_decoding_alone(dtype) -> None:
+    """fla's recurrent kernel over the stacked states and SDPA over the masked arena, against each
+    sequence decoding on its own state (flash attention, no mask): fp32 to 1e-3, bf16 finite and
+    within bf16 noise."""
+    dev = torch.device("cuda")
+    model = random_model(dict(SHAPES["tiny"], num_hidden_layers=8), device=dev, dtype=dtype).model
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).to(dev) for n in (5, 77, 300)]
+    ref, mine, last = [], [], []
+    for p in prompts:
+        for states in (ref, mine):
+            state = SequenceState()
+            ctx = SequenceContext([state], [len(p)], dev)
+            logits = model(p, ctx, model.last_token_rows(ctx.cu_seqlens).to(dev))
+            ctx.finish()
+            states.append(state)
+        last.append(int(logits[0].argmax()))
+    tol = 1e-3 if dtype == torch.float32 else 0.1
+    for _ in range(20):
+        batch, slots = gather(mine, dev)
+        ids = torch.tensor([last[slots.index(i)] for i in range(len(mine))], device=dev)
+        ctx = DecodeContext(batch)
+        got = model(ids, ctx)[torch.tensor(slots, device=dev)].float()
+        ctx.finish()
+        assert torch.isfinite(got).all()
+        for i, state in enumerate(ref):
+            c = SequenceContext([state], [1], dev)
+            want = model(torch.tensor([last[i]], device=dev), c)[0].float()
+            c.finish()
+            assert (got[i] - want).abs().max() <= tol
+            last[i] = int(want.argmax())
