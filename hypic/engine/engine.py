@@ -59,6 +59,7 @@ class Running:
             self.output.finish_reason, self.done = "stop", True
         elif len(self.output.token_ids) >= self.params.max_tokens:
             self.output.finish_reason, self.done = "length", True
+        self.state.done = self.done  # a finished run's decode state is dropped from its batch, not unpacked
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:

@@ -141,7 +141,7 @@ class Scheduler:
                 running = list(self._running)
             for s in running:
                 if s.cancelled.is_set():
-                    s.run.done = True
+                    s.run.done = s.run.state.done = True
                     s.run.output.finish_reason = "cancelled"
                     s.events.put(Event("error", error=RuntimeError("cancelled")))
             live = [s for s in running if not s.run.done]

@@ -141,6 +141,7 @@ class SequenceState:
     # Decoding in a batch (``hypic.models.decode_batch``): the state lives stacked there, the dicts
     # above are empty until it is released.
     batch: DecodeBatch | None = field(default=None, compare=False, repr=False)
+    done: bool = False  # no more steps will come: leaving a batch, it is dropped, not unpacked
 
 
 class SequenceContext(ForwardContext):

@@ -88,7 +88,8 @@ class DecodeBatch:
         self.members += states
 
     def release(self, states: list[SequenceState]) -> None:
-        """Unpack these members back to loose tensors of their own; the others stay, in order."""
+        """Unpack these members back to loose tensors of their own (a ``done`` one is just dropped:
+        its dicts stay empty); the others stay, in order."""
         if not states:
             return
         gone = {id(s) for s in states}
@@ -96,12 +97,14 @@ class DecodeBatch:
         if not gone <= slots.keys():
             raise ValueError("release: a state is not a member of this batch")
         for s in states:
+            s.batch = None
+            if s.done:
+                continue
             i = slots[id(s)]
             s.linear = {layer: t[i].clone() for layer, t in self.linear.items()}
             s.conv = {layer: t[i].clone() for layer, t in self.conv.items()}
             s.kv = {layer: KVBuffer(self.keys[layer][i, :, :s.length].transpose(0, 1),
                                     self.values[layer][i, :, :s.length].transpose(0, 1)) for layer in self.keys}
-            s.batch = None
         keep = [i for i, s in enumerate(self.members) if id(s) not in gone]
         self.members = [self.members[i] for i in keep]
         index = torch.tensor(keep, dtype=torch.long, device=self.device)

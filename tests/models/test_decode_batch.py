@@ -68,6 +68,16 @@ def test_joins_leaves_and_moves_keep_every_step_exact(model) -> None:
     assert (_alone(model, mine["a"], last["a"]) - _alone(model, ref["a"], last["a"])).abs().max() <= TOL
 
 
+def test_a_finished_sequence_leaves_without_being_unpacked(model) -> None:
+    a, _ = _prefill(model, torch.arange(3, 30))
+    b, _ = _prefill(model, torch.arange(5, 12))
+    _stacked(model, [a, b], [7, 8])
+    b.done = True  # its run finished: no step will come
+    _stacked(model, [a], [9])
+    assert b.batch is None and not (b.linear or b.conv or b.kv)  # dropped, no copies made
+    assert a.batch is not None and len(a.batch.members) == 1
+
+
 def test_a_packed_state_cannot_be_packed_twice(model) -> None:
     state, _ = _prefill(model, torch.arange(3, 20))
     batch = DecodeBatch(torch.device("cpu"))
