@@ -150,7 +150,7 @@ class Scheduler:
                     self.engine.step([s.run for s in live])
                 except Exception as e:
                     for s in live:
-                        s.run.done = True
+                        s.run.done = s.run.state.done = True
                         s.events.put(Event("error", error=e))
                 else:
                     for s in live:

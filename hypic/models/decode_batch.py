@@ -112,6 +112,14 @@ class DecodeBatch:
             for layer, t in tensors.items():
                 tensors[layer] = t.index_select(0, index)
 
+    def clear(self) -> None:
+        """Drop every member and tensor (all of them finished). Members and batch refer to each
+        other; left to the cycle collector, a batch's arenas (gigabytes on a GPU) would outlive its
+        last step by an unknown time."""
+        for s in self.members:
+            s.batch = None
+        self.members, self.linear, self.conv, self.keys, self.values, self.cap = [], {}, {}, {}, {}, 0
+
     def reserve(self) -> None:
         """Room in the arenas for one more row of every member (regrown by HEADROOM when full)."""
         need = max(self.lengths, default=0) + 1

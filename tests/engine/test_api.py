@@ -40,6 +40,26 @@ def test_batched_generate_equals_one_by_one(llm) -> None:
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
 
 
+def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
+    """Runs that decode together share one DecodeBatch; one that ends leaves it at the next step,
+    and the batch lets go of its tensors after the last step of its last run (not whenever the
+    cycle collector gets to it)."""
+    prompts = [_segments(20 + i, [30, 12 + 5 * i, 7]) for i in range(3)]
+    runs = llm.engine.start(prompts, [SamplingParams(max_tokens=n) for n in (2, 5, 9)], mode="full")
+    assert llm.engine.eos == set()  # the test model has no eos: each run ends at its max_tokens
+    llm.engine.step(runs)
+    batch = runs[2].state.batch
+    assert runs[0].done and batch is not None and len(batch.members) == 3 and batch.keys
+    llm.engine.step(runs)
+    assert runs[0].state.batch is None and len(batch.members) == 2  # left at the next step
+    llm.engine.finish(runs)
+    assert all(r.done and r.state.batch is None for r in runs)
+    assert batch.members == [] and not (batch.keys or batch.linear or batch.conv)
+    alone = [llm.generate([p], SamplingParams(max_tokens=n), mode="full")[0].token_ids
+             for p, n in zip(prompts, (2, 5, 9), strict=True)]
+    assert [r.output.token_ids for r in runs] == alone
+
+
 def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
     prompt = _segments(3, [40, 10])
     sp = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7, logprobs=3)
