@@ -5,15 +5,17 @@ layer stacked the linear states and conv tails of all sequences and unbound them
 attention once per sequence — 721 launches for ≈ 10.5 ms of device work in a 51 ms step of 16
 sequences at the 9B shape (docs/benchmarks.md). Here the sequences that decode together keep their
 state stacked between steps: per linear layer the states [N, HV, K, V], per conv layer the tails
-[N, W−1, D], per attention layer a key/value arena [N, Hkv, cap, D] that each step writes one row
-of per sequence and attends in one call (each sequence masked to its own length). A layer's work
-in a step is then a fixed handful of ops whatever N.
+[N, W−1, D], per attention layer a key/value arena [slots, Hkv, cap, D] that each step writes one
+row of per sequence and attends in one call (each sequence masked to its own length). A layer's
+work in a step is then a fixed handful of ops whatever N.
 
 A ``SequenceState`` is either loose (its own tensors: after a prefill) or packed (``state.batch``
 set, its own dicts empty). ``gather`` makes one batch hold exactly a step's sequences: those
 already together stay put, newcomers are packed in, leavers are unpacked back to loose tensors (a
-sequence may continue elsewhere: another group, a prefix-cache continuation). Joins and leaves cost
-a copy per layer per sequence, once per sequence; steps cost none.
+sequence may continue elsewhere: another group, a prefix-cache continuation). A newcomer is
+written into a spare slot and a leaver's slot takes the last member's rows, so joins and leaves
+copy only their own sequences' keys and values; the arenas are regrown (everything copied) only
+when the members or their lengths outgrow them, by at least a quarter each time.
 
 The price of a plain (unpaged) arena: every sequence is padded to the longest one plus
 ``HEADROOM`` rows, in memory and in what each step's attention reads — with very different lengths
@@ -32,7 +34,7 @@ from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, 
 from hypic.ops.attention import SHORT_BACKENDS
 from hypic.ops.transfer import to_device_many
 
-HEADROOM = 64  # arena rows beyond the longest sequence: regrown (copied) once every HEADROOM steps at most
+HEADROOM = 64  # arena rows beyond the longest sequence when the arenas are (re)grown
 
 
 def _round16(n: int) -> int:
@@ -42,24 +44,37 @@ def _round16(n: int) -> int:
 class DecodeBatch:
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.members: list[SequenceState] = []
-        self.linear: dict[int, Tensor] = {}  # layer → [N, HV, K, V]
-        self.conv: dict[int, Tensor] = {}  # layer → [N, W−1, D]
-        self.keys: dict[int, Tensor] = {}  # layer → [N, Hkv, cap, D], roped
-        self.values: dict[int, Tensor] = {}  # layer → [N, Hkv, cap, Dv]
+        self.members: list[SequenceState] = []  # member i decodes in slot i
+        self.linear: dict[int, Tensor] = {}  # layer → [N, HV, K, V]: replaced every step
+        self.conv: dict[int, Tensor] = {}  # layer → [N, W−1, D]: replaced every step
+        # layer → [slots, Hkv, cap, D(v)], roped; slots ≥ N: spare slots take newcomers without a copy
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
         self.cap = 0
 
     @property
     def lengths(self) -> list[int]:
         return [s.length for s in self.members]
 
-    def _arena(self, like: Tensor, n: int, cap: int) -> Tensor:
-        # zeros, not empty: rows past a sequence's length are masked out of its attention, but a
-        # masked row still meets the softmax's zero weight, and 0 × NaN (left-over memory) is NaN
-        return like.new_zeros(n, like.shape[1], cap, like.shape[-1])
+    @property
+    def slots(self) -> int:
+        return next(iter(self.keys.values())).shape[0] if self.keys else 0
+
+    def _regrow(self, slots: int, cap: int) -> None:
+        """Arenas of ``slots`` × ``cap`` rows holding the members' rows so far (a copy of them all:
+        only when the members or their lengths outgrow the arenas, by at least a quarter each time)."""
+        n = len(self.members)
+        for tensors in (self.keys, self.values):
+            for layer, t in tensors.items():
+                # zeros, not empty: rows past a sequence's length are masked out of its attention, but
+                # a masked row still meets the softmax's zero weight, and 0 × NaN (left-over memory) is NaN
+                grown = t.new_zeros(slots, t.shape[1], cap, t.shape[-1])
+                grown[:n, :, :self.cap] = t[:n, :, :self.cap]
+                tensors[layer] = grown
+        self.cap = cap
 
     def admit(self, states: list[SequenceState]) -> None:
-        """Pack loose states in after the current members."""
+        """Pack loose states in after the current members (into spare slots when there are some)."""
         if not states:
             return
         if any(s.batch is not None for s in states):
@@ -69,27 +84,27 @@ class DecodeBatch:
             for layer in theirs[0]:
                 new = torch.stack([t[layer] for t in theirs])
                 ours[layer] = new if n == 0 else torch.cat([ours[layer], new.to(ours[layer].dtype)])
-        cap = max(self.cap, _round16(max(s.length for s in states) + HEADROOM))
-        for layer in states[0].kv:
-            k0, v0 = states[0].kv[layer].keys, states[0].kv[layer].values
-            like_k, like_v = (self.keys[layer], self.values[layer]) if n else (k0.transpose(0, 1)[None],
-                                                                               v0.transpose(0, 1)[None])
-            keys, values = self._arena(like_k, n + m, cap), self._arena(like_v, n + m, cap)
-            if n:
-                keys[:n, :, :self.cap], values[:n, :, :self.cap] = self.keys[layer], self.values[layer]
+        if states[0].kv and not self.keys:  # the first members: arenas of their dtypes and shapes
+            for layer, buf in states[0].kv.items():
+                self.keys[layer] = buf.keys.new_zeros(0, buf.keys.shape[1], 0, buf.keys.shape[2])
+                self.values[layer] = buf.values.new_zeros(0, buf.values.shape[1], 0, buf.values.shape[2])
+        need_cap = _round16(max(s.length for s in states) + HEADROOM)
+        if self.keys and (n + m > self.slots or need_cap > self.cap):
+            self._regrow(max(n + m, self.slots + self.slots // 4), max(self.cap, need_cap))
+        for layer in self.keys:
+            keys, values = self.keys[layer], self.values[layer]
             for i, s in enumerate(states):
                 buf = s.kv[layer]
+                keys[n + i].zero_(), values[n + i].zero_()  # a spare slot may hold a departed member's rows
                 keys[n + i, :, :buf.length] = buf.keys.transpose(0, 1)
                 values[n + i, :, :buf.length] = buf.values.transpose(0, 1)
-            self.keys[layer], self.values[layer] = keys, values
-        self.cap = cap
         for s in states:
             s.linear, s.conv, s.kv, s.batch = {}, {}, {}, self
         self.members += states
 
     def release(self, states: list[SequenceState]) -> None:
         """Unpack these members back to loose tensors of their own (a ``done`` one is just dropped:
-        its dicts stay empty); the others stay, in order."""
+        its dicts stay empty). The last member moves into each freed slot (a copy of its rows alone)."""
         if not states:
             return
         gone = {id(s) for s in states}
@@ -105,10 +120,19 @@ class DecodeBatch:
             s.conv = {layer: t[i].clone() for layer, t in self.conv.items()}
             s.kv = {layer: KVBuffer(self.keys[layer][i, :, :s.length].transpose(0, 1),
                                     self.values[layer][i, :, :s.length].transpose(0, 1)) for layer in self.keys}
-        keep = [i for i, s in enumerate(self.members) if id(s) not in gone]
-        self.members = [self.members[i] for i in keep]
-        index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        for tensors in (self.linear, self.conv, self.keys, self.values):
+        order = list(range(len(self.members)))  # order[i]: whose state slot i holds after the moves
+        for i in sorted((slots[g] for g in gone), reverse=True):
+            last = len(order) - 1
+            if i != last:
+                length = self.members[order[last]].length
+                for tensors in (self.keys, self.values):
+                    for t in tensors.values():
+                        t[i, :, :length] = t[last, :, :length]
+                order[i] = order[last]
+            order.pop()
+        self.members = [self.members[j] for j in order]
+        index = torch.tensor(order, dtype=torch.long, device=self.device)
+        for tensors in (self.linear, self.conv):
             for layer, t in tensors.items():
                 tensors[layer] = t.index_select(0, index)
 
@@ -121,17 +145,10 @@ class DecodeBatch:
         self.members, self.linear, self.conv, self.keys, self.values, self.cap = [], {}, {}, {}, {}, 0
 
     def reserve(self) -> None:
-        """Room in the arenas for one more row of every member (regrown by HEADROOM when full)."""
+        """Room in the arenas for one more row of every member."""
         need = max(self.lengths, default=0) + 1
-        if need <= self.cap:
-            return
-        cap = _round16(need + HEADROOM)
-        for tensors in (self.keys, self.values):
-            for layer, t in tensors.items():
-                grown = self._arena(t, t.shape[0], cap)
-                grown[:, :, :self.cap] = t
-                tensors[layer] = grown
-        self.cap = cap
+        if self.keys and need > self.cap:
+            self._regrow(self.slots, _round16(max(need + HEADROOM, self.cap + self.cap // 4)))
 
 
 def gather(states: list[SequenceState], device: torch.device) -> tuple[DecodeBatch, list[int]]:
@@ -193,7 +210,7 @@ class DecodeContext(ForwardContext):
         # GQA without widening the keys: a group's query heads are the "query tokens" of its key head
         qg = q.view(n, hkv, hq // hkv, d)
         with sdpa_kernel(SHORT_BACKENDS):  # never cuDNN: a graph per shape, and the span changes
-            o = F.scaled_dot_product_attention(qg, keys[:, :, :self._span], values[:, :, :self._span],
+            o = F.scaled_dot_product_attention(qg, keys[:n, :, :self._span], values[:n, :, :self._span],
                                                attn_mask=self._visible, scale=scale)
         return o.reshape(n, hq, values.shape[-1])
 

@@ -78,6 +78,16 @@ def test_a_finished_sequence_leaves_without_being_unpacked(model) -> None:
     assert a.batch is not None and len(a.batch.members) == 1
 
 
+def test_a_leaver_frees_a_slot_that_the_next_newcomer_takes_without_a_regrow(model) -> None:
+    a, b, c, d = (_prefill(model, torch.arange(3, 3 + n))[0] for n in (20, 9, 30, 12))
+    _stacked(model, [a, b, c], [5, 6, 7])
+    batch = a.batch
+    arena = next(iter(batch.keys.values()))
+    _stacked(model, [a, c], [5, 7])  # b leaves: c's rows move into b's slot
+    _stacked(model, [a, c, d], [5, 7, 8])  # d takes the spare slot
+    assert batch.members == [a, c, d] and next(iter(batch.keys.values())) is arena  # no regrow, no copy of a or c
+
+
 def test_a_packed_state_cannot_be_packed_twice(model) -> None:
     state, _ = _prefill(model, torch.arange(3, 20))
     batch = DecodeBatch(torch.device("cpu"))
