@@ -117,7 +117,9 @@ def test_on_a_gpu_stacked_decode_matches_decoding_alone(dtype) -> None:
             ctx.finish()
             states.append(state)
         last.append(int(logits[0].argmax()))
-    tol = 1e-3 if dtype == torch.float32 else 0.1
+    # bf16: the two paths round keys, values and partial sums differently, and the differences carry
+    # over 20 steps (on the CPU: 0.10 against logits up to 3.3, ≈ 7 bf16 ulps there; fp32: 1.2e-5)
+    tol = 1e-3 if dtype == torch.float32 else 0.25
     for _ in range(20):
         batch, slots = gather(mine, dev)
         ids = torch.tensor([last[slots.index(i)] for i in range(len(mine))], device=dev)
