@@ -23,7 +23,6 @@ import time
 
 import torch
 
-from hypic.bench.ttft import empty_store
 from hypic.engine.engine import Engine
 from hypic.parallel.router import assign, makespan
 
@@ -50,7 +49,7 @@ def prompts(kind: str, docs: int, doc_tokens: int, vocab: int, count: int, seed:
 
 
 def _cold(engine: Engine, prompt: list[list[int]]) -> tuple[float, torch.Tensor]:
-    empty_store(engine)
+    engine.store.clear()
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     t0 = time.perf_counter()

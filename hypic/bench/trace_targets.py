@@ -21,7 +21,6 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hypic.bench.ttft import empty_store
 from hypic.engine.engine import Engine
 from hypic.engine.prefix import PrefixCache
 from hypic.engine.request import SamplingParams
@@ -70,7 +69,7 @@ def warm_groups(indices: list[int]) -> Iterator[list[int]]:
 
 def reset_caches(engine: Engine) -> None:
     """Empty the engine's segment store (same budgets) and its prefix cache."""
-    empty_store(engine)
+    engine.store.clear()
     engine.prefix = PrefixCache(engine.prefix.max_states)
 
 

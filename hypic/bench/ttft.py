@@ -47,12 +47,6 @@ def rag_prompts(shape: RagShape, vocab: int, count: int, seed: int = 0) -> list[
     return prompts
 
 
-def empty_store(engine: Engine) -> None:
-    """An empty store, same budgets: the next request finds every segment cold (the host tier's
-    pinned memory stays: pinning it again would cost every mode's first demotions ≈ 90 ms each)."""
-    engine.store.clear()
-
-
 def _ttft(engine: Engine, prompt: list[list[int]], mode: str) -> tuple[float, object]:
     out = engine.generate([prompt], [SamplingParams(max_tokens=1)], mode=mode)[0]
     return out.metrics.ttft_s, out.metrics
@@ -98,7 +92,7 @@ def run(engine: Engine, shape: RagShape, reps: int = 5, seed: int = 0, ab: bool 
     note("prefix")
     cold = []
     for p in prompts[1:reps + 1]:
-        empty_store(engine)
+        engine.store.clear()  # every segment cold again
         cold.append(_ttft(engine, p, "hypic")[0])
     _record(res, "hypic_cold", cold)
     note("hypic_cold")

@@ -78,8 +78,7 @@ class HostArena:
     def _next_slab(self) -> int:
         """Bytes of the next slab (0: at capacity): ``slab_bytes``, or the largest entry that fit no
         slab when that is more and capacity allows it, or what capacity has left."""
-        left = None if self.capacity is None else self.capacity - self.pinned_bytes
-        left = None if left is None else left - left % ALIGN
+        left = None if self.capacity is None else (self.capacity - self.pinned_bytes) // ALIGN * ALIGN
         want = self.slab_bytes
         if self._largest and (left is None or self._largest <= left):
             want = self._largest

@@ -238,10 +238,10 @@ class Engine(ColdPrefill, PrefixPrefill):
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])
-        for r, t, lp in zip(active, tokens, tops, strict=True):
-            r.accept(t, lp, self.eos)
-        if all(s.done for s in batch.members):
-            batch.clear()  # the last step of everyone in it: free the arenas now
+            for r, t, lp in zip(active, tokens, tops, strict=True):
+                r.accept(t, lp, self.eos)
+            if all(s.done for s in batch.members):
+                batch.clear()  # the last step of everyone in it: free the arenas now
 
     def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
                  salts: list[str | None] | None = None) -> list[RequestOutput]:

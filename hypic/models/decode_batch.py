@@ -95,9 +95,10 @@ class DecodeBatch:
             keys, values = self.keys[layer], self.values[layer]
             for i, s in enumerate(states):
                 buf = s.kv[layer]
-                keys[n + i].zero_(), values[n + i].zero_()  # a spare slot may hold a departed member's rows
                 keys[n + i, :, :buf.length] = buf.keys.transpose(0, 1)
                 values[n + i, :, :buf.length] = buf.values.transpose(0, 1)
+                keys[n + i, :, buf.length:] = 0  # a spare slot may hold a departed member's rows
+                values[n + i, :, buf.length:] = 0
         for s in states:
             s.linear, s.conv, s.kv, s.batch = {}, {}, {}, self
         self.members += states
