@@ -3,7 +3,9 @@ prompts in one call, and one decode step over 1 and 16 running requests (9B shap
 A diagnostic behind docs/benchmarks.md's trace section: `python3 scripts/trace_costs.py
 [--decode-only | --pressure]`; the decode step's busiest host and device operations are printed last.
 `--pressure`: instead, `hypic` calls on a 2 048-document pool with a 60 GiB store (a quarter of the
-segments miss), the cold prefill of 1–16 documents alone, and a profile of one call."""
+segments miss), the cold prefill of 1–16 documents alone, and a profile of one call.
+`--cold-alone`: the cold prefill of fresh documents alone (``Engine.prewarm``, nothing evicted), timed
+several times per size, then one profiled by Python function (cProfile) and by aten op."""
 
 import sys
 import time
@@ -76,7 +78,37 @@ def pressure(engine: Engine, tok: Tokenizer) -> None:
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12))
 
 
+def cold_alone(engine: Engine, tok: Tokenizer) -> None:
+    import cProfile
+    import pstats
+    trace = generate_trace(1, num_requests=200, pool_size=2048, rate_qps=1.0)
+    docs = iter({tuple(s): s for p in encode_trace(trace, tok, engine.model.vocab_size) for s in p[1:-1]}.values())
+    for k in (1, 1, 1, 1, 4, 4, 16, 16):
+        batch = [next(docs) for _ in range(k)]
+        ms = timed(lambda b=batch: engine.prewarm(b))
+        print(f"cold prefill alone, {k} documents, {sum(map(len, batch))} tokens: {ms:.1f} ms", flush=True)
+    batch = [next(docs) for _ in range(4)]
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    engine.prewarm(batch)
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    pstats.Stats(prof).sort_stats("cumtime").print_stats(40)
+    batch = [next(docs) for _ in range(4)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as tprof:
+        engine.prewarm(batch)
+        torch.cuda.synchronize()
+    print(tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
+
+
 def main() -> None:
+    if "--cold-alone" in sys.argv:
+        engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16))
+        cold_alone(engine, Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json")))
+        return
     if "--pressure" in sys.argv:
         engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16),
                         cache_device_bytes=60 << 30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import DecodeContext, gather
+from hypic.models.decode_batch import gather
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
@@ -93,6 +94,8 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer
         self.seam, self.cold = seam, cold
+        # decode steps replayed as CUDA graphs (hypic.models.step_graph); HYPIC_DECODE_GRAPHS=0: eager
+        self.decode_graphs = self.device.type == "cuda" and os.environ.get("HYPIC_DECODE_GRAPHS", "1") != "0"
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock)
@@ -228,13 +231,11 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             # the runs decoding together keep their state stacked between steps (DecodeBatch): a
             # step's work per layer does not grow with the number of runs
-            batch, slots = gather([r.state for r in active], self.device)
-            by_slot = [None] * len(slots)
+            batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs)
+            by_slot = [0] * len(slots)
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]
-            ctx = DecodeContext(batch)
-            logits = self.model(to_device(by_slot, self.device), ctx)
-            ctx.finish()
+            logits = batch.step(self.model, by_slot)
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])

@@ -31,8 +31,10 @@ from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
+from hypic.models.hybrid import HybridLM
+from hypic.models.step_graph import StepGraph, capture
 from hypic.ops.attention import SHORT_BACKENDS
-from hypic.ops.transfer import to_device_many
+from hypic.ops.transfer import copy_to
 
 HEADROOM = 64  # arena rows beyond the longest sequence when the arenas are (re)grown
 
@@ -42,28 +44,35 @@ def _round16(n: int) -> int:
 
 
 class DecodeBatch:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    def __init__(self, device: torch.device, *, graphs: bool = False) -> None:
+        """``graphs``: run steps as a captured CUDA graph (``hypic.models.step_graph``) where it can."""
+        self.device, self.graphs = device, graphs
         self.members: list[SequenceState] = []  # member i decodes in slot i
-        self.linear: dict[int, Tensor] = {}  # layer → [N, HV, K, V]: replaced every step
-        self.conv: dict[int, Tensor] = {}  # layer → [N, W−1, D]: replaced every step
-        # layer → [slots, Hkv, cap, D(v)], roped; slots ≥ N: spare slots take newcomers without a copy
-        self.keys: dict[int, Tensor] = {}
-        self.values: dict[int, Tensor] = {}
-        self.cap = 0
+        # Every arena has ``slots`` rows (≥ members; spare slots take newcomers without a copy) and
+        # is written in place, so its address changes only when it is regrown (a captured step
+        # reads and writes these very tensors).
+        self.linear: dict[int, Tensor] = {}  # layer → [slots, HV, K, V]
+        self.conv: dict[int, Tensor] = {}  # layer → [slots, W−1, D]
+        self.keys: dict[int, Tensor] = {}  # layer → [slots, Hkv, cap, D], roped
+        self.values: dict[int, Tensor] = {}  # layer → [slots, Hkv, cap, Dv]
+        self.slots, self.cap = 0, 0
+        self.inputs: Tensor | None = None  # [2, slots] long on the device: the step's token ids, positions
+        self.graph: StepGraph | None = None  # the captured step for these arenas
+        self.eager_steps = 0  # steps run eagerly since the arenas were (re)grown
 
     @property
     def lengths(self) -> list[int]:
         return [s.length for s in self.members]
 
-    @property
-    def slots(self) -> int:
-        return next(iter(self.keys.values())).shape[0] if self.keys else 0
-
     def _regrow(self, slots: int, cap: int) -> None:
         """Arenas of ``slots`` × ``cap`` rows holding the members' rows so far (a copy of them all:
         only when the members or their lengths outgrow the arenas, by at least a quarter each time)."""
         n = len(self.members)
+        for tensors in (self.linear, self.conv):
+            for layer, t in tensors.items():
+                grown = t.new_zeros(slots, *t.shape[1:])
+                grown[:n] = t[:n]
+                tensors[layer] = grown
         for tensors in (self.keys, self.values):
             for layer, t in tensors.items():
                 # zeros, not empty: rows past a sequence's length are masked out of its attention, but
@@ -71,7 +80,19 @@ class DecodeBatch:
                 grown = t.new_zeros(slots, t.shape[1], cap, t.shape[-1])
                 grown[:n, :, :self.cap] = t[:n, :, :self.cap]
                 tensors[layer] = grown
-        self.cap = cap
+        self.slots, self.cap = slots, cap
+        self.inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)
+        self.graph, self.eager_steps = None, 0  # a captured step would still use the old arenas
+
+    def _shape_from(self, state: SequenceState) -> None:
+        """Empty arenas of the first members' dtypes and shapes (``_regrow`` sizes them)."""
+        for layer, t in state.linear.items():
+            self.linear[layer] = t.new_zeros(0, *t.shape)
+        for layer, t in state.conv.items():
+            self.conv[layer] = t.new_zeros(0, *t.shape)
+        for layer, buf in state.kv.items():
+            self.keys[layer] = buf.keys.new_zeros(0, buf.keys.shape[1], 0, buf.keys.shape[2])
+            self.values[layer] = buf.values.new_zeros(0, buf.values.shape[1], 0, buf.values.shape[2])
 
     def admit(self, states: list[SequenceState]) -> None:
         """Pack loose states in after the current members (into spare slots when there are some)."""
@@ -80,17 +101,14 @@ class DecodeBatch:
         if any(s.batch is not None for s in states):
             raise ValueError("admit: a state is packed in a batch already (release it first)")
         n, m = len(self.members), len(states)
-        for ours, theirs in ((self.linear, [s.linear for s in states]), (self.conv, [s.conv for s in states])):
-            for layer in theirs[0]:
-                new = torch.stack([t[layer] for t in theirs])
-                ours[layer] = new if n == 0 else torch.cat([ours[layer], new.to(ours[layer].dtype)])
-        if states[0].kv and not self.keys:  # the first members: arenas of their dtypes and shapes
-            for layer, buf in states[0].kv.items():
-                self.keys[layer] = buf.keys.new_zeros(0, buf.keys.shape[1], 0, buf.keys.shape[2])
-                self.values[layer] = buf.values.new_zeros(0, buf.values.shape[1], 0, buf.values.shape[2])
-        need_cap = _round16(max(s.length for s in states) + HEADROOM)
-        if self.keys and (n + m > self.slots or need_cap > self.cap):
+        if not self.members and not self.slots:
+            self._shape_from(states[0])
+        need_cap = _round16(max(s.length for s in states) + HEADROOM) if self.keys else 0
+        if n + m > self.slots or need_cap > self.cap:
             self._regrow(max(n + m, self.slots + self.slots // 4), max(self.cap, need_cap))
+        for ours, theirs in ((self.linear, [s.linear for s in states]), (self.conv, [s.conv for s in states])):
+            for layer, t in ours.items():
+                t[n:n + m] = torch.stack([x[layer] for x in theirs])
         for layer in self.keys:
             keys, values = self.keys[layer], self.values[layer]
             for i, s in enumerate(states):
@@ -126,16 +144,15 @@ class DecodeBatch:
             last = len(order) - 1
             if i != last:
                 length = self.members[order[last]].length
+                for tensors in (self.linear, self.conv):
+                    for t in tensors.values():
+                        t[i] = t[last]
                 for tensors in (self.keys, self.values):
                     for t in tensors.values():
                         t[i, :, :length] = t[last, :, :length]
                 order[i] = order[last]
             order.pop()
         self.members = [self.members[j] for j in order]
-        index = torch.tensor(order, dtype=torch.long, device=self.device)
-        for tensors in (self.linear, self.conv):
-            for layer, t in tensors.items():
-                tensors[layer] = t.index_select(0, index)
 
     def clear(self) -> None:
         """Drop every member and tensor (all of them finished). Members and batch refer to each
@@ -143,7 +160,8 @@ class DecodeBatch:
         last step by an unknown time."""
         for s in self.members:
             s.batch = None
-        self.members, self.linear, self.conv, self.keys, self.values, self.cap = [], {}, {}, {}, {}, 0
+        self.members, self.linear, self.conv, self.keys, self.values = [], {}, {}, {}, {}
+        self.slots, self.cap, self.inputs, self.graph, self.eager_steps = 0, 0, None, None, 0
 
     def reserve(self) -> None:
         """Room in the arenas for one more row of every member."""
@@ -151,8 +169,35 @@ class DecodeBatch:
         if self.keys and need > self.cap:
             self._regrow(self.slots, _round16(max(need + HEADROOM, self.cap + self.cap // 4)))
 
+    def step(self, model: HybridLM, token_ids: list[int]) -> Tensor:
+        """One decode step of every member, ``token_ids`` in slot order: logits [members, vocab] fp32.
 
-def gather(states: list[SequenceState], device: torch.device) -> tuple[DecodeBatch, list[int]]:
+        Every slot is computed, spare ones on token 0 at position 0 (rows are independent all the
+        way through, and a newcomer overwrites its slot's rows), so the step's shapes depend only on
+        the arenas: the step that a CUDA graph captures is this same forward."""
+        n = len(self.members)
+        if len(token_ids) != n:
+            raise ValueError(f"token_ids: expected one per member ({n}), got {len(token_ids)}")
+        self.reserve()
+        pad = [0] * (self.slots - n)
+        copy_to(self.inputs, torch.tensor([[*token_ids, *pad], [*self.lengths, *pad]], dtype=torch.long))
+        logits = self._forward(model)
+        for s in self.members:
+            s.length += 1
+        return logits[:n]
+
+    def _forward(self, model: HybridLM) -> Tensor:
+        if self.graph is None and self.graphs and self.eager_steps >= 1:
+            self.graph = capture(model, lambda: model(self.inputs[0], DecodeContext(self)), self.device)
+            self.graphs = self.graph is not None  # the model's step cannot be captured: eager from now on
+        if self.graph is not None:
+            return self.graph.replay()
+        self.eager_steps += 1
+        return model(self.inputs[0], DecodeContext(self))
+
+
+def gather(states: list[SequenceState], device: torch.device, *,
+           graphs: bool = False) -> tuple[DecodeBatch, list[int]]:
     """One batch holding exactly ``states`` (the one that holds most of them already, else a new
     one); returns it and each state's slot in it."""
     batches: dict[int, DecodeBatch] = {}
@@ -162,7 +207,7 @@ def gather(states: list[SequenceState], device: torch.device) -> tuple[DecodeBat
     mine = {id(s) for s in states}
     batch = max(batches.values(), key=lambda b: sum(id(m) in mine for m in b.members), default=None)
     if batch is None:
-        batch = DecodeBatch(device)
+        batch = DecodeBatch(device, graphs=graphs)
     batch.release([m for m in batch.members if id(m) not in mine])
     for other in batches.values():
         if other is not batch:
@@ -173,48 +218,51 @@ def gather(states: list[SequenceState], device: torch.device) -> tuple[DecodeBat
 
 
 class DecodeContext(ForwardContext):
-    """One decode step of every member of a batch, in slot order: one token each."""
+    """One decode step of every slot of a batch, one token each, from the batch's inputs.
+
+    Built from device tensors alone — nothing is copied from the host, nothing read back — so the
+    same forward runs eagerly or is captured once and replayed (``hypic.models.step_graph``)."""
 
     def __init__(self, batch: DecodeBatch) -> None:
-        batch.reserve()
         self.batch = batch
-        n = len(batch.members)
-        self.cu_seqlens = torch.arange(n + 1)
-        lengths = torch.tensor(batch.lengths)
-        longest = int(lengths.max()) + 1
-        self._span = _round16(longest)  # keys attended: a multiple of 16 (the kernels' alignment), ≤ cap
-        # each sequence sees its own rows and the one this step writes: [N, 1, 1, span]
-        visible = torch.arange(self._span)[None, :] <= lengths[:, None]
-        rows, self.positions, visible = to_device_many([torch.arange(n), lengths, visible.view(-1).long()],
-                                                       batch.device)
-        self._rows, self._visible = rows, visible.bool().view(n, 1, 1, self._span)
+        self.cu_seqlens = torch.arange(batch.slots + 1)  # host: every run is one token
+        self.positions = batch.inputs[1]
+        self._rows = torch.arange(batch.slots, device=batch.device)
+        # each slot sees its own rows and the one this step writes: [slots, 1, 1, cap]
+        keys = torch.arange(batch.cap, device=batch.device)
+        self._visible = (keys[None, :] <= self.positions[:, None]).view(batch.slots, 1, 1, batch.cap)
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
-        return self.batch.conv[layer].to(raw.dtype) if layer in self.batch.conv else None
+        return self.batch.conv[layer].to(raw.dtype)
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
-        self.batch.conv[layer] = tails
+        self.batch.conv[layer].copy_(tails)
+
+    def conv(self, layer: int, raw: Tensor, weight: Tensor) -> Tensor:
+        """One new input per slot: its window is the tail plus that input (fp32 sums, like the conv
+        kernels); the tail moves on by one in place."""
+        tails = self.batch.conv[layer]
+        window = torch.cat([tails.to(raw.dtype), raw[:, None]], dim=1)  # [slots, W, D]
+        y = F.silu((window.float() * weight.t().float()).sum(1)).to(raw.dtype)
+        tails.copy_(window[:, 1:])
+        return y
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
-        out = run(self.cu_seqlens, self.batch.linear.get(layer), False)
-        self.batch.linear[layer] = out.final_state
+        state = self.batch.linear[layer]
+        out = run(self.cu_seqlens, state, False)
+        state.copy_(out.final_state)
         return out.o
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         if rope is not None:
             q, k = rope(q, self.positions), rope(k, self.positions)
         keys, values = self.batch.keys[layer], self.batch.values[layer]
-        keys[self._rows, :, self.positions] = k  # each sequence's new row, at its own length
+        keys[self._rows, :, self.positions] = k  # each slot's new row, at its own length
         values[self._rows, :, self.positions] = v
         n, hq, d = q.shape
         hkv = keys.shape[1]
         # GQA without widening the keys: a group's query heads are the "query tokens" of its key head
         qg = q.view(n, hkv, hq // hkv, d)
-        with sdpa_kernel(SHORT_BACKENDS):  # never cuDNN: a graph per shape, and the span changes
-            o = F.scaled_dot_product_attention(qg, keys[:n, :, :self._span], values[:n, :, :self._span],
-                                               attn_mask=self._visible, scale=scale)
+        with sdpa_kernel(SHORT_BACKENDS):  # never cuDNN: it plans (and may sync) per shape
+            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=self._visible, scale=scale)
         return o.reshape(n, hq, values.shape[-1])
-
-    def finish(self) -> None:
-        for s in self.batch.members:
-            s.length += 1

@@ -20,7 +20,19 @@ def to_device(data: Tensor | list | tuple, device: torch.device | str,
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
+    if torch.cuda.is_current_stream_capturing():
+        # a captured copy would re-read this pinned buffer at every replay, long after it is freed
+        raise RuntimeError("to_device: a host → device copy inside a CUDA graph capture")
     return t.pin_memory().to(device, non_blocking=True)
+
+
+def copy_to(dst: Tensor, src: Tensor) -> None:
+    """Host tensor ``src`` copied into ``dst`` in place (a fixed buffer a captured step reads), queued
+    without a host stall when ``dst`` is on the GPU."""
+    if dst.device.type == "cuda" and src.device.type == "cpu":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
 
 
 def to_device_many(parts: list[Tensor], device: torch.device | str) -> list[Tensor]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import DecodeContext, gather
+from hypic.models.decode_batch import gather
 from hypic.models.loader import LoadedModel
 
 TINY_GDN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
@@ -62,11 +62,11 @@ def hypic_greedy(loaded: LoadedModel, prompts: list[torch.Tensor], steps: int,
         if stacked:
             batch, slots = gather(states, dev)
             assert slots == list(range(len(prompts)))
-            ctx = DecodeContext(batch)
+            logits = batch.step(model, nxt.tolist())
         else:
             ctx = SequenceContext(states, [1] * len(prompts), dev)
-        logits = model(nxt, ctx)
-        ctx.finish()
+            logits = model(nxt, ctx)
+            ctx.finish()
     return tokens, torch.stack(all_logits)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from hypic.bench.shapes import SHAPES
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import HEADROOM, DecodeBatch, DecodeContext, gather
+from hypic.models.decode_batch import HEADROOM, DecodeBatch, gather
 from hypic.models.random_init import random_model
 
 TOL = 1e-4  # fp32: the stacked step sums attention over padded rows in another order (≈ 1e-5 after 70 steps)
@@ -38,10 +38,7 @@ def _stacked(model, states: list[SequenceState], tokens: list[int]) -> torch.Ten
     ids = [0] * len(states)
     for t, i in zip(tokens, slots, strict=True):
         ids[i] = t
-    ctx = DecodeContext(batch)
-    out = model(torch.tensor(ids), ctx)
-    ctx.finish()
-    return out[torch.tensor(slots)]
+    return batch.step(model, ids)[torch.tensor(slots)]
 
 
 def test_joins_leaves_and_moves_keep_every_step_exact(model) -> None:
@@ -98,6 +95,30 @@ def test_a_packed_state_cannot_be_packed_twice(model) -> None:
         DecodeBatch(torch.device("cpu")).release([state])
 
 
+def _prefilled(model, dev, lengths, copies):
+    """``copies`` lists of states, each holding every prompt prefilled; and each prompt's next token."""
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 500, (n,), generator=gen).to(dev) for n in lengths]
+    lists, last = [[] for _ in range(copies)], []
+    for p in prompts:
+        for states in lists:
+            state = SequenceState()
+            ctx = SequenceContext([state], [len(p)], dev)
+            logits = model(p, ctx, model.last_token_rows(ctx.cu_seqlens).to(dev))
+            ctx.finish()
+            states.append(state)
+        last.append(int(logits[0].argmax()))
+    return lists, last
+
+
+def _step(batch_states, last, who, dev, graphs):
+    batch, slots = gather([batch_states[i] for i in who], dev, graphs=graphs)
+    ids = [0] * len(who)
+    for i, slot in zip(who, slots, strict=True):
+        ids[slot] = last[i]
+    return batch, slots, ids
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_a_gpu_stacked_decode_matches_decoding_alone(dtype) -> None:
@@ -106,30 +127,44 @@ def test_on_a_gpu_stacked_decode_matches_decoding_alone(dtype) -> None:
     within bf16 noise."""
     dev = torch.device("cuda")
     model = random_model(dict(SHAPES["tiny"], num_hidden_layers=8), device=dev, dtype=dtype).model
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 500, (n,), generator=gen).to(dev) for n in (5, 77, 300)]
-    ref, mine, last = [], [], []
-    for p in prompts:
-        for states in (ref, mine):
-            state = SequenceState()
-            ctx = SequenceContext([state], [len(p)], dev)
-            logits = model(p, ctx, model.last_token_rows(ctx.cu_seqlens).to(dev))
-            ctx.finish()
-            states.append(state)
-        last.append(int(logits[0].argmax()))
+    (ref, mine), last = _prefilled(model, dev, (5, 77, 300), 2)
     # bf16: the two paths round keys, values and partial sums differently, and the differences carry
-    # over 20 steps (on the CPU: 0.10 against logits up to 3.3, ≈ 7 bf16 ulps there; fp32: 1.2e-5)
+    # over 20 steps (0.10 against logits up to 3.3 when both convs summed in bf16 on the CPU; fp32: 1.2e-5)
     tol = 1e-3 if dtype == torch.float32 else 0.25
     for _ in range(20):
-        batch, slots = gather(mine, dev)
-        ids = torch.tensor([last[slots.index(i)] for i in range(len(mine))], device=dev)
-        ctx = DecodeContext(batch)
-        got = model(ids, ctx)[torch.tensor(slots, device=dev)].float()
-        ctx.finish()
+        batch, slots, ids = _step(mine, last, [0, 1, 2], dev, False)
+        got = batch.step(model, ids)[torch.tensor(slots, device=dev)].float()
         assert torch.isfinite(got).all()
         for i, state in enumerate(ref):
             c = SequenceContext([state], [1], dev)
             want = model(torch.tensor([last[i]], device=dev), c)[0].float()
             c.finish()
-            assert (got[i] - want).abs().max() <= tol
+            err = float((got[i] - want).abs().max())
+            assert err <= tol, err
             last[i] = int(want.argmax())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_a_captured_step_replays_what_the_eager_step_computes(dtype) -> None:
+    """The same sequences decoded by two batches, one eager and one replaying captured CUDA graphs:
+    the same logits at every step, through a leave and a join (the same graph, a spare slot) and
+    past the arenas' first size (a regrow, a new capture)."""
+    dev = torch.device("cuda")
+    model = random_model(dict(SHAPES["tiny"], num_hidden_layers=8), device=dev, dtype=dtype).model
+    (eager, graphed), last = _prefilled(model, dev, (5, 77, 300), 2)
+    captured: list = []  # the graphs themselves (an id could be reused once one is freed)
+    for step in range(90):  # 300 + 64 headroom rows: outgrown at step 64
+        who = [0, 2] if step in (40, 41) else [0, 1, 2]  # the second sequence sits two steps out
+        batch, slots, ids = _step(eager, last, who, dev, False)
+        want = batch.step(model, ids)[torch.tensor(slots, device=dev)].float()
+        batch, slots, ids = _step(graphed, last, who, dev, True)
+        got = batch.step(model, ids)[torch.tensor(slots, device=dev)].float()
+        if batch.graph is not None and all(g is not batch.graph for g in captured):
+            captured.append(batch.graph)
+        err = float((got - want).abs().max())
+        assert err <= (1e-5 if dtype == torch.float32 else 1e-2), (step, err)
+        for row, i in enumerate(who):
+            last[i] = int(want[row].argmax())
+    assert len(captured) == 2  # one before the regrow, one after
+    assert graphed[0].batch.graph is captured[-1] and graphed[0].batch.eager_steps == 1

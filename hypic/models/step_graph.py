@@ -1,0 +1,67 @@
+"""A decode step as a CUDA graph: captured once, replayed every step after.
+
+Why: a decode step is host-bound. At the 9B shape one step over 16 sequences is ≈ 11 ms of device
+work behind ≈ 33 ms of host work — some 850 launches, each through Python, fla's wrappers and
+Triton's launcher (docs/benchmarks.md). A graph records the launches once; a replay is one call.
+
+What makes a step capturable (``DecodeBatch.step``): it reads only device tensors whose addresses
+stay put until the batch's arenas are regrown — the inputs are copied into a fixed buffer, the
+arenas are written in place, every slot is computed whoever holds it — and it copies nothing from
+the host and reads nothing back. So a captured step stays valid until the next regrow, and the
+batch drops it then.
+
+Capture records the launches without running them: the step that captures then replays. A batch
+captures on its second step after a regrow; the first runs eagerly, compiling and autotuning the
+Triton kernels and filling the host-side caches the forward consults (captured, those would be
+recorded as one-offs). A model whose step cannot be captured (e.g. one that reads a count back to
+the host) is remembered and decodes eagerly, after one warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+_refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose step failed to capture
+
+
+class StepGraph:
+    def __init__(self, graph: torch.cuda.CUDAGraph, logits: Tensor) -> None:
+        self._graph, self._logits = graph, logits
+
+    def replay(self) -> Tensor:
+        """Run the captured step; its logits, copied out of the graph's memory (the next replay
+        overwrites that memory, and callers may keep a step's logits)."""
+        self._graph.replay()
+        return self._logits.clone()
+
+
+def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.device) -> StepGraph | None:
+    """``forward`` (one decode step of ``model``, returning logits) captured on ``device``; None, with
+    a warning the first time, if this model's step cannot be captured."""
+    if model in _refused:
+        return None
+    graph = torch.cuda.CUDAGraph()
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)  # capture needs a stream of its own
+    side.wait_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                logits = forward()
+            finally:
+                graph.capture_end()
+    except RuntimeError as e:
+        _refused.add(model)
+        warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
+                      f"graph ({e})", RuntimeWarning, stacklevel=3)
+        return None
+    finally:
+        main.wait_stream(side)
+    return StepGraph(graph, logits)
