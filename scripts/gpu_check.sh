@@ -14,6 +14,8 @@
 #   GPU_SCATTER=1        cold TTFT with documents scattered over every GPU of the machine
 #                        (hypic bench scatter on the 9B shape; GPU_SCATTER_ARGS)
 #   GPU_DEVIATION=1      per-layer deviation from full, fp32, into $OUT/deviation.md (GPU_DEVIATION_ARGS)
+#   GPU_GRAPH_AB=1       decode steps as CUDA graphs vs eager, in serving, inside one process
+#                        (scripts/graph_ab.py; GPU_GRAPH_AB_ARGS)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -48,13 +50,15 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ "${GPU_DEVIATION:-0}" = 1 ] && section deviation "${GPU_DEVIATION_SECONDS:-300}" \
   python3 -m hypic.cli eval deviation --device cuda --dtype float32 --n 200 --batch 200 \
   --out "$OUT/deviation.md" ${GPU_DEVIATION_ARGS:-}
+[ "${GPU_GRAPH_AB:-0}" = 1 ] && section graph_ab "${GPU_GRAPH_AB_SECONDS:-400}" \
+  python3 scripts/graph_ab.py ${GPU_GRAPH_AB_ARGS:-}
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
   python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
-for f in ops models ttft scatter trace; do
+for f in ops models ttft scatter trace graph_ab; do
   [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
 done
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"

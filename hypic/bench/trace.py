@@ -93,6 +93,8 @@ class Target(Protocol):
 
     def call(self, i: int, due: float, max_tokens: int) -> Outcome | str: ...
 
+    def note(self) -> str: ...  # a line on the engine's work since the last note ("" if unknown)
+
     def close(self) -> None: ...
 
 
@@ -135,6 +137,7 @@ def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: 
         for mode in modes:
             target.begin(mode)
             target.warm(list(range(load.warm)))
+            target.note()  # the blocks' notes leave the warm-up out
             for k, rate in enumerate(rates):
                 block = list(range(load.warm + k * n, load.warm + (k + 1) * n))
                 first = trace.requests[block[0]].arrival_s  # the trace runs at 1 QPS: scale it to `rate`
@@ -163,6 +166,9 @@ def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: 
                       file=sys.stderr, flush=True)
                 for e in sorted(set(probe.errors)):  # each distinct failure once: a bench must say why
                     print(f"trace {mode} {rate:g} QPS: {probe.errors.count(e)} × {e}", file=sys.stderr, flush=True)
+                note = target.note()
+                if note:
+                    print(f"trace {mode} {rate:g} QPS: {note}", file=sys.stderr, flush=True)
                 if not probe.sustained(load.slo_s):
                     break
     finally:

@@ -10,6 +10,7 @@ and the server's counters come from its ``/metrics``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -20,6 +21,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import torch
 
 from hypic.engine.engine import Engine
 from hypic.engine.prefix import PrefixCache
@@ -84,6 +87,8 @@ class EngineTarget:
         self._limits = dict(max_running=max_running, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens)
         self.scheduler: Scheduler | None = None
         self.mode = "hypic"
+        self._decode = dataclasses.replace(engine.decode_stats)  # as of the last note
+        self._retries = 0  # the allocator's retries as of the last note
 
     def begin(self, mode: str) -> None:
         self.close()
@@ -103,6 +108,23 @@ class EngineTarget:
             print(f"host tier: {arena.pinned_bytes / 2**30:.1f} GiB pinned, {time.perf_counter() - t0:.1f} s "
                   "after the warm-up", flush=True)
         self.scheduler = Scheduler(self.engine, **self._limits)
+
+    def note(self) -> str:
+        now, before = dataclasses.replace(self.engine.decode_stats), self._decode
+        self._decode = now
+        d = {f.name: getattr(now, f.name) - getattr(before, f.name) for f in dataclasses.fields(now)}
+        line = (f"decode {d['steps']} steps, {d['replays']} replayed, {d['captures']} captures "
+                f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']} regrows")
+        if self.engine.device.type == "cuda":
+            # an allocation that found no room makes the allocator free every cached block (a device
+            # sync) and retry: the count says whether memory pressure stalled the block
+            mem = torch.cuda.memory_stats(self.engine.device)
+            retries = mem.get("num_alloc_retries", 0)
+            line += (f"; allocator: {retries - self._retries} retries, "
+                     f"{mem.get('reserved_bytes.all.peak', 0) / 2**30:.1f} GiB reserved at the peak")
+            self._retries = retries
+            torch.cuda.reset_peak_memory_stats(self.engine.device)  # the next note's peak is its block's
+        return line
 
     def moves(self) -> Moves:
         s = self.engine.store.stats()
@@ -163,6 +185,9 @@ class HttpTarget:
                 t.start()
             for t in threads:
                 t.join()
+
+    def note(self) -> str:
+        return ""  # the server's decode counters are not exported
 
     def moves(self) -> Moves:
         text = self._get("/metrics")

@@ -30,7 +30,7 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import gather
+from hypic.models.decode_batch import DecodeStats, gather
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
@@ -96,6 +96,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.seam, self.cold = seam, cold
         # decode steps replayed as CUDA graphs (hypic.models.step_graph); HYPIC_DECODE_GRAPHS=0: eager
         self.decode_graphs = self.device.type == "cuda" and os.environ.get("HYPIC_DECODE_GRAPHS", "1") != "0"
+        self.decode_stats = DecodeStats()
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock)
@@ -231,7 +232,8 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             # the runs decoding together keep their state stacked between steps (DecodeBatch): a
             # step's work per layer does not grow with the number of runs
-            batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs)
+            batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
+                                  stats=self.decode_stats)
             by_slot = [0] * len(slots)
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]

@@ -25,6 +25,9 @@ kernel would not pay it; this keeps to stock PyTorch ops (SDPA with a mask).
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,10 +46,22 @@ def _round16(n: int) -> int:
     return -(-n // 16) * 16
 
 
+@dataclass
+class DecodeStats:
+    """What decoding has cost so far (an engine's batches add to one; the trace bench prints it)."""
+
+    steps: int = 0
+    replays: int = 0  # steps replayed from a captured graph
+    captures: int = 0
+    capture_s: float = 0.0  # host time spent capturing
+    regrows: int = 0  # arenas (re)allocated: each one drops the batch's graph
+
+
 class DecodeBatch:
-    def __init__(self, device: torch.device, *, graphs: bool = False) -> None:
-        """``graphs``: run steps as a captured CUDA graph (``hypic.models.step_graph``) where it can."""
-        self.device, self.graphs = device, graphs
+    def __init__(self, device: torch.device, *, graphs: bool = False, stats: DecodeStats | None = None) -> None:
+        """``graphs``: run steps as a captured CUDA graph (``hypic.models.step_graph``) on a GPU."""
+        self.device, self.graphs = device, graphs and device.type == "cuda"
+        self.stats = stats if stats is not None else DecodeStats()
         self.members: list[SequenceState] = []  # member i decodes in slot i
         # Every arena has ``slots`` rows (≥ members; spare slots take newcomers without a copy) and
         # is written in place, so its address changes only when it is regrown (a captured step
@@ -81,6 +96,7 @@ class DecodeBatch:
                 grown[:n, :, :self.cap] = t[:n, :, :self.cap]
                 tensors[layer] = grown
         self.slots, self.cap = slots, cap
+        self.stats.regrows += 1
         self.inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)
         self.graph, self.eager_steps = None, 0  # a captured step would still use the old arenas
 
@@ -105,7 +121,10 @@ class DecodeBatch:
             self._shape_from(states[0])
         need_cap = _round16(max(s.length for s in states) + HEADROOM) if self.keys else 0
         if n + m > self.slots or need_cap > self.cap:
-            self._regrow(max(n + m, self.slots + self.slots // 4), max(self.cap, need_cap))
+            # by a quarter at least on the outgrown axis: under serving, newcomers keep arriving
+            # longer than the longest member, and each regrow copies every member and recaptures
+            cap = self.cap if need_cap <= self.cap else _round16(max(need_cap, self.cap + self.cap // 4))
+            self._regrow(max(n + m, self.slots + self.slots // 4), cap)
         for ours, theirs in ((self.linear, [s.linear for s in states]), (self.conv, [s.conv for s in states])):
             for layer, t in ours.items():
                 t[n:n + m] = torch.stack([x[layer] for x in theirs])
@@ -187,17 +206,22 @@ class DecodeBatch:
         return logits[:n]
 
     def _forward(self, model: HybridLM) -> Tensor:
+        self.stats.steps += 1
         if self.graph is None and self.graphs and self.eager_steps >= 1:
+            t0 = time.perf_counter()
             self.graph = capture(model, lambda: model(self.inputs[0], DecodeContext(self)), self.device)
             self.graphs = self.graph is not None  # the model's step cannot be captured: eager from now on
+            self.stats.captures += self.graphs
+            self.stats.capture_s += time.perf_counter() - t0
         if self.graph is not None:
+            self.stats.replays += 1
             return self.graph.replay()
         self.eager_steps += 1
         return model(self.inputs[0], DecodeContext(self))
 
 
-def gather(states: list[SequenceState], device: torch.device, *,
-           graphs: bool = False) -> tuple[DecodeBatch, list[int]]:
+def gather(states: list[SequenceState], device: torch.device, *, graphs: bool = False,
+           stats: DecodeStats | None = None) -> tuple[DecodeBatch, list[int]]:
     """One batch holding exactly ``states`` (the one that holds most of them already, else a new
     one); returns it and each state's slot in it."""
     batches: dict[int, DecodeBatch] = {}
@@ -207,7 +231,7 @@ def gather(states: list[SequenceState], device: torch.device, *,
     mine = {id(s) for s in states}
     batch = max(batches.values(), key=lambda b: sum(id(m) in mine for m in b.members), default=None)
     if batch is None:
-        batch = DecodeBatch(device, graphs=graphs)
+        batch = DecodeBatch(device, graphs=graphs, stats=stats)
     batch.release([m for m in batch.members if id(m) not in mine])
     for other in batches.values():
         if other is not batch:

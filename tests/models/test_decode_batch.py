@@ -7,7 +7,7 @@ import torch
 
 from hypic.bench.shapes import SHAPES
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import HEADROOM, DecodeBatch, gather
+from hypic.models.decode_batch import HEADROOM, DecodeBatch, DecodeStats, gather
 from hypic.models.random_init import random_model
 
 TOL = 1e-4  # fp32: the stacked step sums attention over padded rows in another order (≈ 1e-5 after 70 steps)
@@ -83,6 +83,20 @@ def test_a_leaver_frees_a_slot_that_the_next_newcomer_takes_without_a_regrow(mod
     _stacked(model, [a, c], [5, 7])  # b leaves: c's rows move into b's slot
     _stacked(model, [a, c, d], [5, 7, 8])  # d takes the spare slot
     assert batch.members == [a, c, d] and next(iter(batch.keys.values())) is arena  # no regrow, no copy of a or c
+
+
+def test_a_longer_newcomer_grows_the_arenas_by_a_quarter_and_the_stats_count_it(model) -> None:
+    stats = DecodeStats()
+    a, _ = _prefill(model, torch.arange(3, 103))
+    batch, _ = gather([a], torch.device("cpu"), stats=stats)
+    batch.step(model, [5])
+    cap = batch.cap  # the longest member plus the headroom, rounded up
+    assert cap == 176
+    b, _ = _prefill(model, torch.arange(3, 3 + cap - HEADROOM + 4))  # needs just a little more room
+    batch, _ = gather([a, b], torch.device("cpu"), stats=stats)
+    batch.step(model, [5, 6])
+    assert batch.cap >= cap + cap // 4 and batch.slots == 2
+    assert (stats.steps, stats.regrows, stats.captures, stats.replays) == (2, 2, 0, 0)  # the CPU never captures
 
 
 def test_a_packed_state_cannot_be_packed_twice(model) -> None:

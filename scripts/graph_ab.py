@@ -1,0 +1,72 @@
+"""Decode steps as CUDA graphs against eager steps, in serving, inside one warmed process: each
+rate's block of the trace is replayed twice, graphs on and off (on first at even rates, off first
+at odd ones), so the machine, Triton's caches and the segment store are the same for both. The
+A/B behind docs/benchmarks.md's "trace again with decode steps as CUDA graphs"; the 9B shape,
+random weights, `hypic` mode. The second replay of a block finds its documents cached by the first
+(after the warm-up 97–100% hit anyway on the default pool).
+
+    python3 scripts/graph_ab.py [--rates 4,8,32] [--requests 48] [--warm 48] [--pool 256]
+    python3 scripts/graph_ab.py --shape tiny --device cpu --rates 1,2 --requests 4 --warm 4 --pool 32
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from tokenizers import Tokenizer
+
+from hypic.bench.shapes import SHAPES
+from hypic.bench.trace import QUANTILE, Probe, TraceLoad, make_trace, replay
+from hypic.bench.trace_targets import EngineTarget
+from hypic.engine.engine import Engine
+from hypic.llm import bundled_model_path
+from hypic.models.random_init import random_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rates", default="4,8,32")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--warm", type=int, default=48)
+    ap.add_argument("--pool", type=int, default=256)
+    ap.add_argument("--shape", default="qwen3.5-9b", choices=sorted(SHAPES))
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (no graphs there)")
+    args = ap.parse_args()
+    rates = sorted(float(r) for r in args.rates.split(","))
+    load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool)
+    trace = make_trace(load, rates)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    engine = Engine(random_model(SHAPES[args.shape], device=args.device, dtype=dtype))
+    tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    target = EngineTarget(engine, trace, tokenizer, max_running=load.max_running, max_queue=load.requests + 1)
+    target.begin("hypic")
+    target.warm(list(range(load.warm)))
+    target.note()
+    print("| graphs | rate (QPS) | TTFT p50 (ms) | p90 (ms) | prefill p50 (ms) | errors | decode |")
+    print("|---|---|---|---|---|---|---|")
+    try:
+        for k, rate in enumerate(rates):
+            block = list(range(load.warm + k * load.requests, load.warm + (k + 1) * load.requests))
+            first = trace.requests[block[0]].arrival_s
+            arrivals = [(trace.requests[i].arrival_s - first) / rate for i in block]
+            for graphs in ((True, False) if k % 2 == 0 else (False, True)):
+                engine.decode_graphs = graphs  # batches made from now on (a block starts with none)
+                probe = Probe("hypic", rate)
+                for res in replay(target, block, arrivals, load.max_tokens):
+                    if isinstance(res, str):
+                        probe.errors.append(res)
+                    else:
+                        probe.ttft.append(res.ttft_s)
+                        probe.engine_ttft.append(res.prefill_s)
+                prefill = Probe("hypic", rate, ttft=probe.engine_ttft)
+                print(f"| {'on' if graphs else 'off'} | {rate:g} | {1e3 * probe.quantile(0.5):.1f} | "
+                      f"{1e3 * probe.quantile(QUANTILE):.1f} | {1e3 * prefill.quantile(0.5):.1f} | "
+                      f"{len(probe.errors)} | {target.note()} |", flush=True)
+    finally:
+        target.close()
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
