@@ -156,6 +156,12 @@ class EngineTarget:
             self.scheduler = None
 
 
+def _counter(metrics: str, name: str) -> float:
+    """A counter's value in a Prometheus text scrape (0 when absent)."""
+    m = re.search(rf"^{name} (\S+)$", metrics, re.M)
+    return 0.0 if m is None else float(m.group(1))
+
+
 class HttpTarget:
     """A running ``hypic serve``: streamed ``/v1/completions`` with the prompt as its segments."""
 
@@ -166,6 +172,7 @@ class HttpTarget:
         models = self._get("/v1/models")
         self.model = json.loads(models)["data"][0]["id"]
         self.mode, self.salt = "hypic", ""
+        self._decode: dict[str, float] = {}  # the server's decode counters as of the last note
 
     def _get(self, path: str) -> str:
         try:
@@ -187,16 +194,19 @@ class HttpTarget:
                 t.join()
 
     def note(self) -> str:
-        return ""  # the server's decode counters are not exported
+        text = self._get("/metrics")
+        now = {name: _counter(text, f"hypic_decode_{name}_total") for name in
+               ("steps", "graph_replays", "graph_captures", "graph_capture_seconds", "arena_regrows")}
+        d = {k: v - self._decode.get(k, 0.0) for k, v in now.items()}
+        self._decode = now
+        return (f"decode {d['steps']:.0f} steps, {d['graph_replays']:.0f} replayed, {d['graph_captures']:.0f} "
+                f"captures ({1e3 * d['graph_capture_seconds']:.0f} ms), {d['arena_regrows']:.0f} regrows")
 
     def moves(self) -> Moves:
         text = self._get("/metrics")
-
-        def counter(name: str) -> int:
-            m = re.search(rf"^hypic_cache_{name}_total (\S+)$", text, re.M)
-            return 0 if m is None else int(float(m.group(1)))
-
-        return Moves(counter("promotions"), counter("demotions"), counter("evictions"), None)
+        promotions, demotions, evictions = (int(_counter(text, f"hypic_cache_{name}_total"))
+                                            for name in ("promotions", "demotions", "evictions"))
+        return Moves(promotions, demotions, evictions, None)
 
     def call(self, i: int, due: float, max_tokens: int) -> Outcome | str:
         body = {"model": self.model, "segments": self.trace.segments(self.trace.requests[i]), "mode": self.mode,

@@ -71,6 +71,14 @@ class _Live(Collector):
             for kind, n in e.cold_failures.items():
                 c.add_metric([kind], n)
             yield c
+            d = e.decode_stats
+            for name, doc, value in (
+                    ("steps", "Batched decode steps", d.steps),
+                    ("graph_replays", "Decode steps replayed from a captured CUDA graph", d.replays),
+                    ("graph_captures", "Decode steps captured as CUDA graphs", d.captures),
+                    ("graph_capture_seconds", "Host time spent capturing decode steps", d.capture_s),
+                    ("arena_regrows", "Decode arenas (re)allocated, each dropping its captured step", d.regrows)):
+                yield CounterMetricFamily(f"hypic_decode_{name}", doc, value=value)
 
 
 class Metrics:

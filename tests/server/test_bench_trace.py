@@ -1,6 +1,7 @@
 """`hypic bench trace --url`: the same sweep against a live server over HTTP (real uvicorn, real
 streaming), agreeing with the engine's own accounting of every request."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from tests.server.conftest import API_KEY, serve
 SMALL = dict(requests=5, warm=4, pool=12, num_docs=(2, 3), doc_tokens=(20, 40), max_tokens=3, slo_s=100.0)
 
 
-def test_a_sweep_over_http(model_dir: Path) -> None:
+def test_a_sweep_over_http(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
     llm = LLM(str(model_dir), device="cpu", cache_device_bytes=40 * 110_592)  # room for ~40 entries
     live = serve(llm, api_key=API_KEY, max_concurrent=4, max_queue=64)
     try:
@@ -30,6 +31,9 @@ def test_a_sweep_over_http(model_dir: Path) -> None:
             # the client's clock holds the server's prefill, the queueing and the HTTP round trip
             assert all(c >= e > 0 for c, e in zip(p.ttft, p.engine_ttft, strict=True))
         prefix, hypic = probes
+        # each block's note: the server's decode counters over that block (a CPU server never captures)
+        notes = capsys.readouterr().err
+        assert re.search(r"^trace hypic 200 QPS: decode [1-9]\d* steps, 0 replayed, 0 captures", notes, re.M)
         assert prefix.prompt_tokens == hypic.prompt_tokens > 0  # the same requests, counted by the server
         assert hypic.hits > 0 and prefix.hits <= hypic.hits  # warmed documents, reused in any order
         assert llm.engine.store.check_integrity()

@@ -169,6 +169,8 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert delta['hypic_cold_segments_total{rank="0"}'] == cacheable and after["hypic_cold_devices"] == 1
     assert delta['hypic_cold_tokens_total{rank="0"}'] > 0
     assert after['hypic_cold_worker_failures_total{kind="lost"}'] == 0
+    assert delta["hypic_decode_steps_total"] > 0 and delta["hypic_decode_arena_regrows_total"] >= 1
+    assert after["hypic_decode_graph_replays_total"] == after["hypic_decode_graph_captures_total"] == 0  # CPU: eager
 
 
 def test_models_health_and_auth(server: LiveServer, client: OpenAI) -> None:
