@@ -1,6 +1,7 @@
 """Decode steps as CUDA graphs against eager steps, in serving, inside one warmed process: each
-rate's block of the trace is replayed twice, graphs on and off (on first at even rates, off first
-at odd ones), so the machine, Triton's caches and the segment store are the same for both. The
+rate's block of the trace is replayed once per arm — eager, graphs with a memory pool per capture
+(the default), graphs sharing one pool (``step_graph.SHARED_POOL``) — the first arm rotating from
+rate to rate, so the machine, Triton's caches and the segment store are the same for all. The
 A/B behind docs/benchmarks.md's "trace again with decode steps as CUDA graphs"; the 9B shape,
 random weights, `hypic` mode. The second replay of a block finds its documents cached by the first
 (after the warm-up 97–100% hit anyway on the default pool).
@@ -21,7 +22,11 @@ from hypic.bench.trace import QUANTILE, Probe, TraceLoad, make_trace, replay
 from hypic.bench.trace_targets import EngineTarget
 from hypic.engine.engine import Engine
 from hypic.llm import bundled_model_path
+from hypic.models import step_graph
 from hypic.models.random_init import random_model
+
+# eager steps; graphs, each capture in a pool of its own (the default); graphs sharing one pool
+ARMS = ["off", "own pools", "shared pool"]
 
 
 def main() -> None:
@@ -43,15 +48,17 @@ def main() -> None:
     target.begin("hypic")
     target.warm(list(range(load.warm)))
     target.note()
-    print("| graphs | rate (QPS) | TTFT p50 (ms) | p90 (ms) | prefill p50 (ms) | errors | decode |")
+    print("| decode steps | rate (QPS) | TTFT p50 (ms) | p90 (ms) | prefill p50 (ms) | errors | decode |")
     print("|---|---|---|---|---|---|---|")
     try:
         for k, rate in enumerate(rates):
             block = list(range(load.warm + k * load.requests, load.warm + (k + 1) * load.requests))
             first = trace.requests[block[0]].arrival_s
             arrivals = [(trace.requests[i].arrival_s - first) / rate for i in block]
-            for graphs in ((True, False) if k % 2 == 0 else (False, True)):
+            for arm in ARMS[k % len(ARMS):] + ARMS[:k % len(ARMS)]:  # each rate starts with another arm
+                graphs = arm != "off"
                 engine.decode_graphs = graphs  # batches made from now on (a block starts with none)
+                step_graph.SHARED_POOL = arm == "shared pool"
                 probe = Probe("hypic", rate)
                 for res in replay(target, block, arrivals, load.max_tokens):
                     if isinstance(res, str):
@@ -60,7 +67,7 @@ def main() -> None:
                         probe.ttft.append(res.ttft_s)
                         probe.engine_ttft.append(res.prefill_s)
                 prefill = Probe("hypic", rate, ttft=probe.engine_ttft)
-                print(f"| {'on' if graphs else 'off'} | {rate:g} | {1e3 * probe.quantile(0.5):.1f} | "
+                print(f"| {arm} | {rate:g} | {1e3 * probe.quantile(0.5):.1f} | "
                       f"{1e3 * probe.quantile(QUANTILE):.1f} | {1e3 * prefill.quantile(0.5):.1f} | "
                       f"{len(probe.errors)} | {target.note()} |", flush=True)
     finally:

@@ -19,6 +19,7 @@ the host) is remembered and decodes eagerly, after one warning.
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,16 @@ import torch
 from torch import Tensor, nn
 
 _refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose step failed to capture
+
+# Where a capture's memory comes from. By default each graph has a private pool, which stays
+# reserved after its graph is dropped (at every regrow) until the allocator, out of room, frees
+# every cached block with a device sync. One pool per device for every capture would avoid that,
+# and is safe here: replays never overlap (one stream, under the engine's lock) and a step frees
+# everything it allocates but its logits, which its graph keeps alive. Not yet measured, so not
+# the default: HYPIC_GRAPH_POOL=shared (or setting SHARED_POOL) selects it, for the A/B in
+# scripts/graph_ab.py.
+SHARED_POOL = os.environ.get("HYPIC_GRAPH_POOL") == "shared"
+_pools: dict[torch.device, tuple[int, int]] = {}
 
 
 class StepGraph:
@@ -52,7 +63,12 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     try:
         with torch.cuda.stream(side):
             # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
-            graph.capture_begin(capture_error_mode="thread_local")
+            pool = None
+            if SHARED_POOL:
+                if device not in _pools:
+                    _pools[device] = torch.cuda.graph_pool_handle()
+                pool = _pools[device]
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 logits = forward()
             finally:

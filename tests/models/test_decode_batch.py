@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hypic.bench.shapes import SHAPES
+from hypic.models import step_graph
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import HEADROOM, DecodeBatch, DecodeStats, gather
 from hypic.models.random_init import random_model
@@ -159,11 +160,13 @@ def test_on_a_gpu_stacked_decode_matches_decoding_alone(dtype) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shared_pool", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_a_gpu_a_captured_step_replays_what_the_eager_step_computes(dtype) -> None:
+def test_on_a_gpu_a_captured_step_replays_what_the_eager_step_computes(dtype, shared_pool, monkeypatch) -> None:
     """The same sequences decoded by two batches, one eager and one replaying captured CUDA graphs:
     the same logits at every step, through a leave and a join (the same graph, a spare slot) and
-    past the arenas' first size (a regrow, a new capture)."""
+    past the arenas' first size (a regrow, a new capture — into the first one's pool when shared)."""
+    monkeypatch.setattr(step_graph, "SHARED_POOL", shared_pool)
     dev = torch.device("cuda")
     model = random_model(dict(SHAPES["tiny"], num_hidden_layers=8), device=dev, dtype=dtype).model
     (eager, graphed), last = _prefilled(model, dev, (5, 77, 300), 2)
