@@ -52,12 +52,12 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   --out "$OUT/deviation.md" ${GPU_DEVIATION_ARGS:-}
 [ "${GPU_GRAPH_AB:-0}" = 1 ] && section graph_ab "${GPU_GRAPH_AB_SECONDS:-400}" \
   python3 scripts/graph_ab.py ${GPU_GRAPH_AB_ARGS:-}
-[ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-240}" \
-  python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider
+[ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
+  python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider --durations=8
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
-[ -f "$OUT/pytest_gpu.log" ] && tail -n 8 "$OUT/pytest_gpu.log"
+[ -f "$OUT/pytest_gpu.log" ] && tail -n 16 "$OUT/pytest_gpu.log"
 for f in ops models ttft scatter trace graph_ab; do
   [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
 done
