@@ -86,18 +86,19 @@ class DecodeBatch:
         """Arenas of ``slots`` × ``cap`` rows holding the members' rows so far (a copy of them all:
         only when the members or their lengths outgrow the arenas, by at least a quarter each time)."""
         n = len(self.members)
-        for tensors in (self.linear, self.conv):
+        # the new arenas are swapped in only once all are made: out of memory halfway, nothing changed
+        grown: list[dict[int, Tensor]] = [{}, {}, {}, {}]
+        for new, tensors in zip(grown[:2], (self.linear, self.conv), strict=True):
             for layer, t in tensors.items():
-                grown = t.new_zeros(slots, *t.shape[1:])
-                grown[:n] = t[:n]
-                tensors[layer] = grown
-        for tensors in (self.keys, self.values):
+                new[layer] = t.new_zeros(slots, *t.shape[1:])
+                new[layer][:n] = t[:n]
+        for new, tensors in zip(grown[2:], (self.keys, self.values), strict=True):
             for layer, t in tensors.items():
                 # zeros, not empty: rows past a sequence's length are masked out of its attention, but
                 # a masked row still meets the softmax's zero weight, and 0 × NaN (left-over memory) is NaN
-                grown = t.new_zeros(slots, t.shape[1], cap, t.shape[-1])
-                grown[:n, :, :self.cap] = t[:n, :, :self.cap]
-                tensors[layer] = grown
+                new[layer] = t.new_zeros(slots, t.shape[1], cap, t.shape[-1])
+                new[layer][:n, :, :self.cap] = t[:n, :, :self.cap]
+        self.linear, self.conv, self.keys, self.values = grown
         self.slots, self.cap = slots, cap
         self.stats.regrows += 1
         self.inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)

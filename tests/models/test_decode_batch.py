@@ -100,6 +100,30 @@ def test_a_longer_newcomer_grows_the_arenas_by_a_quarter_and_the_stats_count_it(
     assert (stats.steps, stats.regrows, stats.captures, stats.replays) == (2, 2, 0, 0)  # the CPU never captures
 
 
+def test_a_regrow_that_runs_out_of_memory_halfway_changes_nothing(model, monkeypatch) -> None:
+    a, _ = _prefill(model, torch.arange(3, 20))
+    batch, _ = gather([a], torch.device("cpu"))
+    batch.step(model, [5])
+    before = (batch.slots, batch.cap, {k: id(v) for d in (batch.linear, batch.conv, batch.keys) for k, v in d.items()})
+    real, calls = torch.Tensor.new_zeros, []
+
+    def failing(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # a few arenas made, the rest not
+            raise torch.OutOfMemoryError("out of memory (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "new_zeros", failing)
+    with pytest.raises(torch.OutOfMemoryError):
+        batch._regrow(batch.slots + 4, batch.cap + 64)
+    monkeypatch.setattr(torch.Tensor, "new_zeros", real)
+    after = (batch.slots, batch.cap, {k: id(v) for d in (batch.linear, batch.conv, batch.keys) for k, v in d.items()})
+    assert after == before and len(calls) == 3
+    ref, _ = _prefill(model, torch.arange(3, 20))
+    _alone(model, ref, 5)
+    assert (batch.step(model, [7])[0] - _alone(model, ref, 7)).abs().max() <= TOL  # and it decodes on
+
+
 def test_a_packed_state_cannot_be_packed_twice(model) -> None:
     state, _ = _prefill(model, torch.arange(3, 20))
     batch = DecodeBatch(torch.device("cpu"))
