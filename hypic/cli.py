@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -193,6 +194,9 @@ def serve(args: argparse.Namespace) -> int:
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
             shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens)
         app = create_app(llm, settings)
+        if args.cache_dir and (Path(args.cache_dir) / "manifest.json").exists():  # a warm restart
+            print(f"hypic serve: {llm.load_cache(args.cache_dir)} cached segments loaded from {args.cache_dir}",
+                  flush=True)
     except ValueError as e:
         print(f"hypic serve: {e}", file=sys.stderr)
         return 2
@@ -206,6 +210,13 @@ def serve(args: argparse.Namespace) -> int:
         pass
     finally:
         llm.close()  # the cold workers, if any
+        if args.cache_dir:
+            try:
+                print(f"hypic serve: {llm.save_cache(args.cache_dir)} cached segments saved to {args.cache_dir}",
+                      flush=True)
+            except OSError as e:
+                print(f"hypic serve: the cache could not be saved to {args.cache_dir}: {e}", file=sys.stderr)
+                return 1
     return 0
 
 
@@ -234,6 +245,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
                         "memory; on the CPU unbounded)")
+    p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "
+                   "(if a cache was saved there), saved to it at shutdown")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
     p.add_argument("--max-segments", type=int, default=256, help="segments per request")
     p.add_argument("--max-prompt-tokens", type=int, help="prompt tokens per request (default: the model's limit)")

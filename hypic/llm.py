@@ -109,6 +109,14 @@ class LLM:
         """Stop the cold workers, if any."""
         self.engine.close()
 
+    def save_cache(self, folder: str | Path) -> int:
+        """Save the segment cache into ``folder`` (one file per entry and a manifest); how many entries."""
+        return self.engine.save_cache(folder)
+
+    def load_cache(self, folder: str | Path) -> int:
+        """Load a cache saved by ``save_cache`` for this model; how many entries the cache took."""
+        return self.engine.load_cache(folder)
+
     def cache_stats(self) -> dict[str, Any]:
         s = self.engine.store.stats()
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,

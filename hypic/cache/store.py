@@ -218,6 +218,12 @@ class SegmentStore:
             self.hits = self.misses = self.evictions = self.promotions = self.demotions = 0
             self.move_s = 0.0
 
+    def entries(self) -> list[Entry]:
+        """Every entry, least recently used first: the host tier's (demoted, so older), then the
+        device tier's."""
+        with self._lock:
+            return [e for tier in ("host", "device") for e in self._tiers[tier].values()]
+
     def stats(self) -> CacheStats:
         with self._lock:
             return CacheStats({t: len(self._tiers[t]) for t in TIERS}, dict(self._bytes), dict(self.budgets),

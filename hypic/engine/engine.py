@@ -14,11 +14,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve
 from hypic.cache.keys import segment_key
+from hypic.cache.persist import Stamp
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill
@@ -31,6 +34,7 @@ from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeStats, gather
+from hypic.models.fingerprint import weight_fingerprint
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
 from hypic.ops.transfer import to_device
@@ -97,6 +101,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         # decode steps replayed as CUDA graphs (hypic.models.step_graph); HYPIC_DECODE_GRAPHS=0: eager
         self.decode_graphs = self.device.type == "cuda" and os.environ.get("HYPIC_DECODE_GRAPHS", "1") != "0"
         self.decode_stats = DecodeStats()
+        self._stamp: Stamp | None = None  # the weights' fingerprint, computed once when first needed
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock)
@@ -222,6 +227,23 @@ class Engine(ColdPrefill, PrefixPrefill):
             finally:
                 self.store.unpin(plan.pinned)
         return [None if s.key is None else s.hit for s in plan.segments[:-1]]
+
+    def stamp(self) -> Stamp:
+        """What this engine's entries are computed by (a saved cache must match it to load)."""
+        if self._stamp is None:
+            self._stamp = Stamp(self.fingerprint, self.dtype_name, weight_fingerprint(self.model))
+        return self._stamp
+
+    def save_cache(self, folder: str | Path) -> int:
+        """Write the segment store's entries into ``folder`` (``hypic.cache.persist``); how many."""
+        with self._lock:
+            return persist.save(self.store, folder, self.stamp())
+
+    def load_cache(self, folder: str | Path) -> int:
+        """Load entries saved by ``save_cache`` for this model; how many the store took. ValueError
+        when the folder holds none, or holds another model's, dtype's or weights'."""
+        with self._lock:
+            return persist.load(self.store, folder, self.stamp())
 
     @torch.no_grad()
     def step(self, runs: list[Running]) -> None:

@@ -33,8 +33,9 @@ import torch.distributed as dist
 
 from hypic.cache.entry import Entry
 from hypic.cache.keys import SegmentKey
+from hypic.models.fingerprint import same_weights, weight_fingerprint
 from hypic.parallel.router import assign
-from hypic.parallel.spec import ModelSpec, same_weights, weight_fingerprint
+from hypic.parallel.spec import ModelSpec
 from hypic.parallel.wire import split
 
 ColdSegment = tuple[list[int], int, SegmentKey]  # token ids, seam w, key

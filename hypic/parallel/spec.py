@@ -39,16 +39,3 @@ class ModelSpec:
 
         return random_model(self.config or {}, device=device, dtype=getattr(torch, self.dtype), seed=self.seed)
 
-
-@torch.no_grad()
-def weight_fingerprint(model: torch.nn.Module) -> list[float]:
-    """Per parameter, the fp64 sum and 2-norm: equal weights give equal lists (the same
-    reduction over the same numbers), and any changed tensor shows."""
-    out: list[float] = []
-    for _, p in sorted(model.named_parameters()):
-        out += [torch.sum(p, dtype=torch.float64).item(), torch.linalg.vector_norm(p, dtype=torch.float64).item()]
-    return out
-
-
-def same_weights(a: list[float], b: list[float], rtol: float = 1e-9) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= rtol * max(1.0, abs(x), abs(y)) for x, y in zip(a, b, strict=True))

@@ -32,8 +32,9 @@ import torch
 import torch.distributed as dist
 
 from hypic.engine.cold import ColdContext
+from hypic.models.fingerprint import weight_fingerprint
 from hypic.models.layers.fused import fuse_projections
-from hypic.parallel.spec import ModelSpec, weight_fingerprint
+from hypic.parallel.spec import ModelSpec
 from hypic.parallel.wire import pack
 
 

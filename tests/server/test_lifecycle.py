@@ -138,13 +138,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_hypic_serve_command(model_dir: Path) -> None:
+def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
     port = _free_port()
+    cache = tmp_path / "cache"
     env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}
     proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
                              "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning",
                              "--cold-workers", "1",  # documents prefilled by a worker process as well
-                             "--max-prefill-tokens", "4096"],
+                             "--max-prefill-tokens", "4096", "--cache-dir", str(cache)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -168,6 +169,9 @@ def test_hypic_serve_command(model_dir: Path) -> None:
         assert re.search(r"^hypic_cold_devices 2", scraped, re.M)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
+        # the cache was saved at shutdown (the three documents); the next start loads it
+        saved = re.search(r"(\d+) cached segments saved", proc.stdout.read())
+        assert saved and int(saved.group(1)) >= 3 and (cache / "manifest.json").exists()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -178,3 +182,7 @@ def test_hypic_serve_command(model_dir: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--device", "cpu",
                           "--max-prefill-tokens", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "max_prefill_tokens" in bad.stderr
+    other = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--device", "cpu",
+                            "--dtype", "bfloat16", "--cache-dir", str(cache)], capture_output=True, text=True,
+                           timeout=120)
+    assert other.returncode == 2 and "saved for another model, model folder or dtype" in other.stderr

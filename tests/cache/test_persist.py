@@ -1,0 +1,125 @@
+"""The segment cache saved to a folder and loaded into another engine (``hypic.cache.persist``): the
+loaded entries are bitwise the saved ones and serve the same answers; a smaller budget keeps the
+most recent; a folder of another model, dtype or weights, or a damaged file, is refused with an
+error that names it, and the store stays consistent and serving."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from hypic import LLM, SamplingParams
+from hypic.cache.host_arena import HostArena
+from hypic.cache.persist import MANIFEST, Stamp, load, save
+from hypic.cache.store import SegmentStore
+from hypic.llm import bundled_model_path
+from tests.cache.test_host_arena import _entry, _same
+
+DOCS = [f"Document {i}. The harbour town of Vell{i} trades in amber, salt and {w}." for i, w in
+        enumerate(["rope", "glass", "wool", "tin", "cedar", "iron"])]
+
+
+def _prompt(order: list[int]) -> list[str]:
+    return [DOCS[i] for i in order] + ["Question: which town trades in tin?"]
+
+
+def _tensors(entry) -> list[torch.Tensor]:
+    return [t for s in sorted(entry.summaries.items()) for t in s[1] if t is not None] + \
+        [entry.conv_tails[k] for k in sorted(entry.conv_tails)] + [entry.keys[k] for k in sorted(entry.keys)] + \
+        [entry.values[k] for k in sorted(entry.values)]
+
+
+@pytest.fixture(scope="module")
+def model_copy(tmp_path_factory) -> Path:
+    """The bundled model in a folder of its own (some tests change its weights)."""
+    return Path(shutil.copytree(bundled_model_path(), tmp_path_factory.mktemp("m") / "model"))
+
+
+def test_a_saved_cache_loads_into_a_new_engine_and_serves_the_same(tmp_path) -> None:
+    params = SamplingParams(max_tokens=6, logprobs=3)
+    a = LLM(device="cpu")
+    a.generate([_prompt([0, 1, 2, 3])], params)  # four documents cached
+    saved = a.save_cache(tmp_path / "cache")
+    assert saved == 4 and (tmp_path / "cache" / MANIFEST).exists()
+    b = LLM(device="cpu")
+    assert b.load_cache(tmp_path / "cache") == 4 and b.engine.store.check_integrity()
+    mine = {e.key: e for e in b.engine.store.entries()}
+    for e in a.engine.store.entries():  # bitwise, each one buffer (it moves between tiers in one copy)
+        assert mine[e.key].buffer is not None and mine[e.key].token_ids == e.token_ids
+        assert all(torch.equal(x, y) for x, y in zip(_tensors(e), _tensors(mine[e.key]), strict=True))
+    want, got = (llm.generate([_prompt([3, 1, 0, 2])], params)[0] for llm in (a, b))
+    assert got.metrics.segment_hits == 4 and got.metrics.segment_misses == 0
+    assert got.token_ids == want.token_ids and got.logprobs == want.logprobs
+    # saving again into the same folder replaces it: files of entries no longer cached go
+    a.engine.store.clear()
+    a.generate([_prompt([4])], params)
+    assert a.save_cache(tmp_path / "cache") == 1 and len(list((tmp_path / "cache").glob("*.entry"))) == 1
+
+
+def test_a_smaller_budget_keeps_the_most_recently_used(tmp_path) -> None:
+    a = LLM(device="cpu")
+    for i in range(5):  # one document per request: the store's recency order is the request order
+        a.generate([_prompt([i])], SamplingParams(max_tokens=1))
+    a.save_cache(tmp_path / "cache")
+    order = [e.key for e in a.engine.store.entries()]
+    size = max(e.nbytes for e in a.engine.store.entries())
+    b = LLM(device="cpu", cache_device_bytes=2 * size, cache_host_bytes=0)
+    assert b.load_cache(tmp_path / "cache") == 5  # each taken in turn; the older ones then evicted
+    assert [e.key for e in b.engine.store.entries()] == order[-2:] and b.engine.store.check_integrity()
+
+
+def test_a_cache_of_another_model_or_weights_or_a_damaged_file_is_refused(tmp_path, model_copy) -> None:
+    a = LLM(str(model_copy), device="cpu")
+    a.generate([_prompt([0, 1, 2])], SamplingParams(max_tokens=1))
+    folder = tmp_path / "cache"
+    a.save_cache(folder)
+    with pytest.raises(ValueError, match="no manifest.json"):
+        a.load_cache(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="another model"):  # the bundled folder: another fingerprint
+        LLM(device="cpu").load_cache(folder)
+    with pytest.raises(ValueError, match="another model, model folder or dtype"):
+        LLM(str(model_copy), device="cpu", dtype="bfloat16").load_cache(folder)
+    # a damaged file: named; what loaded before it stays, consistent, and the engine serves on
+    damaged = tmp_path / "damaged"
+    shutil.copytree(folder, damaged)
+    victim = sorted(damaged.glob("*.entry"))[0]
+    victim.write_bytes(victim.read_bytes()[:-100])
+    b = LLM(str(model_copy), device="cpu")
+    with pytest.raises(ValueError, match=victim.name):
+        b.load_cache(damaged)
+    assert b.engine.store.check_integrity()
+    assert b.generate([_prompt([0, 1, 2])], SamplingParams(max_tokens=1))[0].token_ids
+    # the checkpoint retrained in place: same folder and configuration, other weights
+    shard = sorted(model_copy.glob("*.safetensors"))[0]
+    weights = load_file(str(shard))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] * 1.5
+    save_file(weights, str(shard), metadata={"format": "pt"})
+    c = LLM(str(model_copy), device="cpu")
+    with pytest.raises(ValueError, match="other weights"):
+        c.load_cache(folder)
+    assert c.cache_stats()["entries"] == {"device": 0, "host": 0}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_both_tiers_are_saved_and_load_back_bitwise_in_recency_order(tmp_path, device) -> None:
+    """Host-tier entries live in arena regions (pinned on a GPU): they are saved from there too."""
+    originals = {d: _entry(d) for d in range(6)}
+    size = originals[0].nbytes
+    arena = HostArena(1 << 20, slab_bytes=1 << 20, pin=device == "cuda", background=False)
+    assert arena.grow()
+    store = SegmentStore(torch.device(device), device_bytes=2 * size, host_bytes=None, arena=arena)
+    for e in originals.values():
+        assert store.insert(e.to(device, "device"))
+    assert store.stats().entries == {"device": 2, "host": 4}
+    assert all(e.region is not None for e in store.entries()[:4])
+    stamp = Stamp("m", "bfloat16", [1.0, 2.0])
+    assert save(store, tmp_path, stamp) == 6
+    other = SegmentStore(torch.device(device))  # unbounded: takes them all, on its device
+    assert load(other, tmp_path, stamp) == 6 and other.check_integrity()
+    assert [e.key for e in other.entries()] == [e.key for e in store.entries()]
+    for e in originals.values():
+        got = other.lookup(e.key, e.token_ids)
+        assert got is not None and got.keys[3].device.type == device and _same(got, e)
