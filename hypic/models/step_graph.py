@@ -62,12 +62,12 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     side.wait_stream(main)
     try:
         with torch.cuda.stream(side):
-            # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
             pool = None
             if SHARED_POOL:
                 if device not in _pools:
                     _pools[device] = torch.cuda.graph_pool_handle()
                 pool = _pools[device]
+            # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
                 logits = forward()
