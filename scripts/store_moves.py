@@ -1,7 +1,8 @@
 """What moving an entry between the store's tiers costs on the GPU, against recomputing it.
 A diagnostic behind docs/benchmarks.md's cache-pressure section (9B shape, random weights):
 `python3 scripts/store_moves.py [cpu tiny]` (a device and a shape: a smoke run on the CPU). Prints, per operation, the host time to issue it and the time
-until the device has finished it, then a store under churn (small budgets, Zipf lookups)."""
+until the device has finished it, then a store under churn (small budgets, Zipf lookups), then
+the store saved to a folder and loaded back (a restart with ``--cache-dir``)."""
 
 import random
 import sys
@@ -84,6 +85,27 @@ def main() -> None:
     # with the host tier in per-tensor copies (as before the arena), once in the pinned arena.
     for arena in (None, "auto"):
         churn(entry, arena, rng)
+    persisted(entry)
+
+
+def persisted(entry: Entry) -> None:
+    """8 entries saved to a folder (``hypic.cache.persist``: a restart's warm cache) and loaded into
+    an empty store on the device: time per entry and throughput."""
+    import tempfile
+
+    from hypic.cache.persist import Stamp, load, save
+
+    store = SegmentStore(torch.device(DEVICE), device_bytes=None, host_bytes=None)
+    for i in range(8):
+        store.insert(clone(entry, 900 + i))
+    stamp = Stamp("m", "bfloat16", [0.0])
+    with tempfile.TemporaryDirectory() as folder:
+        _, saved, _ = timed(lambda: save(store, folder, stamp))
+        other = SegmentStore(torch.device(DEVICE), device_bytes=None, host_bytes=None)
+        _, loaded, n = timed(lambda: load(other, folder, stamp))
+    mib = 8 * entry.nbytes / 2**20
+    print(f"persist: save 8 entries ({mib:.0f} MiB) {saved:.0f} ms ({mib / saved * 1e3:.0f} MiB/s), "
+          f"load {n} {loaded:.0f} ms ({mib / loaded * 1e3:.0f} MiB/s), integrity {other.check_integrity()}")
 
 
 def contended(entry: Entry, pinning: bool) -> None:
