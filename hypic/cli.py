@@ -192,7 +192,8 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("HYPIC_API_KEY") or None, max_segments=args.max_segments,
             max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, request_timeout_s=args.request_timeout,
-            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens)
+            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
+            cache_dir=args.cache_dir)
         app = create_app(llm, settings)
         if args.cache_dir and (Path(args.cache_dir) / "manifest.json").exists():  # a warm restart
             print(f"hypic serve: {llm.load_cache(args.cache_dir)} cached segments loaded from {args.cache_dir}",
@@ -246,7 +247,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
                         "memory; on the CPU unbounded)")
     p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "
-                   "(if a cache was saved there), saved to it at shutdown")
+                   "(if a cache was saved there), saved to it at shutdown and on POST /v1/segments/save")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
     p.add_argument("--max-segments", type=int, default=256, help="segments per request")
     p.add_argument("--max-prompt-tokens", type=int, help="prompt tokens per request (default: the model's limit)")

@@ -159,6 +159,19 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 "usage": {"prompt_tokens": sum(len(s) for s in ids),
                           "cached_tokens": sum(len(s) for s, c in zip(ids, cached, strict=True) if c)}}
 
+    @v1.post("/segments/save")
+    async def save_segments() -> dict[str, Any]:
+        """Write the segment cache into the server's ``--cache-dir`` now (a snapshot a crash cannot
+        take away; shutdown writes it too). Requests wait while it is written: the engine's lock."""
+        if settings.cache_dir is None:
+            raise APIError(400, "this server was started without --cache-dir: there is nowhere to save the cache")
+        try:
+            n = await asyncio.to_thread(llm.save_cache, settings.cache_dir)
+        except OSError as e:
+            raise APIError(500, f"the cache could not be saved: {e}", kind="internal",
+                           type="server_error") from None
+        return {"object": "cache.saved", "entries": n}
+
     @v1.get("/segments/stats")
     async def segment_stats() -> dict[str, Any]:
         return {"object": "cache.stats", "seam": llm.engine.seam, **llm.cache_stats()}

@@ -4,6 +4,7 @@ cache hits across document orders; tenant salts; pre-warming; logprobs and stop 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,7 +14,7 @@ from hypic import LLM, SamplingParams
 from hypic.eval.trace import generate_trace
 from hypic.llm import SEPARATOR
 from hypic.server.chat import ChatTemplate
-from tests.server.conftest import API_KEY, MODEL, LiveServer
+from tests.server.conftest import API_KEY, MODEL, LiveServer, serve
 
 TRACE = generate_trace(7, num_requests=12, pool_size=16, num_docs=(3, 4), doc_tokens=(20, 40))
 TOL = 0.05  # hypic vs full: log-probabilities this close are a tie the cache may break either way
@@ -183,3 +184,20 @@ def test_models_health_and_auth(server: LiveServer, client: OpenAI) -> None:
     with pytest.raises(AuthenticationError):
         OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).completions.create(
             model=MODEL, prompt="hi", max_tokens=1)
+
+
+def test_the_cache_is_saved_on_request_into_the_servers_cache_dir(http: httpx.Client, model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    refused = http.post("/v1/segments/save")  # the shared server was started without a folder
+    assert refused.status_code == 400 and "--cache-dir" in refused.json()["error"]["message"]
+    mine = LLM(str(model_dir), device="cpu")
+    live = serve(mine, api_key=API_KEY, cache_dir=str(tmp_path / "cache"))
+    try:
+        h = httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+        assert httpx.post(f"{live.url}/v1/segments/save").status_code == 401  # behind the API key
+        h.post("/v1/segments", json={"segments": rag(2)[1:-1]}).raise_for_status()
+        saved = h.post("/v1/segments/save")
+        assert saved.status_code == 200 and saved.json()["entries"] == sum(mine.cache_stats()["entries"].values()) > 0
+        assert LLM(str(model_dir), device="cpu").load_cache(tmp_path / "cache") == saved.json()["entries"]
+    finally:
+        live.stop()
