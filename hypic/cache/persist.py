@@ -114,6 +114,8 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
                          "changed in place?); remove it")
     inserted = 0
     for name in manifest.get("entries", []):
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(SUFFIX):
+            raise ValueError(f"cache folder {folder}: {MANIFEST} names {name!r}, not an entry file of this folder")
         path = folder / name
         try:
             with open(path, "rb") as f:

@@ -3,6 +3,7 @@ loaded entries are bitwise the saved ones and serve the same answers; a smaller 
 most recent; a folder of another model, dtype or weights, or a damaged file, is refused with an
 error that names it, and the store stays consistent and serving."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -77,6 +78,12 @@ def test_a_cache_of_another_model_or_weights_or_a_damaged_file_is_refused(tmp_pa
     a.save_cache(folder)
     with pytest.raises(ValueError, match="no manifest.json"):
         a.load_cache(tmp_path / "nothing")
+    escaping = tmp_path / "escaping"  # a manifest may only name files of its own folder
+    shutil.copytree(folder, escaping)
+    manifest = json.loads((escaping / MANIFEST).read_text())
+    (escaping / MANIFEST).write_text(json.dumps({**manifest, "entries": ["../cache/" + manifest["entries"][0]]}))
+    with pytest.raises(ValueError, match="not an entry file of this folder"):
+        a.load_cache(escaping)
     with pytest.raises(ValueError, match="another model"):  # the bundled folder: another fingerprint
         LLM(device="cpu").load_cache(folder)
     with pytest.raises(ValueError, match="another model, model folder or dtype"):
