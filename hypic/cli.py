@@ -266,14 +266,23 @@ def generate(args: argparse.Namespace) -> int:
     from hypic.engine.request import SamplingParams
     from hypic.llm import LLM
 
-    llm = LLM(args.model, device=args.device, seam=args.seam)
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    for _ in range(args.repeat):
-        out = llm.generate(args.prompt, sp, mode=args.mode)[0]
-        m = out.metrics
-        print(out.text)
-        print(f"[{args.mode}] ttft {1000 * m.ttft_s:.1f} ms · prompt {m.prompt_tokens} · cached {m.cached_tokens} · "
-              f"recomputed {m.recomputed_tokens} · hits {m.segment_hits} · misses {m.segment_misses}", file=sys.stderr)
+    try:
+        llm = LLM(args.model, device=args.device, seam=args.seam)
+        if args.cache_dir and (Path(args.cache_dir) / "manifest.json").exists():  # warm from an earlier run
+            llm.load_cache(args.cache_dir)
+        sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        for _ in range(args.repeat):
+            out = llm.generate(args.prompt, sp, mode=args.mode)[0]
+            m = out.metrics
+            print(out.text)
+            print(f"[{args.mode}] ttft {1000 * m.ttft_s:.1f} ms · prompt {m.prompt_tokens} · "
+                  f"cached {m.cached_tokens} · recomputed {m.recomputed_tokens} · hits {m.segment_hits} · "
+                  f"misses {m.segment_misses}", file=sys.stderr)
+        if args.cache_dir:
+            llm.save_cache(args.cache_dir)
+    except (ValueError, OSError) as e:
+        print(f"hypic generate: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -295,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--mode", default="hypic", choices=list(MODES))
     p_gen.add_argument("--seam", type=int, default=8)
     p_gen.add_argument("--max-tokens", type=int, default=32)
+    p_gen.add_argument("--cache-dir", help="load the segment cache from this folder first (if saved there) and "
+                       "save it back after: the next run is warm")
     p_gen.add_argument("--temperature", type=float, default=0.0)
     p_gen.add_argument("--seed", type=int)
     p_gen.add_argument("--repeat", type=int, default=1, help="ask again (the second time the segments are cached)")

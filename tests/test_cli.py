@@ -37,6 +37,15 @@ def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
                  f"A reader.<<PIC_SEP>>{doc}<<PIC_SEP>>Question: What does Tal play?\nAnswer:"]) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert "hits 0" in err[0] and "hits 1" in err[1]
+    # with a cache folder, a second run (a new process's worth of state) starts warm
+    prompt = f"A reader.<<PIC_SEP>>{doc} Also the lute.<<PIC_SEP>>Question: What does Tal play?\nAnswer:"
+    for expected in ("hits 0", "hits 1"):
+        assert main(["generate", "--model", str(tmp_path), "--max-tokens", "3", "--cache-dir",
+                     str(tmp_path / "cache"), prompt]) == 0
+        assert expected in capsys.readouterr().err
+    assert main(["generate", "--model", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--seam", "4",
+                 prompt]) == 0  # another seam: other keys, the same model: loads, and hits nothing
+    assert "hits 0" in capsys.readouterr().err
 
 
 def test_byte_counts_and_budgets_parse() -> None:
