@@ -46,6 +46,11 @@ def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
     assert main(["generate", "--model", str(tmp_path), "--cache-dir", str(tmp_path / "cache"), "--seam", "4",
                  prompt]) == 0  # another seam: other keys, the same model: loads, and hits nothing
     assert "hits 0" in capsys.readouterr().err
+    other = tmp_path / "other"
+    save_model(other, random_model(config, device="cpu", dtype=torch.float32, seed=1).model, config,
+               tokenizer=tokenizer)
+    assert main(["generate", "--model", str(other), "--cache-dir", str(tmp_path / "cache"), prompt]) == 2
+    assert "saved for another model" in capsys.readouterr().err
 
 
 def test_byte_counts_and_budgets_parse() -> None:
