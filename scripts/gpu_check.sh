@@ -16,6 +16,8 @@
 #   GPU_DEVIATION=1      per-layer deviation from full, fp32, into $OUT/deviation.md (GPU_DEVIATION_ARGS)
 #   GPU_GRAPH_AB=1       decode steps as CUDA graphs vs eager, in serving, inside one process
 #                        (scripts/graph_ab.py; GPU_GRAPH_AB_ARGS)
+#   GPU_DECODE_ATTN=1    decode attention candidates side by side (scripts/decode_attention.py)
+#   GPU_STORE_MOVES=1    tier moves, churn and save/load of 9B-shape entries (scripts/store_moves.py)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -52,15 +54,20 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   --out "$OUT/deviation.md" ${GPU_DEVIATION_ARGS:-}
 [ "${GPU_GRAPH_AB:-0}" = 1 ] && section graph_ab "${GPU_GRAPH_AB_SECONDS:-400}" \
   python3 scripts/graph_ab.py ${GPU_GRAPH_AB_ARGS:-}
+[ "${GPU_DECODE_ATTN:-0}" = 1 ] && section decode_attention "${GPU_DECODE_ATTN_SECONDS:-180}" \
+  python3 scripts/decode_attention.py
+[ "${GPU_STORE_MOVES:-0}" = 1 ] && section store_moves "${GPU_STORE_MOVES_SECONDS:-240}" \
+  python3 scripts/store_moves.py
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider --durations=8
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 16 "$OUT/pytest_gpu.log"
-for f in ops models ttft scatter trace graph_ab; do
-  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 40
+for f in ops models ttft scatter trace graph_ab decode_attention; do
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
 done
+[ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
 [ -f "$OUT/deviation.md" ] && grep -E '^\|' "$OUT/deviation.md"
