@@ -4,6 +4,7 @@ cache hits across document orders; tenant salts; pre-warming; logprobs and stop 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -199,5 +200,14 @@ def test_the_cache_is_saved_on_request_into_the_servers_cache_dir(http: httpx.Cl
         saved = h.post("/v1/segments/save")
         assert saved.status_code == 200 and saved.json()["entries"] == sum(mine.cache_stats()["entries"].values()) > 0
         assert LLM(str(model_dir), device="cpu").load_cache(tmp_path / "cache") == saved.json()["entries"]
+        # saves while requests are being served: each waits its turn at the engine, nothing is lost
+        with ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(h.post, "/v1/completions", json={"segments": rag(i), "max_tokens": 2})
+                       for i in range(3, 9)]
+            saves = [pool.submit(h.post, "/v1/segments/save") for _ in range(2)]
+            assert all(f.result().status_code == 200 for f in answers + saves)
+        assert mine.engine.store.check_integrity()
+        again = LLM(str(model_dir), device="cpu")
+        assert again.load_cache(tmp_path / "cache") >= saved.json()["entries"] and again.engine.store.check_integrity()
     finally:
         live.stop()
