@@ -259,7 +259,11 @@ class Engine(ColdPrefill, PrefixPrefill):
             by_slot = [0] * len(slots)
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]
-            logits = batch.step(self.model, by_slot)
+            try:
+                logits = batch.step(self.model, by_slot)
+            except BaseException:
+                self._drop(active)  # these runs cannot continue: their stacked state is let go now
+                raise
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])
@@ -267,6 +271,23 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):
                 batch.clear()  # the last step of everyone in it: free the arenas now
+
+    def forget(self, runs: list[Running]) -> None:
+        """Runs that will not step again (cancelled, failed): done now, and their decode state leaves
+        its batch at once. (Left packed, a state and its batch keep each other — and the batch's
+        arenas, gigabytes on a GPU — alive until the cycle collector runs.)"""
+        with self._lock:
+            self._drop(runs)
+
+    @staticmethod
+    def _drop(runs: list[Running]) -> None:
+        for r in runs:
+            r.done = r.state.done = True
+            batch = r.state.batch
+            if batch is not None:
+                batch.release([r.state])  # done: dropped, not unpacked
+                if not batch.members:
+                    batch.clear()
 
     def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
                  salts: list[str | None] | None = None) -> list[RequestOutput]:

@@ -139,11 +139,12 @@ class Scheduler:
             self._admit()
             with self._cv:
                 running = list(self._running)
-            for s in running:
-                if s.cancelled.is_set():
-                    s.run.done = s.run.state.done = True
-                    s.run.output.finish_reason = "cancelled"
-                    s.events.put(Event("error", error=RuntimeError("cancelled")))
+            cancelled = [s for s in running if s.cancelled.is_set() and not s.run.done]
+            if cancelled:
+                self.engine.forget([s.run for s in cancelled])  # their decode state goes now
+            for s in cancelled:
+                s.run.output.finish_reason = "cancelled"
+                s.events.put(Event("error", error=RuntimeError("cancelled")))
             live = [s for s in running if not s.run.done]
             if live:
                 try:

@@ -4,9 +4,11 @@ import random
 import threading
 
 import pytest
+import torch
 
 from hypic import LLM, SamplingParams
 from hypic.engine.scheduler import QueueFull, Scheduler
+from hypic.models.decode_batch import DecodeBatch
 
 
 def _prompt(seed: int) -> list[list[int]]:
@@ -88,3 +90,39 @@ def test_a_prefill_call_takes_at_most_max_prefill_tokens(llm, cap: int, most: in
     assert [o.output.token_ids for o in outs] == [llm.generate([p], sp)[0].token_ids for p in prompts]
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         Scheduler(llm.engine, max_prefill_tokens=0)
+
+
+def test_a_decode_step_out_of_memory_fails_its_requests_and_the_loop_serves_on(llm, monkeypatch) -> None:
+    sched = Scheduler(llm.engine, max_running=2)
+    want = llm.generate([_prompt(7)], SamplingParams(max_tokens=4))[0].token_ids
+    real, calls = DecodeBatch.reserve, []
+
+    def failing(self) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        real(self)
+
+    monkeypatch.setattr(DecodeBatch, "reserve", failing)
+    failed = sched.submit(_prompt(6), SamplingParams(max_tokens=4))
+    events = list(failed.stream(timeout=60))
+    assert events[-1].kind == "error" and "out of memory" in str(events[-1].error)
+    assert failed.run.state.batch is None and not failed.run.state.kv  # its stacked state let go at once
+    events = list(sched.submit(_prompt(7), SamplingParams(max_tokens=4)).stream(timeout=60))
+    assert events[-1].kind == "done" and events[-1].output.token_ids == want  # the loop decodes on
+    sched.shutdown()
+    assert llm.engine.store.check_integrity()
+
+
+def test_a_cancelled_request_lets_go_of_its_decode_state_at_once(llm) -> None:
+    sched = Scheduler(llm.engine, max_running=2)
+    sub = sched.submit(_prompt(8), SamplingParams(max_tokens=400))
+    stream = sub.stream(timeout=60)
+    for _ in range(3):  # a few decode steps: its state is packed in a batch
+        assert next(stream).kind == "token"
+    batch = sub.run.state.batch
+    assert batch is not None and sub.run.state in batch.members
+    sub.cancel()
+    assert [e.kind for e in stream][-1] == "error"
+    assert sub.run.state.batch is None and not batch.members and not batch.keys  # the arenas went with it
+    sched.shutdown()
