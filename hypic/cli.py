@@ -195,9 +195,9 @@ def serve(args: argparse.Namespace) -> int:
             shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
             cache_dir=args.cache_dir)
         app = create_app(llm, settings)
-        if args.cache_dir and (Path(args.cache_dir) / "manifest.json").exists():  # a warm restart
-            print(f"hypic serve: {llm.load_cache(args.cache_dir)} cached segments loaded from {args.cache_dir}",
-                  flush=True)
+        loaded = _load_saved_cache(llm, args.cache_dir)  # a warm restart
+        if loaded is not None:
+            print(f"hypic serve: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     except ValueError as e:
         print(f"hypic serve: {e}", file=sys.stderr)
         return 2
@@ -219,6 +219,16 @@ def serve(args: argparse.Namespace) -> int:
                 print(f"hypic serve: the cache could not be saved to {args.cache_dir}: {e}", file=sys.stderr)
                 return 1
     return 0
+
+
+def _load_saved_cache(llm, folder: str | None) -> int | None:
+    """The cache saved in ``folder`` loaded into ``llm`` (entries taken); None when no folder was given
+    or nothing was saved there yet (a first run)."""
+    from hypic.cache.persist import MANIFEST
+
+    if not folder or not (Path(folder) / MANIFEST).exists():
+        return None
+    return llm.load_cache(folder)
 
 
 def parse_workers(text: str) -> int | list[str]:
@@ -268,8 +278,7 @@ def generate(args: argparse.Namespace) -> int:
 
     try:
         llm = LLM(args.model, device=args.device, seam=args.seam)
-        if args.cache_dir and (Path(args.cache_dir) / "manifest.json").exists():  # warm from an earlier run
-            llm.load_cache(args.cache_dir)
+        _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
         for _ in range(args.repeat):
             out = llm.generate(args.prompt, sp, mode=args.mode)[0]

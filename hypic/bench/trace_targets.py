@@ -29,6 +29,7 @@ from hypic.engine.prefix import PrefixCache
 from hypic.engine.request import SamplingParams
 from hypic.engine.scheduler import QueueFull, Scheduler
 from hypic.eval.trace import Trace
+from hypic.models.decode_batch import DecodeStats
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,8 @@ class EngineTarget:
         self.scheduler = Scheduler(self.engine, **self._limits)
 
     def note(self) -> str:
-        now, before = dataclasses.replace(self.engine.decode_stats), self._decode
-        self._decode = now
-        d = {f.name: getattr(now, f.name) - getattr(before, f.name) for f in dataclasses.fields(now)}
-        line = (f"decode {d['steps']} steps, {d['replays']} replayed, {d['captures']} captures "
-                f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']} regrows")
+        now = dataclasses.replace(self.engine.decode_stats)
+        line, self._decode = _decode_since(now, self._decode), now
         if self.engine.device.type == "cuda":
             # an allocation that found no room makes the allocator free every cached block (a device
             # sync) and retry: the count says whether memory pressure stalled the block
@@ -156,6 +154,13 @@ class EngineTarget:
             self.scheduler = None
 
 
+def _decode_since(now: DecodeStats, before: DecodeStats) -> str:
+    """A note's line on what decoding did between two readings of the counters."""
+    d = {f.name: getattr(now, f.name) - getattr(before, f.name) for f in dataclasses.fields(now)}
+    return (f"decode {d['steps']:.0f} steps, {d['replays']:.0f} replayed, {d['captures']:.0f} captures "
+            f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']:.0f} regrows")
+
+
 def _counter(metrics: str, name: str) -> float:
     """A counter's value in a Prometheus text scrape (0 when absent)."""
     m = re.search(rf"^{name} (\S+)$", metrics, re.M)
@@ -172,7 +177,7 @@ class HttpTarget:
         models = self._get("/v1/models")
         self.model = json.loads(models)["data"][0]["id"]
         self.mode, self.salt = "hypic", ""
-        self._decode: dict[str, float] = {}  # the server's decode counters as of the last note
+        self._decode = DecodeStats()  # the server's decode counters as of the last note
 
     def _get(self, path: str) -> str:
         try:
@@ -194,13 +199,11 @@ class HttpTarget:
                 t.join()
 
     def note(self) -> str:
-        text = self._get("/metrics")
-        now = {name: _counter(text, f"hypic_decode_{name}_total") for name in
-               ("steps", "graph_replays", "graph_captures", "graph_capture_seconds", "arena_regrows")}
-        d = {k: v - self._decode.get(k, 0.0) for k, v in now.items()}
-        self._decode = now
-        return (f"decode {d['steps']:.0f} steps, {d['graph_replays']:.0f} replayed, {d['graph_captures']:.0f} "
-                f"captures ({1e3 * d['graph_capture_seconds']:.0f} ms), {d['arena_regrows']:.0f} regrows")
+        text = self._get("/metrics")  # the server's DecodeStats, field by field
+        now = DecodeStats(*(_counter(text, f"hypic_decode_{name}_total") for name in
+                            ("steps", "graph_replays", "graph_captures", "graph_capture_seconds", "arena_regrows")))
+        line, self._decode = _decode_since(now, self._decode), now
+        return line
 
     def moves(self) -> Moves:
         text = self._get("/metrics")

@@ -77,7 +77,8 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     names = []
     for entry in store.entries():
         header = entry.header if entry.buffer is not None else layout(entry)
-        buf = pack_into(entry, header, torch.empty(header.nbytes, dtype=torch.uint8)).buffer
+        buf = torch.empty(header.nbytes, dtype=torch.uint8)
+        pack_into(entry, header, buf)
         if store.device.type == "cuda":
             torch.cuda.synchronize(store.device)  # the copies to the host were queued, not done
         name = entry.key.digest.hex() + SUFFIX

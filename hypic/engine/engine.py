@@ -21,7 +21,6 @@ import torch
 from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve
 from hypic.cache.keys import segment_key
-from hypic.cache.persist import Stamp
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill
@@ -101,7 +100,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         # decode steps replayed as CUDA graphs (hypic.models.step_graph); HYPIC_DECODE_GRAPHS=0: eager
         self.decode_graphs = self.device.type == "cuda" and os.environ.get("HYPIC_DECODE_GRAPHS", "1") != "0"
         self.decode_stats = DecodeStats()
-        self._stamp: Stamp | None = None  # the weights' fingerprint, computed once when first needed
+        self._stamp: persist.Stamp | None = None  # the weights' fingerprint, computed once when first needed
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock)
@@ -228,10 +227,10 @@ class Engine(ColdPrefill, PrefixPrefill):
                 self.store.unpin(plan.pinned)
         return [None if s.key is None else s.hit for s in plan.segments[:-1]]
 
-    def stamp(self) -> Stamp:
+    def stamp(self) -> persist.Stamp:
         """What this engine's entries are computed by (a saved cache must match it to load)."""
         if self._stamp is None:
-            self._stamp = Stamp(self.fingerprint, self.dtype_name, weight_fingerprint(self.model))
+            self._stamp = persist.Stamp(self.fingerprint, self.dtype_name, weight_fingerprint(self.model))
         return self._stamp
 
     def save_cache(self, folder: str | Path) -> int:
@@ -283,11 +282,8 @@ class Engine(ColdPrefill, PrefixPrefill):
     def _drop(runs: list[Running]) -> None:
         for r in runs:
             r.done = r.state.done = True
-            batch = r.state.batch
-            if batch is not None:
-                batch.release([r.state])  # done: dropped, not unpacked
-                if not batch.members:
-                    batch.clear()
+            if r.state.batch is not None:
+                r.state.batch.release([r.state])  # done: dropped, not unpacked
 
     def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
                  salts: list[str | None] | None = None) -> list[RequestOutput]:

@@ -146,7 +146,8 @@ class DecodeBatch:
 
     def release(self, states: list[SequenceState]) -> None:
         """Unpack these members back to loose tensors of their own (a ``done`` one is just dropped:
-        its dicts stay empty). The last member moves into each freed slot (a copy of its rows alone)."""
+        its dicts stay empty). The last member moves into each freed slot (a copy of its rows alone);
+        a batch left with no members lets go of its arenas."""
         if not states:
             return
         gone = {id(s) for s in states}
@@ -176,6 +177,8 @@ class DecodeBatch:
                 order[i] = order[last]
             order.pop()
         self.members = [self.members[j] for j in order]
+        if not self.members:
+            self.clear()
 
     def clear(self) -> None:
         """Drop every member and tensor (all of them finished). Members and batch refer to each
@@ -261,10 +264,10 @@ class DecodeContext(ForwardContext):
         self._visible = (keys[None, :] <= self.positions[:, None]).view(batch.slots, 1, 1, batch.cap)
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
-        return self.batch.conv[layer].to(raw.dtype)
+        raise NotImplementedError("DecodeContext runs a step's conv itself, in place (conv)")
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
-        self.batch.conv[layer].copy_(tails)
+        raise NotImplementedError("DecodeContext runs a step's conv itself, in place (conv)")
 
     def conv(self, layer: int, raw: Tensor, weight: Tensor) -> Tensor:
         """One new input per slot: its window is the tail plus that input (fp32 sums, like the conv
