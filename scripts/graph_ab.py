@@ -3,8 +3,8 @@ rate's block of the trace is replayed once per arm — eager, graphs with a memo
 (the default), graphs sharing one pool (``step_graph.SHARED_POOL``) — the first arm rotating from
 rate to rate, so the machine, Triton's caches and the segment store are the same for all. The
 A/B behind docs/benchmarks.md's "trace again with decode steps as CUDA graphs"; the 9B shape,
-random weights, `hypic` mode. The second replay of a block finds its documents cached by the first
-(after the warm-up 97–100% hit anyway on the default pool).
+random weights, `hypic` mode. Each block is run once unmeasured before its arms, so every arm
+finds the block's documents cached.
 
     python3 scripts/graph_ab.py [--rates 4,8,32] [--requests 48] [--warm 48] [--pool 256]
     python3 scripts/graph_ab.py --shape tiny --device cpu --rates 1,2 --requests 4 --warm 4 --pool 32
@@ -53,12 +53,17 @@ def main() -> None:
     try:
         for k, rate in enumerate(rates):
             block = list(range(load.warm + k * load.requests, load.warm + (k + 1) * load.requests))
+            # The block's documents cached before any arm runs it: otherwise the first arm alone
+            # prefills them cold (session 16's first A/B: its prefill p50 was 1.7x the others').
+            target.warm(block)
+            target.note()
             first = trace.requests[block[0]].arrival_s
             arrivals = [(trace.requests[i].arrival_s - first) / rate for i in block]
             for arm in ARMS[k % len(ARMS):] + ARMS[:k % len(ARMS)]:  # each rate starts with another arm
                 graphs = arm != "off"
                 engine.decode_graphs = graphs  # batches made from now on (a block starts with none)
                 step_graph.SHARED_POOL = arm == "shared pool"
+                step_graph._refused.discard(engine.model)  # one arm's failed capture must not turn off the next
                 probe = Probe("hypic", rate)
                 for res in replay(target, block, arrivals, load.max_tokens):
                     if isinstance(res, str):

@@ -6,11 +6,12 @@ attention once per sequence — 721 launches for ≈ 10.5 ms of device work in a
 sequences at the 9B shape (docs/benchmarks.md). Here the sequences that decode together keep their
 state stacked between steps, in arenas of ``slots`` rows (≥ the members): per linear layer the
 states [slots, HV, K, V], per conv layer the tails [slots, W−1, D], per attention layer keys and
-values [slots, Hkv, cap, D] that each step writes one row of per sequence and attends in one call
-(each sequence masked to its own length). A layer's work in a step is then a fixed handful of ops
-whatever N — and since every arena is written in place and the step's inputs go into one fixed
-buffer, the step's tensors keep their addresses until a regrow, so on a GPU it is captured once as
-a CUDA graph and replayed (``hypic.models.step_graph``): 40.7 → 12.3 ms a step for 16 sequences.
+values [slots, cap, Hkv, D] that each step writes one row of per sequence and attends in one call
+(each sequence to its own length: ``hypic.ops.attention_decode``). A layer's work in a step is
+then a fixed handful of ops whatever N — and since every arena is written in place and the step's
+inputs go into one fixed buffer, the step's tensors keep their addresses until a regrow, so on a
+GPU it is captured once as a CUDA graph and replayed (``hypic.models.step_graph``): 40.7 → 12.3
+ms a step for 16 sequences at the 9B shape, 9.1 with flash decode attention.
 
 A ``SequenceState`` is either loose (its own tensors: after a prefill) or packed (``state.batch``
 set, its own dicts empty). ``gather`` makes one batch hold exactly a step's sequences: those
@@ -21,9 +22,9 @@ copy only their own sequences' keys and values; the arenas are regrown (everythi
 when the members or their lengths outgrow them, by at least a quarter each time.
 
 The price of a plain (unpaged) arena: every sequence is padded to the longest one plus
-``HEADROOM`` rows, in memory and in what each step's attention reads — with very different lengths
-decoding together that is several times what the sequences hold. A paged arena with a varlen decode
-kernel would not pay it; this keeps to stock PyTorch ops (SDPA with a mask).
+``HEADROOM`` rows in memory — with very different lengths decoding together that is several times
+what the sequences hold. On a GPU the step's attention reads only the used rows (flash attention's
+varlen kernel); SDPA, elsewhere, reads the padding too. A paged arena would save the memory.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import sdpa_kernel
 
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
 from hypic.models.hybrid import HybridLM
 from hypic.models.step_graph import StepGraph, capture
-from hypic.ops.attention import SHORT_BACKENDS
+from hypic.ops.attention_decode import DecodeSpan, decode_attention
 from hypic.ops.transfer import copy_to
 
 HEADROOM = 64  # arena rows beyond the longest sequence when the arenas are (re)grown
@@ -71,8 +71,8 @@ class DecodeBatch:
         # reads and writes these very tensors).
         self.linear: dict[int, Tensor] = {}  # layer → [slots, HV, K, V]
         self.conv: dict[int, Tensor] = {}  # layer → [slots, W−1, D]
-        self.keys: dict[int, Tensor] = {}  # layer → [slots, Hkv, cap, D], roped
-        self.values: dict[int, Tensor] = {}  # layer → [slots, Hkv, cap, Dv]
+        self.keys: dict[int, Tensor] = {}  # layer → [slots, cap, Hkv, D], roped
+        self.values: dict[int, Tensor] = {}  # layer → [slots, cap, Hkv, Dv]
         self.slots, self.cap = 0, 0
         self.inputs: Tensor | None = None  # [2, slots] long on the device: the step's token ids, positions
         self.graph: StepGraph | None = None  # the captured step for these arenas
@@ -96,8 +96,8 @@ class DecodeBatch:
             for layer, t in tensors.items():
                 # zeros, not empty: rows past a sequence's length are masked out of its attention, but
                 # a masked row still meets the softmax's zero weight, and 0 × NaN (left-over memory) is NaN
-                new[layer] = t.new_zeros(slots, t.shape[1], cap, t.shape[-1])
-                new[layer][:n, :, :self.cap] = t[:n, :, :self.cap]
+                new[layer] = t.new_zeros(slots, cap, *t.shape[2:])
+                new[layer][:n, :self.cap] = t[:n, :self.cap]
         self.linear, self.conv, self.keys, self.values = grown
         self.slots, self.cap = slots, cap
         self.stats.regrows += 1
@@ -111,8 +111,8 @@ class DecodeBatch:
         for layer, t in state.conv.items():
             self.conv[layer] = t.new_zeros(0, *t.shape)
         for layer, buf in state.kv.items():
-            self.keys[layer] = buf.keys.new_zeros(0, buf.keys.shape[1], 0, buf.keys.shape[2])
-            self.values[layer] = buf.values.new_zeros(0, buf.values.shape[1], 0, buf.values.shape[2])
+            self.keys[layer] = buf.keys.new_zeros(0, 0, *buf.keys.shape[1:])
+            self.values[layer] = buf.values.new_zeros(0, 0, *buf.values.shape[1:])
 
     def admit(self, states: list[SequenceState]) -> None:
         """Pack loose states in after the current members (into spare slots when there are some)."""
@@ -136,10 +136,10 @@ class DecodeBatch:
             keys, values = self.keys[layer], self.values[layer]
             for i, s in enumerate(states):
                 buf = s.kv[layer]
-                keys[n + i, :, :buf.length] = buf.keys.transpose(0, 1)
-                values[n + i, :, :buf.length] = buf.values.transpose(0, 1)
-                keys[n + i, :, buf.length:] = 0  # a spare slot may hold a departed member's rows
-                values[n + i, :, buf.length:] = 0
+                keys[n + i, :buf.length] = buf.keys
+                values[n + i, :buf.length] = buf.values
+                keys[n + i, buf.length:] = 0  # a spare slot may hold a departed member's rows
+                values[n + i, buf.length:] = 0
         for s in states:
             s.linear, s.conv, s.kv, s.batch = {}, {}, {}, self
         self.members += states
@@ -161,8 +161,8 @@ class DecodeBatch:
             i = slots[id(s)]
             s.linear = {layer: t[i].clone() for layer, t in self.linear.items()}
             s.conv = {layer: t[i].clone() for layer, t in self.conv.items()}
-            s.kv = {layer: KVBuffer(self.keys[layer][i, :, :s.length].transpose(0, 1),
-                                    self.values[layer][i, :, :s.length].transpose(0, 1)) for layer in self.keys}
+            s.kv = {layer: KVBuffer(self.keys[layer][i, :s.length], self.values[layer][i, :s.length])
+                    for layer in self.keys}
         order = list(range(len(self.members)))  # order[i]: whose state slot i holds after the moves
         for i in sorted((slots[g] for g in gone), reverse=True):
             last = len(order) - 1
@@ -173,7 +173,7 @@ class DecodeBatch:
                         t[i] = t[last]
                 for tensors in (self.keys, self.values):
                     for t in tensors.values():
-                        t[i, :, :length] = t[last, :, :length]
+                        t[i, :length] = t[last, :length]
                 order[i] = order[last]
             order.pop()
         self.members = [self.members[j] for j in order]
@@ -259,9 +259,8 @@ class DecodeContext(ForwardContext):
         self.cu_seqlens = torch.arange(batch.slots + 1)  # host: every run is one token
         self.positions = batch.inputs[1]
         self._rows = torch.arange(batch.slots, device=batch.device)
-        # each slot sees its own rows and the one this step writes: [slots, 1, 1, cap]
-        keys = torch.arange(batch.cap, device=batch.device)
-        self._visible = (keys[None, :] <= self.positions[:, None]).view(batch.slots, 1, 1, batch.cap)
+        # each slot sees its own rows and the one this step writes
+        self._span = DecodeSpan((self.positions + 1).to(torch.int32), batch.cap)
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
         raise NotImplementedError("DecodeContext runs a step's conv itself, in place (conv)")
@@ -288,12 +287,6 @@ class DecodeContext(ForwardContext):
         if rope is not None:
             q, k = rope(q, self.positions), rope(k, self.positions)
         keys, values = self.batch.keys[layer], self.batch.values[layer]
-        keys[self._rows, :, self.positions] = k  # each slot's new row, at its own length
-        values[self._rows, :, self.positions] = v
-        n, hq, d = q.shape
-        hkv = keys.shape[1]
-        # GQA without widening the keys: a group's query heads are the "query tokens" of its key head
-        qg = q.view(n, hkv, hq // hkv, d)
-        with sdpa_kernel(SHORT_BACKENDS):  # never cuDNN: it plans (and may sync) per shape
-            o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=self._visible, scale=scale)
-        return o.reshape(n, hq, values.shape[-1])
+        keys[self._rows, self.positions] = k  # each slot's new row, at its own length
+        values[self._rows, self.positions] = v
+        return decode_attention(q, keys, values, self._span, scale)

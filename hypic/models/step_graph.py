@@ -33,11 +33,28 @@ _refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose step fa
 # reserved after its graph is dropped (at every regrow) until the allocator, out of room, frees
 # every cached block with a device sync. One pool per device for every capture would avoid that,
 # and is safe here: replays never overlap (one stream, under the engine's lock) and a step frees
-# everything it allocates but its logits, which its graph keeps alive. Not yet measured, so not
-# the default: HYPIC_GRAPH_POOL=shared (or setting SHARED_POOL) selects it, for the A/B in
-# scripts/graph_ab.py.
+# everything it allocates but its logits, which its graph keeps alive. Measured (scripts/graph_ab.py,
+# H200, session 16): no allocator flush in either arm and TTFT within the noise, so not the
+# default: HYPIC_GRAPH_POOL=shared (or setting SHARED_POOL) selects it.
+# A pool is freed once no graph captured into it is left (at the first regrow) — on the device and
+# in the pinned host allocator alike — and the next capture into the freed id fails an allocator
+# assertion (measured on the H200, torch 2.11; a ``MemPool`` object keeps only the device side
+# alive). So each shared pool holds an anchor: a one-op graph kept for the process's life.
 SHARED_POOL = os.environ.get("HYPIC_GRAPH_POOL") == "shared"
-_pools: dict[torch.device, tuple[int, int]] = {}
+_pools: dict[torch.device, tuple[tuple[int, int], torch.cuda.CUDAGraph]] = {}  # device -> (pool id, anchor)
+
+
+def _shared_pool(device: torch.device) -> tuple[int, int]:
+    """The id of this device's shared pool (call on a side stream: it captures its anchor)."""
+    if device not in _pools:
+        pool, anchor = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
+        anchor.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            torch.zeros(1, device=device).add_(1)
+        finally:
+            anchor.capture_end()
+        _pools[device] = (pool, anchor)
+    return _pools[device][0]
 
 
 class StepGraph:
@@ -62,11 +79,7 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     side.wait_stream(main)
     try:
         with torch.cuda.stream(side):
-            pool = None
-            if SHARED_POOL:
-                if device not in _pools:
-                    _pools[device] = torch.cuda.graph_pool_handle()
-                pool = _pools[device]
+            pool = _shared_pool(device) if SHARED_POOL else None
             # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:
