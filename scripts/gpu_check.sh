@@ -18,6 +18,7 @@
 #                        (scripts/graph_ab.py; GPU_GRAPH_AB_ARGS)
 #   GPU_DECODE_ATTN=1    decode attention candidates side by side (scripts/decode_attention.py)
 #   GPU_STORE_MOVES=1    tier moves, churn and save/load of 9B-shape entries (scripts/store_moves.py)
+#   GPU_WARM_PROFILE=1   calls of fully cached trace prompts timed per size, one profiled (trace_costs.py --warm-profile)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -58,6 +59,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/decode_attention.py
 [ "${GPU_STORE_MOVES:-0}" = 1 ] && section store_moves "${GPU_STORE_MOVES_SECONDS:-240}" \
   python3 scripts/store_moves.py
+[ "${GPU_WARM_PROFILE:-0}" = 1 ] && section warm_profile "${GPU_WARM_PROFILE_SECONDS:-200}" \
+  python3 scripts/trace_costs.py --warm-profile
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider --durations=8
 
@@ -67,6 +70,7 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 for f in ops models ttft scatter trace graph_ab decode_attention; do
   [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
 done
+[ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5

@@ -6,7 +6,9 @@ prompt is the TTFT benchmark's (head, N documents, query) with every document ca
 ``--decode N`` counts one decode step of N running requests instead; ``--cold K`` the request with
 its first K documents new (prefilled cold in the same forward, as under cache pressure).
 
-    python scripts/host_ops.py [--docs 32] [--top 25] [--decode N | --cold K]
+``--requests R``: a call of R warm requests (the same documents, each prompt in its own order).
+
+    python scripts/host_ops.py [--docs 32] [--top 25] [--decode N | --cold K | --requests R]
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--decode", type=int, default=0, help="count one decode step of this many requests")
     ap.add_argument("--cold", type=int, default=0, help="this many of the request's documents are new")
+    ap.add_argument("--requests", type=int, default=1, help="warm requests in the call")
     args = ap.parse_args()
     layers = 32
     loaded = random_model(dict(SHAPES["tiny"], num_hidden_layers=layers), device="cpu", dtype=torch.float32)
     engine = Engine(loaded, seam=8)
-    prompts = rag_prompts(RagShape(args.docs, args.doc_tokens, 64, 16), loaded.model.vocab_size, 2)
+    prompts = rag_prompts(RagShape(args.docs, args.doc_tokens, 64, 16), loaded.model.vocab_size, 1 + args.requests)
     one = [SamplingParams(max_tokens=1)]
     engine.generate([prompts[0]], one, mode="hypic")  # every document cached
     if args.decode:
@@ -43,6 +46,10 @@ def main() -> None:
         with torch.no_grad():
             counter = count_ops(lambda: engine.step(runs))
         what = f"decode step, {args.decode} running"
+    elif args.requests > 1:
+        with torch.no_grad():
+            counter = count_ops(lambda: engine.generate(prompts[1:], one * args.requests, mode="hypic"))
+        what = f"call of {args.requests} warm requests of {args.docs} documents"
     else:
         fresh = [[(t + 1) % loaded.model.vocab_size for t in d] for d in prompts[1][1:1 + args.cold]]  # never seen
         prompt = [prompts[1][0], *fresh, *prompts[1][1 + args.cold:]]

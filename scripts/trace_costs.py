@@ -5,7 +5,9 @@ A diagnostic behind docs/benchmarks.md's trace section: `python3 scripts/trace_c
 `--pressure`: instead, `hypic` calls on a 2 048-document pool with a 60 GiB store (a quarter of the
 segments miss), the cold prefill of 1–16 documents alone, and a profile of one call.
 `--cold-alone`: the cold prefill of fresh documents alone (``Engine.prewarm``, nothing evicted), timed
-several times per size, then one profiled by Python function (cProfile) and by aten op."""
+several times per size, then one profiled by Python function (cProfile) and by aten op.
+`--warm-profile`: calls of trace prompts whose documents are all cached (the regime that bounds
+`hypic`'s rate), timed per call size, then a call of 8 profiled by phase and by kernel."""
 
 import sys
 import time
@@ -104,7 +106,45 @@ def cold_alone(engine: Engine, tok: Tokenizer) -> None:
     print(tprof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
+def warm_profile(engine: Engine, tok: Tokenizer) -> None:
+    from hypic.engine.combine import CombineContext
+    for owner, names in ((engine, ("_plan", "_scatter")), (engine.store, ("lookup",)),
+                         (CombineContext, ("linear", "attend", "save_conv", "conv_tails", "__init__"))):
+        for name in names:
+            label(owner, name)
+    trace = generate_trace(0, num_requests=120, pool_size=256, rate_qps=1.0)
+    prompts = encode_trace(trace, tok, engine.model.vocab_size)
+    one = SamplingParams(max_tokens=1)
+    for i in range(0, 48, 8):  # warm-up: kernels
+        engine.generate(prompts[i:i + 8], [one] * 8, mode="hypic")
+    docs = [s for p in prompts[48:96] for s in p[1:-1]]
+    for i in range(0, len(docs), 16):  # every measured document cached
+        engine.prewarm(docs[i:i + 16])
+    print("| warm prompts per call | tokens | prefill (ms) | per 1k tokens (ms) |")
+    print("|---|---|---|---|")
+    at = 48
+    for n in (1, 1, 2, 4, 8, 8, 16):
+        batch = prompts[at:at + n]
+        at += n
+        tokens = sum(len(s) for p in batch for s in p)
+        ms = timed(lambda b=batch: engine.generate(b, [one] * len(b), mode="hypic"))
+        print(f"| {n} | {tokens} | {ms:.1f} | {1e3 * ms / tokens:.1f} |", flush=True)
+    batch = prompts[at:at + 8]
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.generate(batch, [one] * 8, mode="hypic")
+        torch.cuda.synchronize()
+    print(f"profiled call of 8: {1e3 * (time.perf_counter() - t0):.1f} ms wall (profiler on)")
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20))
+
+
 def main() -> None:
+    if "--warm-profile" in sys.argv:
+        engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16))
+        warm_profile(engine, Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json")))
+        return
     if "--cold-alone" in sys.argv:
         engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=torch.bfloat16))
         cold_alone(engine, Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json")))

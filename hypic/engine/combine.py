@@ -25,7 +25,7 @@ from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, 
 from hypic.ops import recurrence
 from hypic.ops.attention import attention
 from hypic.ops.recurrence import Summary
-from hypic.ops.scan import prefix_states
+from hypic.ops.scan import prefix_states_many
 from hypic.ops.transfer import to_device, to_device_many
 
 
@@ -110,7 +110,7 @@ class CombineContext(ForwardContext):
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._layouts: list[_KeyLayout] | None = None
-        self._scatter: dict[tuple[tuple[int, int], ...], tuple[Tensor, Tensor]] = {}
+        self._scatter: dict[tuple, Tensor] = {}
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
 
     def logits_rows(self) -> Tensor:
@@ -144,30 +144,39 @@ class CombineContext(ForwardContext):
         run_T = None if runs is None or runs.transition is None else runs.transition.unbind(0)
         run_S = None if runs is None else runs.state.unbind(0)
         initial: Tensor | None = None  # stays None (every run from zero) without carry_state
+        # Every request's chain — the spans before its last run, in position order — packed end to
+        # end and scanned in one call (on the GPU one launch walks all chains side by side).
+        Ts: list[Tensor] = []
+        Ss: list[Tensor] = []
+        starts: list[tuple[int, int]] = []  # (run index, its chain item's place in the packed chains)
+        cu = [0]
         for items in self.items if self.assembly.carry_state else ():
-            chain: list[Summary] = []  # every span before the request's last run, in position order
-            starts: list[tuple[int, int]] = []  # (run index, its place in the chain)
+            first = len(Ss)
             for kind, item in items:
                 if kind == "run":
-                    starts.append((item, len(chain)))
+                    if len(Ss) > first:  # a run at a chain's start begins from zero: nothing to scatter
+                        starts.append((item, len(Ss) + len(cu) - 1))  # its prefix-state row
                     if runs is not None:
-                        chain.append(Summary(None if run_T is None else run_T[item], run_S[item]))
+                        Ss.append(run_S[item])
+                        if run_T is not None:
+                            Ts.append(run_T[item])
                 else:
                     s = item.entry.summaries[layer]
                     if rope is not None and self.assembly.rerotate:
                         s = recurrence.rerotate(family, s, item.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
-                    chain.append(s)
-            if not chain:
-                continue
-            T = None if chain[0].transition is None else torch.stack([s.transition for s in chain])
-            X = prefix_states(family, T, torch.stack([s.state for s in chain]),
-                              naive=not self.assembly.use_transition)
-            starts = [(index, place) for index, place in starts if place > 0]
-            if starts:
-                if initial is None:
-                    initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
-                index, place = self._scatter_index(starts, X.device)
-                initial[index] = X[place]  # one gather, one scatter
+                    Ss.append(s.state)
+                    if s.transition is not None:
+                        Ts.append(s.transition)
+            if len(Ss) > first:
+                cu.append(len(Ss))
+        if starts:
+            T = torch.stack(Ts) if Ts else None
+            X = prefix_states_many(family, T, torch.stack(Ss), cu, naive=not self.assembly.use_transition,
+                                   cu_device=self._device_index(("cu", tuple(cu)), cu, Ss[0].device))
+            initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
+            key = tuple(starts)
+            initial[self._device_index(("runs", key), [i for i, _ in starts], X.device)] = \
+                X[self._device_index(("rows", key), [r for _, r in starts], X.device)]  # one gather, one scatter
         out = run(self.linear_cu, initial, False)
         for state, r in zip(self.decode_states, self.last_run, strict=True):
             state.linear[layer] = out.final_state[r]
@@ -179,12 +188,10 @@ class CombineContext(ForwardContext):
             x.entry.summaries[layer] = s
         return out.o
 
-    def _scatter_index(self, starts: list[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        """Device copies of (run indices, chain places), made once: the same for every linear layer."""
-        key = tuple(starts)
+    def _device_index(self, key: tuple, values: list[int], device: torch.device) -> Tensor:
+        """A device copy of ``values``, made once per pass: the same for every linear layer."""
         if key not in self._scatter:
-            both = to_device([[i for i, _ in starts], [p for _, p in starts]], device)
-            self._scatter[key] = (both[0], both[1])
+            self._scatter[key] = to_device(values, device)
         return self._scatter[key]
 
     def _bias(self, i: int, lay: _KeyLayout, dtype: torch.dtype) -> Tensor:

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from hypic.ops.family import get_family
 from hypic.ops.kernels import kernel_device
+from hypic.ops.transfer import to_device
 
 
 def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, naive: bool = False) -> Tensor:
@@ -25,6 +26,28 @@ def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, na
 
         return matrix_chain(transitions, states)
     return chain_loop(fam.transition, transitions, states, naive)
+
+
+def prefix_states_many(family: str, transitions: Tensor | None, states: Tensor, cu: list[int], *,
+                       naive: bool = False, cu_device: Tensor | None = None) -> Tensor:
+    """Many chains packed end to end (items ``cu[c] ≤ i < cu[c + 1]`` form chain c): every chain's
+    prefix states, packed the same way — [n + C, H, K, V], chain c's at rows cu[c] + c … cu[c + 1] + c.
+    On the GPU one launch walks them all side by side (``cu_device``: ``cu`` already on the device)."""
+    fam = get_family(family)
+    if fam.transition == "matrix" and not naive and kernel_device(states.device) and states.shape[0] > 0:
+        from hypic.ops.triton_chain import matrix_chains
+
+        if cu_device is None:
+            cu_device = to_device(cu, states.device)
+        return matrix_chains(transitions, states, cu_device)
+    return chains_loop(fam.transition, transitions, states, cu, naive)
+
+
+def chains_loop(transition: str, transitions: Tensor | None, states: Tensor, cu: list[int],
+                naive: bool = False) -> Tensor:
+    """``prefix_states_many`` chain by chain (the CPU path and the reference)."""
+    return torch.cat([chain_loop(transition, None if transitions is None else transitions[a:b], states[a:b], naive)
+                      for a, b in zip(cu[:-1], cu[1:], strict=True)])
 
 
 def chain_loop(transition: str, transitions: Tensor | None, states: Tensor, naive: bool = False) -> Tensor:

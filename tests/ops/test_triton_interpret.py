@@ -81,17 +81,18 @@ def test_gdn_short_runs_match_the_chunked_reference(with_state: bool) -> None:
 @torch.no_grad()
 def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
     """Cold and warm hypic requests through the GPU branch of every kernel-choosing site (Triton
-    conv and norms, the scan's Triton chain, fla's recurrent GDN for runs ≤ 64 tokens) equal the
+    conv and norms, the scan's Triton chains, fla's recurrent GDN for runs ≤ 64 tokens) equal the
     same requests through the PyTorch kernels. Every run is kept ≤ 64 tokens: fla's chunked kernels
     autotune, which needs a real GPU."""
     import hypic.ops.linear_fla as linear_fla
+    import hypic.ops.triton_chain as triton_chain
     import hypic.ops.triton_conv as triton_conv
     from hypic.bench.shapes import SHAPES
     from hypic.bench.ttft import RagShape, rag_prompts
     from hypic.engine.engine import Engine
     from hypic.models.random_init import random_model
 
-    calls = {"conv": 0, "gdn": 0}
+    calls = {"conv": 0, "gdn": 0, "chains": 0}
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -101,6 +102,7 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
 
     monkeypatch.setattr(triton_conv, "causal_conv1d_triton", counted("conv", triton_conv.causal_conv1d_triton))
     monkeypatch.setattr(linear_fla, "gdn_short_runs", counted("gdn", linear_fla.gdn_short_runs))
+    monkeypatch.setattr(triton_chain, "matrix_chains", counted("chains", triton_chain.matrix_chains))
     loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
     prompts = rag_prompts(RagShape(2, 24, 8, 5), loaded.model.vocab_size, 2, seed=1)
     logits = {}
@@ -131,6 +133,22 @@ def test_affine_chain_kernel_path_matches_the_loop(monkeypatch) -> None:
         grads[kernels] = (X, *torch.autograd.grad((X * w).sum(), (A, S)))
     for a, b in zip(grads["0"], grads["1"], strict=True):
         assert _rel(b, a) < 1e-5
+
+
+def test_packed_chains_kernel_matches_each_chain_alone() -> None:
+    """The combine pass's scan: chains of 4, 1, 0 and 6 items in one launch, each chain's prefix
+    states (zero start included) where the packing says, against the loop over that chain alone."""
+    from hypic.ops.scan import chain_loop
+    from hypic.ops.triton_chain import matrix_chains
+
+    g = torch.Generator().manual_seed(4)
+    cu = [0, 4, 5, 5, 11]
+    T, S = 0.3 * torch.randn(11, 3, 16, 16, generator=g), torch.randn(11, 3, 16, 8, generator=g)
+    X = matrix_chains(T, S, torch.tensor(cu))
+    assert X.shape == (15, 3, 16, 8)
+    for c, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
+        want = chain_loop("matrix", T[a:b].double(), S[a:b].double())
+        assert float((X[a + c:b + c + 1].double() - want).abs().max()) <= 1e-5 * (1 + float(want.abs().max()))
 
 
 @pytest.mark.parametrize("with_transition", [False, True])
