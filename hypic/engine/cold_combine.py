@@ -18,21 +18,6 @@ from torch import Tensor
 from hypic.engine.cold import ColdContext
 from hypic.engine.combine import CombineContext
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
-from hypic.ops.linear import LinearOutput
-
-
-def _rows(run: LinearRun, whole: slice) -> LinearRun:
-    """``run`` restricted to one token set: rows given by the inner context are relative to it."""
-
-    def part(cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
-             rows: Tensor | None = None) -> LinearOutput:
-        if rows is None:
-            rows = whole
-        elif whole.start:
-            rows = rows + whole.start
-        return run(cu_seqlens, initial_state, output_summary, rows)
-
-    return part
 
 
 class ColdCombineContext(ForwardContext):
@@ -59,8 +44,8 @@ class ColdCombineContext(ForwardContext):
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         n = self.split
-        cold = self.cold.linear(layer, family, _rows(run, slice(0, n)), rope)
-        return torch.cat([cold, self.combine.linear(layer, family, _rows(run, slice(n, None)), rope)])
+        cold = self.cold.linear(layer, family, run.restrict(slice(0, n)), rope)
+        return torch.cat([cold, self.combine.linear(layer, family, run.restrict(slice(n, None)), rope)])
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         n = self.split

@@ -24,6 +24,7 @@ from hypic.engine.plan import RequestPlan, SegmentPlan
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
 from hypic.ops import recurrence
 from hypic.ops.attention import attention
+from hypic.ops.kernels import fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
 from hypic.ops.transfer import to_device, to_device_many
@@ -111,6 +112,7 @@ class CombineContext(ForwardContext):
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._layouts: list[_KeyLayout] | None = None
         self._scatter: dict[tuple, Tensor] = {}
+        self._fused: tuple[Tensor, Tensor, list[Entry]] | None = None
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
 
     def logits_rows(self) -> Tensor:
@@ -138,6 +140,8 @@ class CombineContext(ForwardContext):
             x.entry.conv_tails[layer] = torch.cat([history, raw[start:x.conv_end]])[-width:].clone()
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        if self._fusable(family, rope):
+            return self._linear_fused(layer, run)
         single = all(sum(kind == "run" for kind, _ in items) <= 1 for items in self.items)
         runs = None if single and not self.extracts else run(self.linear_cu, None, True).summary
         # every run's summary as a view, from one op each (not one indexing op per run and layer)
@@ -187,6 +191,43 @@ class CombineContext(ForwardContext):
                 s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
             x.entry.summaries[layer] = s
         return out.o
+
+    def _fusable(self, family: str, rope: RopeSpec | None) -> bool:
+        """Whether this layer's pass can run as one GDN kernel: position-independent composition
+        (carried state, true transitions), no RoPE inside, no entry to build from the runs (the
+        kernel never forms a run's summary), and every request ends on a run (its decode state)."""
+        a = self.assembly
+        return (family == "gdn" and rope is None and not self.extracts and a.carry_state and a.use_transition
+                and fused_combine() and kernel_device(self.positions.device)
+                and all(items and items[-1][0] == "run" for items in self.items))
+
+    def _linear_fused(self, layer: int, run: LinearRun) -> Tensor:
+        """``ops.triton_gdn_combine``: every request's items walked in one launch."""
+        from hypic.ops import triton_gdn_combine as fused
+
+        dev = self.positions.device
+        if self._fused is None:  # the schedule is the same for every layer: built once
+            cu, bodies, requests = self.linear_cu.tolist(), [], []
+            for items in self.items:
+                steps = []
+                for kind, item in items:
+                    if kind == "run":
+                        steps.append((fused.RUN, cu[item], cu[item + 1]))
+                    else:
+                        steps.append((fused.BODY, len(bodies), 0))
+                        bodies.append(item.entry)
+                requests.append(steps)
+            self._fused = (*fused.schedule(requests, dev), bodies)
+        items, offsets, bodies = self._fused
+        T, held_t = fused.body_table([e.summaries[layer].transition for e in bodies], dev)
+        S, held_s = fused.body_table([e.summaries[layer].state for e in bodies], dev)
+        x = run.tokens()
+        scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
+        o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets)
+        for state, s in zip(self.decode_states, final, strict=True):
+            state.linear[layer] = s
+        del held_t, held_s  # the kernel is queued on this stream: freed memory is reused only after it
+        return o
 
     def _device_index(self, key: tuple, values: list[int], device: torch.device) -> Tensor:
         """A device copy of ``values``, made once per pass: the same for every linear layer."""

@@ -9,8 +9,8 @@ context and never know which: one model forward serves every mode.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,26 +27,49 @@ from hypic.ops.transfer import to_device
 if TYPE_CHECKING:
     from hypic.models.decode_batch import DecodeBatch
 
-# (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary, rows) -> LinearOutput. The
-# context chooses the split (it may cut its runs finer for linear layers, e.g. a seam apart from
-# its body) and may run only some token rows (e.g. just the seams).
-LinearRun = Callable[..., LinearOutput]
+@dataclass(frozen=True, eq=False)
+class LinearRun:
+    """A layer's linear attention as a function of what the context decides: called with
+    (cu_seqlens, initial_state [N, HV, K, V] | None, output_summary, rows) → LinearOutput. The
+    context chooses the split (it may cut its runs finer for linear layers, e.g. a seam apart from
+    its body) and may run only some token rows (e.g. just the seams). Its inputs stay readable
+    (``tokens``) for a context that runs a kernel of its own (``ops.triton_gdn_combine``)."""
+
+    family: str
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor | None = None
+    beta: Tensor | None = None
+    scale: float | None = None
+    whole: slice | None = None  # the rows of the inputs this run sees (one token set of a wider forward)
+
+    def restrict(self, whole: slice) -> LinearRun:
+        """This run over one token set: rows given later are relative to it."""
+        return dataclasses.replace(self, whole=whole)
+
+    def tokens(self) -> dict[str, Tensor | None]:
+        """The inputs of the rows this run sees: q, k, v, g, beta."""
+        return {name: x if x is None or self.whole is None else x[self.whole]
+                for name, x in (("q", self.q), ("k", self.k), ("v", self.v), ("g", self.g), ("beta", self.beta))}
+
+    def __call__(self, cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
+                 rows: Tensor | slice | None = None) -> LinearOutput:
+        if self.whole is not None:
+            rows = self.whole if rows is None else rows + self.whole.start if self.whole.start else rows
+
+        def pick(x: Tensor | None) -> Tensor | None:
+            return x if x is None or rows is None else x[rows]
+
+        return linear_attention(self.family, pick(self.q), pick(self.k), pick(self.v), g=pick(self.g),
+                                beta=pick(self.beta), cu_seqlens=cu_seqlens, initial_state=initial_state,
+                                output_summary=output_summary, scale=self.scale)
 
 
 def linear_run(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,
                beta: Tensor | None = None, scale: float | None = None) -> LinearRun:
     """The layer's linear attention as a function of what the context decides."""
-
-    def run(cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
-            rows: Tensor | None = None) -> LinearOutput:
-        def pick(x: Tensor | None) -> Tensor | None:
-            return x if x is None or rows is None else x[rows]
-
-        return linear_attention(family, pick(q), pick(k), pick(v), g=pick(g), beta=pick(beta),
-                                cu_seqlens=cu_seqlens, initial_state=initial_state,
-                                output_summary=output_summary, scale=scale)
-
-    return run
+    return LinearRun(family, q, k, v, g, beta, scale)
 
 
 @dataclass(frozen=True)

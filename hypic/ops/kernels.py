@@ -17,6 +17,12 @@ import torch
 RECURRENT_MAX = int(os.environ.get("HYPIC_RECURRENT_MAX", "64"))
 
 
+def fused_combine() -> bool:
+    """A GDN layer's combine pass in one kernel (``ops.triton_gdn_combine``) where it applies.
+    Off until measured on the GPU: ``HYPIC_FUSED_COMBINE=1`` turns it on. Read at each call."""
+    return os.environ.get("HYPIC_FUSED_COMBINE", "0") == "1"
+
+
 def kernel_device(device: torch.device) -> bool:
     if device.type == "cuda":
         return True

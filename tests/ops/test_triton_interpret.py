@@ -105,16 +105,23 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
     monkeypatch.setattr(triton_chain, "matrix_chains", counted("chains", triton_chain.matrix_chains))
     loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
     prompts = rag_prompts(RagShape(2, 24, 8, 5), loaded.model.vocab_size, 2, seed=1)
+    from hypic.ops import triton_gdn_combine
+
+    monkeypatch.setattr(triton_gdn_combine, "gdn_combine", counted("fused", triton_gdn_combine.gdn_combine))
     logits = {}
-    for kernels in ("0", "1"):
+    for kernels, fused in (("0", "0"), ("1", "0"), ("1", "1")):  # the GDN combine in one kernel, or not
         monkeypatch.setenv("HYPIC_INTERPRET_KERNELS", kernels)
+        monkeypatch.setenv("HYPIC_FUSED_COMBINE", fused)
+        calls.update(dict.fromkeys(calls, 0), fused=0)
         engine = Engine(loaded, seam=4)
         cold = engine.prefill_logits([prompts[1]], mode="hypic")[0]
         engine.prefill_logits([prompts[0]], mode="hypic")
-        logits[kernels] = (cold, engine.prefill_logits([prompts[1]], mode="hypic")[0])
-        assert (min(calls.values()) > 0) == (kernels == "1"), calls  # the kernels ran only when switched on
-    for torch_path, kernel_path in zip(logits["0"], logits["1"], strict=True):
-        assert (torch_path - kernel_path).abs().max() < 1e-4
+        logits[kernels + fused] = (cold, engine.prefill_logits([prompts[1]], mode="hypic")[0])
+        assert (min(calls[k] for k in ("conv", "gdn")) > 0) == (kernels == "1"), calls  # only when switched on
+        assert (calls["fused"] > 0) == (fused == "1") and (calls["chains"] > 0) == (kernels + fused == "10"), calls
+    for other in ("10", "11"):
+        for torch_path, kernel_path in zip(logits["00"], logits[other], strict=True):
+            assert (torch_path - kernel_path).abs().max() < 1e-4
 
 
 def test_affine_chain_kernel_path_matches_the_loop(monkeypatch) -> None:

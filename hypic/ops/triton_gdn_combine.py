@@ -1,0 +1,112 @@
+"""The combine pass of a GDN layer in one Triton launch (CUDA): no dense transition per recompute run.
+
+The general path (``engine.combine.CombineContext.linear``) runs the recompute runs twice: once from
+zero with an identity block appended to the state, which yields each run's transition ``T`` [K, K]
+(≈ 0.6 GB of state in and out per layer for a call of 8 trace requests at the 9B shape), then the
+affine scan over runs and cached bodies gives every run's incoming state, then the runs again from
+those states for their outputs. Measured on the H200 (docs/benchmarks.md, "Where a warm call's time
+goes"): half of a warm call's device time.
+
+Here one program per (value block, value head, request) walks the request's items in position
+order with its state ``[K, BV]`` in registers: a cached body applies its summary
+(``x ← T·x + S``, tf32x3 dot, T and S read in place through a table of pointers — no stacking), a
+recompute run steps the gated delta rule token by token from the state it finds, writing each
+token's output. The state after the request's last run is its decode state. The runs' own
+summaries are never formed, so this path serves only passes that build no entries from their runs
+(no in-context segments).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+BODY, RUN = 1, 0  # item kinds in the schedule
+
+
+@triton.jit
+def _gdn_combine_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk, sv,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                        BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
+    i_v, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)  # the key head this value head reads
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_s = m_k[:, None] & m_v[None, :]
+    x = tl.zeros([BK, BV], dtype=tl.float32)
+    start, end = tl.load(CU + i_c), tl.load(CU + i_c + 1)
+    for j in range(start, end):
+        kind = tl.load(ITEMS + 3 * j)
+        a = tl.load(ITEMS + 3 * j + 1).to(tl.int64)
+        b = tl.load(ITEMS + 3 * j + 2).to(tl.int64)
+        if kind == 1:  # a cached body: x ← T·x + S, its summary read where it lies
+            t_ptr = tl.load(TP + a).to(tl.pointer_type(tl.float32))
+            s_ptr = tl.load(SP + a).to(tl.pointer_type(tl.float32))
+            b_t = tl.load(t_ptr + (i_hv * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
+                          other=0.0)
+            b_s = tl.load(s_ptr + (i_hv * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
+            x = tl.dot(b_t, x, input_precision=PRECISION) + b_s
+        else:  # recompute rows a … b − 1, token by token from x
+            for t in range(a, b):
+                b_q = tl.load(Q + t * sq + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_k = tl.load(Kx + t * sk + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_v = tl.load(Vx + t * sv + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+                b_g = tl.load(G + t * HV + i_hv).to(tl.float32)
+                b_b = tl.load(B + t * HV + i_hv).to(tl.float32)
+                x = x * tl.exp(b_g)
+                kx = tl.sum(b_k[:, None] * x, axis=0)  # kᵀx [BV]
+                x = x + b_b * b_k[:, None] * (b_v - kx)[None, :]
+                o = tl.sum(x * b_q[:, None], axis=0) * scale
+                tl.store(O + (t * HV + i_hv) * V + o_v, o.to(O.dtype.element_ty), mask=m_v)
+            tl.store(XF + ((i_c * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
+
+
+def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """Per request its items in position order, each ``(RUN, first row, end row)`` or ``(BODY,
+    index into the body tables, 0)`` → (items [n, 3] int32, offsets [requests + 1] int32) on
+    ``device``: built once per pass, the same for every layer."""
+    from hypic.ops.transfer import to_device
+
+    flat = [x for items in requests for item in items for x in item]
+    cu = [0]
+    for items in requests:
+        cu.append(cu[-1] + len(items))
+    both = to_device(flat + cu, device, dtype=torch.int32)
+    return both[:len(flat)].view(-1, 3), both[len(flat):]
+
+
+def body_table(summaries: list[Tensor], device: torch.device) -> tuple[Tensor, list[Tensor]]:
+    """Device addresses of the bodies' T (or S) [HV, K, ·], and the tensors that hold them (fp32,
+    contiguous: copied when not; keep them alive until the kernel has run)."""
+    from hypic.ops.transfer import to_device
+
+    held = [t if t.dtype == torch.float32 and t.is_contiguous() and t.device == device
+            else t.to(device, torch.float32).contiguous() for t in summaries]
+    return to_device([t.data_ptr() for t in held], device, dtype=torch.int64), held
+
+
+def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
+                transitions: Tensor, states: Tensor, items: Tensor, cu: Tensor,
+                precision: str = "tf32x3") -> tuple[Tensor, Tensor]:
+    """q, k [R, H, K], v [R, HV, V] (rows may be strided, heads and dims packed), g, beta [R, HV];
+    ``transitions``/``states``: the bodies' address tables (``body_table``); ``items``/``cu``: the
+    schedule. → outputs [R, HV, V] in v's dtype, and each request's state after its last run
+    [requests, HV, K, V] fp32."""
+    R, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1]:
+            raise ValueError(f"gdn_combine: {name}'s heads and dims must be packed within a row")
+    C = cu.shape[0] - 1
+    out = torch.empty(R, HV, V, dtype=v.dtype, device=v.device)
+    final = torch.zeros(C, HV, K, V, dtype=torch.float32, device=v.device)
+    BK = max(16, triton.next_power_of_2(K))
+    BV = 32 if BK > 64 else 64
+    grid = (triton.cdiv(V, BV), HV, C)
+    _gdn_combine_kernel[grid](q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states,
+                              items, cu, out, final, scale, q.stride(0), k.stride(0), v.stride(0), H=H, HV=HV, K=K,
+                              V=V, BK=BK, BV=BV, PRECISION=precision, num_warps=8 if BK > 64 else 4)
+    return out, final
