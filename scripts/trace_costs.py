@@ -7,8 +7,9 @@ segments miss), the cold prefill of 1–16 documents alone, and a profile of one
 `--cold-alone`: the cold prefill of fresh documents alone (``Engine.prewarm``, nothing evicted), timed
 several times per size, then one profiled by Python function (cProfile) and by aten op.
 `--warm-profile`: calls of trace prompts whose documents are all cached (the regime that bounds
-`hypic`'s rate), timed per call size with the GDN combine fused off and on (``HYPIC_FUSED_COMBINE``),
-then a call of 8 profiled (fused) by phase and by kernel."""
+`hypic`'s rate), timed per call size through the combine pass's general path, with its GDN layers
+in one kernel (``HYPIC_FUSED_COMBINE``) and with attention by runs too (``HYPIC_COMBINE_FLASH``),
+then a call of 8 profiled (both on) by phase and by kernel."""
 
 import os
 import sys
@@ -122,8 +123,10 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
     docs = [s for p in prompts[48:96] for s in p[1:-1]]
     for i in range(0, len(docs), 16):  # every measured document cached
         engine.prewarm(docs[i:i + 16])
-    print("| warm prompts per call | tokens | prefill (ms), GDN combine fused off / on | per 1k tokens (ms) | "
-          "same tokens |")
+    # in-process A/B of the combine pass's GPU paths, read at each call: neither, the GDN layers in one
+    # kernel (HYPIC_FUSED_COMBINE), and that plus attention by runs (HYPIC_COMBINE_FLASH)
+    arms = {"general": ("0", "0"), "fused": ("1", "0"), "fused + flash": ("1", "1")}
+    print(f"| warm prompts per call | tokens | prefill (ms): {' / '.join(arms)} | per 1k tokens (ms) | same tokens |")
     print("|---|---|---|---|---|")
     at = 48
     for n in (1, 1, 2, 4, 8, 8, 16):
@@ -131,22 +134,23 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         at += n
         tokens = sum(len(s) for p in batch for s in p)
         ms, firsts = {}, {}
-        for arm in ("0", "1", "0", "1"):  # HYPIC_FUSED_COMBINE, read at each call; the better of two each
-            os.environ["HYPIC_FUSED_COMBINE"] = arm
+        for arm in [*arms, *arms]:  # the better of two calls each
+            os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"] = arms[arm]
             out: list = []
             t = timed(lambda b=batch, o=out: o.extend(engine.generate(b, [one] * len(b), mode="hypic")))
             ms[arm] = min(ms.get(arm, t), t)
             firsts[arm] = [o.token_ids[0] for o in out]
-        print(f"| {n} | {tokens} | {ms['0']:.1f} / {ms['1']:.1f} | {1e3 * ms['0'] / tokens:.1f} / "
-              f"{1e3 * ms['1'] / tokens:.1f} | {firsts['0'] == firsts['1']} |", flush=True)
-    os.environ["HYPIC_FUSED_COMBINE"] = "1"
+        same = all(f == firsts["general"] for f in firsts.values())
+        print(f"| {n} | {tokens} | {' / '.join(f'{ms[a]:.1f}' for a in arms)} | "
+              f"{' / '.join(f'{1e3 * ms[a] / tokens:.1f}' for a in arms)} | {same} |", flush=True)
+    os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"] = "1", "1"
     batch = prompts[at:at + 8]
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.generate(batch, [one] * 8, mode="hypic")
         torch.cuda.synchronize()
-    print(f"profiled call of 8 (GDN combine fused): {1e3 * (time.perf_counter() - t0):.1f} ms wall (profiler on)")
+    print(f"profiled call of 8 (fused + flash): {1e3 * (time.perf_counter() - t0):.1f} ms wall (profiler on)")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20))
 

@@ -22,8 +22,9 @@ from hypic.cache.entry import Entry
 from hypic.engine.modes import Assembly
 from hypic.engine.plan import RequestPlan, SegmentPlan
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
-from hypic.ops import recurrence
+from hypic.ops import attention_runs, recurrence
 from hypic.ops.attention import attention
+from hypic.ops.attention_runs import RunsPlan
 from hypic.ops.kernels import fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
@@ -44,6 +45,19 @@ class _KeyLayout:
     body_pos: Tensor  # the positions their keys are roped at: true ones (else standalone, ``addition``)
     bodies: list[Entry]
     visible: Tensor  # [rows, keys] bool: key position ≤ query position (the same for every layer)
+    run_used: list[int]  # per run of the request: the keys it sees (up to its last row, in key order)
+
+
+@dataclass(frozen=True)
+class _PackedKeys:
+    """Every request's keys in one buffer, request after request: where each part goes."""
+
+    offsets: list[int]  # request i's keys start here; the last: all keys
+    run_dest: Tensor  # slot of every recomputed row (all requests, row order)
+    body_dest: Tensor  # slots of every cached body's keys (all requests, bodies in order)
+    body_pos: Tensor  # the positions their keys are roped at
+    bodies: list[Entry]
+    runs: RunsPlan  # the runs' visible key prefixes, for the flash path
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,7 @@ class CombineContext(ForwardContext):
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._layouts: list[_KeyLayout] | None = None
+        self._packed: _PackedKeys | None = None
         self._scatter: dict[tuple, Tensor] = {}
         self._fused: tuple[Tensor, Tensor, list[Entry]] | None = None
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
@@ -252,10 +267,12 @@ class CombineContext(ForwardContext):
             cu, dev = self.linear_cu.tolist(), self.positions.device
             for items, (ra, rb) in zip(self.items, self.request_rows, strict=True):
                 run_dest, body_dest, body_pos, local_pos, bodies, n = [], [], [], [], [], 0
+                run_used = []
                 for kind, item in items:
                     if kind == "run":
                         length = cu[item + 1] - cu[item]
                         run_dest += range(n, n + length)
+                        run_used.append(n + length)
                     else:
                         e = item.entry
                         length = e.body_length
@@ -274,24 +291,50 @@ class CombineContext(ForwardContext):
                     [key_pos, as_long(run_dest), as_long(body_dest),
                      as_long(body_pos if self.assembly.rope_fix else local_pos)], dev)
                 visible = key_pos[None, :] <= self.positions[ra:rb, None]
-                self._layouts.append(_KeyLayout(n, run_dest, body_dest, rope_pos, bodies, visible))
+                self._layouts.append(_KeyLayout(n, run_dest, body_dest, rope_pos, bodies, visible, run_used))
         return self._layouts
+
+    def _packed_keys(self) -> _PackedKeys:
+        """Made once per pass from the requests' layouts: the same for every attention layer."""
+        if self._packed is None:
+            layouts, offsets = self._key_layout(), [0]
+            for lay in layouts:
+                offsets.append(offsets[-1] + lay.keys)
+            starts = [off for lay, off in zip(layouts, offsets, strict=False) for _ in lay.run_used]
+            used = [u for lay in layouts for u in lay.run_used]
+            cu = self.linear_cu.tolist()
+            meta = to_device([*cu, *starts, offsets[-1], *used], self.positions.device, dtype=torch.int32)
+            n = len(cu)
+            longest = max((b - a for a, b in zip(cu[:-1], cu[1:], strict=True)), default=1)
+            runs = RunsPlan(meta[:n], meta[n:2 * n], meta[2 * n:], longest, max(used, default=1))
+            self._packed = _PackedKeys(
+                offsets, torch.cat([lay.run_dest + off for lay, off in zip(layouts, offsets, strict=False)]),
+                torch.cat([lay.body_dest + off for lay, off in zip(layouts, offsets, strict=False)]),
+                torch.cat([lay.body_pos for lay in layouts]), [e for lay in layouts for e in lay.bodies], runs)
+        return self._packed
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))
-        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-        for i, (lay, (ra, rb), state) in enumerate(zip(self._key_layout(), self.request_rows, self.decode_states,
-                                                       strict=True)):
-            K = kr.new_empty(lay.keys, *kr.shape[1:])
-            V = v.new_empty(lay.keys, *v.shape[1:])
-            K[lay.run_dest], V[lay.run_dest] = kr[ra:rb], v[ra:rb]
-            if lay.bodies:  # all cached bodies at once: one concatenation, one RoPE
-                body_k = torch.cat([e.keys[layer] for e in lay.bodies]).to(k.dtype)
-                K[lay.body_dest] = body_k if rope is None else rope(body_k, lay.body_pos)
-                V[lay.body_dest] = torch.cat([e.values[layer] for e in lay.bodies]).to(v.dtype)
-            out[ra:rb] = attention(qr[ra:rb], K, V, q_positions=self.positions[ra:rb], k_positions=None, scale=scale,
-                                   visible=self._bias(i, lay, q.dtype))
-            state.kv[layer] = KVBuffer(K, V)
+        pk = self._packed_keys()
+        # every request's keys in position order, in one buffer: a few ops a layer whatever the requests
+        K = kr.new_empty(pk.offsets[-1], *kr.shape[1:])
+        V = v.new_empty(pk.offsets[-1], *v.shape[1:])
+        K[pk.run_dest], V[pk.run_dest] = kr, v
+        if pk.bodies:  # all cached bodies at once: one concatenation, one RoPE
+            body_k = torch.cat([e.keys[layer] for e in pk.bodies]).to(k.dtype)
+            K[pk.body_dest] = body_k if rope is None else rope(body_k, pk.body_pos)
+            V[pk.body_dest] = torch.cat([e.values[layer] for e in pk.bodies]).to(v.dtype)
+        spans = list(zip(pk.offsets[:-1], pk.offsets[1:], strict=True))
+        if attention_runs.supported(qr, K, V):
+            out = attention_runs.runs_attention(qr, K, V, pk.runs, scale)
+        else:
+            out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+            for i, (lay, (ra, rb), (a, b)) in enumerate(zip(self._key_layout(), self.request_rows, spans,
+                                                            strict=True)):
+                out[ra:rb] = attention(qr[ra:rb], K[a:b], V[a:b], q_positions=self.positions[ra:rb], k_positions=None,
+                                       scale=scale, visible=self._bias(i, lay, q.dtype))
+        for state, (a, b) in zip(self.decode_states, spans, strict=True):
+            state.kv[layer] = KVBuffer(K[a:b], V[a:b])
         for x in self.extracts:
             a, b = x.rows
             x.entry.keys[layer], x.entry.values[layer] = k[a:b].clone(), v[a:b].clone()
