@@ -19,7 +19,7 @@
 #   GPU_DECODE_ATTN=1    decode attention candidates side by side (scripts/decode_attention.py)
 #   GPU_STORE_MOVES=1    tier moves, churn and save/load of 9B-shape entries (scripts/store_moves.py)
 #   GPU_WARM_PROFILE=1   calls of fully cached trace prompts timed per size, one profiled (trace_costs.py --warm-profile)
-#   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last)
+#   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
@@ -62,7 +62,7 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ "${GPU_WARM_PROFILE:-0}" = 1 ] && section warm_profile "${GPU_WARM_PROFILE_SECONDS:-200}" \
   python3 scripts/trace_costs.py --warm-profile
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
-  python3 -m pytest -q -m gpu tests --ignore=tests/server -p no:cacheprovider --durations=8
+  python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
