@@ -25,6 +25,7 @@ from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, 
 from hypic.ops import attention_runs, recurrence
 from hypic.ops.attention import attention
 from hypic.ops.attention_runs import RunsPlan
+from hypic.ops.family import get_family
 from hypic.ops.kernels import fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
@@ -159,39 +160,29 @@ class CombineContext(ForwardContext):
             return self._linear_fused(layer, run)
         single = all(sum(kind == "run" for kind, _ in items) <= 1 for items in self.items)
         runs = None if single and not self.extracts else run(self.linear_cu, None, True).summary
-        # every run's summary as a view, from one op each (not one indexing op per run and layer)
-        run_T = None if runs is None or runs.transition is None else runs.transition.unbind(0)
-        run_S = None if runs is None else runs.state.unbind(0)
         initial: Tensor | None = None  # stays None (every run from zero) without carry_state
         # Every request's chain — the spans before its last run, in position order — packed end to
         # end and scanned in one call (on the GPU one launch walks all chains side by side).
-        Ts: list[Tensor] = []
-        Ss: list[Tensor] = []
-        starts: list[tuple[int, int]] = []  # (run index, its chain item's place in the packed chains)
+        chain: list[int | Summary] = []  # a run's index (its summary is a row of ``runs``) or a body's summary
+        starts: list[tuple[int, int]] = []  # (run index, its prefix-state row in the packed chains)
         cu = [0]
         for items in self.items if self.assembly.carry_state else ():
-            first = len(Ss)
+            first = len(chain)
             for kind, item in items:
                 if kind == "run":
-                    if len(Ss) > first:  # a run at a chain's start begins from zero: nothing to scatter
-                        starts.append((item, len(Ss) + len(cu) - 1))  # its prefix-state row
+                    if len(chain) > first:  # a run at a chain's start begins from zero: nothing to scatter
+                        starts.append((item, len(chain) + len(cu) - 1))
                     if runs is not None:
-                        Ss.append(run_S[item])
-                        if run_T is not None:
-                            Ts.append(run_T[item])
+                        chain.append(item)
                 else:
                     s = item.entry.summaries[layer]
                     if rope is not None and self.assembly.rerotate:
                         s = recurrence.rerotate(family, s, item.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
-                    Ss.append(s.state)
-                    if s.transition is not None:
-                        Ts.append(s.transition)
-            if len(Ss) > first:
-                cu.append(len(Ss))
+                    chain.append(s)
+            if len(chain) > first:
+                cu.append(len(chain))
         if starts:
-            T = torch.stack(Ts) if Ts else None
-            X = prefix_states_many(family, T, torch.stack(Ss), cu, naive=not self.assembly.use_transition,
-                                   cu_device=self._device_index(("cu", tuple(cu)), cu, Ss[0].device))
+            X = self._scan(family, chain, cu, runs)
             initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
             key = tuple(starts)
             initial[self._device_index(("runs", key), [i for i, _ in starts], X.device)] = \
@@ -206,6 +197,29 @@ class CombineContext(ForwardContext):
                 s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
             x.entry.summaries[layer] = s
         return out.o
+
+    def _scan(self, family: str, chain: list[int | Summary], cu: list[int], runs: Summary | None) -> Tensor:
+        """The packed chains' prefix states (``prefix_states_many``). On the GPU with matrix
+        transitions the kernel reads every item where it lies, through address tables — a row of
+        the runs' summaries or a cached body's — instead of stacks of them (and no view per run)."""
+        dev = self.positions.device
+        cu_dev = self._device_index(("cu", tuple(cu)), cu, dev)
+        first = runs.state[0] if runs is not None else chain[0].state  # a body when runs is None
+        if (get_family(family).transition == "matrix" and self.assembly.use_transition and kernel_device(dev)):
+            from hypic.ops.triton_chain import addresses, matrix_chains_at
+
+            T, held_t = addresses([(runs.transition, x) if isinstance(x, int) else (x.transition, None) for x in chain],
+                                  dev)
+            S, held_s = addresses([(runs.state, x) if isinstance(x, int) else (x.state, None) for x in chain], dev)
+            X = matrix_chains_at(T, S, cu_dev, *first.shape)
+            del held_t, held_s  # queued on this stream: freed memory is reused only after the kernel
+            return X
+        run_T = None if runs is None or runs.transition is None else runs.transition.unbind(0)
+        run_S = None if runs is None else runs.state.unbind(0)
+        parts = [Summary(None if run_T is None else run_T[x], run_S[x]) if isinstance(x, int) else x for x in chain]
+        T = None if parts[0].transition is None else torch.stack([p.transition for p in parts])
+        return prefix_states_many(family, T, torch.stack([p.state for p in parts]), cu,
+                                  naive=not self.assembly.use_transition, cu_device=cu_dev)
 
     def _fusable(self, family: str, rope: RopeSpec | None) -> bool:
         """Whether this layer's pass can run as one GDN kernel: position-independent composition

@@ -50,9 +50,10 @@ def matrix_chain(transitions: Tensor, states: Tensor, precision: str = "tf32x3")
 
 
 @triton.jit(do_not_specialize=["H"])
-def _chains_kernel(T, S, X, CU, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+def _chains_kernel(TP, SP, X, CU, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    PRECISION: tl.constexpr):
-    """Chain c holds items CU[c] ≤ i < CU[c+1]; its prefix states are rows CU[c] + c … CU[c+1] + c of X."""
+    """Chain c holds items CU[c] ≤ i < CU[c+1], item i's T and S [H, K, ·] (fp32, packed) at the
+    addresses TP[i] and SP[i]; its prefix states are rows CU[c] + c … CU[c+1] + c of X."""
     i_v, i_h, i_c = tl.program_id(0), tl.program_id(1).to(tl.int64), tl.program_id(2)
     start, end = tl.load(CU + i_c).to(tl.int64), tl.load(CU + i_c + 1).to(tl.int64)
     o_k = tl.arange(0, BK)
@@ -62,23 +63,55 @@ def _chains_kernel(T, S, X, CU, H, K: tl.constexpr, V: tl.constexpr, BK: tl.cons
     x = tl.zeros([BK, BV], dtype=tl.float32)
     tl.store(X + (((start + i_c) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
     for i in range(start, end):
-        row = i * H + i_h
-        b_t = tl.load(T + (row * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-        b_s = tl.load(S + (row * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
+        t_ptr = tl.load(TP + i).to(tl.pointer_type(tl.float32))
+        s_ptr = tl.load(SP + i).to(tl.pointer_type(tl.float32))
+        b_t = tl.load(t_ptr + (i_h * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
+        b_s = tl.load(s_ptr + (i_h * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
         x = tl.dot(b_t, x, input_precision=PRECISION) + b_s
         tl.store(X + (((i + i_c + 1) * H + i_h) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
 
 
-def matrix_chains(transitions: Tensor, states: Tensor, cu: Tensor, precision: str = "tf32x3") -> Tensor:
-    """Chains packed end to end: transitions [n, H, K, K], states [n, H, K, V] (fp32), ``cu`` [C + 1]
-    item offsets (int, on the device) → prefix states [n + C, H, K, V], chain c's at rows
-    cu[c] + c … cu[c + 1] + c (its zero start first)."""
-    n, H, K, V = states.shape
+def addresses(parts: list[tuple[Tensor, int | None]], device: torch.device) -> tuple[Tensor, list[Tensor]]:
+    """Device addresses of chain items, each ``(tensor, i)`` — row i of a stacked tensor — or
+    ``(tensor, None)`` — the whole tensor — as one int64 table, and the tensors that hold them: fp32
+    and packed, copied once when not (keep them until the kernel has run). The kernel reads the
+    items where they lie: nothing is stacked (a call of 8 trace requests stacked ≈ 0.6 GB a layer)."""
+    ready: dict[int, Tensor] = {}
+
+    def usable(t: Tensor) -> Tensor:
+        if id(t) not in ready:
+            ready[id(t)] = (t if t.dtype == torch.float32 and t.is_contiguous() and t.device == device
+                            else t.to(device, torch.float32).contiguous())
+        return ready[id(t)]
+
+    table = []
+    for t, i in parts:
+        u = usable(t)
+        table.append(u.data_ptr() if i is None else u.data_ptr() + i * u.stride(0) * u.element_size())
+    from hypic.ops.transfer import to_device
+
+    return to_device(table, device, dtype=torch.int64), list(ready.values())
+
+
+def matrix_chains_at(transitions: Tensor, states: Tensor, cu: Tensor, heads: int, key_dim: int, value_dim: int,
+                     precision: str = "tf32x3") -> Tensor:
+    """Chains packed end to end, items given by address (``addresses``: T [H, K, K] and S [H, K, V]
+    each), ``cu`` [C + 1] item offsets (int, on the device) → prefix states [n + C, H, K, V], chain
+    c's at rows cu[c] + c … cu[c + 1] + c (its zero start first)."""
+    n, H, K, V = transitions.shape[0], heads, key_dim, value_dim
     C = cu.shape[0] - 1
-    out = torch.empty(n + C, H, K, V, dtype=torch.float32, device=states.device)
+    out = torch.empty(n + C, H, K, V, dtype=torch.float32, device=cu.device)
     BK = max(16, triton.next_power_of_2(K))
     BV = 32 if BK > 64 else 64
     grid = (triton.cdiv(V, BV), H, C)
-    _chains_kernel[grid](transitions.float().contiguous(), states.float().contiguous(), out, cu, H=H, K=K, V=V,
-                         BK=BK, BV=BV, PRECISION=precision, num_warps=8 if BK > 64 else 4)
+    _chains_kernel[grid](transitions, states, out, cu, H=H, K=K, V=V, BK=BK, BV=BV, PRECISION=precision,
+                         num_warps=8 if BK > 64 else 4)
     return out
+
+
+def matrix_chains(transitions: Tensor, states: Tensor, cu: Tensor, precision: str = "tf32x3") -> Tensor:
+    """The same from stacked items: transitions [n, H, K, K], states [n, H, K, V]."""
+    n, H, K, V = states.shape
+    T, held_t = addresses([(transitions, i) for i in range(n)], states.device)
+    S, held_s = addresses([(states, i) for i in range(n)], states.device)
+    return matrix_chains_at(T, S, cu, H, K, V, precision)

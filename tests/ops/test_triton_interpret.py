@@ -102,7 +102,7 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
 
     monkeypatch.setattr(triton_conv, "causal_conv1d_triton", counted("conv", triton_conv.causal_conv1d_triton))
     monkeypatch.setattr(linear_fla, "gdn_short_runs", counted("gdn", linear_fla.gdn_short_runs))
-    monkeypatch.setattr(triton_chain, "matrix_chains", counted("chains", triton_chain.matrix_chains))
+    monkeypatch.setattr(triton_chain, "matrix_chains_at", counted("chains", triton_chain.matrix_chains_at))
     loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
     prompts = rag_prompts(RagShape(2, 24, 8, 5), loaded.model.vocab_size, 2, seed=1)
     from hypic.ops import triton_gdn_combine
