@@ -233,6 +233,7 @@ class CombineContext(ForwardContext):
     def _linear_fused(self, layer: int, run: LinearRun) -> Tensor:
         """``ops.triton_gdn_combine``: every request's items walked in one launch."""
         from hypic.ops import triton_gdn_combine as fused
+        from hypic.ops.triton_chain import addresses
 
         dev = self.positions.device
         if self._fused is None:  # the schedule is the same for every layer: built once
@@ -248,8 +249,8 @@ class CombineContext(ForwardContext):
                 requests.append(steps)
             self._fused = (*fused.schedule(requests, dev), bodies)
         items, offsets, bodies = self._fused
-        T, held_t = fused.body_table([e.summaries[layer].transition for e in bodies], dev)
-        S, held_s = fused.body_table([e.summaries[layer].state for e in bodies], dev)
+        T, held_t = addresses([(e.summaries[layer].transition, None) for e in bodies], dev)
+        S, held_s = addresses([(e.summaries[layer].state, None) for e in bodies], dev)
         x = run.tokens()
         scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
         o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets)

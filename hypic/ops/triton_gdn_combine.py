@@ -78,21 +78,11 @@ def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -
     return both[:len(flat)].view(-1, 3), both[len(flat):]
 
 
-def body_table(summaries: list[Tensor], device: torch.device) -> tuple[Tensor, list[Tensor]]:
-    """Device addresses of the bodies' T (or S) [HV, K, ·], and the tensors that hold them (fp32,
-    contiguous: copied when not; keep them alive until the kernel has run)."""
-    from hypic.ops.transfer import to_device
-
-    held = [t if t.dtype == torch.float32 and t.is_contiguous() and t.device == device
-            else t.to(device, torch.float32).contiguous() for t in summaries]
-    return to_device([t.data_ptr() for t in held], device, dtype=torch.int64), held
-
-
 def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                 transitions: Tensor, states: Tensor, items: Tensor, cu: Tensor,
                 precision: str = "tf32x3") -> tuple[Tensor, Tensor]:
     """q, k [R, H, K], v [R, HV, V] (rows may be strided, heads and dims packed), g, beta [R, HV];
-    ``transitions``/``states``: the bodies' address tables (``body_table``); ``items``/``cu``: the
+    ``transitions``/``states``: the bodies' address tables (``triton_chain.addresses``); ``items``/``cu``: the
     schedule. → outputs [R, HV, V] in v's dtype, and each request's state after its last run
     [requests, HV, K, V] fp32."""
     R, H, K = k.shape

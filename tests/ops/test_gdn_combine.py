@@ -51,12 +51,13 @@ def _reference(x, summaries, scale):
 
 def _fused(x, summaries, scale, device, dtype):
     from hypic.ops import triton_gdn_combine as fused
+    from hypic.ops.triton_chain import addresses
 
     sched = [[(fused.RUN, it[1], it[2]) if it[0] == "run" else (fused.BODY, it[1], 0) for it in items]
              for items in REQUESTS]
     items, cu = fused.schedule(sched, torch.device(device))
-    T, held_t = fused.body_table([s.transition.to(device) for s in summaries], torch.device(device))
-    S, held_s = fused.body_table([s.state.to(device) for s in summaries], torch.device(device))
+    T, held_t = addresses([(s.transition, None) for s in summaries], torch.device(device))
+    S, held_s = addresses([(s.state, None) for s in summaries], torch.device(device))
     t = {n: v.to(device, dtype if n in ("q", "k", "v") else torch.float32) for n, v in x.items()}
     return fused.gdn_combine(t["q"], t["k"], t["v"], t["g"], t["beta"], scale, T, S, items, cu)
 
