@@ -25,7 +25,6 @@ from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, 
 from hypic.ops import attention_runs, recurrence
 from hypic.ops.attention import attention
 from hypic.ops.attention_runs import RunsPlan
-from hypic.ops.family import get_family
 from hypic.ops.kernels import fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
@@ -199,27 +198,15 @@ class CombineContext(ForwardContext):
         return out.o
 
     def _scan(self, family: str, chain: list[int | Summary], cu: list[int], runs: Summary | None) -> Tensor:
-        """The packed chains' prefix states (``prefix_states_many``). On the GPU with matrix
-        transitions the kernel reads every item where it lies, through address tables — a row of
-        the runs' summaries or a cached body's — instead of stacks of them (and no view per run)."""
-        dev = self.positions.device
-        cu_dev = self._device_index(("cu", tuple(cu)), cu, dev)
-        first = runs.state[0] if runs is not None else chain[0].state  # a body when runs is None
-        if (get_family(family).transition == "matrix" and self.assembly.use_transition and kernel_device(dev)):
-            from hypic.ops.triton_chain import addresses, matrix_chains_at
+        """The packed chains' prefix states, each item named where it lies — a row of the runs'
+        summaries or a cached body's — so the GPU kernel reads it in place (no stack, no view per run)."""
+        def items(field: str) -> list:
+            return [(getattr(runs, field), x) if isinstance(x, int) else (getattr(x, field), None) for x in chain]
 
-            T, held_t = addresses([(runs.transition, x) if isinstance(x, int) else (x.transition, None) for x in chain],
-                                  dev)
-            S, held_s = addresses([(runs.state, x) if isinstance(x, int) else (x.state, None) for x in chain], dev)
-            X = matrix_chains_at(T, S, cu_dev, *first.shape)
-            del held_t, held_s  # queued on this stream: freed memory is reused only after the kernel
-            return X
-        run_T = None if runs is None or runs.transition is None else runs.transition.unbind(0)
-        run_S = None if runs is None else runs.state.unbind(0)
-        parts = [Summary(None if run_T is None else run_T[x], run_S[x]) if isinstance(x, int) else x for x in chain]
-        T = None if parts[0].transition is None else torch.stack([p.transition for p in parts])
-        return prefix_states_many(family, T, torch.stack([p.state for p in parts]), cu,
-                                  naive=not self.assembly.use_transition, cu_device=cu_dev)
+        T = items("transition")
+        return prefix_states_many(family, None if T[0][0] is None else T, items("state"), cu,
+                                  naive=not self.assembly.use_transition,
+                                  cu_device=self._device_index(("cu", tuple(cu)), cu, self.positions.device))
 
     def _fusable(self, family: str, rope: RopeSpec | None) -> bool:
         """Whether this layer's pass can run as one GDN kernel: position-independent composition

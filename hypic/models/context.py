@@ -56,7 +56,7 @@ class LinearRun:
     def __call__(self, cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
                  rows: Tensor | slice | None = None) -> LinearOutput:
         if self.whole is not None:
-            rows = self.whole if rows is None else rows + self.whole.start if self.whole.start else rows
+            rows = self.whole if rows is None else (rows + self.whole.start if self.whole.start else rows)
 
         def pick(x: Tensor | None) -> Tensor | None:
             return x if x is None or rows is None else x[rows]

@@ -29,6 +29,15 @@ LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SHORT_BACKENDS]
 _CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
 
 
+def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether flash attention's varlen kernel (``aten._flash_attention_forward``) takes these: CUDA
+    sm80+, half precision, equal key and value head sizes ≤ 256, query heads a multiple of key heads."""
+    d = q.shape[-1]
+    return (q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[-1] == d == v.shape[-1]
+            and d <= 256 and d % 8 == 0 and q.shape[-2] % k.shape[-2] == 0
+            and torch.cuda.get_device_capability(q.device) >= (8, 0))
+
+
 def long_prefill(tokens: int, q: Tensor) -> bool:
     """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, and not
     under autograd (training shapes change every step, and the backward builds a graph too)."""

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
-from hypic.ops.attention import SHORT_BACKENDS
+from hypic.ops.attention import SHORT_BACKENDS, flash_varlen_fits
 
 FLASH = os.environ.get("HYPIC_DECODE_FLASH", "1") != "0"
 
@@ -58,10 +58,7 @@ class DecodeSpan:
 
 
 def uses_flash(q: Tensor, keys: Tensor, values: Tensor) -> bool:
-    d = q.shape[-1]
-    return (FLASH and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and keys.shape[-1] == d == values.shape[-1] and d <= 256 and d % 8 == 0
-            and torch.cuda.get_device_capability(q.device) >= (8, 0))
+    return FLASH and flash_varlen_fits(q, keys, values)
 
 
 def decode_attention(q: Tensor, keys: Tensor, values: Tensor, span: DecodeSpan, scale: float) -> Tensor:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from hypic.ops.attention import flash_varlen_fits
+
 
 def enabled() -> bool:
     """Read at each call: tests and A/Bs switch it."""
@@ -39,10 +41,7 @@ class RunsPlan:
 
 
 def supported(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    d = q.shape[-1]
-    return (enabled() and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
-            and k.shape[-1] == d == v.shape[-1] and d <= 256 and d % 8 == 0 and q.shape[1] % k.shape[1] == 0
-            and torch.cuda.get_device_capability(q.device) >= (8, 0))
+    return enabled() and flash_varlen_fits(q, k, v)
 
 
 def runs_attention(q: Tensor, k: Tensor, v: Tensor, plan: RunsPlan, scale: float) -> Tensor:

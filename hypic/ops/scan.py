@@ -16,37 +16,50 @@ from hypic.ops.family import get_family
 from hypic.ops.kernels import kernel_device
 from hypic.ops.transfer import to_device
 
+Item = tuple[Tensor, int | None]  # a chain item's tensor: row i of a stacked tensor, or (None) the whole tensor
+
+
+def rows(stacked: Tensor | None) -> list[Item] | None:
+    """Every row of a stacked tensor as chain items."""
+    return None if stacked is None else [(stacked, i) for i in range(stacked.shape[0])]
+
 
 def prefix_states(family: str, transitions: Tensor | None, states: Tensor, *, naive: bool = False) -> Tensor:
     """transitions: None | Σg [n, H] | Σg [n, H, K] | T [n, H, K, K]; states [n, H, K, V] → [n + 1, H, K, V]."""
-    fam = get_family(family)
     n = states.shape[0]
-    if fam.transition == "matrix" and not naive and kernel_device(states.device) and n > 1:
-        from hypic.ops.triton_chain import matrix_chain
-
-        return matrix_chain(transitions, states)
-    return chain_loop(fam.transition, transitions, states, naive)
+    if n == 0:
+        return states.new_zeros(1, *states.shape[1:])
+    return prefix_states_many(family, rows(transitions), rows(states), [0, n], naive=naive)
 
 
-def prefix_states_many(family: str, transitions: Tensor | None, states: Tensor, cu: list[int], *,
+def prefix_states_many(family: str, transitions: list[Item] | None, states: list[Item], cu: list[int], *,
                        naive: bool = False, cu_device: Tensor | None = None) -> Tensor:
-    """Many chains packed end to end (items ``cu[c] ≤ i < cu[c + 1]`` form chain c): every chain's
-    prefix states, packed the same way — [n + C, H, K, V], chain c's at rows cu[c] + c … cu[c + 1] + c.
-    On the GPU one launch walks them all side by side (``cu_device``: ``cu`` already on the device)."""
+    """Many chains packed end to end (items ``cu[c] ≤ i < cu[c + 1]`` form chain c; ``transitions``
+    None for families without one): every chain's prefix states, packed the same way —
+    [n + C, H, K, V], chain c's at rows cu[c] + c … cu[c + 1] + c. On the GPU, with matrix
+    transitions, one launch walks every chain side by side and reads each item where it lies
+    (``triton_chain``: nothing stacked); elsewhere the items are stacked and each chain looped
+    (``cu_device``: ``cu`` already on the device)."""
     fam = get_family(family)
-    if fam.transition == "matrix" and not naive and kernel_device(states.device) and states.shape[0] > 0:
-        from hypic.ops.triton_chain import matrix_chains
+    device = states[0][0].device
+    if fam.transition == "matrix" and not naive and kernel_device(device):
+        from hypic.ops.triton_chain import addresses, matrix_chains_at
 
-        if cu_device is None:
-            cu_device = to_device(cu, states.device)
-        return matrix_chains(transitions, states, cu_device)
+        T, held_t = addresses(transitions, device)
+        S, held_s = addresses(states, device)
+        X = matrix_chains_at(T, S, to_device(cu, device) if cu_device is None else cu_device,
+                             *states[0][0].shape[-3:])
+        del held_t, held_s  # queued on this stream: freed memory is reused only after the kernel
+        return X
     return chains_loop(fam.transition, transitions, states, cu, naive)
 
 
-def chains_loop(transition: str, transitions: Tensor | None, states: Tensor, cu: list[int],
+def chains_loop(transition: str, transitions: list[Item] | None, states: list[Item], cu: list[int],
                 naive: bool = False) -> Tensor:
-    """``prefix_states_many`` chain by chain (the CPU path and the reference)."""
-    return torch.cat([chain_loop(transition, None if transitions is None else transitions[a:b], states[a:b], naive)
+    """``prefix_states_many`` chain by chain, on stacked items (the CPU path and the reference)."""
+    S = torch.stack([t if i is None else t[i] for t, i in states])
+    T = None if transitions is None else torch.stack([t if i is None else t[i] for t, i in transitions])
+    return torch.cat([chain_loop(transition, None if T is None else T[a:b], S[a:b], naive)
                       for a, b in zip(cu[:-1], cu[1:], strict=True)])
 
 

@@ -1,12 +1,12 @@
-"""Triton kernels for the affine scan of matrix-transition families (CUDA).
+"""Triton kernel for the affine scan of matrix-transition families (CUDA).
 
-One program owns one head and a block of value columns and walks the chain: the running state
-``[K, BV]`` stays in registers, each step reads ``T_i`` and ``S_i`` once. ``matrix_chains`` walks
-many chains of different lengths in one launch (a combine pass's requests: one per layer instead of
-one per request and layer, and the chains side by side on the device instead of one after another —
-a lone chain fills ``H × V/BV`` programs, 128 for the 9B shape's 32 heads, of the H200's 132 SMs). The dot products use
-three-pass TF32 (``tf32x3``), close to fp32: T is kept in fp32 precisely so composition adds no
-error (a bf16 T costs ~4e-3 relative).
+One program owns one head, a block of value columns and one chain, and walks the chain: the running
+state ``[K, BV]`` stays in registers, each step reads ``T_i`` and ``S_i`` once. Many chains of
+different lengths go in one launch (a combine pass's requests: one launch per layer, the chains side
+by side on the device — a lone chain fills ``H × V/BV`` programs, 128 for the 9B shape's 32 heads,
+of the H200's 132 SMs), and the kernel reads every item where it lies through tables of addresses
+(``addresses``), so nothing is stacked. The dot products use three-pass TF32 (``tf32x3``), close to
+fp32: T is kept in fp32 precisely so composition adds no error (a bf16 T costs ~4e-3 relative).
 """
 
 from __future__ import annotations
@@ -16,39 +16,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-
-# The chain length and the head count are runtime values: training runs the kernel over
-# [chunks, sequences × heads], both of which change with every batch (one binary for all).
-@triton.jit(do_not_specialize=["n", "H"])
-def _chain_kernel(T, S, X, n, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                  BV: tl.constexpr, PRECISION: tl.constexpr):
-    i_v, i_h = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_s = m_k[:, None] & m_v[None, :]
-    x = tl.zeros([BK, BV], dtype=tl.float32)
-    for i in range(0, n):
-        row = i * H + i_h  # int64: [chunks × sequences × heads × K × V] passes 2^31 in long training batches
-        b_t = tl.load(T + (row * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :], other=0.0)
-        b_s = tl.load(S + (row * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
-        x = tl.dot(b_t, x, input_precision=PRECISION) + b_s
-        tl.store(X + ((row + H) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
+from hypic.ops.transfer import to_device
 
 
-def matrix_chain(transitions: Tensor, states: Tensor, precision: str = "tf32x3") -> Tensor:
-    """transitions [n, H, K, K], states [n, H, K, V] (fp32) → prefix states [n + 1, H, K, V]."""
-    n, H, K, V = states.shape
-    out = torch.empty(n + 1, H, K, V, dtype=torch.float32, device=states.device)
-    out[0].zero_()
-    BK = max(16, triton.next_power_of_2(K))
-    BV = 32 if BK > 64 else 64
-    grid = (triton.cdiv(V, BV), H)
-    _chain_kernel[grid](transitions.float().contiguous(), states.float().contiguous(), out, n, H=H, K=K, V=V, BK=BK,
-                        BV=BV, PRECISION=precision, num_warps=8 if BK > 64 else 4)
-    return out
-
-
+# The head count is a runtime value: training runs the kernel over [chunks, sequences × heads],
+# which changes with every batch (one binary for all).
 @triton.jit(do_not_specialize=["H"])
 def _chains_kernel(TP, SP, X, CU, H, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                    PRECISION: tl.constexpr):
@@ -88,8 +60,6 @@ def addresses(parts: list[tuple[Tensor, int | None]], device: torch.device) -> t
     for t, i in parts:
         u = usable(t)
         table.append(u.data_ptr() if i is None else u.data_ptr() + i * u.stride(0) * u.element_size())
-    from hypic.ops.transfer import to_device
-
     return to_device(table, device, dtype=torch.int64), list(ready.values())
 
 
@@ -109,9 +79,10 @@ def matrix_chains_at(transitions: Tensor, states: Tensor, cu: Tensor, heads: int
     return out
 
 
-def matrix_chains(transitions: Tensor, states: Tensor, cu: Tensor, precision: str = "tf32x3") -> Tensor:
-    """The same from stacked items: transitions [n, H, K, K], states [n, H, K, V]."""
+def matrix_chain(transitions: Tensor, states: Tensor, precision: str = "tf32x3") -> Tensor:
+    """One chain of stacked items: transitions [n, H, K, K], states [n, H, K, V] → prefix states
+    [n + 1, H, K, V] (training's hand-off across chunks, ``chain_grad``)."""
     n, H, K, V = states.shape
     T, held_t = addresses([(transitions, i) for i in range(n)], states.device)
     S, held_s = addresses([(states, i) for i in range(n)], states.device)
-    return matrix_chains_at(T, S, cu, H, K, V, precision)
+    return matrix_chains_at(T, S, to_device([0, n], states.device), H, K, V, precision)

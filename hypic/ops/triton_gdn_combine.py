@@ -23,6 +23,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from hypic.ops.transfer import to_device
+
 BODY, RUN = 1, 0  # item kinds in the schedule
 
 
@@ -68,8 +70,6 @@ def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -
     """Per request its items in position order, each ``(RUN, first row, end row)`` or ``(BODY,
     index into the body tables, 0)`` → (items [n, 3] int32, offsets [requests + 1] int32) on
     ``device``: built once per pass, the same for every layer."""
-    from hypic.ops.transfer import to_device
-
     flat = [x for items in requests for item in items for x in item]
     cu = [0]
     for items in requests:

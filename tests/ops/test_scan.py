@@ -6,7 +6,7 @@ import torch
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
 from hypic.ops.samples import family_inputs, token_kwargs
-from hypic.ops.scan import prefix_states, prefix_states_many
+from hypic.ops.scan import prefix_states, prefix_states_many, rows
 
 
 def _chain(family: str, device: str = "cpu") -> list[R.Summary]:
@@ -50,7 +50,7 @@ def test_packed_chains_equal_each_chain_alone(family: str, naive: bool) -> None:
     cu = [0, 5, 6, 9]
     T = None if chain[0].transition is None else torch.stack([s.transition for s in chain])
     S = torch.stack([s.state for s in chain])
-    X = prefix_states_many(family, T, S, cu, naive=naive)
+    X = prefix_states_many(family, rows(T), rows(S), cu, naive=naive)
     assert X.shape[0] == len(chain) + 3
     for c, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
         alone = prefix_states(family, None if T is None else T[a:b], S[a:b], naive=naive)
@@ -60,12 +60,10 @@ def test_packed_chains_equal_each_chain_alone(family: str, naive: bool) -> None:
 @pytest.mark.gpu
 def test_triton_chains_match_the_loop() -> None:
     """Chains of different lengths (one of a single item) in one launch, against fp64 loops."""
-    from hypic.ops.triton_chain import matrix_chains
-
     gen = torch.Generator(device="cuda").manual_seed(1)
     cu = [0, 40, 41, 67, 100]
     T = torch.randn(100, 8, 128, 128, device="cuda", generator=gen) / 12
     S = torch.randn(100, 8, 128, 96, device="cuda", generator=gen)
-    got = matrix_chains(T, S, torch.tensor(cu, device="cuda"))
-    want = prefix_states_many("gdn", T.cpu().double(), S.cpu().double(), cu)
+    got = prefix_states_many("gdn", rows(T), rows(S), cu)  # CUDA: the kernel
+    want = prefix_states_many("gdn", rows(T.cpu().double()), rows(S.cpu().double()), cu)
     assert ((got.cpu().double() - want).norm() / want.norm()) < 1e-4

@@ -145,13 +145,13 @@ def test_affine_chain_kernel_path_matches_the_loop(monkeypatch) -> None:
 def test_packed_chains_kernel_matches_each_chain_alone() -> None:
     """The combine pass's scan: chains of 4, 1, 0 and 6 items in one launch, each chain's prefix
     states (zero start included) where the packing says, against the loop over that chain alone."""
-    from hypic.ops.scan import chain_loop
-    from hypic.ops.triton_chain import matrix_chains
+    from hypic.ops.scan import chain_loop, rows
+    from hypic.ops.triton_chain import addresses, matrix_chains_at
 
     g = torch.Generator().manual_seed(4)
     cu = [0, 4, 5, 5, 11]
     T, S = 0.3 * torch.randn(11, 3, 16, 16, generator=g), torch.randn(11, 3, 16, 8, generator=g)
-    X = matrix_chains(T, S, torch.tensor(cu))
+    X = matrix_chains_at(addresses(rows(T), T.device)[0], addresses(rows(S), S.device)[0], torch.tensor(cu), 3, 16, 8)
     assert X.shape == (15, 3, 16, 8)
     for c, (a, b) in enumerate(zip(cu[:-1], cu[1:], strict=True)):
         want = chain_loop("matrix", T[a:b].double(), S[a:b].double())
