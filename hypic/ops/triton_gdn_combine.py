@@ -66,6 +66,59 @@ def _gdn_combine_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk
             tl.store(XF + ((i_c * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
 
 
+@triton.jit
+def _gdn_combine_vk_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk, sv,
+                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                           BK: tl.constexpr, BV: tl.constexpr, BJ: tl.constexpr, PRECISION: tl.constexpr):
+    # The state held value-major, x[v, k] = state[k, v]: both reductions of a token step run along
+    # k, inside one warp (no shared-memory round trip per token), and the state is BV × K registers,
+    # so many programs fit on an SM. A body's T·x is a dot in K-chunks of BJ through the program's
+    # slice of XF (its final-state output, free until the end), so T never sits whole in registers.
+    i_v, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_j = tl.arange(0, BJ)
+    m_k, m_v = o_k < K, o_v < V
+    m_s = m_v[:, None] & m_k[None, :]
+    x = tl.zeros([BV, BK], dtype=tl.float32)
+    xf = XF + (i_c * HV + i_hv) * K * V  # this program's scratch: x[v, k] at xf + k·V + v
+    start, end = tl.load(CU + i_c), tl.load(CU + i_c + 1)
+    for j in range(start, end):
+        kind = tl.load(ITEMS + 3 * j)
+        a = tl.load(ITEMS + 3 * j + 1).to(tl.int64)
+        b = tl.load(ITEMS + 3 * j + 2).to(tl.int64)
+        if kind == 1:  # a cached body: x ← x·Tᵀ + Sᵀ
+            t_ptr = tl.load(TP + a).to(tl.pointer_type(tl.float32)) + i_hv * K * K
+            s_ptr = tl.load(SP + a).to(tl.pointer_type(tl.float32)) + i_hv * K * V
+            tl.debug_barrier()
+            tl.store(xf + o_k[None, :] * V + o_v[:, None], x, mask=m_s)
+            tl.debug_barrier()
+            acc = tl.load(s_ptr + o_k[None, :] * V + o_v[:, None], mask=m_s, other=0.0)
+            for jc in range(0, BK, BJ):
+                m_j = (jc + o_j) < K
+                b_x = tl.load(xf + (jc + o_j)[None, :] * V + o_v[:, None], mask=m_v[:, None] & m_j[None, :],
+                              other=0.0)  # x[:, jc : jc + BJ]
+                b_t = tl.load(t_ptr + o_k[None, :] * K + (jc + o_j)[:, None], mask=m_j[:, None] & m_k[None, :],
+                              other=0.0)  # Tᵀ[jc : jc + BJ, :]
+                acc += tl.dot(b_x, b_t, input_precision=PRECISION)
+            x = acc
+        else:  # recompute rows a … b − 1, token by token from x
+            for t in range(a, b):
+                b_q = tl.load(Q + t * sq + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_k = tl.load(Kx + t * sk + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+                b_v = tl.load(Vx + t * sv + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+                b_g = tl.load(G + t * HV + i_hv).to(tl.float32)
+                b_b = tl.load(B + t * HV + i_hv).to(tl.float32)
+                x = x * tl.exp(b_g)
+                kx = tl.sum(x * b_k[None, :], axis=1)  # (xᵀ k)[v]
+                x = x + b_b * (b_v - kx)[:, None] * b_k[None, :]
+                o = tl.sum(x * b_q[None, :], axis=1) * scale
+                tl.store(O + (t * HV + i_hv) * V + o_v, o.to(O.dtype.element_ty), mask=m_v)
+    tl.debug_barrier()
+    tl.store(xf + o_k[None, :] * V + o_v[:, None], x, mask=m_s)
+
+
 def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -> tuple[Tensor, Tensor]:
     """Per request its items in position order, each ``(RUN, first row, end row)`` or ``(BODY,
     index into the body tables, 0)`` → (items [n, 3] int32, offsets [requests + 1] int32) on
@@ -80,7 +133,7 @@ def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -
 
 def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                 transitions: Tensor, states: Tensor, items: Tensor, cu: Tensor,
-                precision: str = "tf32x3") -> tuple[Tensor, Tensor]:
+                precision: str = "tf32x3", variant: str = "vk") -> tuple[Tensor, Tensor]:
     """q, k [R, H, K], v [R, HV, V] (rows may be strided, heads and dims packed), g, beta [R, HV];
     ``transitions``/``states``: the bodies' address tables (``triton_chain.addresses``); ``items``/``cu``: the
     schedule. → outputs [R, HV, V] in v's dtype, and each request's state after its last run
@@ -94,9 +147,14 @@ def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale:
     out = torch.empty(R, HV, V, dtype=v.dtype, device=v.device)
     final = torch.zeros(C, HV, K, V, dtype=torch.float32, device=v.device)
     BK = max(16, triton.next_power_of_2(K))
-    BV = 32 if BK > 64 else 64
-    grid = (triton.cdiv(V, BV), HV, C)
-    _gdn_combine_kernel[grid](q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states,
-                              items, cu, out, final, scale, q.stride(0), k.stride(0), v.stride(0), H=H, HV=HV, K=K,
-                              V=V, BK=BK, BV=BV, PRECISION=precision, num_warps=8 if BK > 64 else 4)
+    args = (q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states, items, cu, out, final,
+            scale, q.stride(0), k.stride(0), v.stride(0))
+    if variant == "kv":
+        BV = 32 if BK > 64 else 64
+        _gdn_combine_kernel[(triton.cdiv(V, BV), HV, C)](*args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PRECISION=precision,
+                                                         num_warps=8 if BK > 64 else 4)
+    else:
+        BV, warps = (16, 1) if variant == "vk" else tuple(int(n) for n in variant.split(",")[1:])
+        _gdn_combine_vk_kernel[(triton.cdiv(V, BV), HV, C)](*args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BJ=32,
+                                                            PRECISION=precision, num_warps=warps)
     return out, final
