@@ -3,15 +3,18 @@ a warm trace call (``hypic.eval.trace``: 4–32 cached documents per request, ea
 recompute run of the seam window, then the question) at the 9B shape's linear heads (16 key heads,
 32 value heads, K = V = 128). On the H200 the first kernel (state key-major, 8 warps, value blocks of
 32) took 54.8 of a warm call of 8's 97.8 ms of device time (2.3 ms a layer): its T tile in registers
-leaves one program per SM, so a layer runs in ≈ 8 waves of sequential token steps. Each variant is
-checked against the first kernel (fp32 inputs, relative error of the outputs and final states).
+left one program per SM. Each launch shape is checked against the first one listed (relative error
+of the outputs and final states).
 
-    python3 scripts/gdn_combine_bench.py [--requests 8] [--seam 8] [--variants kv,vk,vk,16,2]
+    python3 scripts/gdn_combine_bench.py [--requests 8] [--seam 8] [--variants "32,2;16,1"]
+    python3 scripts/gdn_combine_bench.py --seam 0 --question 0   # the bodies alone
+    python3 scripts/gdn_combine_bench.py --no-bodies             # the token steps alone
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 
 import torch
@@ -19,7 +22,7 @@ import torch
 H, HV, K, V = 16, 32, 128, 128
 
 
-def schedule_rows(requests: int, seam: int, question: int, seed: int) -> tuple[list, int, int]:
+def schedule_rows(requests: int, seam: int, question: int, seed: int, bodies_on: bool = True) -> tuple[list, int, int]:
     """Per request: (RUN, a, b) of ``seam`` rows then (BODY, i, 0) per document, then a question run."""
     from hypic.ops.triton_gdn_combine import BODY, RUN
 
@@ -30,7 +33,8 @@ def schedule_rows(requests: int, seam: int, question: int, seed: int) -> tuple[l
         items = [(RUN, rows, rows + 24)]  # the head
         rows += 24
         for _ in range(rng.randint(4, 32)):
-            items += [(RUN, rows, rows + seam), (BODY, bodies, 0)]
+            items += [(RUN, rows, rows + seam)] if seam else []
+            items += [(BODY, bodies, 0)] if bodies_on else []
             rows, bodies = rows + seam, bodies + 1
         items.append((RUN, rows, rows + question))
         rows += question
@@ -43,13 +47,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--seam", type=int, default=8)
     ap.add_argument("--question", type=int, default=24)
-    ap.add_argument("--variants", default="kv;vk;vk,16,2;vk,32,2;vk,32,4;vk,16,4")
+    ap.add_argument("--no-bodies", action="store_true", help="runs only: the token steps' cost alone")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--precision", default="tf32x3", help="the body dots' input precision (tf32x3, tf32, ieee)")
+    ap.add_argument("--variants", default="32,2;16,1;16,2;32,4;64,4;128,8", help="launch shapes: value block,warps")
     args = ap.parse_args()
     from hypic.ops import triton_gdn_combine as fused
     from hypic.ops.triton_chain import addresses
 
     dev = torch.device("cuda")
-    sched, rows, n_bodies = schedule_rows(args.requests, args.seam, args.question, 0)
+    sched, rows, n_bodies = schedule_rows(args.requests, args.seam, args.question, 0, not args.no_bodies)
     gen = torch.Generator(device="cpu").manual_seed(0)
     q = torch.randn(rows, H, K, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(rows, H, K, generator=gen), dim=-1)
@@ -64,14 +71,18 @@ def main() -> None:
     T, held_t = addresses([(t, None) for t in trans], dev)
     S, held_s = addresses([(s, None) for s in states], dev)
     items, cu = fused.schedule(sched, dev)
-    print(f"{args.requests} requests, {rows} run rows, {n_bodies} bodies; 24 layers' worth timed per variant")
+    longest = max(sum(it[2] - it[1] if it[0] == fused.RUN else 0 for it in r) for r in sched)
+    print(f"{args.requests} requests, {rows} run rows (longest request {longest}), {n_bodies} bodies; "
+          "24 layers' worth timed per variant")
     results = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):
         x = [t.to(dev, dtype) for t in (q, k, v)]
         gb = (g.to(dev), beta.to(dev))
         for variant in args.variants.split(";"):
             try:
-                call = lambda vr=variant: fused.gdn_combine(*x, *gb, K ** -0.5, T, S, items, cu, variant=vr)  # noqa: E731
+                bv, warps = (int(n) for n in variant.split(","))
+                call = functools.partial(fused.gdn_combine, *x, *gb, K ** -0.5, T, S, items, cu,
+                                         precision=args.precision, block_v=bv, warps=warps)
                 o, final = call()
                 torch.cuda.synchronize()
                 for _ in range(2):
@@ -85,10 +96,11 @@ def main() -> None:
                 results[(dtype, variant)] = (a.elapsed_time(b), o.float(), final)
             except Exception as e:  # noqa: BLE001 — a variant that fails prints why and the rest go on
                 print(f"{variant} {dtype}: {type(e).__name__}: {str(e)[:300]}")
-    print("| inputs | variant (layout, BV, warps) | 24 layers (ms) | vs kv | output rel. err vs kv | final rel. err |")
+    first = args.variants.split(";")[0]
+    print(f"| inputs | value block, warps | 24 layers (ms) | vs {first} | output rel. err vs {first} | final rel. err |")
     print("|---|---|---|---|---|---|")
     for (dtype, variant), (ms, o, final) in results.items():
-        base = results.get((dtype, "kv"))
+        base = results.get((dtype, first))
         if base is None:
             continue
         eo = ((o - base[1]).norm() / base[1].norm()).item()

@@ -8,12 +8,17 @@ those states for their outputs. Measured on the H200 (docs/benchmarks.md, "Where
 goes"): half of a warm call's device time.
 
 Here one program per (value block, value head, request) walks the request's items in position
-order with its state ``[K, BV]`` in registers: a cached body applies its summary
-(``x ← T·x + S``, tf32x3 dot, T and S read in place through a table of pointers — no stacking), a
+order with its state's ``BV`` columns in registers: a cached body applies its summary
+(``x ← T·x + S``, tf32x3 dots, T and S read in place through a table of pointers — no stacking), a
 recompute run steps the gated delta rule token by token from the state it finds, writing each
 token's output. The state after the request's last run is its decode state. The runs' own
 summaries are never formed, so this path serves only passes that build no entries from their runs
 (no in-context segments).
+
+Launch shape (``scripts/gdn_combine_bench.py``, H200, a trace-shaped call of 8 at the 9B heads, 24
+layers): the first version held the state key-major in 8 warps with value blocks of 32 — 75.9 ms,
+its whole T tile in registers leaving one program per SM. Value-major in 2 warps, value blocks of
+32, T in K-chunks: 44.0 ms. The bodies' T·x dominates what is left (runs alone: 13.9 ms).
 """
 
 from __future__ import annotations
@@ -31,45 +36,7 @@ BODY, RUN = 1, 0  # item kinds in the schedule
 @triton.jit
 def _gdn_combine_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk, sv,
                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                        BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr):
-    i_v, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)  # the key head this value head reads
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_s = m_k[:, None] & m_v[None, :]
-    x = tl.zeros([BK, BV], dtype=tl.float32)
-    start, end = tl.load(CU + i_c), tl.load(CU + i_c + 1)
-    for j in range(start, end):
-        kind = tl.load(ITEMS + 3 * j)
-        a = tl.load(ITEMS + 3 * j + 1).to(tl.int64)
-        b = tl.load(ITEMS + 3 * j + 2).to(tl.int64)
-        if kind == 1:  # a cached body: x ← T·x + S, its summary read where it lies
-            t_ptr = tl.load(TP + a).to(tl.pointer_type(tl.float32))
-            s_ptr = tl.load(SP + a).to(tl.pointer_type(tl.float32))
-            b_t = tl.load(t_ptr + (i_hv * K + o_k[:, None]) * K + o_k[None, :], mask=m_k[:, None] & m_k[None, :],
-                          other=0.0)
-            b_s = tl.load(s_ptr + (i_hv * K + o_k[:, None]) * V + o_v[None, :], mask=m_s, other=0.0)
-            x = tl.dot(b_t, x, input_precision=PRECISION) + b_s
-        else:  # recompute rows a … b − 1, token by token from x
-            for t in range(a, b):
-                b_q = tl.load(Q + t * sq + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-                b_k = tl.load(Kx + t * sk + i_h * K + o_k, mask=m_k, other=0.0).to(tl.float32)
-                b_v = tl.load(Vx + t * sv + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)
-                b_g = tl.load(G + t * HV + i_hv).to(tl.float32)
-                b_b = tl.load(B + t * HV + i_hv).to(tl.float32)
-                x = x * tl.exp(b_g)
-                kx = tl.sum(b_k[:, None] * x, axis=0)  # kᵀx [BV]
-                x = x + b_b * b_k[:, None] * (b_v - kx)[None, :]
-                o = tl.sum(x * b_q[:, None], axis=0) * scale
-                tl.store(O + (t * HV + i_hv) * V + o_v, o.to(O.dtype.element_ty), mask=m_v)
-            tl.store(XF + ((i_c * HV + i_hv) * K + o_k[:, None]) * V + o_v[None, :], x, mask=m_s)
-
-
-@triton.jit
-def _gdn_combine_vk_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk, sv,
-                           H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BK: tl.constexpr, BV: tl.constexpr, BJ: tl.constexpr, PRECISION: tl.constexpr):
+                        BK: tl.constexpr, BV: tl.constexpr, BJ: tl.constexpr, PRECISION: tl.constexpr):
     # The state held value-major, x[v, k] = state[k, v]: both reductions of a token step run along
     # k, inside one warp (no shared-memory round trip per token), and the state is BV × K registers,
     # so many programs fit on an SM. A body's T·x is a dot in K-chunks of BJ through the program's
@@ -133,7 +100,7 @@ def schedule(requests: list[list[tuple[int, int, int]]], device: torch.device) -
 
 def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float,
                 transitions: Tensor, states: Tensor, items: Tensor, cu: Tensor,
-                precision: str = "tf32x3", variant: str = "vk") -> tuple[Tensor, Tensor]:
+                precision: str = "tf32x3", block_v: int = 32, warps: int = 2) -> tuple[Tensor, Tensor]:
     """q, k [R, H, K], v [R, HV, V] (rows may be strided, heads and dims packed), g, beta [R, HV];
     ``transitions``/``states``: the bodies' address tables (``triton_chain.addresses``); ``items``/``cu``: the
     schedule. → outputs [R, HV, V] in v's dtype, and each request's state after its last run
@@ -147,14 +114,8 @@ def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale:
     out = torch.empty(R, HV, V, dtype=v.dtype, device=v.device)
     final = torch.zeros(C, HV, K, V, dtype=torch.float32, device=v.device)
     BK = max(16, triton.next_power_of_2(K))
-    args = (q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states, items, cu, out, final,
-            scale, q.stride(0), k.stride(0), v.stride(0))
-    if variant == "kv":
-        BV = 32 if BK > 64 else 64
-        _gdn_combine_kernel[(triton.cdiv(V, BV), HV, C)](*args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, PRECISION=precision,
-                                                         num_warps=8 if BK > 64 else 4)
-    else:
-        BV, warps = (16, 1) if variant == "vk" else tuple(int(n) for n in variant.split(",")[1:])
-        _gdn_combine_vk_kernel[(triton.cdiv(V, BV), HV, C)](*args, H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, BJ=32,
-                                                            PRECISION=precision, num_warps=warps)
+    _gdn_combine_kernel[(triton.cdiv(V, block_v), HV, C)](
+        q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states, items, cu, out, final, scale,
+        q.stride(0), k.stride(0), v.stride(0), H=H, HV=HV, K=K, V=V, BK=BK, BV=block_v, BJ=32, PRECISION=precision,
+        num_warps=warps)
     return out, final

@@ -49,7 +49,7 @@ def _reference(x, summaries, scale):
     return o, torch.stack(finals)
 
 
-def _fused(x, summaries, scale, device, dtype, variant="vk"):
+def _fused(x, summaries, scale, device, dtype, shape=(32, 2)):
     from hypic.ops import triton_gdn_combine as fused
     from hypic.ops.triton_chain import addresses
 
@@ -59,29 +59,31 @@ def _fused(x, summaries, scale, device, dtype, variant="vk"):
     T, held_t = addresses([(s.transition, None) for s in summaries], torch.device(device))
     S, held_s = addresses([(s.state, None) for s in summaries], torch.device(device))
     t = {n: v.to(device, dtype if n in ("q", "k", "v") else torch.float32) for n, v in x.items()}
-    return fused.gdn_combine(t["q"], t["k"], t["v"], t["g"], t["beta"], scale, T, S, items, cu, variant=variant)
+    return fused.gdn_combine(t["q"], t["k"], t["v"], t["g"], t["beta"], scale, T, S, items, cu,
+                             block_v=shape[0], warps=shape[1])
 
 
 @interpreter
-@pytest.mark.parametrize("variant", ["kv", "vk"])
-def test_in_the_interpreter_the_fused_combine_matches_fp64(variant: str) -> None:
+@pytest.mark.parametrize("shape", [(32, 2), (16, 1)])
+def test_in_the_interpreter_the_fused_combine_matches_fp64(shape: tuple[int, int]) -> None:
+    """K = 16 below the kernel's K-chunk of 32 (masked), V = 8 below the value block."""
     x, summaries = _case(K=16, V=8)
     want_o, want_final = _reference(x, summaries, 0.3)
-    o, final = _fused(x, summaries, 0.3, "cpu", torch.float32, variant)
+    o, final = _fused(x, summaries, 0.3, "cpu", torch.float32, shape)
     assert (o.double() - want_o).abs().max() < 1e-4
     assert (final.double() - want_final).abs().max() < 1e-4
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["kv", "vk", "vk,32,4"])
+@pytest.mark.parametrize("shape", [(32, 2), (16, 1), (128, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, variant: str) -> None:
+def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, shape: tuple[int, int]) -> None:
     """At the 9B shape's head sizes (K = V = 128); bf16 inputs rounded once, the state kept in fp32."""
     x, summaries = _case(K=128, V=128)
     if dtype == torch.bfloat16:  # the reference sees the same rounded inputs
         x = {n: v.to(dtype).double() if n in ("q", "k", "v") else v for n, v in x.items()}
     want_o, want_final = _reference(x, summaries, 128**-0.5)
-    o, final = _fused(x, summaries, 128**-0.5, "cuda", dtype, variant)
+    o, final = _fused(x, summaries, 128**-0.5, "cuda", dtype, shape)
     tol = 2e-3 if dtype == torch.float32 else 2e-2
     assert ((o.double().cpu() - want_o).norm() / want_o.norm()) < tol
     assert ((final.double().cpu() - want_final).norm() / want_final.norm()) < 1e-3
