@@ -38,26 +38,25 @@ class _Body:
 
 
 @dataclass(frozen=True)
-class _KeyLayout:
-    keys: int  # keys of the request
-    run_dest: Tensor  # slots of the request's recomputed rows (in row order)
-    body_dest: Tensor  # slots of its cached bodies' keys (bodies in order)
-    body_pos: Tensor  # the positions their keys are roped at: true ones (else standalone, ``addition``)
-    bodies: list[Entry]
-    visible: Tensor  # [rows, keys] bool: key position ≤ query position (the same for every layer)
-    run_used: list[int]  # per run of the request: the keys it sees (up to its last row, in key order)
-
-
-@dataclass(frozen=True)
 class _PackedKeys:
-    """Every request's keys in one buffer, request after request: where each part goes."""
+    """Every request's keys in one buffer, request after request, in position order: where each
+    part goes. Built from the items alone (a few ops on index ranges, no list per token): the same
+    for every attention layer."""
 
     offsets: list[int]  # request i's keys start here; the last: all keys
     run_dest: Tensor  # slot of every recomputed row (all requests, row order)
     body_dest: Tensor  # slots of every cached body's keys (all requests, bodies in order)
-    body_pos: Tensor  # the positions their keys are roped at
+    body_pos: Tensor  # the positions their keys are roped at: true ones (else standalone, ``addition``)
+    body_true: list[tuple[int, int]]  # per body: its first key's true position, its length
     bodies: list[Entry]
     runs: RunsPlan  # the runs' visible key prefixes, for the flash path
+
+
+def _ranges(starts: list[int], lengths: list[int]) -> Tensor:
+    """range(s, s + n) for each (s, n), concatenated, as one int64 tensor (host)."""
+    n = torch.tensor(lengths, dtype=torch.long)
+    first = torch.cumsum(n, 0) - n  # where each range begins in the output
+    return torch.arange(int(n.sum())) + torch.repeat_interleave(torch.tensor(starts, dtype=torch.long) - first, n)
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,8 @@ class CombineContext(ForwardContext):
         self.linear_cu = torch.tensor([0, *[b for _, b in linear_rows]])
         self.decode_states = [SequenceState(length=p.prompt_tokens) for p in plans]
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
-        self._layouts: list[_KeyLayout] | None = None
         self._packed: _PackedKeys | None = None
+        self._key_positions: Tensor | None = None
         self._scatter: dict[tuple, Tensor] = {}
         self._fused: tuple[Tensor, Tensor, list[Entry]] | None = None
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
@@ -252,67 +251,62 @@ class CombineContext(ForwardContext):
             self._scatter[key] = to_device(values, device)
         return self._scatter[key]
 
-    def _bias(self, i: int, lay: _KeyLayout, dtype: torch.dtype) -> Tensor:
+    def _bias(self, i: int, dtype: torch.dtype) -> Tensor:
         """Request i's mask as the additive bias SDPA would make of it in every layer, made once: in
-        the model's dtype, the key axis padded to a multiple of 16 so the fused kernel takes it as is."""
+        the model's dtype, the key axis padded to a multiple of 16 so the fused kernel takes it as is.
+        Visible: key position ≤ query position (compared on the device)."""
         if (i, dtype) not in self._biases:
-            rows, keys = lay.visible.shape
-            bias = torch.full((rows, -(-keys // 16) * 16), float("-inf"), dtype=dtype, device=lay.visible.device)
-            bias[:, :keys].masked_fill_(lay.visible, 0.0)
-            self._biases[(i, dtype)] = bias[:, :keys]
+            pk = self._packed_keys()
+            if self._key_positions is None:  # every key's true position, packed as the keys
+                pos = self.positions.new_empty(pk.offsets[-1])
+                pos[pk.run_dest] = self.positions
+                if pk.bodies:
+                    true = pk.body_pos if self.assembly.rope_fix else to_device(
+                        _ranges(*zip(*pk.body_true, strict=True)), pos.device)
+                    pos[pk.body_dest] = true
+                self._key_positions = pos
+            (a, b), (ra, rb) = pk.offsets[i:i + 2], self.request_rows[i]
+            visible = self._key_positions[None, a:b] <= self.positions[ra:rb, None]
+            bias = torch.full((rb - ra, -(-(b - a) // 16) * 16), float("-inf"), dtype=dtype, device=visible.device)
+            bias[:, :b - a].masked_fill_(visible, 0.0)
+            self._biases[(i, dtype)] = bias[:, :b - a]
         return self._biases[(i, dtype)]
 
-    def _key_layout(self) -> list[_KeyLayout]:
-        """Where each request's keys go, in position order: recomputed rows and cached bodies."""
-        if self._layouts is None:
-            self._layouts = []
-            cu, dev = self.linear_cu.tolist(), self.positions.device
-            for items, (ra, rb) in zip(self.items, self.request_rows, strict=True):
-                run_dest, body_dest, body_pos, local_pos, bodies, n = [], [], [], [], [], 0
-                run_used = []
+    def _packed_keys(self) -> _PackedKeys:
+        """Where every key goes, made once per pass: per item a range of slots (a run's rows, a
+        body's keys), laid out request after request in position order."""
+        if self._packed is None:
+            cu = self.linear_cu.tolist()
+            offsets, n = [0], 0
+            run_slots: list[int] = []  # per run: its first slot (runs in row order)
+            body_slots, body_lengths, rope_starts, body_true, bodies = [], [], [], [], []
+            starts, used = [], []  # per run: its request's first slot, the keys it sees
+            for items in self.items:
                 for kind, item in items:
                     if kind == "run":
                         length = cu[item + 1] - cu[item]
-                        run_dest += range(n, n + length)
-                        run_used.append(n + length)
+                        run_slots.append(n)
+                        starts.append(offsets[-1])
+                        used.append(n + length - offsets[-1])
                     else:
                         e = item.entry
                         length = e.body_length
-                        body_dest += range(n, n + length)
-                        body_pos += range(item.start + e.seam, item.start + e.length)
-                        if not self.assembly.rope_fix:
-                            local_pos += range(e.seam, e.length)
+                        body_slots.append(n)
+                        body_lengths.append(length)
+                        body_true.append((item.start + e.seam, length))
+                        rope_starts.append(item.start + e.seam if self.assembly.rope_fix else e.seam)
                         bodies.append(e)
                     n += length
-                key_pos = torch.empty(n, dtype=torch.long)
-                key_pos[run_dest] = self.host_positions[ra:rb]
-                key_pos[body_dest] = torch.tensor(body_pos, dtype=torch.long)
-                # the [rows, keys] comparison on the device: on the host it took ≈ 8 ms for 328 × 33k
-                as_long = (lambda xs: torch.tensor(xs, dtype=torch.long))  # noqa: E731
-                key_pos, run_dest, body_dest, rope_pos = to_device_many(
-                    [key_pos, as_long(run_dest), as_long(body_dest),
-                     as_long(body_pos if self.assembly.rope_fix else local_pos)], dev)
-                visible = key_pos[None, :] <= self.positions[ra:rb, None]
-                self._layouts.append(_KeyLayout(n, run_dest, body_dest, rope_pos, bodies, visible, run_used))
-        return self._layouts
-
-    def _packed_keys(self) -> _PackedKeys:
-        """Made once per pass from the requests' layouts: the same for every attention layer."""
-        if self._packed is None:
-            layouts, offsets = self._key_layout(), [0]
-            for lay in layouts:
-                offsets.append(offsets[-1] + lay.keys)
-            starts = [off for lay, off in zip(layouts, offsets, strict=False) for _ in lay.run_used]
-            used = [u for lay in layouts for u in lay.run_used]
-            cu = self.linear_cu.tolist()
-            meta = to_device([*cu, *starts, offsets[-1], *used], self.positions.device, dtype=torch.int32)
-            n = len(cu)
+                offsets.append(n)
+            dev = self.positions.device
+            run_dest, body_dest, body_pos = to_device_many(
+                [_ranges(run_slots, [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]),
+                 _ranges(body_slots, body_lengths), _ranges(rope_starts, body_lengths)], dev)
+            meta = to_device([*cu, *starts, n, *used], dev, dtype=torch.int32)
+            k = len(cu)
             longest = max((b - a for a, b in zip(cu[:-1], cu[1:], strict=True)), default=1)
-            runs = RunsPlan(meta[:n], meta[n:2 * n], meta[2 * n:], longest, max(used, default=1))
-            self._packed = _PackedKeys(
-                offsets, torch.cat([lay.run_dest + off for lay, off in zip(layouts, offsets, strict=False)]),
-                torch.cat([lay.body_dest + off for lay, off in zip(layouts, offsets, strict=False)]),
-                torch.cat([lay.body_pos for lay in layouts]), [e for lay in layouts for e in lay.bodies], runs)
+            runs = RunsPlan(meta[:k], meta[k:2 * k], meta[2 * k:], longest, max(used, default=1))
+            self._packed = _PackedKeys(offsets, run_dest, body_dest, body_pos, body_true, bodies, runs)
         return self._packed
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
@@ -331,10 +325,9 @@ class CombineContext(ForwardContext):
             out = attention_runs.runs_attention(qr, K, V, pk.runs, scale)
         else:
             out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-            for i, (lay, (ra, rb), (a, b)) in enumerate(zip(self._key_layout(), self.request_rows, spans,
-                                                            strict=True)):
+            for i, ((ra, rb), (a, b)) in enumerate(zip(self.request_rows, spans, strict=True)):
                 out[ra:rb] = attention(qr[ra:rb], K[a:b], V[a:b], q_positions=self.positions[ra:rb], k_positions=None,
-                                       scale=scale, visible=self._bias(i, lay, q.dtype))
+                                       scale=scale, visible=self._bias(i, q.dtype))
         for state, (a, b) in zip(self.decode_states, spans, strict=True):
             state.kv[layer] = KVBuffer(K[a:b], V[a:b])
         for x in self.extracts:
