@@ -55,7 +55,7 @@ class _PackedKeys:
 def _ranges(starts: Tensor, lengths: Tensor, total: int) -> Tensor:
     """range(s, s + n) for each (s, n), concatenated (``total`` = Σ n, known on the host), made where
     ``starts`` and ``lengths`` lie: on a GPU a few launches and no sync, instead of host tensors of a
-    row per token (on the H200 host, CPU ops over a call's ≈ 40k keys took ≈ 2 ms each)."""
+    row per token (on the H200 host those CPU ops over a call of 8's ≈ 40k keys took ≈ 37 ms in all)."""
     first = torch.cumsum(lengths, 0) - lengths  # where each range begins in the output
     return (torch.arange(total, device=starts.device)
             + torch.repeat_interleave(starts - first, lengths, output_size=total))

@@ -42,7 +42,7 @@ def _gdn_combine_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk
     # so many programs fit on an SM. A body's T·x is a dot in K-chunks of BJ through the program's
     # slice of XF (its final-state output, free until the end), so T never sits whole in registers.
     i_v, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
+    i_h = i_hv // (HV // H)  # the key head this value head reads
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_j = tl.arange(0, BJ)
