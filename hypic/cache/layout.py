@@ -57,6 +57,25 @@ def layout(entry: Entry) -> Header:
     return Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset)
 
 
+def resized(template: Header, key: SegmentKey, token_ids: tuple[int, ...], seam: int) -> Header:
+    """The layout of another segment of the same model: ``template``'s fields with the keys' and
+    values' rows (their first dim: the body, ``len(token_ids) − seam``) resized, offsets recomputed.
+    Every other field (summaries, conv tails) has the same shape for every segment of a model."""
+    body, fields, offset = len(token_ids) - seam, [], 0
+    for slot, layer, dtype_name, shape, _ in template.fields:
+        shape = (body, *shape[1:]) if slot in ("k", "v") else shape
+        fields.append((slot, layer, dtype_name, shape, offset))
+        n = torch.Size(shape).numel() * getattr(torch, dtype_name).itemsize
+        offset += n + (-n % ALIGN)
+    return Header(key, tuple(token_ids), seam, tuple(fields), offset)
+
+
+def allocate(header: Header, device: torch.device) -> Entry:
+    """An entry of ``header``'s layout in one new buffer of its own on ``device``, not yet written:
+    its tensors are views to be filled in place (the cold prefill writes each layer into them)."""
+    return unpack(header, torch.empty(header.nbytes, dtype=torch.uint8, device=device))
+
+
 def pack_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
     """Copy the entry's tensors into ``buf`` (uint8, ``header.nbytes``, any device) by ``header``;
     returns the entry as views into ``buf``. Copies are issued non-blocking: a device→pinned-host

@@ -5,19 +5,31 @@ Attention is block-diagonal (each segment sees only itself), so the cost is Σ L
 segments are independent work. Linear layers run two passes over the packed segments split into
 ``[seam_i | body_i]`` sequences: the first from zero gives each seam's end state, the second
 starts each body there and returns outputs with the body's summary ``(T, S)``.
+
+Given the model's entry layout (``entry_template``), each entry is one buffer of its own from the
+start (``layout.allocate``) and every layer is copied into its views with one multi-tensor copy —
+no allocation per tensor (≈ 88 an entry at the 9B shape), and the entry moves between tiers, over
+the wire and to disk as one block. Without one (the probe that learns the layout), each layer's
+rows are copied into tensors of their own (``owned``).
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from hypic.cache.entry import Entry
 from hypic.cache.keys import SegmentKey
+from hypic.cache.layout import Header, allocate, layout, resized
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
 from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.recurrence import Summary
 from hypic.ops.transfer import to_device
+
+if TYPE_CHECKING:
+    from hypic.models.hybrid import HybridLM
 
 
 def owned(views: list[Tensor]) -> list[Tensor]:
@@ -33,10 +45,29 @@ def owned(views: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def entry_template(model: HybridLM, device: torch.device) -> Header:
+    """The layout of ``model``'s cache entries, learned from a probe: a 4-token segment (seam 1)
+    prefilled standalone. Its keys' and values' rows are its body's 3 (``layout.resized`` sets them
+    per segment); every other field has one shape for every segment."""
+    probe = ColdContext([([0, 1, 2, 3], 1, SegmentKey(b"probe", 4))], device)
+    with torch.no_grad():
+        model.hidden_states(probe.input_ids, probe)
+    header = layout(probe.entries[0])
+    for slot, layer, _, shape, _ in header.fields:
+        if slot in ("k", "v") and (not shape or shape[0] != 3):
+            raise ValueError(f"entry_template: {slot} of layer {layer} has shape {shape}: "
+                             "expected the body's rows first")
+    return header
+
+
 class ColdContext(ForwardContext):
-    def __init__(self, segments: list[tuple[list[int], int, SegmentKey]], device: torch.device) -> None:
-        """segments: (token ids, seam w, key) of every cold segment."""
-        self.entries = [Entry(key, tuple(ids), w) for ids, w, key in segments]
+    def __init__(self, segments: list[tuple[list[int], int, SegmentKey]], device: torch.device,
+                 template: Header | None = None) -> None:
+        """segments: (token ids, seam w, key) of every cold segment; ``template``: the model's entry
+        layout, to build each entry in one buffer of its own (else tensor by tensor)."""
+        self.preallocated = template is not None
+        self.entries = ([allocate(resized(template, key, tuple(ids), w), device) for ids, w, key in segments]
+                        if template is not None else [Entry(key, tuple(ids), w) for ids, w, key in segments])
         lengths = [len(ids) for ids, _, _ in segments]
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         split = [n for (_, w, _), L in zip(segments, lengths, strict=True) for n in (w, L - w)]
@@ -52,6 +83,9 @@ class ColdContext(ForwardContext):
         return None  # each segment starts with no history
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
+        if self.preallocated:
+            torch._foreach_copy_([e.conv_tails[layer] for e in self.entries], list(tails.unbind(0)))
+            return
         for entry, tail in zip(self.entries, owned(list(tails.unbind(0))), strict=True):
             entry.conv_tails[layer] = tail
 
@@ -62,7 +96,12 @@ class ColdContext(ForwardContext):
         out = run(self.linear_cu, initial, True)
         T, S = out.summary
         n = len(self.entries)
-        bodies = owned([S[2 * i + 1] for i in range(n)] + ([] if T is None else [T[2 * i + 1] for i in range(n)]))
+        rows = [S[2 * i + 1] for i in range(n)] + ([] if T is None else [T[2 * i + 1] for i in range(n)])
+        if self.preallocated:
+            dst = [e.summaries[layer] for e in self.entries]
+            torch._foreach_copy_([s.state for s in dst] + ([] if T is None else [s.transition for s in dst]), rows)
+            return out.o
+        bodies = owned(rows)
         for i, entry in enumerate(self.entries):
             entry.summaries[layer] = Summary(None if T is None else bodies[n + i], bodies[i])
         return out.o
@@ -72,7 +111,11 @@ class ColdContext(ForwardContext):
         out = causal_prefill_batch(qr, kr, v, self.cu_seqlens, scale)  # every segment from position 0
         cu, n = self.cu_seqlens.tolist(), len(self.entries)
         bodies = [(a + e.seam, b) for e, a, b in zip(self.entries, cu[:-1], cu[1:], strict=True)]
-        kv = owned([k[a:b] for a, b in bodies] + [v[a:b] for a, b in bodies])  # keys before RoPE: placed anywhere
+        rows = [k[a:b] for a, b in bodies] + [v[a:b] for a, b in bodies]  # keys before RoPE: placed anywhere
+        if self.preallocated:
+            torch._foreach_copy_([e.keys[layer] for e in self.entries] + [e.values[layer] for e in self.entries], rows)
+            return out
+        kv = owned(rows)
         for i, entry in enumerate(self.entries):
             entry.keys[layer], entry.values[layer] = kv[i], kv[n + i]
         return out

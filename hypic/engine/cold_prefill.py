@@ -13,8 +13,9 @@ import warnings
 import torch
 
 from hypic.cache.entry import Entry
+from hypic.cache.layout import Header
 from hypic.cache.store import SegmentStore
-from hypic.engine.cold import ColdContext
+from hypic.engine.cold import ColdContext, entry_template
 from hypic.engine.plan import RequestPlan, SegmentPlan
 from hypic.models.hybrid import HybridLM
 from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost
@@ -28,6 +29,13 @@ class ColdPrefill:
     pool: ColdPool | None
     cold_counts: dict[int, list[int]]  # rank → [segments, tokens] prefilled cold (0: this device)
     cold_failures: dict[str, int]  # cold workers' failures: "request" (retried here), "lost"
+    _template: Header | None  # the model's entry layout, learned at the first cold prefill
+
+    def _new_cold(self, segments: list[ColdSegment]) -> ColdContext:
+        """A cold prefill of ``segments`` whose entries are each one buffer from the start."""
+        if self._template is None:
+            self._template = entry_template(self.model, self.device)
+        return ColdContext(segments, self.device, self._template)
 
     def close(self) -> None:
         """Stop the cold workers, if any (the engine keeps serving on its own device)."""
@@ -53,7 +61,7 @@ class ColdPrefill:
 
     def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
         """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
-        ctx = ColdContext(segments, self.device)
+        ctx = self._new_cold(segments)
         self.model.hidden_states(ctx.input_ids, ctx)
         return ctx.entries
 
@@ -102,7 +110,7 @@ class ColdPrefill:
         segments = self._distinct(misses)
         if not segments:
             return None
-        ctx = ColdContext(segments, self.device)
+        ctx = self._new_cold(segments)
         for ids, _, _ in segments:
             self._count_cold(0, len(ids))
         self._point(misses, ctx.entries)

@@ -110,6 +110,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
         self.pool: ColdPool | None = None
+        self._template = None  # the model's entry layout (ColdPrefill._new_cold)
         # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
         self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
         self.cold_failures = {"request": 0, "lost": 0}

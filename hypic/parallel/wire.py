@@ -25,9 +25,12 @@ __all__ = ["ALIGN", "Header", "pack", "split", "unpack"]
 def pack(entries: list[Entry]) -> tuple[list[Header], Tensor]:
     """Entries as (one header each, one uint8 buffer on their device holding them all, each entry's
     bytes contiguous and in order): one gather kernel and one transfer for a worker's whole share."""
-    headers = [layout(e) for e in entries]
+    headers = [e.header if e.buffer is not None else layout(e) for e in entries]
     pad, parts = None, []
     for entry in entries:
+        if entry.buffer is not None:  # one buffer already, laid out as its header says: one part
+            parts.append(entry.buffer)
+            continue
         for _, _, t in tensors(entry):
             n = t.numel() * t.element_size()
             parts.append(t.contiguous().reshape(-1).view(torch.uint8))

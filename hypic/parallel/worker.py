@@ -31,7 +31,7 @@ from multiprocessing.connection import Client, Connection
 import torch
 import torch.distributed as dist
 
-from hypic.engine.cold import ColdContext
+from hypic.engine.cold import ColdContext, entry_template
 from hypic.models.fingerprint import weight_fingerprint
 from hypic.models.layers.fused import fuse_projections
 from hypic.parallel.spec import ModelSpec
@@ -54,6 +54,7 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=timeout_s))
     dist.send(torch.zeros(1, device=dev), dst=0)
+    template = None  # the model's entry layout, learned at the first share
     try:
         while True:
             try:
@@ -65,7 +66,8 @@ def serve(rank: int, world: int, init_method: str, backend: str, device: str, sp
             try:
                 started = time.time()
                 with torch.no_grad():
-                    ctx = ColdContext(msg[1], dev)
+                    template = template or entry_template(loaded.model, dev)
+                    ctx = ColdContext(msg[1], dev, template)
                     loaded.model.hidden_states(ctx.input_ids, ctx)
                     headers, buf = pack(ctx.entries)
             except Exception:  # noqa: BLE001 — this request fails, the worker keeps serving

@@ -1,0 +1,39 @@
+"""A cold prefill builds each entry in one buffer of its own, laid out by the model's entry template
+(``cold.entry_template``, ``layout.resized``): the same bytes as the tensor-by-tensor build, for every
+family (summaries with and without T, conv tails or none, MLA keys), owning exactly its memory, and
+packed for the wire as one part."""
+
+import pytest
+import torch
+
+from hypic.cache.keys import segment_key
+from hypic.cache.layout import layout, owns_memory, resized, tensors
+from hypic.engine.cold import ColdContext, entry_template
+from hypic.models.loader import load_model
+from hypic.parallel.wire import pack, split
+
+
+def _prefill(model, segments, template=None):
+    ctx = ColdContext([(ids, w, segment_key(ids, model_fingerprint="t", seam=w, dtype="bf16")) for ids, w in segments],
+                      torch.device("cpu"), template)
+    with torch.no_grad():
+        model.hidden_states(ctx.input_ids, ctx)
+    return ctx.entries
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear"])
+def test_entries_built_in_one_buffer_equal_the_tensor_by_tensor_build(model_paths, family) -> None:
+    loaded = load_model(model_paths[family], device="cpu", dtype="bfloat16")
+    template = entry_template(loaded.model, torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    segments = [(torch.randint(0, 64, (n,), generator=g).tolist(), w) for n, w in ((23, 4), (9, 0), (40, 8))]
+    alone, packed = _prefill(loaded.model, segments), _prefill(loaded.model, segments, template)
+    for a, b in zip(alone, packed, strict=True):
+        assert b.buffer is not None and owns_memory(b) and b.storage_bytes == b.header.nbytes
+        assert b.header == layout(b) == resized(template, a.key, a.token_ids, a.seam)
+        assert layout(a).fields == b.header.fields  # the template's layout is the one the build would have
+        for (slot, layer, x), (_, _, y) in zip(tensors(a), tensors(b), strict=True):
+            assert x.dtype == y.dtype and torch.equal(x, y), (slot, layer)
+    headers, buf = pack(packed)  # each entry one part of the wire buffer
+    assert buf.numel() == sum(e.buffer.numel() for e in packed)
+    assert all(torch.equal(x.buffer, y.buffer) for x, y in zip(packed, split(headers, buf), strict=True))
