@@ -10,6 +10,7 @@ dtype. ``unpack`` turns a buffer back into an entry whose tensors are views into
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +33,15 @@ class Header:
     seam: int
     fields: tuple[Field, ...]
     nbytes: int  # the buffer's size
+
+    @functools.cached_property
+    def summary_offsets(self) -> tuple[tuple[int, int, int], ...]:
+        """(layer, T's byte offset, S's byte offset) of every linear layer whose T and S are fp32:
+        the same for every entry of a model (the summaries come first and have one shape), so a
+        kernel finds an entry's T and S of any layer at its buffer's address plus these. Worked out
+        once per header (an entry keeps its header for life)."""
+        t = {f[1]: f[4] for f in self.fields if f[0] == "T" and f[2] == "float32"}
+        return tuple((f[1], t[f[1]], f[4]) for f in self.fields if f[0] == "S" and f[2] == "float32" and f[1] in t)
 
 
 def tensors(entry: Entry) -> list[tuple[str, int, Tensor]]:

@@ -61,6 +61,22 @@ def _ranges(starts: Tensor, lengths: Tensor, total: int) -> Tensor:
             + torch.repeat_interleave(starts - first, lengths, output_size=total))
 
 
+def _buffer_tables(bodies: list[Entry], device: torch.device) -> dict[int, tuple[Tensor, Tensor]]:
+    """Every linear layer's address tables of the bodies' T and S, made once per pass when every
+    body is one buffer on ``device`` in the model's common layout (``Header.summary_offsets``):
+    each buffer's address plus a layer's offsets, one copy of the addresses and one add, instead
+    of a Python walk over every body's tensors and a copy per layer. Empty otherwise."""
+    if not bodies or any(e.buffer is None or e.buffer.device != device for e in bodies):
+        return {}
+    offsets = bodies[0].header.summary_offsets
+    if not offsets or any(e.header.summary_offsets != offsets for e in bodies[1:]):
+        return {}
+    base = to_device([e.buffer.data_ptr() for e in bodies], device, dtype=torch.int64)
+    add = to_device([x for _, t, s in offsets for x in (t, s)], device, dtype=torch.int64)
+    tables = base[None, :] + add[:, None]  # [2 · layers, bodies]: T of a layer, then its S
+    return {layer: (tables[2 * i], tables[2 * i + 1]) for i, (layer, _, _) in enumerate(offsets)}
+
+
 @dataclass(frozen=True)
 class _Extract:
     """An in-context segment whose entry this pass builds: body rows and the linear run index."""
@@ -129,6 +145,7 @@ class CombineContext(ForwardContext):
         self._key_positions: Tensor | None = None
         self._scatter: dict[tuple, Tensor] = {}
         self._fused: tuple[Tensor, Tensor, list[Entry]] | None = None
+        self._body_tables: dict[int, tuple[Tensor, Tensor]] | None = None
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
 
     def logits_rows(self) -> Tensor:
@@ -237,8 +254,14 @@ class CombineContext(ForwardContext):
                 requests.append(steps)
             self._fused = (*fused.schedule(requests, dev), bodies)
         items, offsets, bodies = self._fused
-        T, held_t = addresses([(e.summaries[layer].transition, None) for e in bodies], dev)
-        S, held_s = addresses([(e.summaries[layer].state, None) for e in bodies], dev)
+        if self._body_tables is None:
+            self._body_tables = _buffer_tables(bodies, dev)
+        held_t = held_s = None
+        if layer in self._body_tables:
+            T, S = self._body_tables[layer]
+        else:  # some body is not one buffer of the common layout: its tensors' addresses, this layer
+            T, held_t = addresses([(e.summaries[layer].transition, None) for e in bodies], dev)
+            S, held_s = addresses([(e.summaries[layer].state, None) for e in bodies], dev)
         x = run.tokens()
         scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
         o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets)

@@ -37,3 +37,22 @@ def test_entries_built_in_one_buffer_equal_the_tensor_by_tensor_build(model_path
     headers, buf = pack(packed)  # each entry one part of the wire buffer
     assert buf.numel() == sum(e.buffer.numel() for e in packed)
     assert all(torch.equal(x.buffer, y.buffer) for x, y in zip(packed, split(headers, buf), strict=True))
+
+
+def test_the_fused_combine_finds_summaries_at_buffer_plus_offset(model_paths) -> None:
+    """``combine._buffer_tables``: a body's T and S of every linear layer at its buffer's address plus
+    the common offsets — the tensors' own addresses; nothing when any body is not such a buffer."""
+    from hypic.engine.combine import _buffer_tables
+
+    loaded = load_model(model_paths["qwen3_5"], device="cpu", dtype="float32")
+    template = entry_template(loaded.model, torch.device("cpu"))
+    segments = [(list(range(3, 3 + n)), 2) for n in (7, 12, 30)]
+    bodies = _prefill(loaded.model, segments, template)
+    tables = _buffer_tables(bodies, torch.device("cpu"))
+    assert sorted(tables) == sorted(bodies[0].summaries) and len(tables) > 1
+    for layer, (T, S) in tables.items():
+        assert T.tolist() == [e.summaries[layer].transition.data_ptr() for e in bodies]
+        assert S.tolist() == [e.summaries[layer].state.data_ptr() for e in bodies]
+    loose = _prefill(loaded.model, segments[:1])  # built tensor by tensor: addresses looked up per layer
+    assert _buffer_tables(bodies + loose, torch.device("cpu")) == {}
+    assert _buffer_tables(bodies, torch.device("meta")) == {}

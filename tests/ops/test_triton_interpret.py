@@ -108,6 +108,16 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
     from hypic.ops import triton_gdn_combine
 
     monkeypatch.setattr(triton_gdn_combine, "gdn_combine", counted("fused", triton_gdn_combine.gdn_combine))
+    from hypic.engine import combine
+
+    tables, real_tables = [], combine._buffer_tables
+
+    def recorded(bodies, device):  # the bodies' T and S found at buffer + offset, not looked up per layer
+        found = real_tables(bodies, device)
+        tables.append(bool(found))
+        return found
+
+    monkeypatch.setattr(combine, "_buffer_tables", recorded)
     logits = {}
     for kernels, fused in (("0", "0"), ("1", "0"), ("1", "1")):  # the GDN combine in one kernel, or not
         monkeypatch.setenv("HYPIC_INTERPRET_KERNELS", kernels)
@@ -119,6 +129,7 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
         logits[kernels + fused] = (cold, engine.prefill_logits([prompts[1]], mode="hypic")[0])
         assert (min(calls[k] for k in ("conv", "gdn")) > 0) == (kernels == "1"), calls  # only when switched on
         assert (calls["fused"] > 0) == (fused == "1") and (calls["chains"] > 0) == (kernels + fused == "10"), calls
+    assert len(tables) == 3 and all(tables)  # each of the fused arm's calls, cold bodies built in one too
     for other in ("10", "11"):
         for torch_path, kernel_path in zip(logits["00"], logits[other], strict=True):
             assert (torch_path - kernel_path).abs().max() < 1e-4
