@@ -8,6 +8,7 @@ happens when a worker fails, and the counts the server exports.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -32,7 +33,10 @@ class ColdPrefill:
     _template: Header | None  # the model's entry layout, learned at the first cold prefill
 
     def _new_cold(self, segments: list[ColdSegment]) -> ColdContext:
-        """A cold prefill of ``segments`` whose entries are each one buffer from the start."""
+        """A cold prefill of ``segments`` whose entries are each one buffer from the start
+        (``HYPIC_ENTRY_BUFFERS=0``: tensor by tensor, as before, for an A/B; read at each call)."""
+        if os.environ.get("HYPIC_ENTRY_BUFFERS", "1") != "1":
+            return ColdContext(segments, self.device)
         if self._template is None:
             self._template = entry_template(self.model, self.device)
         return ColdContext(segments, self.device, self._template)

@@ -56,3 +56,23 @@ def test_the_fused_combine_finds_summaries_at_buffer_plus_offset(model_paths) ->
     loose = _prefill(loaded.model, segments[:1])  # built tensor by tensor: addresses looked up per layer
     assert _buffer_tables(bodies + loose, torch.device("cpu")) == {}
     assert _buffer_tables(bodies, torch.device("meta")) == {}
+
+
+@pytest.mark.parametrize("buffers", ["1", "0"])
+def test_the_engine_builds_entries_in_buffers_unless_switched_off(model_paths, monkeypatch, buffers) -> None:
+    """``HYPIC_ENTRY_BUFFERS=0`` (the A/B switch) builds entries tensor by tensor; the answers are the
+    same bits either way."""
+    from hypic.engine.engine import Engine
+
+    monkeypatch.setenv("HYPIC_ENTRY_BUFFERS", buffers)
+    loaded = load_model(model_paths["qwen3_5"], device="cpu", dtype="float32")
+    prompt = [list(range(5, 17)), list(range(30, 52)), list(range(60, 66))]
+    engine = Engine(loaded, seam=3)
+    engine.prewarm([prompt[1]])
+    warm = engine.prefill_logits([prompt])[0]
+    entries = list(engine.store.entries())
+    assert entries and all((e.buffer is not None) == (buffers == "1") for e in entries)
+    monkeypatch.setenv("HYPIC_ENTRY_BUFFERS", "1" if buffers == "0" else "0")
+    other = Engine(loaded, seam=3)
+    other.prewarm([prompt[1]])
+    assert torch.equal(warm, other.prefill_logits([prompt])[0])
