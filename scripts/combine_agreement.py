@@ -1,7 +1,7 @@
 """Do the combine pass's GPU paths give the general path's logits? Fully cached trace prompts on the
 9B shape (random weights), first-token logits through the general path, the fused GDN combine
-(``HYPIC_FUSED_COMBINE``) and that plus attention by runs (``HYPIC_COMBINE_FLASH``), in fp32 and in
-bf16. In fp32 the paths must agree to rounding: a gap there is a bug. In bf16 each path rounds
+(``HYPIC_FUSED_COMBINE``), that plus attention by runs (``HYPIC_COMBINE_FLASH``), and that with the
+bodies' dots in bf16x3 (``HYPIC_COMBINE_PRECISION``), in fp32 and in bf16. In fp32 the paths must agree to rounding: a gap there is a bug. In bf16 each path rounds
 differently, and a random model's top logits are near ties, so some argmaxes flip: the bf16 gap
 between paths should be of the size of bf16 rounding itself, which the fp32 vs bf16 gap of the
 general path shows.
@@ -24,7 +24,8 @@ from hypic.eval.trace import generate_trace
 from hypic.llm import bundled_model_path
 from hypic.models.random_init import random_model
 
-ARMS = {"general": ("0", "0"), "fused": ("1", "0"), "fused + flash": ("1", "1")}
+ARMS = {"general": ("0", "0", "tf32x3"), "fused": ("1", "0", "tf32x3"), "fused + flash": ("1", "1", "tf32x3"),
+        "fused + flash, bf16x3 dots": ("1", "1", "bf16x3")}
 
 
 def main() -> None:
@@ -38,8 +39,9 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16):
         engine = Engine(random_model(SHAPES["qwen3.5-9b"], device="cuda", dtype=dtype, seed=0))
         engine.prewarm([s for p in prompts for s in p[1:-1]])
-        for arm, (fused, flash) in ARMS.items():
+        for arm, (fused, flash, precision) in ARMS.items():
             os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"] = fused, flash
+            os.environ["HYPIC_COMBINE_PRECISION"] = precision
             logits[(dtype, arm)] = engine.prefill_logits(prompts, mode="hypic")[0].double().cpu()
         del engine
         torch.cuda.empty_cache()

@@ -9,6 +9,7 @@ of the outputs and final states).
     python3 scripts/gdn_combine_bench.py [--requests 8] [--seam 8] [--variants "32,2;16,1"]
     python3 scripts/gdn_combine_bench.py --seam 0 --question 0   # the bodies alone
     python3 scripts/gdn_combine_bench.py --no-bodies             # the token steps alone
+    python3 scripts/gdn_combine_bench.py --precisions tf32x3,bf16x3,bf16x6   # the bodies' dots
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def main() -> None:
     ap.add_argument("--question", type=int, default=24)
     ap.add_argument("--no-bodies", action="store_true", help="runs only: the token steps' cost alone")
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--precision", default="tf32x3", help="the body dots' input precision (tf32x3, tf32, ieee)")
+    ap.add_argument("--precisions", default="tf32x3",
+                    help="the body dots' input precisions, comma-separated (tf32x3, bf16x3, bf16x6, tf32, ieee)")
     ap.add_argument("--variants", default="32,2;16,1;16,2;32,4;64,4;128,8", help="launch shapes: value block,warps")
     args = ap.parse_args()
     from hypic.ops import triton_gdn_combine as fused
@@ -79,34 +81,35 @@ def main() -> None:
         x = [t.to(dev, dtype) for t in (q, k, v)]
         gb = (g.to(dev), beta.to(dev))
         for variant in args.variants.split(";"):
-            try:
-                bv, warps = (int(n) for n in variant.split(","))
-                call = functools.partial(fused.gdn_combine, *x, *gb, K ** -0.5, T, S, items, cu,
-                                         precision=args.precision, block_v=bv, warps=warps)
-                o, final = call()
-                torch.cuda.synchronize()
-                for _ in range(2):
-                    call()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(24):
-                    call()
-                b.record()
-                b.synchronize()
-                results[(dtype, variant)] = (a.elapsed_time(b), o.float(), final)
-            except Exception as e:  # noqa: BLE001 — a variant that fails prints why and the rest go on
-                print(f"{variant} {dtype}: {type(e).__name__}: {str(e)[:300]}")
-    first = args.variants.split(";")[0]
-    print(f"| inputs | value block, warps | 24 layers (ms) | vs {first} | output rel. err vs {first} | final rel. err |")
-    print("|---|---|---|---|---|---|")
-    for (dtype, variant), (ms, o, final) in results.items():
-        base = results.get((dtype, first))
+            for precision in args.precisions.split(","):
+                try:
+                    bv, warps = (int(n) for n in variant.split(","))
+                    call = functools.partial(fused.gdn_combine, *x, *gb, K ** -0.5, T, S, items, cu,
+                                             precision=precision, block_v=bv, warps=warps)
+                    o, final = call()
+                    torch.cuda.synchronize()
+                    for _ in range(2):
+                        call()
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record()
+                    for _ in range(24):
+                        call()
+                    b.record()
+                    b.synchronize()
+                    results[(dtype, variant, precision)] = (a.elapsed_time(b), o.float(), final)
+                except Exception as e:  # noqa: BLE001 — a variant that fails prints why and the rest go on
+                    print(f"{variant} {precision} {dtype}: {type(e).__name__}: {str(e)[:300]}")
+    first = (args.variants.split(";")[0], args.precisions.split(",")[0])
+    print(f"| inputs | value block, warps | dots | 24 layers (ms) | vs {', '.join(first)} | output rel. err vs it "
+          "| final rel. err |")
+    print("|---|---|---|---|---|---|---|")
+    for (dtype, variant, precision), (ms, o, final) in results.items():
+        base = results.get((dtype, *first))
         if base is None:
             continue
         eo = ((o - base[1]).norm() / base[1].norm()).item()
         ef = ((final - base[2]).norm() / base[2].norm()).item()
-        print(f"| {str(dtype)[6:]} | {variant} | {ms:.2f} | {base[0] / ms:.2f}× | {eo:.1e} | {ef:.1e} |")
-
+        print(f"| {str(dtype)[6:]} | {variant} | {precision} | {ms:.2f} | {base[0] / ms:.2f}× | {eo:.1e} | {ef:.1e} |")
 
 if __name__ == "__main__":
     main()

@@ -8,8 +8,9 @@ segments miss), the cold prefill of 1–16 documents alone, and a profile of one
 several times per size, then one profiled by Python function (cProfile) and by aten op.
 `--warm-profile`: calls of trace prompts whose documents are all cached (the regime that bounds
 `hypic`'s rate), timed per call size through the combine pass's general path, with its GDN layers
-in one kernel (``HYPIC_FUSED_COMBINE``) and with attention by runs too (``HYPIC_COMBINE_FLASH``),
-then a call of 8 profiled (both on) by phase and by kernel."""
+in one kernel (``HYPIC_FUSED_COMBINE``), with attention by runs too (``HYPIC_COMBINE_FLASH``), and
+with the fused kernel's dots in bf16x3 (``HYPIC_COMBINE_PRECISION``), then a call of 8 profiled (the
+defaults) by phase and by kernel."""
 
 import os
 import sys
@@ -125,7 +126,8 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         engine.prewarm(docs[i:i + 16])
     # in-process A/B of the combine pass's GPU paths, read at each call: neither, the GDN layers in one
     # kernel (HYPIC_FUSED_COMBINE), and that plus attention by runs (HYPIC_COMBINE_FLASH)
-    arms = {"general": ("0", "0"), "fused": ("1", "0"), "fused + flash": ("1", "1")}
+    arms = {"general": ("0", "0", "tf32x3"), "fused": ("1", "0", "tf32x3"), "fused + flash": ("1", "1", "tf32x3"),
+            "+ bf16x3 dots": ("1", "1", "bf16x3")}
     print(f"| warm prompts per call | tokens | prefill (ms): {' / '.join(arms)} | per 1k tokens (ms) | first tokens as general's first call (each arm's two calls) |")
     print("|---|---|---|---|---|")
     at = 48
@@ -135,7 +137,8 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         tokens = sum(len(s) for p in batch for s in p)
         ms, firsts = {}, {}
         for arm in [*arms, *arms]:  # the better of two calls each
-            os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"] = arms[arm]
+            os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"], os.environ["HYPIC_COMBINE_PRECISION"] = \
+                arms[arm]
             out: list = []
             t = timed(lambda b=batch, o=out: o.extend(engine.generate(b, [one] * len(b), mode="hypic")))
             ms[arm] = min(ms.get(arm, t), t)
@@ -147,7 +150,8 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         same = " ".join(f"{sum(x == y for x, y in zip(f, ref, strict=True))}/{len(ref)}" for a in arms for f in firsts[a])
         print(f"| {n} | {tokens} | {' / '.join(f'{ms[a]:.1f}' for a in arms)} | "
               f"{' / '.join(f'{1e3 * ms[a] / tokens:.1f}' for a in arms)} | {same} |", flush=True)
-    os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"] = "1", "1"
+    os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"], os.environ["HYPIC_COMBINE_PRECISION"] = \
+        "1", "1", "tf32x3"
     batch = prompts[at:at + 8]
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,

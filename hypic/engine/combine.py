@@ -25,7 +25,7 @@ from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, 
 from hypic.ops import attention_runs, recurrence
 from hypic.ops.attention import attention
 from hypic.ops.attention_runs import RunsPlan
-from hypic.ops.kernels import fused_combine, kernel_device
+from hypic.ops.kernels import combine_precision, fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
 from hypic.ops.transfer import to_device
@@ -264,7 +264,8 @@ class CombineContext(ForwardContext):
             S, held_s = addresses([(e.summaries[layer].state, None) for e in bodies], dev)
         x = run.tokens()
         scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
-        o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets)
+        o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets,
+                                     precision=combine_precision())
         for state, s in zip(self.decode_states, final, strict=True):
             state.linear[layer] = s
         del held_t, held_s  # the kernel is queued on this stream: freed memory is reused only after it

@@ -24,6 +24,16 @@ def fused_combine() -> bool:
     return os.environ.get("HYPIC_FUSED_COMBINE", "1") == "1"
 
 
+def combine_precision() -> str:
+    """The fused GDN combine's dots (a body's ``T·x``): ``tf32x3`` (≈ fp32; the default) or, to be
+    measured, ``bf16x3`` (half tf32x3's tensor-core passes on Hopper, ≈ 16-bit mantissa) and
+    ``bf16x6`` — Triton's split-precision modes. ``HYPIC_COMBINE_PRECISION``, read at each call."""
+    value = os.environ.get("HYPIC_COMBINE_PRECISION", "tf32x3")
+    if value not in ("tf32x3", "bf16x3", "bf16x6"):
+        raise ValueError(f"HYPIC_COMBINE_PRECISION: expected tf32x3, bf16x3 or bf16x6, got {value!r}")
+    return value
+
+
 def kernel_device(device: torch.device) -> bool:
     if device.type == "cuda":
         return True

@@ -49,7 +49,7 @@ def _reference(x, summaries, scale):
     return o, torch.stack(finals)
 
 
-def _fused(x, summaries, scale, device, dtype, shape=(32, 2)):
+def _fused(x, summaries, scale, device, dtype, shape=(32, 2), precision="tf32x3"):
     from hypic.ops import triton_gdn_combine as fused
     from hypic.ops.triton_chain import addresses
 
@@ -60,7 +60,7 @@ def _fused(x, summaries, scale, device, dtype, shape=(32, 2)):
     S, held_s = addresses([(s.state, None) for s in summaries], torch.device(device))
     t = {n: v.to(device, dtype if n in ("q", "k", "v") else torch.float32) for n, v in x.items()}
     return fused.gdn_combine(t["q"], t["k"], t["v"], t["g"], t["beta"], scale, T, S, items, cu,
-                             block_v=shape[0], warps=shape[1])
+                             block_v=shape[0], warps=shape[1], precision=precision)
 
 
 @interpreter
@@ -75,15 +75,16 @@ def test_in_the_interpreter_the_fused_combine_matches_fp64(shape: tuple[int, int
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(32, 2), (16, 1), (128, 8)])
+@pytest.mark.parametrize(("shape", "precision"), [((32, 2), "tf32x3"), ((16, 1), "tf32x3"), ((128, 8), "tf32x3"),
+                                                   ((32, 2), "bf16x3"), ((32, 2), "bf16x6")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, shape: tuple[int, int], precision: str) -> None:
     """At the 9B shape's head sizes (K = V = 128); bf16 inputs rounded once, the state kept in fp32."""
     x, summaries = _case(K=128, V=128)
     if dtype == torch.bfloat16:  # the reference sees the same rounded inputs
         x = {n: v.to(dtype).double() if n in ("q", "k", "v") else v for n, v in x.items()}
     want_o, want_final = _reference(x, summaries, 128**-0.5)
-    o, final = _fused(x, summaries, 128**-0.5, "cuda", dtype, shape)
+    o, final = _fused(x, summaries, 128**-0.5, "cuda", dtype, shape, precision)
     tol = 2e-3 if dtype == torch.float32 else 2e-2
     assert ((o.double().cpu() - want_o).norm() / want_o.norm()) < tol
     assert ((final.double().cpu() - want_final).norm() / want_final.norm()) < 1e-3
@@ -98,3 +99,13 @@ def test_bad_layouts_are_refused() -> None:
     with pytest.raises(ValueError, match="k's heads and dims"):
         gdn_combine(q, torch.zeros(3, 8, 2).transpose(1, 2), torch.zeros(3, 2, 4), torch.zeros(3, 2),
                     torch.zeros(3, 2), 1.0, torch.zeros(0), torch.zeros(0), torch.zeros(0, 3), torch.zeros(1))
+
+
+def test_a_bad_combine_precision_is_refused(monkeypatch) -> None:
+    from hypic.ops.kernels import combine_precision
+
+    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "fp8")
+    with pytest.raises(ValueError, match="HYPIC_COMBINE_PRECISION"):
+        combine_precision()
+    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "bf16x3")
+    assert combine_precision() == "bf16x3"
