@@ -19,6 +19,9 @@
 #   GPU_DECODE_ATTN=1    decode attention candidates side by side (scripts/decode_attention.py)
 #   GPU_STORE_MOVES=1    tier moves, churn and save/load of 9B-shape entries (scripts/store_moves.py)
 #   GPU_WARM_PROFILE=1   calls of fully cached trace prompts timed per size, one profiled (trace_costs.py --warm-profile)
+#   GPU_COMBINE_BENCH=1  the fused GDN combine's launch shapes and dot precisions (gdn_combine_bench.py;
+#                        GPU_COMBINE_BENCH_ARGS, default: every precision at the default shape)
+#   GPU_AGREEMENT=1      the combine pass's GPU paths' logits vs the general path, fp32 and bf16 (combine_agreement.py)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -61,13 +64,16 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/store_moves.py
 [ "${GPU_WARM_PROFILE:-0}" = 1 ] && section warm_profile "${GPU_WARM_PROFILE_SECONDS:-200}" \
   python3 scripts/trace_costs.py --warm-profile
+[ "${GPU_COMBINE_BENCH:-0}" = 1 ] && section combine_bench "${GPU_COMBINE_BENCH_SECONDS:-120}" \
+  python3 scripts/gdn_combine_bench.py ${GPU_COMBINE_BENCH_ARGS:---variants 32,2 --precisions tf32x3,bf16x3,bf16x6}
+[ "${GPU_AGREEMENT:-0}" = 1 ] && section agreement "${GPU_AGREEMENT_SECONDS:-240}" python3 scripts/combine_agreement.py
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 16 "$OUT/pytest_gpu.log"
-for f in ops models ttft scatter trace graph_ab decode_attention; do
+for f in ops models ttft scatter trace graph_ab decode_attention combine_bench agreement; do
   [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
 done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
