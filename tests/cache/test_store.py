@@ -26,6 +26,28 @@ def test_keys_depend_on_content_seam_salt_not_position() -> None:
         assert other != k
 
 
+def test_key_digests_are_the_documented_hash() -> None:
+    """Saved caches on disk are found by digest, so the key's bytes may never drift: blake2b-160 over
+    each length-prefixed part (fingerprint, seam, dtype, salt or "", mode), then the ids as int64 —
+    computed here from scratch, for several models, tenants and modes in turn (the key caches the
+    hash state of the parts)."""
+    import hashlib
+    import struct
+
+    def reference(ids, fingerprint, seam, dtype, salt, mode):
+        h = hashlib.blake2b(digest_size=20)
+        for part in (fingerprint, str(seam), dtype, salt or "", mode):
+            h.update(struct.pack("<I", len(part.encode())) + part.encode())
+        h.update(struct.pack(f"<{len(ids)}q", *ids))
+        return h.digest()
+
+    for ids, fingerprint, seam, salt, mode in [([1, 2, 3], "m", 8, None, "hypic"), ([5] * 40, "n", 0, "t", "naive"),
+                                               ([1, 2, 3], "m", 8, "", "hypic"), ([7, -1, 2**40], "m", 8, "t", "hypic"),
+                                               ([1, 2, 3], "m", 8, None, "hypic")]:
+        k = segment_key(ids, model_fingerprint=fingerprint, seam=seam, dtype="bf16", salt=salt, mode=mode)
+        assert k.digest == reference(ids, fingerprint, seam, "bf16", salt, mode) and k.length == len(ids)
+
+
 def test_lru_demotes_to_host_then_evicts_and_promotes_back() -> None:
     a, b, c = _entry([1]), _entry([2]), _entry([3])
     store = SegmentStore(torch.device("cpu"), device_bytes=a.nbytes * 2, host_bytes=a.nbytes)
