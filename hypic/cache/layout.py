@@ -67,6 +67,11 @@ def layout(entry: Entry) -> Header:
     return Header(entry.key, entry.token_ids, entry.seam, tuple(fields), offset)
 
 
+def header_of(entry: Entry) -> Header:
+    """The entry's layout: the header it keeps when it is one buffer already, else worked out."""
+    return entry.header if entry.buffer is not None else layout(entry)
+
+
 def resized(template: Header, key: SegmentKey, token_ids: tuple[int, ...], seam: int) -> Header:
     """The layout of another segment of the same model: ``template``'s fields with the keys' and
     values' rows (their first dim: the body, ``len(token_ids) − seam``) resized, offsets recomputed.

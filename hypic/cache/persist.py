@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from hypic.cache.keys import SegmentKey
-from hypic.cache.layout import Header, layout, pack_into, unpack
+from hypic.cache.layout import Header, header_of, pack_into, unpack
 from hypic.cache.store import SegmentStore
 from hypic.models.fingerprint import same_weights
 
@@ -76,7 +76,7 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     names = []
     for entry in store.entries():
-        header = entry.header if entry.buffer is not None else layout(entry)
+        header = header_of(entry)
         buf = torch.empty(header.nbytes, dtype=torch.uint8)
         pack_into(entry, header, buf)
         if store.device.type == "cuda":

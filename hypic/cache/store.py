@@ -20,7 +20,7 @@ import torch
 from hypic.cache.entry import Entry
 from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey
-from hypic.cache.layout import layout, owns_memory, pack_into, unpack
+from hypic.cache.layout import header_of, owns_memory, pack_into, unpack
 
 TIERS = ("device", "host")
 
@@ -121,7 +121,7 @@ class SegmentStore:
         try:
             if self.arena is None:
                 return entry.to("cpu", "host")
-            header = entry.header if entry.buffer is not None else layout(entry)
+            header = header_of(entry)
             region, freed = self.arena.allocate(header.nbytes), 0
             while region is None and freed < 2 * header.nbytes:  # fragmented: free older neighbours' room
                 dropped = self._evict_lru("host")

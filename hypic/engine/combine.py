@@ -47,7 +47,7 @@ class _PackedKeys:
     run_dest: Tensor  # slot of every recomputed row (all requests, row order)
     body_dest: Tensor  # slots of every cached body's keys (all requests, bodies in order)
     body_pos: Tensor  # the positions their keys are roped at: true ones (else standalone, ``addition``)
-    body_true: list[tuple[int, int]]  # per body: its first key's true position, its length
+    body_spans: Tensor  # [2, bodies]: each body's first key's true position, its length (on the device)
     bodies: list[Entry]
     runs: RunsPlan  # the runs' visible key prefixes, for the flash path
 
@@ -143,7 +143,7 @@ class CombineContext(ForwardContext):
         self._raw: dict[int, tuple[Tensor, Tensor | None]] = {}
         self._packed: _PackedKeys | None = None
         self._key_positions: Tensor | None = None
-        self._scatter: dict[tuple, Tensor] = {}
+        self._indices: dict[tuple, Tensor] = {}
         self._fused: tuple[Tensor, Tensor, list[Entry]] | None = None
         self._body_tables: dict[int, tuple[Tensor, Tensor]] | None = None
         self._biases: dict[tuple[int, torch.dtype], Tensor] = {}
@@ -273,9 +273,9 @@ class CombineContext(ForwardContext):
 
     def _device_index(self, key: tuple, values: list[int], device: torch.device) -> Tensor:
         """A device copy of ``values``, made once per pass: the same for every linear layer."""
-        if key not in self._scatter:
-            self._scatter[key] = to_device(values, device)
-        return self._scatter[key]
+        if key not in self._indices:
+            self._indices[key] = to_device(values, device)
+        return self._indices[key]
 
     def _bias(self, i: int, dtype: torch.dtype) -> Tensor:
         """Request i's mask as the additive bias SDPA would make of it in every layer, made once: in
@@ -286,13 +286,9 @@ class CombineContext(ForwardContext):
             if self._key_positions is None:  # every key's true position, packed as the keys
                 pos = self.positions.new_empty(pk.offsets[-1])
                 pos[pk.run_dest] = self.positions
-                if pk.bodies:
-                    if self.assembly.rope_fix:
-                        true = pk.body_pos
-                    else:
-                        meta = to_device([x for pair in zip(*pk.body_true, strict=True) for x in pair], pos.device)
-                        true = _ranges(*meta.view(2, -1), len(pk.body_dest))
-                    pos[pk.body_dest] = true
+                if pk.bodies:  # roped at their true positions unless ``addition``
+                    pos[pk.body_dest] = pk.body_pos if self.assembly.rope_fix else \
+                        _ranges(*pk.body_spans, len(pk.body_dest))
                 self._key_positions = pos
             (a, b), (ra, rb) = pk.offsets[i:i + 2], self.request_rows[i]
             visible = self._key_positions[None, a:b] <= self.positions[ra:rb, None]
@@ -308,7 +304,7 @@ class CombineContext(ForwardContext):
             cu = self.linear_cu.tolist()
             offsets, n = [0], 0
             run_slots: list[int] = []  # per run: its first slot (runs in row order)
-            body_slots, body_lengths, rope_starts, body_true, bodies = [], [], [], [], []
+            body_slots, body_lengths, rope_starts, true_starts, bodies = [], [], [], [], []
             starts, used = [], []  # per run: its request's first slot, the keys it sees
             for items in self.items:
                 for kind, item in items:
@@ -322,23 +318,23 @@ class CombineContext(ForwardContext):
                         length = e.body_length
                         body_slots.append(n)
                         body_lengths.append(length)
-                        body_true.append((item.start + e.seam, length))
-                        rope_starts.append(item.start + e.seam if self.assembly.rope_fix else e.seam)
+                        true_starts.append(item.start + e.seam)
+                        rope_starts.append(true_starts[-1] if self.assembly.rope_fix else e.seam)
                         bodies.append(e)
                     n += length
                 offsets.append(n)
             dev, k, nb = self.positions.device, len(cu), len(bodies)
             run_lengths = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
             # one copy of the per-item numbers; the per-key slots are made from them on the device
-            ranges = to_device([*run_slots, *run_lengths, *body_slots, *body_lengths, *rope_starts], dev)
-            runs_at, bodies_at = ranges[:2 * (k - 1)].view(2, -1), ranges[2 * (k - 1):].view(3, nb)
+            ranges = to_device([*run_slots, *run_lengths, *body_slots, *body_lengths, *rope_starts, *true_starts], dev)
+            runs_at, bodies_at = ranges[:2 * (k - 1)].view(2, -1), ranges[2 * (k - 1):].view(4, nb)
             run_dest = _ranges(runs_at[0], runs_at[1], cu[-1])
             total = sum(body_lengths)
             body_dest, body_pos = _ranges(bodies_at[0], bodies_at[1], total), _ranges(bodies_at[2], bodies_at[1], total)
             meta = to_device([*cu, *starts, n, *used], dev, dtype=torch.int32)
             longest = max(run_lengths, default=1)
             runs = RunsPlan(meta[:k], meta[k:2 * k], meta[2 * k:], longest, max(used, default=1))
-            self._packed = _PackedKeys(offsets, run_dest, body_dest, body_pos, body_true, bodies, runs)
+            self._packed = _PackedKeys(offsets, run_dest, body_dest, body_pos, bodies_at[[3, 1]], bodies, runs)
         return self._packed
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:

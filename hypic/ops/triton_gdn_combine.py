@@ -112,7 +112,7 @@ def gdn_combine(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale:
             raise ValueError(f"gdn_combine: {name}'s heads and dims must be packed within a row")
     C = cu.shape[0] - 1
     out = torch.empty(R, HV, V, dtype=v.dtype, device=v.device)
-    final = torch.zeros(C, HV, K, V, dtype=torch.float32, device=v.device)
+    final = torch.empty(C, HV, K, V, dtype=torch.float32, device=v.device)  # every program writes its slice
     BK = max(16, triton.next_power_of_2(K))
     _gdn_combine_kernel[(triton.cdiv(V, block_v), HV, C)](
         q, k, v, g.float().contiguous(), beta.float().contiguous(), transitions, states, items, cu, out, final, scale,

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from hypic.cache.entry import Entry
-from hypic.cache.layout import ALIGN, Header, layout, tensors, unpack
+from hypic.cache.layout import ALIGN, Header, header_of, tensors, unpack
 
 __all__ = ["ALIGN", "Header", "pack", "split", "unpack"]
 
@@ -25,7 +25,7 @@ __all__ = ["ALIGN", "Header", "pack", "split", "unpack"]
 def pack(entries: list[Entry]) -> tuple[list[Header], Tensor]:
     """Entries as (one header each, one uint8 buffer on their device holding them all, each entry's
     bytes contiguous and in order): one gather kernel and one transfer for a worker's whole share."""
-    headers = [e.header if e.buffer is not None else layout(e) for e in entries]
+    headers = [header_of(e) for e in entries]
     pad, parts = None, []
     for entry in entries:
         if entry.buffer is not None:  # one buffer already, laid out as its header says: one part
