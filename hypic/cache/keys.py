@@ -9,7 +9,6 @@ collision can never serve the wrong segment.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import struct
 from dataclasses import dataclass
@@ -24,20 +23,11 @@ class SegmentKey:
         return self.digest.hex()[:16]
 
 
-@functools.lru_cache(maxsize=1024)
-def _prefix(model_fingerprint: str, seam: int, dtype: str, salt: str, mode: str) -> hashlib._Hash:
-    """The hash state after everything but the token ids: the same for every segment of a model,
-    seam, dtype, tenant and mode, so a key copies it instead of hashing those again (a call of 8
-    RAG requests makes ≈ 160 keys; saved caches on disk keep their digests: the bytes are the same)."""
-    h = hashlib.blake2b(digest_size=20)
-    for part in (model_fingerprint, str(seam), dtype, salt, mode):
-        encoded = part.encode()
-        h.update(struct.pack("<I", len(encoded)) + encoded)
-    return h
-
-
 def segment_key(token_ids: list[int], *, model_fingerprint: str, seam: int, dtype: str, salt: str | None = None,
                 mode: str = "hypic") -> SegmentKey:
-    h = _prefix(model_fingerprint, seam, dtype, salt or "", mode).copy()
+    h = hashlib.blake2b(digest_size=20)
+    for part in (model_fingerprint, str(seam), dtype, salt or "", mode):
+        encoded = part.encode()
+        h.update(struct.pack("<I", len(encoded)) + encoded)
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     return SegmentKey(h.digest(), len(token_ids))

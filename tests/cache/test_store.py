@@ -29,8 +29,7 @@ def test_keys_depend_on_content_seam_salt_not_position() -> None:
 def test_key_digests_are_the_documented_hash() -> None:
     """Saved caches on disk are found by digest, so the key's bytes may never drift: blake2b-160 over
     each length-prefixed part (fingerprint, seam, dtype, salt or "", mode), then the ids as int64 —
-    computed here from scratch, for several models, tenants and modes in turn (the key caches the
-    hash state of the parts)."""
+    computed here from scratch, for several models, tenants and modes in turn."""
     import hashlib
     import struct
 
