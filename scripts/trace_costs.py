@@ -9,8 +9,8 @@ several times per size, then one profiled by Python function (cProfile) and by a
 `--warm-profile`: calls of trace prompts whose documents are all cached (the regime that bounds
 `hypic`'s rate), timed per call size through the combine pass's general path, with its GDN layers
 in one kernel (``HYPIC_FUSED_COMBINE``), with attention by runs too (``HYPIC_COMBINE_FLASH``), and
-with the fused kernel's dots in bf16x3 (``HYPIC_COMBINE_PRECISION``), then a call of 8 profiled (the
-defaults) by phase and by kernel."""
+with the fused kernel's dots in bf16x3 (``HYPIC_COMBINE_PRECISION``; the defaults), then a call of 8
+profiled (the defaults) by phase and by kernel."""
 
 import os
 import sys
@@ -127,7 +127,7 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
     # in-process A/B of the combine pass's GPU paths, read at each call: neither, the GDN layers in one
     # kernel (HYPIC_FUSED_COMBINE), and that plus attention by runs (HYPIC_COMBINE_FLASH)
     arms = {"general": ("0", "0", "tf32x3"), "fused": ("1", "0", "tf32x3"), "fused + flash": ("1", "1", "tf32x3"),
-            "+ bf16x3 dots": ("1", "1", "bf16x3")}
+            "+ bf16x3 dots (defaults)": ("1", "1", "bf16x3")}
     print(f"| warm prompts per call | tokens | prefill (ms): {' / '.join(arms)} | per 1k tokens (ms) | first tokens as general's first call (each arm's two calls) |")
     print("|---|---|---|---|---|")
     at = 48
@@ -150,15 +150,15 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         same = " ".join(f"{sum(x == y for x, y in zip(f, ref, strict=True))}/{len(ref)}" for a in arms for f in firsts[a])
         print(f"| {n} | {tokens} | {' / '.join(f'{ms[a]:.1f}' for a in arms)} | "
               f"{' / '.join(f'{1e3 * ms[a] / tokens:.1f}' for a in arms)} | {same} |", flush=True)
-    os.environ["HYPIC_FUSED_COMBINE"], os.environ["HYPIC_COMBINE_FLASH"], os.environ["HYPIC_COMBINE_PRECISION"] = \
-        "1", "1", "tf32x3"
+    for name in ("HYPIC_FUSED_COMBINE", "HYPIC_COMBINE_FLASH", "HYPIC_COMBINE_PRECISION"):
+        os.environ.pop(name)  # the defaults
     batch = prompts[at:at + 8]
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.generate(batch, [one] * 8, mode="hypic")
         torch.cuda.synchronize()
-    print(f"profiled call of 8 (fused + flash): {1e3 * (time.perf_counter() - t0):.1f} ms wall (profiler on)")
+    print(f"profiled call of 8 (defaults): {1e3 * (time.perf_counter() - t0):.1f} ms wall (profiler on)")
     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30))
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=20))
 

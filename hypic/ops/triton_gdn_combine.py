@@ -9,11 +9,11 @@ goes"): half of a warm call's device time.
 
 Here one program per (value block, value head, request) walks the request's items in position
 order with its state's ``BV`` columns in registers: a cached body applies its summary
-(``x ← T·x + S``, tf32x3 dots, T and S read in place through a table of pointers — no stacking), a
-recompute run steps the gated delta rule token by token from the state it finds, writing each
-token's output. The state after the request's last run is its decode state. The runs' own
-summaries are never formed, so this path serves only passes that build no entries from their runs
-(no in-context segments).
+(``x ← T·x + S``, split-precision dots — ``kernels.combine_precision`` —, T and S read in place
+through a table of pointers — no stacking), a recompute run steps the gated delta rule token by
+token from the state it finds, writing each token's output. The state after the request's last
+run is its decode state. The runs' own summaries are never formed, so this path serves only
+passes that build no entries from their runs (no in-context segments).
 
 Launch shape (``scripts/gdn_combine_bench.py``, H200, a trace-shaped call of 8 at the 9B heads, 24
 layers): the first version held the state key-major in 8 warps with value blocks of 32 — 75.9 ms,

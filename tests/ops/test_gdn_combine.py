@@ -104,8 +104,11 @@ def test_bad_layouts_are_refused() -> None:
 def test_a_bad_combine_precision_is_refused(monkeypatch) -> None:
     from hypic.ops.kernels import combine_precision
 
+    monkeypatch.delenv("HYPIC_COMBINE_PRECISION", raising=False)
+    assert combine_precision(torch.device("cuda")) == "bf16x3"
+    assert combine_precision(torch.device("cpu")) == "tf32x3"  # the interpreter has no bf16 split modes
     monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "fp8")
     with pytest.raises(ValueError, match="HYPIC_COMBINE_PRECISION"):
-        combine_precision()
-    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "bf16x3")
-    assert combine_precision() == "bf16x3"
+        combine_precision(torch.device("cuda"))
+    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "tf32x3")
+    assert combine_precision(torch.device("cuda")) == "tf32x3"
