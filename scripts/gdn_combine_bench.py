@@ -52,7 +52,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--precisions", default="tf32x3",
                     help="the body dots' input precisions, comma-separated (tf32x3, bf16x3, bf16x6, tf32, ieee)")
-    ap.add_argument("--variants", default="32,2;16,1;16,2;32,4;64,4;128,8", help="launch shapes: value block,warps")
+    ap.add_argument("--variants", default="32,2;16,1;16,2;32,4;64,4;128,8",
+                    help="launch shapes: value block,warps[,body chunk[,stages[,max registers]]]")
     args = ap.parse_args()
     from hypic.ops import triton_gdn_combine as fused
     from hypic.ops.triton_chain import addresses
@@ -83,9 +84,11 @@ def main() -> None:
         for variant in args.variants.split(";"):
             for precision in args.precisions.split(","):
                 try:
-                    bv, warps = (int(n) for n in variant.split(","))
+                    bv, warps, *rest = (int(n) for n in variant.split(","))
                     call = functools.partial(fused.gdn_combine, *x, *gb, K ** -0.5, T, S, items, cu,
-                                             precision=precision, block_v=bv, warps=warps)
+                                             precision=precision, block_v=bv, warps=warps,
+                                             body_chunk=rest[0] if rest else 16,
+                                             **dict(zip(("num_stages", "maxnreg"), rest[1:], strict=False)))
                     o, final = call()
                     torch.cuda.synchronize()
                     for _ in range(2):
@@ -110,6 +113,13 @@ def main() -> None:
         eo = ((o - base[1]).norm() / base[1].norm()).item()
         ef = ((final - base[2]).norm() / base[2].norm()).item()
         print(f"| {str(dtype)[6:]} | {variant} | {precision} | {ms:.2f} | {base[0] / ms:.2f}× | {eo:.1e} | {ef:.1e} |")
+    # registers and spills of every compiled variant (spilled state goes through local memory)
+    for cache in fused._gdn_combine_kernel.device_caches.values():
+        for compiled in cache[0].values():
+            c = compiled.metadata
+            print(f"compiled: warps {c.num_warps}, {compiled.n_regs} registers, {compiled.n_spills} spills, "
+                  f"shared {c.shared} B, constants "
+                  f"{ {n: v for n, v in getattr(compiled.src, 'constants', {}).items() if isinstance(v, (int, str))} }")
 
 if __name__ == "__main__":
     main()

@@ -9,8 +9,8 @@ several times per size, then one profiled by Python function (cProfile) and by a
 `--warm-profile`: calls of trace prompts whose documents are all cached (the regime that bounds
 `hypic`'s rate), timed per call size through the combine pass's general path, with its GDN layers
 in one kernel (``HYPIC_FUSED_COMBINE``), with attention by runs too (``HYPIC_COMBINE_FLASH``), and
-with the fused kernel's dots in bf16x3 (``HYPIC_COMBINE_PRECISION``; the defaults), then a call of 8
-profiled (the defaults) by phase and by kernel."""
+with the fused kernel's dots in bf16x3 (``HYPIC_COMBINE_PRECISION``), then a call of 8 profiled (the
+defaults) by phase and by kernel."""
 
 import os
 import sys
@@ -126,8 +126,8 @@ def warm_profile(engine: Engine, tok: Tokenizer) -> None:
         engine.prewarm(docs[i:i + 16])
     # in-process A/B of the combine pass's GPU paths, read at each call: neither, the GDN layers in one
     # kernel (HYPIC_FUSED_COMBINE), and that plus attention by runs (HYPIC_COMBINE_FLASH)
-    arms = {"general": ("0", "0", "tf32x3"), "fused": ("1", "0", "tf32x3"), "fused + flash": ("1", "1", "tf32x3"),
-            "+ bf16x3 dots (defaults)": ("1", "1", "bf16x3")}
+    arms = {"general": ("0", "0", "tf32x3"), "fused": ("1", "0", "tf32x3"), "fused + flash (defaults)": ("1", "1", "tf32x3"),
+            "+ bf16x3 dots": ("1", "1", "bf16x3")}
     print(f"| warm prompts per call | tokens | prefill (ms): {' / '.join(arms)} | per 1k tokens (ms) | first tokens as general's first call (each arm's two calls) |")
     print("|---|---|---|---|---|")
     at = 48

@@ -265,7 +265,7 @@ class CombineContext(ForwardContext):
         x = run.tokens()
         scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
         o, final = fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, T, S, items, offsets,
-                                     precision=combine_precision(dev))
+                                     precision=combine_precision())
         for state, s in zip(self.decode_states, final, strict=True):
             state.linear[layer] = s
         del held_t, held_s  # the kernel is queued on this stream: freed memory is reused only after it

@@ -24,13 +24,13 @@ def fused_combine() -> bool:
     return os.environ.get("HYPIC_FUSED_COMBINE", "1") == "1"
 
 
-def combine_precision(device: torch.device) -> str:
-    """The fused GDN combine's dots (a body's ``T·x``), Triton's split-precision modes: ``bf16x3`` (three
-    bf16 tensor-core passes, ≈ 16-bit mantissa; the default on a GPU: 1.22–1.29× the kernel of tf32x3,
-    2.8e-6 relative from it, docs/benchmarks.md), ``tf32x3`` (≈ fp32; the default in Triton's
-    interpreter, which has no bf16 split modes) or ``bf16x6``. ``HYPIC_COMBINE_PRECISION``, read at each
-    call, overrides the default."""
-    value = os.environ.get("HYPIC_COMBINE_PRECISION") or ("bf16x3" if device.type == "cuda" else "tf32x3")
+def combine_precision() -> str:
+    """The fused GDN combine's dots (a body's ``T·x``), Triton's split-precision modes: ``tf32x3`` (three
+    TF32 passes, ≈ fp32; the default), ``bf16x3`` (three bf16 passes, ≈ 16-bit mantissa) or ``bf16x6``.
+    With the kernel's K-chunks of 16 bf16x3 is only 1.04× faster (docs/benchmarks.md, session 18), so
+    the default keeps the closer one. ``HYPIC_COMBINE_PRECISION``, read at each call; Triton's
+    interpreter has no bf16 split modes."""
+    value = os.environ.get("HYPIC_COMBINE_PRECISION") or "tf32x3"
     if value not in ("tf32x3", "bf16x3", "bf16x6"):
         raise ValueError(f"HYPIC_COMBINE_PRECISION: expected tf32x3, bf16x3 or bf16x6, got {value!r}")
     return value

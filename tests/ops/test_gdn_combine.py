@@ -60,13 +60,14 @@ def _fused(x, summaries, scale, device, dtype, shape=(32, 2), precision="tf32x3"
     S, held_s = addresses([(s.state, None) for s in summaries], torch.device(device))
     t = {n: v.to(device, dtype if n in ("q", "k", "v") else torch.float32) for n, v in x.items()}
     return fused.gdn_combine(t["q"], t["k"], t["v"], t["g"], t["beta"], scale, T, S, items, cu,
-                             block_v=shape[0], warps=shape[1], precision=precision)
+                             block_v=shape[0], warps=shape[1], precision=precision,
+                             **({"body_chunk": shape[2]} if len(shape) > 2 else {}))
 
 
 @interpreter
-@pytest.mark.parametrize("shape", [(32, 2), (16, 1)])
-def test_in_the_interpreter_the_fused_combine_matches_fp64(shape: tuple[int, int]) -> None:
-    """K = 16 below the kernel's K-chunk of 32 (masked), V = 8 below the value block."""
+@pytest.mark.parametrize("shape", [(32, 2, 16), (16, 1, 32)])
+def test_in_the_interpreter_the_fused_combine_matches_fp64(shape: tuple[int, int, int]) -> None:
+    """K = 16: one K-chunk of 16, or below a chunk of 32 (masked); V = 8 below the value block."""
     x, summaries = _case(K=16, V=8)
     want_o, want_final = _reference(x, summaries, 0.3)
     o, final = _fused(x, summaries, 0.3, "cpu", torch.float32, shape)
@@ -76,9 +77,9 @@ def test_in_the_interpreter_the_fused_combine_matches_fp64(shape: tuple[int, int
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("shape", "precision"), [((32, 2), "tf32x3"), ((16, 1), "tf32x3"), ((128, 8), "tf32x3"),
-                                                   ((32, 2), "bf16x3"), ((32, 2), "bf16x6")])
+                                                   ((32, 2), "bf16x3"), ((32, 2, 32), "bf16x3"), ((32, 2), "bf16x6")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, shape: tuple[int, int], precision: str) -> None:
+def test_on_a_gpu_the_fused_combine_matches_fp64(dtype: torch.dtype, shape: tuple[int, ...], precision: str) -> None:
     """At the 9B shape's head sizes (K = V = 128); bf16 inputs rounded once, the state kept in fp32."""
     x, summaries = _case(K=128, V=128)
     if dtype == torch.bfloat16:  # the reference sees the same rounded inputs
@@ -105,10 +106,9 @@ def test_a_bad_combine_precision_is_refused(monkeypatch) -> None:
     from hypic.ops.kernels import combine_precision
 
     monkeypatch.delenv("HYPIC_COMBINE_PRECISION", raising=False)
-    assert combine_precision(torch.device("cuda")) == "bf16x3"
-    assert combine_precision(torch.device("cpu")) == "tf32x3"  # the interpreter has no bf16 split modes
+    assert combine_precision() == "tf32x3"
     monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "fp8")
     with pytest.raises(ValueError, match="HYPIC_COMBINE_PRECISION"):
-        combine_precision(torch.device("cuda"))
-    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "tf32x3")
-    assert combine_precision(torch.device("cuda")) == "tf32x3"
+        combine_precision()
+    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "bf16x3")
+    assert combine_precision() == "bf16x3"
