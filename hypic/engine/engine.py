@@ -36,6 +36,7 @@ from hypic.models.decode_batch import DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
+from hypic.ops.kernels import combine_precision
 from hypic.ops.transfer import to_device
 from hypic.parallel.pool import ColdPool, worker_devices
 from hypic.parallel.router import POLICIES
@@ -93,6 +94,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             raise ValueError(f"route: expected one of {POLICIES}, got {route!r}")
         if cold not in COLD_STRATEGIES:
             raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
+        combine_precision()  # a bad HYPIC_COMBINE_PRECISION fails here, not in every warm request
         self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer

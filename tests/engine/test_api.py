@@ -118,7 +118,7 @@ def test_bad_sampling_params(kwargs, needle) -> None:
         SamplingParams(**kwargs)
 
 
-def test_bad_engine_arguments(llm, qwen3_5_path) -> None:
+def test_bad_engine_arguments(llm, qwen3_5_path, monkeypatch) -> None:
     with pytest.raises(ValueError, match="mode"):
         llm.generate([[[1, 2], [3]]], mode="magic")
     with pytest.raises(ValueError, match="seam"):
@@ -129,4 +129,8 @@ def test_bad_engine_arguments(llm, qwen3_5_path) -> None:
         LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=-5)
     with pytest.raises(ValueError, match="not a directory"):
         LLM("/nonexistent/model", device="cpu")
+    monkeypatch.setenv("HYPIC_COMBINE_PRECISION", "fp8")  # a GPU switch, refused at start on any device
+    with pytest.raises(ValueError, match="HYPIC_COMBINE_PRECISION"):
+        LLM(str(qwen3_5_path), device="cpu")
+    monkeypatch.delenv("HYPIC_COMBINE_PRECISION")
     assert torch.isfinite(llm.engine.prefill_logits([[[1, 2, 3], [4]]])[0]).all()
