@@ -67,6 +67,7 @@ class Probe:
     errors: list[str] = field(default_factory=list)
     hits: int = 0
     misses: int = 0
+    missing: int = 0  # requests with at least one miss: each makes its prefill call build entries
     prompt_tokens: int = 0
     moves: tuple[int, int, int] = (0, 0, 0)  # the store's promotions, demotions, evictions during the block
     move_s: float | None = 0.0  # host seconds the store spent issuing those copies (None: not reported)
@@ -156,13 +157,15 @@ def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: 
                     probe.ttft.append(res.ttft_s)
                     probe.engine_ttft.append(res.prefill_s)
                     probe.hits, probe.misses = probe.hits + res.hits, probe.misses + res.misses
+                    probe.missing += res.misses > 0
                     probe.prompt_tokens += res.prompt_tokens
                     if res.answer is not None:
                         ems.append(score("em_f1", res.answer, trace.requests[i].answer)["em"])
                 probe.em = 100 * sum(ems) / len(ems) if ems else None
                 probes.append(probe)
                 print(f"trace {mode} {rate:g} QPS: p50 {1e3 * probe.quantile(0.5):.0f} ms, "
-                      f"p90 {1e3 * probe.quantile(QUANTILE):.0f} ms, {len(probe.errors)} errors",
+                      f"p90 {1e3 * probe.quantile(QUANTILE):.0f} ms, {len(probe.errors)} errors, "
+                      f"{probe.missing} requests with a miss",
                       file=sys.stderr, flush=True)
                 for e in sorted(set(probe.errors)):  # each distinct failure once: a bench must say why
                     print(f"trace {mode} {rate:g} QPS: {probe.errors.count(e)} × {e}", file=sys.stderr, flush=True)
@@ -198,7 +201,8 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
              f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
              f"{serving}; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
-             "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits | "
+             "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits "
+             "(requests with a miss) | "
              "promoted / demoted / evicted (host ms) | prompt tokens / request | EM | within SLO |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     modes = list(dict.fromkeys(p.mode for p in probes))
@@ -210,7 +214,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
         prefill = sorted(p.engine_ttft)[len(p.engine_ttft) // 2] if p.engine_ttft else float("nan")
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
                      f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
-                     f"{100 * p.hits / seg if seg else 0:.0f}% | "
+                     f"{100 * p.hits / seg if seg else 0:.0f}% ({100 * p.missing / answered:.0f}%) | "
                      f"{' / '.join(map(str, p.moves))}{'' if p.move_s is None else f' ({1e3 * p.move_s:.0f})'} | "
                      f"{p.prompt_tokens / answered:.0f} | "
                      f"{'–' if p.em is None else f'{p.em:.1f}'} | "

@@ -36,10 +36,14 @@ def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
     for rate in (500.0, 1000.0):  # every mode meets the same requests at a rate
         assert by["prefix", rate].prompt_tokens == by["hypic", rate].prompt_tokens
     assert by["hypic", 500.0].hits > 0  # the warm-up filled the cache with the popular documents
+    for p in probes:  # a request with a miss is counted once, however many documents it missed
+        assert min(p.misses, 1) <= p.missing <= min(p.misses, len(p.ttft))
     assert all(p.moves == (0, 0, 0) for p in probes)  # an unbounded store never moves an entry
     assert bundled.engine.store.check_integrity()
     table = report(probes, load, [500.0, 1000.0], "t")
     assert "| hypic | ≥ 1000 | ? (neither bounded) | – |" in table
+    h = by["hypic", 500.0]
+    assert f"| {100 * h.hits / (h.hits + h.misses):.0f}% ({100 * h.missing / len(h.ttft):.0f}%) |" in table
 
 
 def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
