@@ -268,7 +268,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 raise
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
-            tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active])
+            tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
+                                  [r.output.token_ids for r in active])
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):

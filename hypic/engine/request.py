@@ -12,6 +12,10 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: int = 0  # top-n log-probabilities of every generated token
+    # OpenAI's penalties over the tokens generated so far (not the prompt's, as vLLM does):
+    # logit[t] − frequency_penalty · count[t] − presence_penalty · [count[t] > 0]
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -24,6 +28,14 @@ class SamplingParams:
             raise ValueError(f"seed: expected an integer or None, got {self.seed!r}")
         if not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs: expected an integer in [0, 20], got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name}: expected a number in [-2, 2], got {value!r}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 @dataclass

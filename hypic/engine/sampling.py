@@ -1,5 +1,6 @@
 """Choosing the next token: greedy, or temperature with nucleus (top-p) sampling, seeded per
-request; plus the top-n log-probabilities a request asked for."""
+request, after the presence and frequency penalties a request asked for; plus the top-n
+log-probabilities (of the penalized distribution, the one the token is drawn from)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,29 @@ import torch
 from torch import Tensor
 
 from hypic.engine.request import SamplingParams
+from hypic.ops.transfer import to_device
 
 
-def sample(logits: Tensor, params: list[SamplingParams],
-           generators: list[torch.Generator | None]) -> tuple[list[int], list[dict[int, float] | None]]:
-    """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities."""
+def penalize(logits: Tensor, params: list[SamplingParams], histories: list[list[int]]) -> Tensor:
+    """Each row's logits less its request's penalties over the tokens it has generated:
+    ``− frequency_penalty · count[t] − presence_penalty · [count[t] > 0]``. Rows without penalties
+    (the default) cost nothing; the input is left as it is."""
+    rows = [i for i, (p, h) in enumerate(zip(params, histories, strict=True)) if p.penalized and h]
+    if not rows:
+        return logits
+    out = logits.float().clone()
+    for i in rows:
+        counts = torch.bincount(to_device(histories[i], out.device), minlength=out.shape[-1]).to(out.dtype)
+        out[i] -= params[i].frequency_penalty * counts + params[i].presence_penalty * (counts > 0).to(out.dtype)
+    return out
+
+
+def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+           histories: list[list[int]] | None = None) -> tuple[list[int], list[dict[int, float] | None]]:
+    """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities;
+    ``histories``: each row's generated tokens so far (the penalties' counts; None: none yet)."""
+    if histories is not None:
+        logits = penalize(logits, params, histories)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
     tokens: list[int] = []

@@ -88,6 +88,8 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None) -> Sampling
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
-                              seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs))
+                              seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
+                              presence_penalty=float(req.presence_penalty),
+                              frequency_penalty=float(req.frequency_penalty))
     except ValueError as e:
         raise from_value_error(e, None) from None

@@ -50,8 +50,8 @@ class Common(Strict):
     stop: Text | Stop | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="not implemented")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over the generated tokens
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: str | None = None  # accepted, unused
     cache_salt: Text | None = Field(None, max_length=1024)
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]

@@ -66,6 +66,14 @@ def test_completion_whole_streamed_and_offline_agree(client: OpenAI, llm: LLM) -
     assert llm.generate([segments], SamplingParams(max_tokens=6))[0].text == whole.choices[0].text
 
 
+def test_penalties_reach_the_engine(client: OpenAI, llm: LLM) -> None:
+    segments = rag(1)
+    sp = dict(presence_penalty=-2.0, frequency_penalty=-2.0)
+    want = llm.generate([segments], SamplingParams(max_tokens=16, **sp))[0].text
+    assert want != llm.generate([segments], SamplingParams(max_tokens=16))[0].text  # they change this answer
+    assert complete(client, segments, max_tokens=16, **sp).choices[0].text == want
+
+
 def test_chat_each_message_and_part_is_a_segment(client: OpenAI, llm: LLM) -> None:
     head, *docs, query = rag(1)
     messages = [{"role": "system", "content": head}, *({"role": "user", "content": d} for d in docs[:2]),
