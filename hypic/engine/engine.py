@@ -202,6 +202,11 @@ class Engine(ColdPrefill, PrefixPrefill):
         """Prefill prompts (tokenized by segment, the query last) and sample their first tokens."""
         mode = check_mode(mode)
         salts = salts or [None] * len(prompts)
+        vocab = self.model.vocab_size
+        for p in params:
+            outside = [t for t in (p.logit_bias or ()) if t >= vocab]
+            if outside:
+                raise ValueError(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {vocab})")
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]

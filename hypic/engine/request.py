@@ -16,6 +16,7 @@ class SamplingParams:
     # logit[t] − frequency_penalty · count[t] − presence_penalty · [count[t] > 0]
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # token id → added to its logit at every step, in [-100, 100]
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -32,10 +33,23 @@ class SamplingParams:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
                 raise ValueError(f"{name}: expected a number in [-2, 2], got {value!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias: expected a mapping of token ids to numbers, got {self.logit_bias!r}")
+            for t, b in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                    raise ValueError(f"logit_bias: token ids must be non-negative integers, got {t!r}")
+                if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
+                    raise ValueError(f"logit_bias: token {t}'s bias must be a number in [-100, 100], got {b!r}")
 
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether the logits are changed before sampling (a bias or a penalty)."""
+        return bool(self.logit_bias) or self.penalized
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Choosing the next token: greedy, or temperature with nucleus (top-p) sampling, seeded per
-request, after the presence and frequency penalties a request asked for; plus the top-n
-log-probabilities (of the penalized distribution, the one the token is drawn from)."""
+request, after the logit bias and the presence and frequency penalties a request asked for; plus
+the top-n log-probabilities (of the adjusted distribution, the one the token is drawn from)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,22 @@ from hypic.engine.request import SamplingParams
 from hypic.ops.transfer import to_device
 
 
-def penalize(logits: Tensor, params: list[SamplingParams], histories: list[list[int]]) -> Tensor:
-    """Each row's logits less its request's penalties over the tokens it has generated:
-    ``− frequency_penalty · count[t] − presence_penalty · [count[t] > 0]``. Rows without penalties
-    (the default) cost nothing; the input is left as it is."""
-    rows = [i for i, (p, h) in enumerate(zip(params, histories, strict=True)) if p.penalized and h]
+def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[int]]) -> Tensor:
+    """Each row's logits with its request's ``logit_bias`` added and its penalties over the tokens it
+    has generated taken off: ``− frequency_penalty · count[t] − presence_penalty · [count[t] > 0]``.
+    Rows asking for neither (the default) cost nothing; the input is left as it is."""
+    rows = [i for i, p in enumerate(params) if p.logit_bias or (p.penalized and histories[i])]
     if not rows:
         return logits
     out = logits.float().clone()
     for i in rows:
-        counts = torch.bincount(to_device(histories[i], out.device), minlength=out.shape[-1]).to(out.dtype)
-        out[i] -= params[i].frequency_penalty * counts + params[i].presence_penalty * (counts > 0).to(out.dtype)
+        p = params[i]
+        if p.logit_bias:
+            ids = to_device(list(p.logit_bias), out.device)
+            out[i].index_add_(0, ids, to_device(list(p.logit_bias.values()), out.device, dtype=out.dtype))
+        if p.penalized and histories[i]:
+            counts = torch.bincount(to_device(histories[i], out.device), minlength=out.shape[-1]).to(out.dtype)
+            out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(out.dtype)
     return out
 
 
@@ -29,8 +34,7 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
            histories: list[list[int]] | None = None) -> tuple[list[int], list[dict[int, float] | None]]:
     """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities;
     ``histories``: each row's generated tokens so far (the penalties' counts; None: none yet)."""
-    if histories is not None:
-        logits = penalize(logits, params, histories)
+    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params])
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
     tokens: list[int] = []

@@ -121,8 +121,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         segments = prompts.completion_segments(llm, req, settings)
         field_name = "segments" if req.segments is not None else "prompt"
         max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-        gen = Generation(False, settings.model_name, segments, prompts.sampling(req, max_tokens, req.logprobs),
-                         req.mode, req.cache_salt, req.stream, req.include_usage, req.stops, req.logprobs)
+        params = prompts.sampling(req, max_tokens, req.logprobs, llm.vocab_size)
+        gen = Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
+                         req.include_usage, req.stops, req.logprobs)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
     @v1.post("/chat/completions")
@@ -134,8 +135,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         max_tokens = prompts.token_budget(llm, segments, "messages", req.token_budget,
                                           settings.max_completion_tokens, settings)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        gen = Generation(True, settings.model_name, segments, prompts.sampling(req, max_tokens, top), req.mode,
-                         req.cache_salt, req.stream, req.include_usage, req.stops, top)
+        params = prompts.sampling(req, max_tokens, top, llm.vocab_size)
+        gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
+                         req.include_usage, req.stops, top)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
     @v1.post("/segments")

@@ -83,13 +83,21 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy decoding (dividing logits by it overflows)
 
 
-def sampling(req: Common, max_tokens: int, top_logprobs: int | None) -> SamplingParams:
+def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size: int) -> SamplingParams:
     """The engine always reports the chosen token's log-probability when any are asked for."""
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
+    bias = None
+    if req.logit_bias is not None:
+        bias = {}
+        for key, value in req.logit_bias.items():
+            if not key.isascii() or not key.isdigit() or int(key) >= vocab_size:
+                raise bad_request(f"logit_bias: {key!r} is not a token id of this model's vocabulary "
+                                  f"[0, {vocab_size})", "logit_bias")
+            bias[int(key)] = value
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
                               presence_penalty=float(req.presence_penalty),
-                              frequency_penalty=float(req.frequency_penalty))
+                              frequency_penalty=float(req.frequency_penalty), logit_bias=bias)
     except ValueError as e:
         raise from_value_error(e, None) from None

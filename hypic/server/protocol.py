@@ -52,6 +52,7 @@ class Common(Strict):
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over the generated tokens
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key) → bias in [-100, 100]
     user: str | None = None  # accepted, unused
     cache_salt: Text | None = Field(None, max_length=1024)
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]

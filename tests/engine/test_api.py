@@ -72,35 +72,49 @@ def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
     assert max(greedy.logprobs[0], key=greedy.logprobs[0].get) == greedy.token_ids[0]
 
 
-@pytest.mark.parametrize(("presence", "frequency"), [(1.5, 0.7), (-2.0, -0.5)])
-def test_penalties_follow_their_definition_token_by_token(llm, presence: float, frequency: float) -> None:
-    """Greedy decoding with penalties vs an independent reference: each step's logits from a whole
-    `full` prefill of the prompt plus the tokens so far, penalized by hand from the counts."""
-    prompt = _segments(9, [40, 30, 6])  # its greedy answer repeats tokens within 16
-    sp = SamplingParams(max_tokens=16, presence_penalty=presence, frequency_penalty=frequency, logprobs=1)
+@pytest.mark.parametrize(("presence", "frequency", "bias"), [(1.5, 0.7, None), (-2.0, -0.5, None),
+                                                             (0.0, 0.0, {72: -100.0, 13: 4.5}), (1.0, 0.0, {13: 3.0})])
+def test_adjustments_follow_their_definition_token_by_token(llm, presence: float, frequency: float,
+                                                           bias: dict[int, float] | None) -> None:
+    """Greedy decoding with penalties and a logit bias vs an independent reference: each step's logits
+    from a whole `full` prefill of the prompt plus the tokens so far, adjusted by hand."""
+    prompt = _segments(9, [40, 30, 6])  # its greedy answer repeats tokens within 16 (72 among them)
+    sp = SamplingParams(max_tokens=16, presence_penalty=presence, frequency_penalty=frequency, logit_bias=bias,
+                        logprobs=1)
     got = llm.generate([prompt], sp, mode="full")[0]
     plain = llm.generate([prompt], SamplingParams(max_tokens=16), mode="full")[0]
-    assert got.token_ids != plain.token_ids  # the penalties changed the answer: the check below bites
+    assert got.token_ids != plain.token_ids  # the adjustments changed the answer: the check below bites
     for i, tok in enumerate(got.token_ids):
         logits = llm.engine.prefill_logits([prompt[:-1] + [prompt[-1] + got.token_ids[:i]]], mode="full")[0][0]
-        counts = torch.zeros_like(logits, dtype=torch.float64)
+        want = logits.double()
+        for t, b in (bias or {}).items():
+            want[t] += b
+        counts = torch.zeros_like(want)
         for t in got.token_ids[:i]:
             counts[t] += 1
-        want = logits.double() - frequency * counts - presence * (counts > 0).double()
+        want = want - frequency * counts - presence * (counts > 0).double()
         assert want[tok] >= want.max() - 1e-4, (i, tok, int(want.argmax()))
         assert abs(got.logprobs[i][tok] - torch.log_softmax(want, -1)[tok].item()) < 1e-4
 
 
-def test_penalize_leaves_rows_without_penalties_and_its_input_alone() -> None:
-    from hypic.engine.sampling import penalize
+def test_a_strong_bias_forces_every_token(llm) -> None:
+    out = llm.generate([_segments(9, [40, 6])], SamplingParams(max_tokens=5, logit_bias={13: 100.0}))[0]
+    assert out.token_ids == [13] * 5
+    with pytest.raises(ValueError, match="logit_bias: token id 1026"):
+        llm.generate([_segments(9, [40, 6])], SamplingParams(logit_bias={1026: 1.0}))
+    assert llm.generate([_segments(9, [40, 6])], SamplingParams(max_tokens=2))[0].token_ids  # still serving
+
+
+def test_adjust_leaves_rows_without_adjustments_and_its_input_alone() -> None:
+    from hypic.engine.sampling import adjust
 
     logits = torch.arange(12, dtype=torch.float32).view(2, 6)
     before = logits.clone()
-    params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), SamplingParams()]
-    out = penalize(logits, params, [[1, 1, 4], [2, 2]])
+    params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, logit_bias={5: -2.0}), SamplingParams()]
+    out = adjust(logits, params, [[1, 1, 4], [2, 2]])
     assert torch.equal(logits, before) and torch.equal(out[1], before[1])
-    assert out[0].tolist() == [0.0, 1 - 0.5 - 0.5, 2.0, 3.0, 4 - 0.25 - 0.5, 5.0]
-    assert penalize(logits, params, [[], []]) is logits  # nothing generated yet: nothing to do
+    assert out[0].tolist() == [0.0, 1 - 0.5 - 0.5, 2.0, 3.0, 4 - 0.25 - 0.5, 5.0 - 2.0]
+    assert adjust(logits, [SamplingParams(presence_penalty=1.0), SamplingParams()], [[], []]) is logits
 
 
 def test_concurrent_generate_calls(llm) -> None:
@@ -143,7 +157,8 @@ def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"),
     (dict(logprobs=-2), "logprobs"), (dict(seed="x"), "seed"), (dict(presence_penalty=2.5), "presence_penalty"),
-    (dict(frequency_penalty=True), "frequency_penalty"),
+    (dict(frequency_penalty=True), "frequency_penalty"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    (dict(logit_bias={3: 101.0}), "logit_bias: token 3"), (dict(logit_bias=[3]), "logit_bias"),
 ])
 def test_bad_sampling_params(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):

@@ -72,6 +72,11 @@ def test_penalties_reach_the_engine(client: OpenAI, llm: LLM) -> None:
     want = llm.generate([segments], SamplingParams(max_tokens=16, **sp))[0].text
     assert want != llm.generate([segments], SamplingParams(max_tokens=16))[0].text  # they change this answer
     assert complete(client, segments, max_tokens=16, **sp).choices[0].text == want
+    plain = llm.generate([segments], SamplingParams(max_tokens=4)).pop().token_ids
+    banned = llm.generate([segments], SamplingParams(max_tokens=4, logit_bias={plain[0]: -100.0})).pop()
+    assert banned.token_ids[0] != plain[0]  # a bias of −100 bans the token
+    got = complete(client, segments, max_tokens=4, logit_bias={str(plain[0]): -100})
+    assert got.choices[0].text == banned.text
 
 
 def test_chat_each_message_and_part_is_a_segment(client: OpenAI, llm: LLM) -> None:
