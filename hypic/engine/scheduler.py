@@ -5,8 +5,9 @@ Each iteration admits waiting requests (prefilled together, per mode; at most
 device's memory or holds every request of the burst to the slowest), runs one decode step for
 every running request — decode is batched across requests — and hands new tokens to each
 request's event queue. The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
-A cancelled request leaves at the next iteration; shutdown stops admitting, then finishes or
-cancels what runs.
+A cancelled request leaves at the next iteration — a waiting one frees its place in the queue
+then, or at the next submission, not only when it would have been admitted; shutdown stops
+admitting, then finishes or cancels what runs.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class Scheduler:
                salt: str | None = None) -> Submission:
         sub = Submission(prompt, params, mode, salt)
         with self._cv:
+            self._drop_cancelled_waiting()
             if self._stopping:
                 raise QueueFull("the server is shutting down")
             if len(self._waiting) >= self.max_queue:
@@ -90,6 +92,15 @@ class Scheduler:
             self._waiting.append(sub)
             self._cv.notify()
         return sub
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Cancelled requests out of the waiting queue (the caller holds the lock): a client that went
+        away must not keep a place that another could take."""
+        if any(s.cancelled.is_set() for s in self._waiting):
+            for s in self._waiting:
+                if s.cancelled.is_set():
+                    s.events.put(Event("error", error=RuntimeError("cancelled")))
+            self._waiting = deque(s for s in self._waiting if not s.cancelled.is_set())
 
     def _emit(self, sub: Submission) -> None:
         out = sub.run.output
@@ -136,6 +147,7 @@ class Scheduler:
                     self._cv.wait()
                 if self._stopping and not self._running and not self._waiting:
                     return
+                self._drop_cancelled_waiting()
             self._admit()
             with self._cv:
                 running = list(self._running)

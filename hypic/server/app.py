@@ -111,6 +111,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise APIError(404, f"model: {name!r} is not served here (serving {settings.model_name!r})",
                            param="model", kind="not_found", code="model_not_found")
 
+    def choices(n: int) -> int:
+        if n > settings.max_choices:
+            raise bad_request(f"n: {n} choices exceed this server's limit of {settings.max_choices}", "n")
+        return n
+
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 
     @v1.post("/completions")
@@ -123,7 +128,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
         params = prompts.sampling(req, max_tokens, req.logprobs, llm.vocab_size)
         gen = Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                         req.include_usage, req.stops, req.logprobs)
+                         req.include_usage, req.stops, req.logprobs, choices(req.n))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
     @v1.post("/chat/completions")
@@ -137,7 +142,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size)
         gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                         req.include_usage, req.stops, top)
+                         req.include_usage, req.stops, top, choices(req.n))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
     @v1.post("/segments")

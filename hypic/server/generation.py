@@ -1,11 +1,14 @@
 """Running one generation request and answering it in OpenAI's shapes, streamed (server-sent
 events, one chunk per token) or whole.
 
-Both endpoints share the driver: ``_pieces`` turns the job's events into text pieces (with stop
-strings and incremental detokenization) and records metrics; the completion and chat flavours
-differ only in how a piece, its log-probabilities and the envelope are spelled. A client that
-disconnects cancels its job: for streams Starlette cancels the response task, for whole answers
-a watcher task sees the ``http.disconnect``.
+Both endpoints share the driver: ``Responder.pieces`` turns a job's events into text pieces (with
+stop strings and incremental detokenization) and records metrics; the completion and chat flavours
+differ only in how a piece, its log-probabilities and the envelope are spelled. A request for
+``n`` choices is ``n`` jobs of the same prompt (their documents hit the cache after the first
+prefill; with a ``seed``, choice ``i`` samples with ``seed + i``), answered as one response: a
+stream interleaves their chunks, each with its choice's index. A client that disconnects cancels
+its jobs: for streams Starlette cancels the response task, for whole answers a watcher task sees
+the ``http.disconnect``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -40,6 +43,13 @@ class Generation:
     include_usage: bool
     stops: list[str]
     top_logprobs: int | None  # None: no log-probabilities
+    n: int = 1  # choices
+
+    def choice_params(self, i: int) -> SamplingParams:
+        """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
+        if self.params.seed is None or i == 0:
+            return self.params
+        return replace(self.params, seed=(self.params.seed + i + 2**63) % 2**64 - 2**63)
 
 
 @dataclass
@@ -52,11 +62,12 @@ class Piece:
 class Responder:
     """One request's run: the job, its text stream and how to spell its answer."""
 
-    def __init__(self, gen: Generation, job: Job, tokenizer: Any, metrics: Metrics) -> None:
-        self.gen, self.job, self.tokenizer, self.metrics = gen, job, tokenizer, metrics
+    def __init__(self, gen: Generation, job: Job, tokenizer: Any, metrics: Metrics, index: int = 0,
+                 id_: str | None = None, created: int | None = None) -> None:
+        self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
         self.text = TextStream(tokenizer, gen.stops)
-        self.id = f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
+        self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
 
     async def pieces(self) -> AsyncIterator[Piece]:
@@ -118,39 +129,70 @@ class Responder:
 
     def chunk(self, piece: Piece) -> dict:
         delta: dict[str, Any] = {"content": piece.text} if self.gen.chat else {"text": piece.text}
-        choice = {"index": 0, **({"delta": delta} if self.gen.chat else delta),
+        choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
                   "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
         return {**self._envelope(True), "choices": [choice]}
 
-    def whole(self, text: str, tokens: list, finish: str) -> dict:
+    def choice(self, text: str, tokens: list, finish: str) -> dict:
         body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
                                 else {"text": text})
-        choice = {"index": 0, **body, "logprobs": self.logprobs(tokens), "finish_reason": finish}
-        return {**self._envelope(False), "choices": [choice], "usage": self.usage(), "hypic": self.extension()}
+        return {"index": self.index, **body, "logprobs": self.logprobs(tokens), "finish_reason": finish}
+
+
+def _usage(rs: list[Responder]) -> dict:
+    """The prompt once, every choice's completion tokens."""
+    usage = rs[0].usage()
+    completion = sum(r.job.tokens for r in rs)
+    return {**usage, "completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
 
 
 def _sse(data: dict | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _stream(r: Responder) -> AsyncIterator[str]:
+async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
+    """Every choice's chunks as they come; the usage chunk (if asked for) after the last."""
+    r0 = rs[0]
+    queue: asyncio.Queue[tuple[Responder, Piece | BaseException | None]] = asyncio.Queue()
+
+    async def pump(r: Responder) -> None:
+        try:
+            async for piece in r.pieces():
+                await queue.put((r, piece))
+            await queue.put((r, None))
+        except BaseException as e:  # noqa: BLE001 — handed to the stream, which answers or re-raises it
+            await queue.put((r, e))
+
+    tasks = []
     try:
-        if r.gen.chat:
-            yield _sse({**r._envelope(True), "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                                            "logprobs": None, "finish_reason": None}]})
-        async for piece in r.pieces():
-            if piece.text or piece.finish or r.gen.top_logprobs is not None:
-                yield _sse(r.chunk(piece))
-        if r.gen.include_usage:
-            yield _sse({**r._envelope(True), "choices": [], "usage": r.usage(), "hypic": r.extension()})
+        if r0.gen.chat:
+            for r in rs:
+                yield _sse({**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
+                                                                                           "content": ""},
+                                                                "logprobs": None, "finish_reason": None}]})
+        tasks = [asyncio.ensure_future(pump(r)) for r in rs]
+        open_choices = len(rs)
+        while open_choices:
+            r, item = await queue.get()
+            if item is None:
+                open_choices -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            elif item.text or item.finish or r.gen.top_logprobs is not None:
+                yield _sse(r.chunk(item))
+        if r0.gen.include_usage:
+            yield _sse({**r0._envelope(True), "choices": [], "usage": _usage(rs), "hypic": r0.extension()})
     except APIError as e:
-        r.metrics.count_error(e.kind)
+        r0.metrics.count_error(e.kind)
         yield _sse(e.body())
     finally:
-        if not r.job.finished:
-            r.job.cancel()
-            if not r.ended:
-                r.metrics.count_error("cancelled")  # the client went away (or the server is stopping)
+        for task in tasks:
+            task.cancel()
+        if any(not r.job.finished for r in rs):
+            for r in rs:
+                r.job.cancel()
+            if not all(r.ended for r in rs):
+                r0.metrics.count_error("cancelled")  # the client went away (or the server is stopping)
     yield _sse("[DONE]")
 
 
@@ -160,35 +202,51 @@ async def _collect(r: Responder) -> dict:
         text.append(piece.text)
         tokens.extend(piece.tokens)
         if piece.finish is not None:
-            return r.whole("".join(text), tokens, piece.finish)
+            return r.choice("".join(text), tokens, piece.finish)
     raise APIError(500, "generation ended without an answer", kind="engine", type="server_error")
 
 
+async def _whole(rs: list[Responder]) -> dict:
+    choices = await asyncio.gather(*(_collect(r) for r in rs))
+    r0 = rs[0]
+    return {**r0._envelope(False), "choices": list(choices), "usage": _usage(rs), "hypic": r0.extension()}
+
+
 class _JobStream(StreamingResponse):
-    """A stream that cancels its job however the response ends — even when the client hangs up
+    """A stream that cancels its jobs however the response ends — even when the client hangs up
     before the body iterator ever starts (then the iterator's own cleanup never runs)."""
 
-    def __init__(self, job: Job, content: AsyncIterator[str], **kw: Any) -> None:
+    def __init__(self, jobs: list[Job], content: AsyncIterator[str], **kw: Any) -> None:
         super().__init__(content, **kw)
-        self.job = job
+        self.jobs = jobs
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self.job.finished:
-                self.job.cancel()
+            for job in self.jobs:
+                if not job.finished:
+                    job.cancel()
 
 
 async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer: Any, gen: Generation,
                   arrival: float) -> Response:
-    job = runner.submit(gen.prompt, gen.params, gen.mode, gen.salt, arrival)
+    jobs: list[Job] = []
+    try:  # all n choices or none: a choice refused (429/503) takes back the ones already queued
+        for i in range(gen.n):
+            jobs.append(runner.submit(gen.prompt, gen.choice_params(i), gen.mode, gen.salt, arrival))
+    except APIError:
+        for job in jobs:
+            job.cancel()
+        raise
     metrics.requests.labels("chat" if gen.chat else "completions").inc()
-    r = Responder(gen, job, tokenizer, metrics)
+    first = Responder(gen, jobs[0], tokenizer, metrics)
+    rs = [first] + [Responder(gen, job, tokenizer, metrics, i, first.id, first.created)
+                    for i, job in enumerate(jobs[1:], 1)]
     if gen.stream:
-        return _JobStream(job, _stream(r), media_type="text/event-stream",
+        return _JobStream(jobs, _stream(rs), media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    consumer = asyncio.ensure_future(_collect(r))
+    consumer = asyncio.ensure_future(_whole(rs))
     watcher = asyncio.ensure_future(until_disconnected(request.receive))
     try:
         await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -199,5 +257,6 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     finally:
         for task in (consumer, watcher):
             task.cancel()
-        if not job.finished:
-            job.cancel()
+        for job in jobs:
+            if not job.finished:
+                job.cancel()

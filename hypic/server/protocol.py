@@ -45,7 +45,7 @@ class Common(Strict):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    n: int = Field(1, ge=1)  # choices (at most the server's max_choices)
     seed: int | None = Field(None, **INT64)
     stop: Text | Stop | None = None
     stream: bool = False

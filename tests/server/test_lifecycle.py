@@ -85,6 +85,31 @@ def test_full_queue_429_and_disconnect_cancels(endless: LLM) -> None:
         live.stop()
 
 
+def test_n_choices_are_queued_all_or_none(endless: LLM) -> None:
+    """Each choice is a request: n = 3 behind a running request with room for two waiting is refused
+    whole (429), and the two choices it had queued are taken back; n = 2 then fits and completes."""
+    live = serve(endless, max_concurrent=1, max_queue=2, max_completion_tokens=LONG)
+    try:
+        with httpx.stream("POST", f"{live.url}/v1/completions", json=body(LONG, stream=True), timeout=60) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would hang up
+            assert r.status_code == 200 and next(lines).startswith("data: ")  # running: the slot is taken
+            full = httpx.post(f"{live.url}/v1/completions", json={**body(2), "n": 3}, timeout=60)
+            assert full.status_code == 429 and full.json()["error"]["param"] is None
+            wait_for(lambda: metric(live.url, "hypic_queue_depth") == 0)  # the queued two were taken back
+            done: list[httpx.Response] = []
+            waiter = threading.Thread(target=lambda: done.append(
+                httpx.post(f"{live.url}/v1/completions", json={**body(2), "n": 2}, timeout=60)))
+            waiter.start()
+            wait_for(lambda: metric(live.url, "hypic_queue_depth") == 2)
+        waiter.join(30)  # the long request hung up and cancelled: both choices run
+        assert done[0].status_code == 200 and [c["index"] for c in done[0].json()["choices"]] == [0, 1]
+        assert done[0].json()["usage"]["completion_tokens"] == 4
+        wait_for(idle(live.url))
+        assert endless.engine.store.check_integrity() and not endless.engine.store._pins
+    finally:
+        live.stop()
+
+
 def test_request_timeout(endless: LLM) -> None:
     live = serve(endless, request_timeout_s=0.5, max_completion_tokens=LONG)
     try:

@@ -79,6 +79,30 @@ def test_penalties_reach_the_engine(client: OpenAI, llm: LLM) -> None:
     assert got.choices[0].text == banned.text
 
 
+def test_n_choices_whole_and_streamed(client: OpenAI, llm: LLM) -> None:
+    """Choice i samples with seed + i; one response holds them all, a stream interleaves them."""
+    segments = rag(2)
+    kw = dict(temperature=1.0, seed=11, max_tokens=6)
+    want = [llm.generate([segments], SamplingParams(max_tokens=6, temperature=1.0, seed=11 + i))[0] for i in range(3)]
+    assert len({o.text for o in want}) > 1  # the seeds differ: so must the choices
+    whole = complete(client, segments, n=3, **kw)
+    assert [c.index for c in whole.choices] == [0, 1, 2]
+    assert [c.text for c in whole.choices] == [o.text for o in want]
+    assert whole.usage.prompt_tokens == sum(len(s) for s in llm.tokenize(segments))
+    assert whole.usage.completion_tokens == sum(len(o.token_ids) for o in want)
+    chunks = list(complete(client, segments, n=3, stream=True, stream_options={"include_usage": True}, **kw))
+    texts = ["", "", ""]
+    for c in chunks:
+        for choice in c.choices:
+            texts[choice.index] += choice.text
+    assert texts == [o.text for o in want] and len({c.id for c in chunks}) == 1
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": s} for s in segments],
+                                          max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy: the same answer twice
+
+
 def test_chat_each_message_and_part_is_a_segment(client: OpenAI, llm: LLM) -> None:
     head, *docs, query = rag(1)
     messages = [{"role": "system", "content": head}, *({"role": "user", "content": d} for d in docs[:2]),
