@@ -153,14 +153,14 @@ def _sse(data: dict | str) -> str:
 async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
     """Every choice's chunks as they come; the usage chunk (if asked for) after the last."""
     r0 = rs[0]
-    queue: asyncio.Queue[tuple[Responder, Piece | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[Responder, Piece | Exception | None]] = asyncio.Queue()
 
     async def pump(r: Responder) -> None:
         try:
             async for piece in r.pieces():
                 await queue.put((r, piece))
             await queue.put((r, None))
-        except BaseException as e:  # noqa: BLE001 — handed to the stream, which answers or re-raises it
+        except Exception as e:  # noqa: BLE001 — handed to the stream, which answers or re-raises it
             await queue.put((r, e))
 
     tasks = []
@@ -176,7 +176,7 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
             r, item = await queue.get()
             if item is None:
                 open_choices -= 1
-            elif isinstance(item, BaseException):
+            elif isinstance(item, Exception):
                 raise item
             elif item.text or item.finish or r.gen.top_logprobs is not None:
                 yield _sse(r.chunk(item))
