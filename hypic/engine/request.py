@@ -12,7 +12,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     logprobs: int = 0  # top-n log-probabilities of every generated token
-    # OpenAI's penalties over the tokens generated so far (not the prompt's, as vLLM does):
+    # OpenAI's penalties over the tokens generated so far (the prompt's are not counted; vLLM does the same):
     # logit[t] − frequency_penalty · count[t] − presence_penalty · [count[t] > 0]
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -45,11 +45,6 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    @property
-    def adjusts(self) -> bool:
-        """Whether the logits are changed before sampling (a bias or a penalty)."""
-        return bool(self.logit_bias) or self.penalized
 
 
 @dataclass
