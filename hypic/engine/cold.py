@@ -4,7 +4,11 @@ state, all in one varlen batch, producing its cache entry.
 Attention is block-diagonal (each segment sees only itself), so the cost is Σ L_i², and the
 segments are independent work. Linear layers run two passes over the packed segments split into
 ``[seam_i | body_i]`` sequences: the first from zero gives each seam's end state, the second
-starts each body there and returns outputs with the body's summary ``(T, S)``.
+starts each body there and returns outputs with the body's summary ``(T, S)``. For GDN layers on
+a GPU the first pass is the fused combine kernel's token steps (``ops.triton_gdn_combine``): one
+launch that reads the seams' rows in place and writes the second pass's initial states directly
+(zero before each seam, the seam's end state before its body) — no row gathers, no fla wrapper,
+no interleaving copy: a call with a cold part pays its host work on every GDN layer.
 
 Given the model's entry layout (``entry_template``), each entry is one buffer of its own from the
 start (``layout.allocate``) and every layer is copied into its views with one multi-tensor copy —
@@ -25,6 +29,7 @@ from hypic.cache.keys import SegmentKey
 from hypic.cache.layout import Header, allocate, layout, resized
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
 from hypic.ops.attention_batch import causal_prefill_batch
+from hypic.ops.kernels import combine_precision, fused_combine, kernel_device
 from hypic.ops.recurrence import Summary
 from hypic.ops.transfer import to_device
 
@@ -78,6 +83,7 @@ class ColdContext(ForwardContext):
                                     for r in range(s, s + w)], device)
         self.positions = to_device(torch.cat([torch.arange(L) for L in lengths]), device)
         self.input_ids = to_device([t for ids, _, _ in segments for t in ids], device)
+        self._seam_schedule: tuple[Tensor, Tensor, Tensor] | None = None  # the fused seam pass's, built once
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
         return None  # each segment starts with no history
@@ -89,11 +95,30 @@ class ColdContext(ForwardContext):
         for entry, tail in zip(self.entries, owned(list(tails.unbind(0))), strict=True):
             entry.conv_tails[layer] = tail
 
-    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+    def _initial_states(self, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        """The state entering each ``[seam | body]`` sequence [2n, HV, K, V]: zero before a seam, the
+        seam's end state (from zero) before its body."""
+        dev = self.positions.device
+        if family == "gdn" and rope is None and fused_combine() and kernel_device(dev):
+            from hypic.ops import triton_gdn_combine as fused
+
+            if self._seam_schedule is None:  # request 2i: nothing (its state stays zero); 2i + 1: seam i
+                starts = self.cu_seqlens[:-1].tolist()
+                requests = [r for a, e in zip(starts, self.entries, strict=True)
+                            for r in ([], [(fused.RUN, a, a + e.seam)] if e.seam else [])]
+                self._seam_schedule = (*fused.schedule(requests, dev), torch.zeros(1, dtype=torch.long, device=dev))
+            items, cu, no_bodies = self._seam_schedule
+            x = run.tokens()
+            scale = run.scale if run.scale is not None else x["k"].shape[-1] ** -0.5
+            return fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, no_bodies, no_bodies, items,
+                                     cu, precision=combine_precision())[1]
         seams = run(self.seam_cu, None, False, self.seam_rows).final_state  # [n, HV, K, V]: seams only
         initial = torch.zeros(2 * len(self.entries), *seams.shape[1:], dtype=seams.dtype, device=seams.device)
         initial[1::2] = seams
-        out = run(self.linear_cu, initial, True)
+        return initial
+
+    def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
+        out = run(self.linear_cu, self._initial_states(family, run, rope), True)
         T, S = out.summary
         n = len(self.entries)
         rows = [S[2 * i + 1] for i in range(n)] + ([] if T is None else [T[2 * i + 1] for i in range(n)])

@@ -81,7 +81,8 @@ def test_gdn_short_runs_match_the_chunked_reference(with_state: bool) -> None:
 @torch.no_grad()
 def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
     """Cold and warm hypic requests through the GPU branch of every kernel-choosing site (Triton
-    conv and norms, the scan's Triton chains, fla's recurrent GDN for runs ≤ 64 tokens) equal the
+    conv and norms, the scan's Triton chains, fla's recurrent GDN for runs ≤ 64 tokens, the fused
+    GDN kernel for the combine pass and the cold seams' pass) equal the
     same requests through the PyTorch kernels. Every run is kept ≤ 64 tokens: fla's chunked kernels
     autotune, which needs a real GPU."""
     import hypic.ops.linear_fla as linear_fla
@@ -124,9 +125,15 @@ def test_engine_gpu_path_equals_the_torch_path(monkeypatch) -> None:
         monkeypatch.setenv("HYPIC_FUSED_COMBINE", fused)
         calls.update(dict.fromkeys(calls, 0), fused=0)
         engine = Engine(loaded, seam=4)
+        engine.prewarm([list(range(3, 40))])  # a document of no prompt: the entry layout's probe runs here
+        start = calls["fused"]
         cold = engine.prefill_logits([prompts[1]], mode="hypic")[0]
+        in_cold = calls["fused"] - start
         engine.prefill_logits([prompts[0]], mode="hypic")
+        before = calls["fused"]
         logits[kernels + fused] = (cold, engine.prefill_logits([prompts[1]], mode="hypic")[0])
+        # a cold call's GDN layers run the kernel twice — its seams' pass, then the combine — a warm one's once
+        assert in_cold == 2 * (calls["fused"] - before), calls
         assert (min(calls[k] for k in ("conv", "gdn")) > 0) == (kernels == "1"), calls  # only when switched on
         assert (calls["fused"] > 0) == (fused == "1") and (calls["chains"] > 0) == (kernels + fused == "10"), calls
     assert len(tables) == 3 and all(tables)  # each of the fused arm's calls, cold bodies built in one too
