@@ -22,6 +22,8 @@
 #   GPU_COMBINE_BENCH=1  the fused GDN combine's launch shapes and dot precisions (gdn_combine_bench.py;
 #                        GPU_COMBINE_BENCH_ARGS, default: every precision at the default shape)
 #   GPU_AGREEMENT=1      the combine pass's GPU paths' logits vs the general path, fp32 and bf16 (combine_agreement.py)
+#   GPU_COLD_AB=1        the cold prefill alone with the fused kernels on and off (HYPIC_FUSED_COMBINE=1|0),
+#                        alternating processes twice (trace_costs.py --cold-alone; the seams' pass A/B)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -67,6 +69,12 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
 [ "${GPU_COMBINE_BENCH:-0}" = 1 ] && section combine_bench "${GPU_COMBINE_BENCH_SECONDS:-120}" \
   python3 scripts/gdn_combine_bench.py ${GPU_COMBINE_BENCH_ARGS:---variants 32,2 --precisions tf32x3,bf16x3,bf16x6}
 [ "${GPU_AGREEMENT:-0}" = 1 ] && section agreement "${GPU_AGREEMENT_SECONDS:-240}" python3 scripts/combine_agreement.py
+if [ "${GPU_COLD_AB:-0}" = 1 ]; then
+  for arm in 1 0 1 0; do
+    HYPIC_FUSED_COMBINE=$arm section "cold_fused$arm" "${GPU_COLD_AB_SECONDS:-100}" python3 scripts/trace_costs.py --cold-alone
+    grep '^cold prefill alone' "$OUT/cold_fused$arm.log" | sed "s/^/fused=$arm: /" >> "$OUT/cold_ab.txt"
+  done
+fi
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
@@ -78,6 +86,7 @@ for f in ops models ttft scatter trace graph_ab decode_attention combine_bench a
 done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
+[ -f "$OUT/cold_ab.txt" ] && cat "$OUT/cold_ab.txt"
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
 [ -f "$OUT/deviation.md" ] && grep -E '^\|' "$OUT/deviation.md"
