@@ -17,7 +17,7 @@ class ServerSettings:
     max_prompt_tokens: int | None = None  # None: the model's position limit
     max_completion_tokens: int = 2048  # cap on max_tokens; also the chat default
     max_concurrent: int = 16  # requests decoding together
-    max_queue: int = 256  # requests waiting for a decode slot; beyond: 429
+    max_queue: int = 256  # requests waiting for a decode slot (every request waits there first); beyond: 429
     max_choices: int = 8  # cap on a request's ``n`` (each choice runs as a request of its own)
     max_prefill_tokens: int | None = None  # prompt tokens per prefill call; None: no limit
     request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
@@ -32,12 +32,10 @@ class ServerSettings:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: expected a non-empty string or None")
         for name in ("max_segments", "max_completion_tokens", "max_concurrent", "max_body_bytes", "retry_after_s",
-                     "max_choices"):
+                     "max_choices", "max_queue"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected an integer ≥ 1, got {value!r}")
-        if not isinstance(self.max_queue, int) or isinstance(self.max_queue, bool) or self.max_queue < 0:
-            raise ValueError(f"max_queue: expected an integer ≥ 0, got {self.max_queue!r}")
         for name in ("max_prompt_tokens", "max_prefill_tokens"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
