@@ -89,6 +89,7 @@ class EngineTarget:
         self.scheduler: Scheduler | None = None
         self.mode = "hypic"
         self._decode = dataclasses.replace(engine.decode_stats)  # as of the last note
+        self._calls = dict(engine.prefill_calls)  # as of the last note
         self._retries = 0  # the allocator's retries as of the last note
 
     def begin(self, mode: str) -> None:
@@ -113,6 +114,9 @@ class EngineTarget:
     def note(self) -> str:
         now = dataclasses.replace(self.engine.decode_stats)
         line, self._decode = _decode_since(now, self._decode), now
+        calls = dict(self.engine.prefill_calls)
+        line = _calls_since(calls, self._calls) + "; " + line
+        self._calls = calls
         if self.engine.device.type == "cuda":
             # an allocation that found no room makes the allocator free every cached block (a device
             # sync) and retry: the count says whether memory pressure stalled the block
@@ -161,9 +165,15 @@ def _decode_since(now: DecodeStats, before: DecodeStats) -> str:
             f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']:.0f} regrows")
 
 
+def _calls_since(now: dict[str, float], before: dict[str, float]) -> str:
+    """A note's line on the prefill calls between two readings: how many carried a cold part."""
+    return (f"prefill {now['calls'] - before['calls']:.0f} calls, "
+            f"{now['with_cold'] - before['with_cold']:.0f} with a cold part")
+
+
 def _counter(metrics: str, name: str) -> float:
     """A counter's value in a Prometheus text scrape (0 when absent)."""
-    m = re.search(rf"^{name} (\S+)$", metrics, re.M)
+    m = re.search(rf"^{re.escape(name)} (\S+)$", metrics, re.M)
     return 0.0 if m is None else float(m.group(1))
 
 
@@ -178,6 +188,7 @@ class HttpTarget:
         self.model = json.loads(models)["data"][0]["id"]
         self.mode, self.salt = "hypic", ""
         self._decode = DecodeStats()  # the server's decode counters as of the last note
+        self._calls = {"calls": 0.0, "with_cold": 0.0}  # and its prefill calls
 
     def _get(self, path: str) -> str:
         try:
@@ -203,6 +214,9 @@ class HttpTarget:
         now = DecodeStats(*(_counter(text, f"hypic_decode_{name}_total") for name in
                             ("steps", "graph_replays", "graph_captures", "graph_capture_seconds", "arena_regrows")))
         line, self._decode = _decode_since(now, self._decode), now
+        cold, warm = (_counter(text, f'hypic_prefill_calls_total{{cold="{c}"}}') for c in ("yes", "no"))
+        calls = {"calls": cold + warm, "with_cold": cold}
+        line, self._calls = _calls_since(calls, self._calls) + "; " + line, calls
         return line
 
     def moves(self) -> Moves:

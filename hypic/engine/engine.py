@@ -116,6 +116,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
         self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
         self.cold_failures = {"request": 0, "lost": 0}
+        # Prefill calls of the cached modes, and those that built entries (a cold part): on a trace with
+        # a few percent of new documents most calls carry one, and its cost is fixed per call.
+        self.prefill_calls = {"calls": 0, "with_cold": 0}
         devices = worker_devices(self.device, cold_workers or 0)
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
@@ -168,6 +171,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 both = ColdCombineContext(cold, ctx)
                 logits = self.model(both.input_ids, both, both.logits_rows())
             built = scattered + ([] if cold is None else cold.entries)
+            self.prefill_calls["calls"] += 1
+            self.prefill_calls["with_cold"] += bool(built)
             for e in built:
                 self.store.insert(e)
             cold_tokens = sum(e.length for e in built)

@@ -71,6 +71,11 @@ class _Live(Collector):
             for kind, n in e.cold_failures.items():
                 c.add_metric([kind], n)
             yield c
+            c = CounterMetricFamily("hypic_prefill_calls", "Prefill calls of the cached modes, by whether they "
+                                    "prefilled cold segments", labels=["cold"])
+            c.add_metric(["yes"], e.prefill_calls["with_cold"])
+            c.add_metric(["no"], e.prefill_calls["calls"] - e.prefill_calls["with_cold"])
+            yield c
             d = e.decode_stats
             for name, doc, value in (
                     ("steps", "Batched decode steps", d.steps),

@@ -40,6 +40,8 @@ def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
         assert min(p.misses, 1) <= p.missing <= min(p.misses, len(p.ttft))
     assert all(p.moves == (0, 0, 0) for p in probes)  # an unbounded store never moves an entry
     assert bundled.engine.store.check_integrity()
+    calls = bundled.engine.prefill_calls  # every call of the cached modes, warm-ups included
+    assert 0 < calls["with_cold"] <= calls["calls"]
     table = report(probes, load, [500.0, 1000.0], "t")
     assert "| hypic | ≥ 1000 | ? (neither bounded) | – |" in table
     h = by["hypic", 500.0]

@@ -210,6 +210,8 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert after['hypic_cold_worker_failures_total{kind="lost"}'] == 0
     assert delta["hypic_decode_steps_total"] > 0 and delta["hypic_decode_arena_regrows_total"] >= 1
     assert after["hypic_decode_graph_replays_total"] == after["hypic_decode_graph_captures_total"] == 0  # CPU: eager
+    # one prefill call each: the first prefilled its documents cold, the second found them all
+    assert delta['hypic_prefill_calls_total{cold="yes"}'] == delta['hypic_prefill_calls_total{cold="no"}'] == 1
 
 
 def test_models_health_and_auth(server: LiveServer, client: OpenAI) -> None:
