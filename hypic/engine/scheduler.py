@@ -96,11 +96,12 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         """Cancelled requests out of the waiting queue (the caller holds the lock): a client that went
         away must not keep a place that another could take."""
-        if any(s.cancelled.is_set() for s in self._waiting):
-            for s in self._waiting:
-                if s.cancelled.is_set():
-                    s.events.put(Event("error", error=RuntimeError("cancelled")))
-            self._waiting = deque(s for s in self._waiting if not s.cancelled.is_set())
+        gone = [s for s in self._waiting if s.cancelled.is_set()]  # one reading: a request cancelled
+        if gone:  # meanwhile stays, with its event to come, rather than leaving without one
+            for s in gone:
+                s.events.put(Event("error", error=RuntimeError("cancelled")))
+            left = {id(s) for s in gone}  # by identity: a Submission's == would compare its prompts
+            self._waiting = deque(s for s in self._waiting if id(s) not in left)
 
     def _emit(self, sub: Submission) -> None:
         out = sub.run.output
