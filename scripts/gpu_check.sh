@@ -22,8 +22,9 @@
 #   GPU_COMBINE_BENCH=1  the fused GDN combine's launch shapes and dot precisions (gdn_combine_bench.py;
 #                        GPU_COMBINE_BENCH_ARGS, default: every precision at the default shape)
 #   GPU_AGREEMENT=1      the combine pass's GPU paths' logits vs the general path, fp32 and bf16 (combine_agreement.py)
-#   GPU_COLD_AB=1        the cold prefill alone with the fused kernels on and off (HYPIC_FUSED_COMBINE=1|0),
-#                        alternating processes twice (trace_costs.py --cold-alone; the seams' pass A/B)
+#   GPU_COLD_AB=1        the cold prefill alone with cold graphs on and off (HYPIC_COLD_GRAPHS=1|0),
+#                        alternating processes twice (trace_costs.py --cold-alone); GPU_COLD_AB_VAR picks
+#                        another switch (e.g. HYPIC_FUSED_COMBINE: the seams' pass A/B)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -70,9 +71,12 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/gdn_combine_bench.py ${GPU_COMBINE_BENCH_ARGS:---variants 32,2 --precisions tf32x3,bf16x3,bf16x6}
 [ "${GPU_AGREEMENT:-0}" = 1 ] && section agreement "${GPU_AGREEMENT_SECONDS:-240}" python3 scripts/combine_agreement.py
 if [ "${GPU_COLD_AB:-0}" = 1 ]; then
+  var=${GPU_COLD_AB_VAR:-HYPIC_COLD_GRAPHS}
   for arm in 1 0 1 0; do
-    HYPIC_FUSED_COMBINE=$arm section "cold_fused$arm" "${GPU_COLD_AB_SECONDS:-100}" python3 scripts/trace_costs.py --cold-alone
-    grep '^cold prefill alone' "$OUT/cold_fused$arm.log" | sed "s/^/fused=$arm: /" >> "$OUT/cold_ab.txt"
+    export "$var=$arm"
+    section "cold_ab$arm" "${GPU_COLD_AB_SECONDS:-150}" python3 scripts/trace_costs.py --cold-alone
+    unset "$var"
+    grep -E '^cold (prefill alone|graphs)' "$OUT/cold_ab$arm.log" | sed "s/^/$var=$arm: /" >> "$OUT/cold_ab.txt"
   done
 fi
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \

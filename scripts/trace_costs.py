@@ -89,10 +89,17 @@ def cold_alone(engine: Engine, tok: Tokenizer) -> None:
     import pstats
     trace = generate_trace(1, num_requests=200, pool_size=2048, rate_qps=1.0)
     docs = iter({tuple(s): s for p in encode_trace(trace, tok, engine.model.vocab_size) for s in p[1:-1]}.values())
+    # warm-up, unmeasured: compiles the kernels and, with cold graphs (HYPIC_COLD_GRAPHS=1), captures
+    # the shapes (slots × padded length) that the measured calls replay
+    for k in (1, 2, 3, 4, 8) * 8:
+        engine.prewarm([next(docs) for _ in range(k)])
     for k in (1, 1, 1, 1, 4, 4, 16, 16):
         batch = [next(docs) for _ in range(k)]
         ms = timed(lambda b=batch: engine.prewarm(b))
         print(f"cold prefill alone, {k} documents, {sum(map(len, batch))} tokens: {ms:.1f} ms", flush=True)
+    for mode, runner in engine._graphs.items():
+        print(f"cold graphs ({mode}): {runner.counts}, {len(runner.shapes)} shapes, "
+              f"{sum(s.graph is not None for s in runner.shapes.values())} captured, refused {runner.refused}")
     batch = [next(docs) for _ in range(4)]
     prof = cProfile.Profile()
     torch.cuda.synchronize()

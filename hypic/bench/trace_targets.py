@@ -90,6 +90,7 @@ class EngineTarget:
         self.mode = "hypic"
         self._decode = dataclasses.replace(engine.decode_stats)  # as of the last note
         self._calls = dict(engine.prefill_calls)  # as of the last note
+        self._graph_counts: dict[str, int] = {}
         self._retries = 0  # the allocator's retries as of the last note
 
     def begin(self, mode: str) -> None:
@@ -98,6 +99,9 @@ class EngineTarget:
         self.mode = mode
 
     def warm(self, indices: list[int]) -> None:
+        t0 = time.perf_counter()
+        if shapes := self.engine.prepare_cold_graphs():
+            print(f"cold graphs: {shapes} shapes captured in {time.perf_counter() - t0:.1f} s", flush=True)
         for group in warm_groups(indices):  # back to back, one decode step each
             batch = [self.prompts[i] for i in group]
             self.engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=self.mode)
@@ -117,6 +121,12 @@ class EngineTarget:
         calls = dict(self.engine.prefill_calls)
         line = _calls_since(calls, self._calls) + "; " + line
         self._calls = calls
+        graphs = self.engine._graphs.get("1")
+        if graphs is not None:  # groups of cold segments replayed, and those run eagerly (each a capture)
+            counts = dict(graphs.counts)
+            line += (f"; cold graphs {counts['replayed'] - self._graph_counts.get('replayed', 0)} replayed, "
+                     f"{counts['eager'] - self._graph_counts.get('eager', 0)} eager")
+            self._graph_counts = counts
         if self.engine.device.type == "cuda":
             # an allocation that found no room makes the allocator free every cached block (a device
             # sync) and retry: the count says whether memory pressure stalled the block

@@ -74,6 +74,7 @@ class ColdContext(ForwardContext):
         self.entries = ([allocate(resized(template, key, tuple(ids), w), device) for ids, w, key in segments]
                         if template is not None else [Entry(key, tuple(ids), w) for ids, w, key in segments])
         lengths = [len(ids) for ids, _, _ in segments]
+        self.seams = [w for _, w, _ in segments]
         self.cu_seqlens = torch.tensor([0, *lengths]).cumsum(0)
         split = [n for (_, w, _), L in zip(segments, lengths, strict=True) for n in (w, L - w)]
         self.linear_cu = torch.tensor([0, *split]).cumsum(0)  # [seam_0, body_0, seam_1, ...]
@@ -104,8 +105,8 @@ class ColdContext(ForwardContext):
 
             if self._seam_schedule is None:  # request 2i: nothing (its state stays zero); 2i + 1: seam i
                 starts = self.cu_seqlens[:-1].tolist()
-                requests = [r for a, e in zip(starts, self.entries, strict=True)
-                            for r in ([], [(fused.RUN, a, a + e.seam)] if e.seam else [])]
+                requests = [r for a, w in zip(starts, self.seams, strict=True)
+                            for r in ([], [(fused.RUN, a, a + w)] if w else [])]
                 self._seam_schedule = (*fused.schedule(requests, dev), torch.zeros(1, dtype=torch.long, device=dev))
             items, cu, no_bodies = self._seam_schedule
             x = run.tokens()
@@ -113,7 +114,7 @@ class ColdContext(ForwardContext):
             return fused.gdn_combine(x["q"], x["k"], x["v"], x["g"], x["beta"], scale, no_bodies, no_bodies, items,
                                      cu, precision=combine_precision())[1]
         seams = run(self.seam_cu, None, False, self.seam_rows).final_state  # [n, HV, K, V]: seams only
-        initial = torch.zeros(2 * len(self.entries), *seams.shape[1:], dtype=seams.dtype, device=seams.device)
+        initial = torch.zeros(2 * len(self.seams), *seams.shape[1:], dtype=seams.dtype, device=seams.device)
         initial[1::2] = seams
         return initial
 

@@ -17,6 +17,7 @@ from hypic.cache.entry import Entry
 from hypic.cache.layout import Header
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold import ColdContext, entry_template
+from hypic.engine.cold_graphs import ColdGraphs
 from hypic.engine.plan import RequestPlan, SegmentPlan
 from hypic.models.hybrid import HybridLM
 from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost
@@ -27,10 +28,12 @@ class ColdPrefill:
     device: torch.device
     store: SegmentStore
     cold: str
+    seam: int
     pool: ColdPool | None
     cold_counts: dict[int, list[int]]  # rank → [segments, tokens] prefilled cold (0: this device)
     cold_failures: dict[str, int]  # cold workers' failures: "request" (retried here), "lost"
     _template: Header | None  # the model's entry layout, learned at the first cold prefill
+    _graphs: dict[str, ColdGraphs]  # HYPIC_COLD_GRAPHS value → its runner, made at first use
 
     def _new_cold(self, segments: list[ColdSegment]) -> ColdContext:
         """A cold prefill of ``segments`` whose entries are each one buffer from the start
@@ -40,6 +43,52 @@ class ColdPrefill:
         if self._template is None:
             self._template = entry_template(self.model, self.device)
         return ColdContext(segments, self.device, self._template)
+
+    def _cold_graphs(self) -> ColdGraphs | None:
+        """The runner of padded cold prefills (``cold_graphs``), or None. ``HYPIC_COLD_GRAPHS`` (read
+        at each call, for an A/B in one process): ``0`` (default) off — the misses ride in the combine
+        pass's forward (``ColdCombineContext``); ``1`` CUDA graphs on a GPU, nothing elsewhere;
+        ``eager`` the same padded forward without graphs, on any device. Off by default: on the H200
+        graphs make a lone cold prefill of 1–4 documents 1.3–6× faster, but a serving trace with 76%
+        of requests missing a document ran no faster with them (prefill p50 159 ms, against 133–160
+        without), and capturing every shape first takes ≈ 68 s (docs/benchmarks.md)."""
+        mode = os.environ.get("HYPIC_COLD_GRAPHS", "0")
+        if mode not in ("0", "1", "eager"):
+            raise ValueError(f"HYPIC_COLD_GRAPHS: expected 0, 1 or eager, got {mode!r}")
+        if (mode == "0" or (mode == "1" and self.device.type != "cuda") or self.model.kinds.linear_family != "gdn"
+                or os.environ.get("HYPIC_ENTRY_BUFFERS", "1") != "1"):
+            return None
+        if mode not in self._graphs:
+            if self._template is None:
+                self._template = entry_template(self.model, self.device)
+            self._graphs[mode] = ColdGraphs(self.model, self._template, self.device, capture=mode == "1")
+        runner = self._graphs[mode]
+        return None if runner.refused else runner
+
+    def prepare_cold_graphs(self) -> int:
+        """Capture the cold graphs of this engine's seam now, before serving (see
+        ``ColdGraphs.prepare``); how many shapes were new (0 where there are no cold graphs)."""
+        runner = self._cold_graphs()
+        if runner is None:
+            return 0
+        with torch.no_grad():
+            return runner.prepare(self.seam)
+
+    def _padded(self, plans: list[RequestPlan]) -> list[Entry]:
+        """The misses a padded cold prefill takes (``_cold_graphs``) prefilled now, ahead of the
+        combine pass; their entries, which the misses point to from now on. The rest stay misses."""
+        runner = self._cold_graphs()
+        if runner is None or self.cold != "standalone":
+            return []
+        misses = self._misses(plans)
+        segments = runner.takes(self._distinct(misses))
+        if not segments:
+            return []
+        entries = runner.prefill(segments)
+        for ids, _, _ in segments:
+            self._count_cold(0, len(ids))
+        self._point(misses, entries)
+        return entries
 
     def close(self) -> None:
         """Stop the cold workers, if any (the engine keeps serving on its own device)."""
@@ -61,7 +110,8 @@ class ColdPrefill:
         """The misses use the entries just built for them from now on."""
         built = {e.key: e for e in entries}
         for s in misses:
-            s.entry = built[s.key]
+            if s.key in built:
+                s.entry = built[s.key]
 
     def _prefill_alone(self, segments: list[ColdSegment]) -> list[Entry]:
         """The standalone prefill of ``segments`` on this engine's device, as its own forward."""
@@ -122,7 +172,7 @@ class ColdPrefill:
 
     def _cold_prefill(self, plans: list[RequestPlan], cold: str | None = None) -> None:
         """Fill every miss now, on its own (``prewarm``): scattered over the cold workers if any."""
-        for e in self._scatter(plans):
+        for e in self._scatter(plans) + self._padded(plans):
             self.store.insert(e)
         ctx = self._cold_context(plans, cold)
         if ctx is not None:

@@ -113,6 +113,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
         self.pool: ColdPool | None = None
         self._template = None  # the model's entry layout (ColdPrefill._new_cold)
+        self._graphs = {}  # padded cold prefills per HYPIC_COLD_GRAPHS value (ColdPrefill._cold_graphs)
         # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
         self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
         self.cold_failures = {"request": 0, "lost": 0}
@@ -163,6 +164,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
         try:
             scattered = self._scatter(plans) if self.cold == "standalone" else []
+            scattered += self._padded(plans)  # replayed graphs, when the misses fit one (cold_graphs)
             cold = self._cold_context(plans)
             ctx = CombineContext(plans, ASSEMBLY[mode], self.device)
             if cold is None:

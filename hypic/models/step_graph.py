@@ -41,20 +41,21 @@ _refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose step fa
 # assertion (measured on the H200, torch 2.11; a ``MemPool`` object keeps only the device side
 # alive). So each shared pool holds an anchor: a one-op graph kept for the process's life.
 SHARED_POOL = os.environ.get("HYPIC_GRAPH_POOL") == "shared"
-_pools: dict[torch.device, tuple[tuple[int, int], torch.cuda.CUDAGraph]] = {}  # device -> (pool id, anchor)
+_pools: dict[tuple[torch.device, str], tuple[tuple[int, int], torch.cuda.CUDAGraph]] = {}  # → (pool id, anchor)
 
 
-def _shared_pool(device: torch.device) -> tuple[int, int]:
-    """The id of this device's shared pool (call on a side stream: it captures its anchor)."""
-    if device not in _pools:
+def shared_pool(device: torch.device, purpose: str = "decode") -> tuple[int, int]:
+    """The id of this device's shared pool for ``purpose`` (decode steps; cold prefills, whose graphs
+    all share one: ``hypic.engine.cold_graphs``). Call on a side stream: it captures its anchor."""
+    if (device, purpose) not in _pools:
         pool, anchor = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
         anchor.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             torch.zeros(1, device=device).add_(1)
         finally:
             anchor.capture_end()
-        _pools[device] = (pool, anchor)
-    return _pools[device][0]
+        _pools[device, purpose] = (pool, anchor)
+    return _pools[device, purpose][0]
 
 
 class StepGraph:
@@ -79,7 +80,7 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     side.wait_stream(main)
     try:
         with torch.cuda.stream(side):
-            pool = _shared_pool(device) if SHARED_POOL else None
+            pool = shared_pool(device) if SHARED_POOL else None
             # thread-local: another thread's CUDA calls (the host tier's pinning) may not break it
             graph.capture_begin(pool=pool, capture_error_mode="thread_local")
             try:

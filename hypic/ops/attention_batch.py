@@ -9,7 +9,6 @@ causal masking already hides it from every real query; the padded queries' outpu
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -19,7 +18,7 @@ from torch.nn.attention import sdpa_kernel
 
 from hypic.ops.attention import LONG_BACKENDS, SHORT_BACKENDS, attention, long_prefill
 from hypic.ops.family import repeat_heads
-from hypic.ops.transfer import to_device
+from hypic.ops.transfer import device_cache, to_device
 
 PAD_BUDGET = 1.25  # a group's padded size may exceed its tokens by at most this factor
 
@@ -51,7 +50,7 @@ def group_lengths(lengths: list[int], budget: float = PAD_BUDGET) -> list[list[i
     return groups
 
 
-@functools.lru_cache(maxsize=16)
+@device_cache(maxsize=16)
 def _plan(cu_key: tuple[int, ...], device: torch.device) -> _Plan:
     cu = torch.tensor(cu_key, dtype=torch.long)
     lengths = cu[1:] - cu[:-1]

@@ -16,7 +16,6 @@ The states entering the chunks then follow either
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -24,7 +23,7 @@ from torch import Tensor
 
 from hypic.ops.chain_grad import affine_chain
 from hypic.ops.family import Family, expand_heads
-from hypic.ops.transfer import to_device
+from hypic.ops.transfer import device_cache, to_device
 
 
 class ChunkResult(NamedTuple):
@@ -56,7 +55,7 @@ def _packing(cu_seqlens: Tensor, chunk_size: int, device: torch.device) -> _Pack
     return _packing_for(tuple(cu_seqlens.tolist()), chunk_size, device)
 
 
-@functools.lru_cache(maxsize=16)
+@device_cache(maxsize=16)
 def _packing_for(cu_key: tuple[int, ...], chunk_size: int, device: torch.device) -> _Packing:
     """Index tensors already on ``device``, made once per layout: every layer of a forward (and its
     backward) shares them, and a host→device copy from pageable memory would stall the host."""

@@ -8,7 +8,6 @@ makes a split computation equal to the unsplit one ("conv warm-up").
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Literal, NamedTuple
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from hypic.ops.linear import check_cu_seqlens, fla_allowed, triton_allowed
-from hypic.ops.transfer import to_device
+from hypic.ops.transfer import device_cache, to_device
 
 # CUDA inference uses hypic's own Triton conv (hypic.ops.triton_conv); HYPIC_FLA_CONV=1 selects
 # flash-linear-attention's instead (an A/B switch for benchmarks).
@@ -73,7 +72,7 @@ def _torch_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, init
     return ConvOutput(F.silu(y) if activation == "silu" else y, new_tail)
 
 
-@functools.lru_cache(maxsize=16)
+@device_cache(maxsize=16)
 def _layout(cu_key: tuple[int, ...], W: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """Rows of the padded buffer ``ext`` that packs ``[tail_i ; x_i]`` per sequence (sequence i starts
     at cu[i] + i·(W−1)): where each token lands, where each initial tail goes, where each new tail

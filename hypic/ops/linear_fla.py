@@ -11,7 +11,6 @@ no T pass (``T = exp(Σg)``, added by the caller). Imported only when a CUDA cal
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import NamedTuple
 
@@ -34,7 +33,7 @@ from fla.ops.utils import chunk_local_cumsum  # noqa: E402
 from fla.ops.utils.constant import RCP_LN2  # noqa: E402
 
 from hypic.ops import kernels  # noqa: E402
-from hypic.ops.transfer import to_device  # noqa: E402
+from hypic.ops.transfer import device_cache, to_device  # noqa: E402
 from hypic.ops.triton_transition import gdn_transition  # noqa: E402
 
 CHUNK = 64
@@ -59,7 +58,7 @@ class ChunkPlan(NamedTuple):
     offsets: Tensor  # [N + 1] first chunk of every sequence
 
 
-@functools.lru_cache(maxsize=64)
+@device_cache(maxsize=64)
 def _chunk_plan(cu_key: tuple[int, ...], device: torch.device) -> ChunkPlan:
     cu = torch.tensor(cu_key, dtype=torch.long)
     counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK

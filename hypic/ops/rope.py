@@ -13,6 +13,8 @@ import weakref
 import torch
 from torch import Tensor
 
+from hypic.ops.transfer import keep
+
 # cos/sin tables of recently used position tensors. A forward ropes q and k of every attention
 # layer at the same positions, so the tables are made once per forward instead of twice per layer
 # (six host ops each). Keyed by the tensor's identity and version; the weak reference proves the
@@ -57,8 +59,10 @@ def _tables(positions: Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
     with _TABLES_LOCK:
         hit = _TABLES.get(key)
     if hit is not None and hit[0]() is positions:
+        keep(hit[1:])  # a graph captured now reads these tables at every replay
         return hit[1], hit[2]
     cos, sin = rope_cos_sin(positions, rotary_dim=rotary_dim, theta=theta, dtype=dtype)
+    keep((cos, sin))
     with _TABLES_LOCK:
         _TABLES[key] = (weakref.ref(positions), cos, sin)
         while len(_TABLES) > _TABLES_MAX:

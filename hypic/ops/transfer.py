@@ -9,8 +9,16 @@ has run.)
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import TypeVar
+
 import torch
 from torch import Tensor
+
+T = TypeVar("T")
 
 
 def to_device(data: Tensor | list | tuple, device: torch.device | str,
@@ -40,3 +48,47 @@ def to_device_many(parts: list[Tensor], device: torch.device | str) -> list[Tens
     transfer), returned as views in order."""
     sizes = [len(p) for p in parts]
     return list(to_device(torch.cat(parts), device, None).split(sizes))
+
+
+# Device plans that cached helpers hand out (index tensors made once per layout, rope tables) live
+# outside any CUDA graph's memory pool. A graph captured while reading one reads that same memory
+# at every replay, so the graph's owner must keep it alive after the cache has dropped it (freed,
+# the allocator would hand the memory to someone else and the replay would read their data).
+_KEPT: ContextVar[list | None] = ContextVar("hypic_kept_plans", default=None)
+
+
+@contextlib.contextmanager
+def keeping() -> Iterator[list]:
+    """Within the block (a CUDA graph's capture), every object ``device_cache`` helpers return, and
+    the rope tables used, is also appended to the yielded list: keep it as long as the graph."""
+    kept: list = []
+    token = _KEPT.set(kept)
+    try:
+        yield kept
+    finally:
+        _KEPT.reset(token)
+
+
+def keep(obj: object) -> None:
+    """Record ``obj`` for the capture under way, if any (see ``keeping``)."""
+    kept = _KEPT.get()
+    if kept is not None:
+        kept.append(obj)
+
+
+def device_cache(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """``functools.lru_cache`` for helpers that return device plans, whose results a capture keeps
+    (``keeping``). ``cache_clear`` and ``cache_info`` pass through."""
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args: object) -> T:
+            out = cached(*args)
+            keep(out)
+            return out
+
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        call.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        return call
+    return wrap

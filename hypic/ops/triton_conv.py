@@ -15,14 +15,12 @@ into the initial tail when the sequence is shorter than W−1.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from hypic.ops.transfer import to_device
+from hypic.ops.transfer import device_cache, to_device
 
 
 @triton.jit(do_not_specialize=["rows", "sx"])
@@ -68,7 +66,7 @@ def _tail_kernel(X, TAIL, CU, OUT, sx, D: tl.constexpr, W: tl.constexpr, BW: tl.
     tl.store(OUT + (n.to(tl.int64) * (W - 1) + o_j[:, None]) * D + o_d[None, :], x, mask=m)
 
 
-@functools.lru_cache(maxsize=64)
+@device_cache(maxsize=64)
 def _rows(cu_key: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """Per token its sequence and that sequence's first row; the offsets — on ``device``, one copy."""
     cu = torch.tensor(cu_key, dtype=torch.int32)
