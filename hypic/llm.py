@@ -101,8 +101,11 @@ class LLM:
             raise ValueError("cache_salt: expected a string")
         outs = self.engine.generate(ids, params, mode=mode, salts=[cache_salt] * len(ids))
         if self.tokenizer is not None:
-            for o in outs:
-                o.text = self.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+            for o, p in zip(outs, params, strict=True):
+                ids = o.token_ids
+                if o.finish_reason == "stop" and ids and ids[-1] in p.stop_token_ids:
+                    ids = ids[:-1]  # a stop token ends the text, as EOS does, and is not part of it
+                o.text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return outs
 
     def close(self) -> None:

@@ -55,12 +55,13 @@ class Running:
     generator: torch.Generator | None
     done: bool = False
     first_logits: torch.Tensor | None = None  # [vocab] fp32: the prompt's next-token logits (evaluation)
+    prompt_ids: list[int] | None = None  # the prompt's tokens, kept for a repetition penalty only
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
         self.output.token_ids.append(token)
         if logprobs is not None:
             self.output.logprobs.append(logprobs)
-        if token in eos:
+        if self.params.stops_at(token, eos):
             self.output.finish_reason, self.done = "stop", True
         elif len(self.output.token_ids) >= self.params.max_tokens:
             self.output.finish_reason, self.done = "length", True
@@ -211,17 +212,20 @@ class Engine(ColdPrefill, PrefixPrefill):
         salts = salts or [None] * len(prompts)
         vocab = self.model.vocab_size
         for p in params:
-            outside = [t for t in (p.logit_bias or ()) if t >= vocab]
-            if outside:
-                raise ValueError(f"logit_bias: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+            for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
+                outside = [t for t in ids if t >= vocab]
+                if outside:
+                    raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
             logits, states = self._assemble(prompts, mode, salts, metrics)
             runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs else None, m),
-                            None if p.seed is None else torch.Generator().manual_seed(p.seed))
-                    for p, st, m in zip(params, states, metrics, strict=True)]
-            tokens, tops = sample(logits, params, [r.generator for r in runs])
+                            None if p.seed is None else torch.Generator().manual_seed(p.seed),
+                            prompt_ids=[t for s in prompt for t in s] if p.repetition_penalty != 1.0 else None)
+                    for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
+            tokens, tops = sample(logits, params, [r.generator for r in runs], None,
+                                  [r.prompt_ids for r in runs], self.eos)
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
@@ -281,7 +285,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
-                                  [r.output.token_ids for r in active])
+                                  [r.output.token_ids for r in active], [r.prompt_ids for r in active], self.eos)
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):

@@ -17,6 +17,14 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None  # token id → added to its logit at every step, in [-100, 100]
+    # vLLM's extensions, with vLLM's meanings:
+    top_k: int = 0  # sample among the k likeliest tokens only (0 or −1: all)
+    min_p: float = 0.0  # drop tokens less likely than min_p × the likeliest one's probability
+    # over the prompt's and the generated tokens: a positive logit divided by it, a negative multiplied
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept in token_ids, not in text)
+    ignore_eos: bool = False  # EOS does not end the output (max_tokens or a stop token does)
+    min_tokens: int = 0  # EOS and the stop tokens cannot be drawn before this many tokens
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -42,9 +50,36 @@ class SamplingParams:
                 if not isinstance(b, (int, float)) or isinstance(b, bool) or not -100.0 <= b <= 100.0:
                     raise ValueError(f"logit_bias: token {t}'s bias must be a number in [-100, 100], got {b!r}")
 
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1:
+            raise ValueError(f"top_k: expected an integer ≥ −1 (0 or −1: off), got {self.top_k!r}")
+        if not isinstance(self.min_p, (int, float)) or isinstance(self.min_p, bool) or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p: expected a number in [0, 1], got {self.min_p!r}")
+        rp = self.repetition_penalty
+        if not isinstance(rp, (int, float)) or isinstance(rp, bool) or not 0.0 < rp <= 2.0:
+            raise ValueError(f"repetition_penalty: expected a number in (0, 2], got {rp!r}")
+        if not isinstance(self.stop_token_ids, (tuple, list)) or any(
+                not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids: expected non-negative integer token ids, got {self.stop_token_ids!r}")
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos: expected a boolean, got {self.ignore_eos!r}")
+        if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool)
+                or not 0 <= self.min_tokens <= self.max_tokens):
+            raise ValueError(f"min_tokens: expected an integer in [0, max_tokens = {self.max_tokens}], "
+                             f"got {self.min_tokens!r}")
+
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def filtered(self) -> bool:
+        """Sampling keeps fewer than all tokens beyond top-p (top-k or min-p)."""
+        return self.top_k > 0 or self.min_p > 0.0
+
+    def stops_at(self, token: int, eos: set[int]) -> bool:
+        """Whether drawing ``token`` ends the output."""
+        return token in self.stop_token_ids or (token in eos and not self.ignore_eos)
 
 
 @dataclass

@@ -1,8 +1,14 @@
-"""Choosing the next token: greedy, or temperature with nucleus (top-p) sampling, seeded per
-request, after the logit bias and the presence and frequency penalties a request asked for; plus
-the top-n log-probabilities (of the adjusted distribution, the one the token is drawn from)."""
+"""Choosing the next token: greedy, or temperature with top-k, nucleus (top-p) and min-p sampling,
+seeded per request, after the logit adjustments a request asked for; plus the top-n
+log-probabilities (of the adjusted distribution, the one the token is drawn from).
+
+Adjustments, in order (vLLM's meanings): the logit bias; the repetition penalty over the prompt's
+and the generated tokens; the presence and frequency penalties over the generated tokens; and,
+before ``min_tokens`` tokens, the stop tokens (and EOS, unless ignored) made impossible."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import torch
 from torch import Tensor
@@ -11,30 +17,64 @@ from hypic.engine.request import SamplingParams
 from hypic.ops.transfer import to_device
 
 
-def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[int]]) -> Tensor:
-    """Each row's logits with its request's ``logit_bias`` added and its penalties over the tokens it
-    has generated taken off: ``− frequency_penalty · count[t] − presence_penalty · [count[t] > 0]``.
-    Rows asking for neither (the default) cost nothing; the input is left as it is."""
-    rows = [i for i, p in enumerate(params) if p.logit_bias or (p.penalized and histories[i])]
+def _adjusts(p: SamplingParams, history: list[int]) -> bool:
+    return bool(p.logit_bias or (p.penalized and history) or p.repetition_penalty != 1.0
+                or len(history) < p.min_tokens)
+
+
+def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[int]],
+           prompts: list[list[int] | None] | None = None, eos: Collection[int] = ()) -> Tensor:
+    """Each row's logits with its request's adjustments (module docstring): ``histories`` are the
+    tokens each row has generated, ``prompts`` its prompt's tokens (read for a repetition penalty
+    only), ``eos`` the model's end tokens. Rows asking for none (the default) cost nothing; the
+    input is left as it is."""
+    rows = [i for i, p in enumerate(params) if _adjusts(p, histories[i])]
     if not rows:
         return logits
     out = logits.float().clone()
     for i in rows:
-        p = params[i]
+        p, history = params[i], histories[i]
         if p.logit_bias:
             ids = to_device(list(p.logit_bias), out.device)
             out[i].index_add_(0, ids, to_device(list(p.logit_bias.values()), out.device, dtype=out.dtype))
-        if p.penalized and histories[i]:
-            counts = torch.bincount(to_device(histories[i], out.device), minlength=out.shape[-1]).to(out.dtype)
+        if p.repetition_penalty != 1.0:
+            prompt = (prompts[i] if prompts is not None else None) or []
+            seen = to_device(sorted(set(prompt) | set(history)), out.device)
+            if len(seen):
+                vals = out[i, seen]
+                out[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.penalized and history:
+            counts = torch.bincount(to_device(history, out.device), minlength=out.shape[-1]).to(out.dtype)
             out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(out.dtype)
+        if len(history) < p.min_tokens:
+            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos))
+            if stops:
+                out[i, to_device(sorted(stops), out.device)] = float("-inf")
     return out
 
 
+def _filter(probs: Tensor, p: SamplingParams) -> Tensor:
+    """One row's probabilities cut by top-k (renormalised: top-p then reads what it kept), then
+    top-p, then min-p (relative to the likeliest token: no renormalising needed; the draw does)."""
+    if 0 < p.top_k < probs.shape[-1]:
+        top = probs.topk(p.top_k)
+        probs = torch.zeros_like(probs).scatter_(0, top.indices, top.values / top.values.sum())
+    if p.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # the smallest prefix reaching top_p
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    if p.min_p > 0.0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
+    return probs
+
+
 def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           histories: list[list[int]] | None = None) -> tuple[list[int], list[dict[int, float] | None]]:
+           histories: list[list[int]] | None = None, prompts: list[list[int] | None] | None = None,
+           eos: Collection[int] = ()) -> tuple[list[int], list[dict[int, float] | None]]:
     """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities;
-    ``histories``: each row's generated tokens so far (the penalties' counts; None: none yet)."""
-    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params])
+    ``histories``: each row's generated tokens so far (None: none yet); ``prompts`` and ``eos`` as
+    ``adjust`` reads them."""
+    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params], prompts, eos)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
     tokens: list[int] = []
@@ -43,11 +83,7 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         if p.temperature < 1e-5:  # greedy; a tinier temperature would overflow the softmax into NaN
             tok = best
         else:
-            probs = torch.softmax(row / p.temperature, dim=-1)
-            if p.top_p < 1.0:
-                sorted_p, order = probs.sort(descending=True)
-                keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # the smallest prefix reaching top_p
-                probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+            probs = _filter(torch.softmax(row / p.temperature, dim=-1), p)
             tok = int(torch.multinomial(probs.cpu(), 1, generator=gen))
         tokens.append(tok)
         if p.logprobs:

@@ -65,7 +65,7 @@ class Responder:
     def __init__(self, gen: Generation, job: Job, tokenizer: Any, metrics: Metrics, index: int = 0,
                  id_: str | None = None, created: int | None = None) -> None:
         self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
-        self.text = TextStream(tokenizer, gen.stops)
+        self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids)
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)

@@ -94,10 +94,20 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                 raise bad_request(f"logit_bias: {key!r} is not a token id of this model's vocabulary "
                                   f"[0, {vocab_size})", "logit_bias")
             bias[int(key)] = value
+    stop_ids = tuple(req.stop_token_ids or ())
+    outside = [t for t in stop_ids if t >= vocab_size]
+    if outside:
+        raise bad_request(f"stop_token_ids: {outside[0]} is not a token id of this model's vocabulary "
+                          f"[0, {vocab_size})", "stop_token_ids")
+    if req.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens: {req.min_tokens} exceeds max_tokens ({max_tokens})", "min_tokens")
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
                               presence_penalty=float(req.presence_penalty),
-                              frequency_penalty=float(req.frequency_penalty), logit_bias=bias)
+                              frequency_penalty=float(req.frequency_penalty), logit_bias=bias,
+                              top_k=req.top_k, min_p=float(req.min_p),
+                              repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
+                              ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
     except ValueError as e:
         raise from_value_error(e, None) from None

@@ -2,10 +2,11 @@
 
 Extensions: ``segments`` (a prompt given as its segments, the query last), ``cache_salt``
 (tenant isolation: equal segments under different salts never share a cache entry) and ``mode``
-(the ablation ladder; ``full`` bypasses the cache, for comparisons). Models are strict and
-forbid unknown fields, so a typo (``max_token``) or a wrong type (``"max_tokens": "5"``) is a
-400 naming the field rather than a silently ignored setting. Fields OpenAI defines that hypic
-does not implement are accepted only at their neutral values.
+(the ablation ladder; ``full`` bypasses the cache, for comparisons); and vLLM's sampling extensions
+(``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``).
+Models are strict and forbid unknown fields, so a typo (``max_token``) or a wrong type
+(``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting. Fields
+OpenAI defines that hypic does not implement are accepted only at their neutral values.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ class Common(Strict):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over the generated tokens
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None  # token id (a JSON key) → bias in [-100, 100]
+    # vLLM's extensions (SamplingParams has their meanings)
+    top_k: int = Field(-1, ge=-1)  # 0 or −1: off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
     user: str | None = None  # accepted, unused
     cache_salt: Text | None = Field(None, max_length=1024)
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]

@@ -15,9 +15,10 @@ from typing import Any
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stops: list[str] | None = None) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str] | None = None, stop_ids: tuple[int, ...] = ()) -> None:
         self.tokenizer = tokenizer
         self.stops = [s for s in (stops or []) if s]
+        self.stop_ids = set(stop_ids)  # stop tokens: they end the output and are not part of its text
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.tokens: list[int] = []
         self.text = ""  # decoded so far (complete characters)
@@ -50,7 +51,7 @@ class TextStream:
 
     def push(self, token: int) -> str:
         """Add a generated token; returns the text now safe to send (maybe empty)."""
-        if self.stopped:
+        if self.stopped or token in self.stop_ids:
             return ""
         self.tokens.append(token)
         self._advance(final=False)

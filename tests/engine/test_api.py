@@ -117,6 +117,80 @@ def test_adjust_leaves_rows_without_adjustments_and_its_input_alone() -> None:
     assert adjust(logits, [SamplingParams(presence_penalty=1.0), SamplingParams()], [[], []]) is logits
 
 
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_follows_its_definition_token_by_token(llm, penalty: float) -> None:
+    """vLLM's repetition penalty over the prompt's and the generated tokens (a positive logit divided
+    by it, a negative one multiplied), greedy, against whole `full` prefills adjusted by hand."""
+    prompt = _segments(9, [40, 30, 6])
+    sp = SamplingParams(max_tokens=12, repetition_penalty=penalty, logprobs=1)
+    got = llm.generate([prompt], sp, mode="full")[0]
+    assert got.token_ids != llm.generate([prompt], SamplingParams(max_tokens=12), mode="full")[0].token_ids
+    seen = {t for s in prompt for t in s}
+    for i, tok in enumerate(got.token_ids):
+        want = llm.engine.prefill_logits([prompt[:-1] + [prompt[-1] + got.token_ids[:i]]], mode="full")[0][0].double()
+        ids = torch.tensor(sorted(seen | set(got.token_ids[:i])))
+        want[ids] = torch.where(want[ids] > 0, want[ids] / penalty, want[ids] * penalty)
+        assert want[tok] >= want.max() - 1e-4, (i, tok, int(want.argmax()))
+        assert abs(got.logprobs[i][tok] - torch.log_softmax(want, -1)[tok].item()) < 1e-4
+
+
+def test_top_k_and_min_p_keep_what_they_define() -> None:
+    """The draw's distribution: top-k keeps the k likeliest (renormalised), top-p then reads what
+    top-k kept, min-p drops what is less likely than min_p × the likeliest."""
+    from hypic.engine.sampling import _filter
+
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    assert torch.allclose(_filter(probs, SamplingParams(top_k=2)), torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.7)
+    assert torch.allclose(_filter(probs, SamplingParams(top_k=3, top_p=0.7)),  # 0.4/.85 + 0.3/.85 ≥ 0.7
+                          torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.85)
+    assert torch.equal(_filter(probs, SamplingParams(min_p=0.5)), torch.tensor([0, 0.4, 0, 0.3, 0]))
+    assert torch.equal(_filter(probs, SamplingParams(min_p=0.3)), torch.tensor([0, 0.4, 0, 0.3, 0.15]))
+    for off in (0, -1, 5):
+        assert torch.equal(_filter(probs, SamplingParams(top_k=off)), probs)
+
+
+def test_sampled_tokens_stay_within_top_k_and_min_p(llm) -> None:
+    """Seeded sampling at temperature 1 with top-k 3 (and then min-p 0.2): every drawn token is among
+    the step's 3 likeliest (is at least 0.2 × the likeliest's probability), checked against whole
+    `full` prefills; top-k 1 is greedy decoding whatever the seed."""
+    prompt = _segments(4, [40, 30, 6])
+    for sp, check in ((SamplingParams(max_tokens=8, temperature=1.0, top_k=3, seed=1),
+                       lambda p, t: t in p.topk(3).indices.tolist()),
+                      (SamplingParams(max_tokens=8, temperature=1.0, min_p=0.2, seed=2),
+                       lambda p, t: p[t] >= 0.2 * p.max() - 1e-6)):
+        got = llm.generate([prompt], sp, mode="full")[0]
+        for i, tok in enumerate(got.token_ids):
+            logits = llm.engine.prefill_logits([prompt[:-1] + [prompt[-1] + got.token_ids[:i]]], mode="full")[0][0]
+            assert check(torch.softmax(logits.double(), -1), tok), (i, tok)
+    greedy = llm.generate([prompt], SamplingParams(max_tokens=6))[0].token_ids
+    for seed in (0, 1, 2):
+        sp = SamplingParams(max_tokens=6, temperature=1.5, top_k=1, seed=seed)
+        assert llm.generate([prompt], sp)[0].token_ids == greedy
+
+
+def test_stop_tokens_eos_ignore_eos_and_min_tokens(llm, monkeypatch) -> None:
+    """A stop token ends the output as EOS does (kept in token_ids); ``ignore_eos`` decodes past EOS;
+    ``min_tokens`` makes EOS and the stop tokens impossible until then (the output then differs
+    from plain greedy exactly where one was the likeliest)."""
+    prompt = _segments(9, [40, 30, 6])
+    plain = llm.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids
+    stop = plain[2]
+    first = plain.index(stop)
+    out = llm.generate([prompt], SamplingParams(max_tokens=8, stop_token_ids=[stop]))[0]
+    assert out.token_ids == plain[:first + 1] and out.finish_reason == "stop"
+    monkeypatch.setattr(llm.engine, "eos", {stop})
+    assert llm.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids == plain[:first + 1]
+    past = llm.generate([prompt], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    assert past.token_ids == plain and past.finish_reason == "length"
+    late = llm.generate([prompt], SamplingParams(max_tokens=8, min_tokens=first + 2, logprobs=1))[0]
+    assert stop not in late.token_ids[:first + 2] and late.token_ids[:first] == plain[:first]
+    assert late.token_ids[first] != stop and late.logprobs[first][late.token_ids[first]] > -1e9
+    monkeypatch.setattr(llm.engine, "eos", set())
+    with pytest.raises(ValueError, match="stop_token_ids: token id 1026"):
+        llm.generate([prompt], SamplingParams(stop_token_ids=[1026]))
+    assert llm.generate([prompt], SamplingParams(max_tokens=2))[0].token_ids == plain[:2]  # still serving
+
+
 def test_concurrent_generate_calls(llm) -> None:
     prompts = [_segments(10 + i, [30, 40, 20, 6]) for i in range(4)]
     sp = SamplingParams(max_tokens=4)
@@ -159,6 +233,11 @@ def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
     (dict(logprobs=-2), "logprobs"), (dict(seed="x"), "seed"), (dict(presence_penalty=2.5), "presence_penalty"),
     (dict(frequency_penalty=True), "frequency_penalty"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
     (dict(logit_bias={3: 101.0}), "logit_bias: token 3"), (dict(logit_bias=[3]), "logit_bias"),
+    (dict(top_k=-2), "top_k"), (dict(top_k=2.0), "top_k"), (dict(min_p=1.5), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repetition_penalty=2.5), "repetition_penalty"),
+    (dict(stop_token_ids=[-1]), "stop_token_ids"), (dict(stop_token_ids=5), "stop_token_ids"),
+    (dict(ignore_eos=1), "ignore_eos"), (dict(max_tokens=4, min_tokens=5), "min_tokens"),
+    (dict(min_tokens=-1), "min_tokens"),
 ])
 def test_bad_sampling_params(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):

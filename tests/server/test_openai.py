@@ -79,6 +79,38 @@ def test_penalties_reach_the_engine(client: OpenAI, llm: LLM) -> None:
     assert got.choices[0].text == banned.text
 
 
+def test_vllm_sampling_extensions_reach_the_engine(client: OpenAI, llm: LLM) -> None:
+    """top_k, min_p, repetition_penalty, stop_token_ids, ignore_eos and min_tokens (vLLM's names, sent
+    as extra fields) give the offline API's answer; a stop token ends the text, whole and streamed,
+    and is not part of it."""
+    segments = rag(2)
+    plain = llm.generate([segments], SamplingParams(max_tokens=8))[0]
+    drawn = llm.generate([segments], SamplingParams(max_tokens=8, temperature=1.0, seed=3))[0]
+    assert len(plain.token_ids) == 8 and drawn.text != plain.text  # so top-k 1 (greedy) is seen to act
+    cases = [dict(temperature=1.0, top_k=1, seed=3), dict(temperature=1.0, min_p=0.5, seed=3),
+             dict(repetition_penalty=1.8), dict(ignore_eos=True), dict(min_tokens=8)]
+    for extra in cases:
+        want = llm.generate([segments], SamplingParams(max_tokens=8, **extra))[0].text
+        assert (want != plain.text) == ("repetition_penalty" in extra) or "min_p" in extra, extra
+        openai = {k: v for k, v in extra.items() if k in ("temperature", "seed")}
+        vllm = {k: v for k, v in extra.items() if k not in openai}
+        got = complete(client, segments, max_tokens=8, extra_body=vllm, **openai)
+        assert got.choices[0].text == want, extra
+    stop = plain.token_ids[3]
+    first = plain.token_ids.index(stop)
+    want = llm.tokenizer.decode(plain.token_ids[:first], skip_special_tokens=True)
+    offline = llm.generate([segments], SamplingParams(max_tokens=8, stop_token_ids=[stop]))[0]
+    assert offline.text == want and offline.token_ids[-1] == stop and offline.finish_reason == "stop"
+    got = complete(client, segments, max_tokens=8, extra_body={"stop_token_ids": [stop]})
+    assert got.choices[0].text == want and got.choices[0].finish_reason == "stop"
+    streamed = list(complete(client, segments, max_tokens=8, stream=True, extra_body={"stop_token_ids": [stop]}))
+    assert "".join(c.choices[0].text for c in streamed) == want and streamed[-1].choices[0].finish_reason == "stop"
+    late = complete(client, segments, max_tokens=8, extra_body={"stop_token_ids": [stop], "min_tokens": 8})
+    assert late.choices[0].finish_reason == "length" and late.usage.completion_tokens == 8  # no stop before 8
+    assert late.choices[0].text == llm.generate([segments], SamplingParams(max_tokens=8, stop_token_ids=[stop],
+                                                                           min_tokens=8))[0].text
+
+
 def test_n_choices_whole_and_streamed(client: OpenAI, llm: LLM) -> None:
     """Choice i samples with seed + i; one response holds them all, a stream interleaves them."""
     segments = rag(2)
