@@ -185,7 +185,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
                   cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
-                  cold_workers=args.cold_workers, route=args.route)
+                  cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
         settings = ServerSettings(
             model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                                   else "hypic"),
@@ -257,6 +257,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
                         "memory; on the CPU unbounded)")
+    p.add_argument("--cache-host-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the host tier's summaries (T and S): bfloat16 holds nearly twice the entries there, "
+                        "each rounded once on its way down (default float32: as on the device)")
     p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "
                    "(if a cache was saved there), saved to it at shutdown and on POST /v1/segments/save")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")

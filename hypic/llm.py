@@ -29,14 +29,16 @@ class LLM:
     def __init__(self, model: str | None = None, *, device: str | torch.device | None = None,
                  dtype: str | torch.dtype | None = None, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
-                 cold_workers: int | list[str] | None = None, route: str = "lpt") -> None:
+                 cold_workers: int | list[str] | None = None, route: str = "lpt",
+                 cache_host_dtype: str | None = None) -> None:
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():
                 raise ValueError("model: no bundled default model in this installation; pass a model folder")
         self.loaded = load_model(model, device=device, dtype=dtype)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
-                             cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route)
+                             cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route,
+                             cache_host_dtype=cache_host_dtype)
         self.tokenizer = self.loaded.tokenizer
         self.max_positions = self.loaded.model.max_positions
         self.vocab_size = self.loaded.model.vocab_size

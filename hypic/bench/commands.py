@@ -122,7 +122,8 @@ def bench_trace(args: argparse.Namespace) -> int:
     else:
         tokenizer = own
     engine = Engine(loaded, seam=args.seam, cold_workers=args.workers,
-                    cache_device_bytes="auto" if args.cache_gib is None else int(args.cache_gib * 2**30))
+                    cache_device_bytes="auto" if args.cache_gib is None else int(args.cache_gib * 2**30),
+                    cache_host_dtype=args.cache_host_dtype)
     budget = engine.store.budgets["device"]
     local = EngineTarget(engine, trace, tokenizer, answers_from=own, max_running=load.max_running,
                          max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens)
@@ -183,6 +184,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p_tr.add_argument("--workers", type=int, default=0, help="cold workers besides the engine's device")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
                                                           "hypic.cache.budgets)")
+    p_tr.add_argument("--cache-host-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                      help="the host tier's summaries (hypic.cache.store)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "
                                     "http://127.0.0.1:8000); the model options are then unused")

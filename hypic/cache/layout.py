@@ -85,6 +85,47 @@ def resized(template: Header, key: SegmentKey, token_ids: tuple[int, ...], seam:
     return Header(key, tuple(token_ids), seam, tuple(fields), offset)
 
 
+SUMMARY_SLOTS = ("T", "S")
+HOST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the host tier may store summaries in
+
+
+def retyped(header: Header, src: torch.dtype, dst: torch.dtype) -> Header:
+    """``header`` with its summaries (T, S) of dtype ``src`` stored as ``dst``, offsets recomputed in
+    the same order: how the host tier narrows an entry (fp32 → bf16) and widens it back, the
+    exact inverse of the layout (the same fields, the same order, the same alignment)."""
+    name = {d: str(d).removeprefix("torch.") for d in (src, dst)}
+    fields, offset = [], 0
+    for slot, layer, dtype_name, shape, _ in header.fields:
+        if slot in SUMMARY_SLOTS and dtype_name == name[src]:
+            dtype_name = name[dst]
+        fields.append((slot, layer, dtype_name, shape, offset))
+        n = torch.Size(shape).numel() * getattr(torch, dtype_name).itemsize
+        offset += n + (-n % ALIGN)
+    return Header(header.key, header.token_ids, header.seam, tuple(fields), offset)
+
+
+def narrowed(header: Header) -> torch.dtype | None:
+    """The half-precision dtype an entry's summaries are stored in (the host tier's), else None."""
+    for slot, _, dtype_name, _, _ in header.fields:
+        if slot in SUMMARY_SLOTS and dtype_name in ("bfloat16", "float16"):
+            return getattr(torch, dtype_name)
+    return None
+
+
+def convert_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
+    """The entry's tensors copied into ``buf`` laid out by ``header`` — its own fields, maybe in other
+    dtypes (``retyped``) — converting as they go, in one multi-tensor copy on ``buf``'s device;
+    returns the entry as views into ``buf``."""
+    out = unpack(header, buf)
+    src = [t for _, _, t in tensors(entry)]
+    dst = [t for _, _, t in tensors(out)]
+    if [x.shape for x in src] != [x.shape for x in dst]:
+        raise ValueError(f"entry {entry.key}: its tensors do not match the layout it is converted into")
+    torch._foreach_copy_(dst, src)
+    out.hits = entry.hits
+    return out
+
+
 def allocate(header: Header, device: torch.device) -> Entry:
     """An entry of ``header``'s layout in one new buffer of its own on ``device``, not yet written:
     its tensors are views to be filled in place (the cold prefill writes each layer into them)."""

@@ -6,6 +6,14 @@ promoted back. Entries a running request uses are pinned and never move. On a GP
 lives in pinned memory pinned ahead of time (``HostArena``): an entry goes there in one region and
 comes back in one copy. ``check_integrity``
 verifies that the bytes each tier accounts equal the sum of its entries and stay in budget.
+
+``host_dtype`` (off by default): the host tier keeps each entry's summaries (T and S, fp32 on the
+device: ≈ 96 of the 105 MB an entry takes at the 9B shape) in bf16 or fp16, so it holds nearly twice
+the entries. The conversion runs on the device, in one multi-tensor copy each way, and only entries
+that went through the host tier carry the rounding; the device tier, and every kernel reading it,
+stays fp32. Why: serving a trace whose pool the tiers cannot hold, each call with a missing
+document pays a cold prefill (docs/benchmarks.md, session 19); ``scripts/trace_misses.py`` finds the
+1 024-document trace's requests with a miss falling from 55–64% to 3–25% once the tiers hold the pool.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import torch
 from hypic.cache.entry import Entry
 from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey
-from hypic.cache.layout import header_of, owns_memory, pack_into, unpack
+from hypic.cache.layout import HOST_DTYPES, convert_into, header_of, narrowed, owns_memory, pack_into, retyped, unpack
 
 TIERS = ("device", "host")
 
@@ -41,14 +49,19 @@ class CacheStats:
 
 class SegmentStore:
     def __init__(self, device: torch.device, *, device_bytes: int | None = None, host_bytes: int | None = None,
-                 arena: HostArena | None | str = "auto", pin_gate: threading.Lock | None = None) -> None:
+                 arena: HostArena | None | str = "auto", pin_gate: threading.Lock | None = None,
+                 host_dtype: torch.dtype | None = None) -> None:
         """``arena``: where demoted entries live — "auto" pins host memory in a ``HostArena`` when the
         device is a GPU and keeps entries as they are on the CPU (its "device" tier is host memory
         already, a demotion moves nothing); or an arena (tests), or None (plain copies).
-        ``pin_gate``: the auto arena pins only while holding it (the engine's lock)."""
+        ``pin_gate``: the auto arena pins only while holding it (the engine's lock).
+        ``host_dtype``: the dtype of summaries in the host tier (None or fp32: as on the device)."""
         for name, budget in (("cache_device_bytes", device_bytes), ("cache_host_bytes", host_bytes)):
             if budget is not None and (not isinstance(budget, int) or budget < 0):
                 raise ValueError(f"{name}: expected a non-negative integer or None, got {budget!r}")
+        if host_dtype is not None and host_dtype not in HOST_DTYPES:
+            raise ValueError(f"host_dtype: expected one of {[str(d) for d in HOST_DTYPES]} or None, got {host_dtype!r}")
+        self.host_dtype = None if host_dtype == torch.float32 else host_dtype
         self.device = torch.device(device)
         self.budgets: dict[str, int | None] = {"device": device_bytes, "host": host_bytes}
         if arena == "auto":
@@ -119,9 +132,15 @@ class SegmentStore:
             return None
         t0 = time.perf_counter()
         try:
-            if self.arena is None:
-                return entry.to("cpu", "host")
             header = header_of(entry)
+            narrow = header if self.host_dtype is None else retyped(header, torch.float32, self.host_dtype)
+            staged = None  # else: converted on the entry's device (one multi-tensor copy), moved as one block
+            if narrow != header:
+                staged = convert_into(entry, narrow, torch.empty(narrow.nbytes, dtype=torch.uint8,
+                                                                  device=entry._tensors()[0].device))
+            if self.arena is None:
+                return (entry if staged is None else staged).to("cpu", "host")
+            header = narrow
             region, freed = self.arena.allocate(header.nbytes), 0
             while region is None and freed < 2 * header.nbytes:  # fragmented: free older neighbours' room
                 dropped = self._evict_lru("host")
@@ -131,14 +150,15 @@ class SegmentStore:
                 region = self.arena.allocate(header.nbytes)
             if region is None:  # not pinned yet (the arena grows in the background): drop, never stall
                 return None
-            host = pack_into(entry, header, region.buffer)
+            host = pack_into(entry if staged is None else staged, header, region.buffer)
             host.region, host.tier = region, "host"
             return host
         finally:
             self.move_s += time.perf_counter() - t0
 
     def _to_device(self, entry: Entry) -> Entry:
-        """A device copy of a host entry (one copy from its arena region); the region is freed."""
+        """A device copy of a host entry (one copy from its arena region); the region is freed.
+        Summaries the host tier narrowed are widened back to fp32 on the device."""
         t0 = time.perf_counter()
         if entry.region is None:
             moved = entry.to(self.device, "device")
@@ -148,12 +168,35 @@ class SegmentStore:
             moved = unpack(entry.header, buf.copy_(entry.region.buffer[:n], non_blocking=True))
             moved.hits = entry.hits
             self._release(entry)  # after the copy is issued: a later demotion's copy into it runs after it
+        moved = self._widened(moved)
         self.move_s += time.perf_counter() - t0
         return moved
 
+    @staticmethod
+    def _device_nbytes(entry: Entry) -> int:
+        """The bytes ``entry`` takes in the device tier: its summaries in fp32, whatever the host keeps."""
+        return entry.nbytes + sum(t.numel() * (4 - t.element_size()) for s in entry.summaries.values()
+                                  for t in s if t is not None and t.dtype in (torch.bfloat16, torch.float16))
+
+    def _widened(self, entry: Entry) -> Entry:
+        """``entry`` with fp32 summaries: itself, or a copy widened from the host tier's dtype (a
+        promotion, or an entry saved from the host tier and loaded back)."""
+        header = header_of(entry)
+        half = narrowed(header)
+        if half is None:
+            return entry
+        wide = retyped(header, half, torch.float32)
+        moved = convert_into(entry, wide, torch.empty(wide.nbytes, dtype=torch.uint8,
+                                                      device=entry._tensors()[0].device))
+        moved.tier = entry.tier
+        return moved
+
     def insert(self, entry: Entry) -> bool:
-        """Cache an entry; False when no tier has room (the caller still holds it for its request)."""
+        """Cache an entry; False when no tier has room (the caller still holds it for its request).
+        An entry whose summaries are in the host tier's dtype (saved from it, loaded back) is widened
+        to fp32 first: the device tier holds fp32 summaries only."""
         with self._lock:
+            entry = self._widened(entry)
             for tier in TIERS:
                 if entry.key in self._tiers[tier]:
                     return True
@@ -179,9 +222,10 @@ class SegmentStore:
                 self.hits += 1
                 entry.hits += 1
                 self._tiers[tier].move_to_end(key)
-                if tier == "host" and self._fits("device", entry.nbytes):
+                wide = self._device_nbytes(entry)
+                if tier == "host" and self._fits("device", wide):
                     self._remove("host", key)  # first, so making room on the device cannot evict it
-                    if self._make_room("device", entry.nbytes):
+                    if self._make_room("device", wide):
                         entry = self._to_device(entry)
                         self._add("device", entry)
                         self.promotions += 1
@@ -190,6 +234,9 @@ class SegmentStore:
                     else:  # no tier keeps it: the request gets its own device copy (the region is freed)
                         entry = self._to_device(entry)
                         self.evictions += 1
+                if entry.tier == "host" and narrowed(header_of(entry)) is not None:
+                    # served from the host tier in place: this request gets its own fp32 copy
+                    entry = self._widened(entry.to(self.device, "device"))
                 return entry
             self.misses += 1
             return None

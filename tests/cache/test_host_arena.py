@@ -153,10 +153,12 @@ def test_bad_arguments_are_refused_by_name() -> None:
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact() -> None:
+@pytest.mark.parametrize("host_dtype", [None, torch.bfloat16])
+def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact(host_dtype) -> None:
+    """… bit for bit, or with a bf16 host tier its summaries rounded once (converted on the GPU)."""
     originals = {d: _entry(d) for d in range(6)}
     size = originals[0].nbytes
-    store = SegmentStore(torch.device("cuda"), device_bytes=2 * size, host_bytes=None)
+    store = SegmentStore(torch.device("cuda"), device_bytes=2 * size, host_bytes=None, host_dtype=host_dtype)
     assert store.arena is not None
     assert store.arena.grow()  # one slab now (the background thread would do it on first demand)
     for e in originals.values():
@@ -169,5 +171,75 @@ def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact() -> None
     assert len(host) == 4 and all(t.is_pinned() for e in host for t in e._tensors())
     for d in (0, 1, 2, 3, 4, 5, 0, 1):
         got = store.lookup(originals[d].key, originals[d].token_ids)
-        assert got is not None and got.keys[3].is_cuda and _same(got, originals[d])
+        want = originals[d] if host_dtype is None else _rounded(originals[d], host_dtype)
+        assert got is not None and got.keys[3].is_cuda and got.summaries[0].state.dtype == torch.float32
+        assert _same(got, want) and store.check_integrity()
+
+
+def _rounded(e: Entry, dtype: torch.dtype) -> Entry:
+    """``e`` with its summaries rounded through ``dtype``: what the host tier keeps of them."""
+    out = Entry(e.key, e.token_ids, e.seam, conv_tails=dict(e.conv_tails), keys=dict(e.keys), values=dict(e.values))
+    for i, s in e.summaries.items():
+        out.summaries[i] = Summary(s.transition.to(dtype).float(), s.state.to(dtype).float())
+    return out
+
+
+@pytest.mark.parametrize("with_arena", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_host_tier_holds_more_and_gives_back_fp32(with_arena: bool, dtype: torch.dtype) -> None:
+    """``host_dtype``: demoted entries keep their summaries in half precision (the other tensors as
+    they are), so a host budget holds more of them; a promotion gives back fp32 summaries — the
+    originals rounded once — in the entry's own fp32 layout, and nothing else changes."""
+    from hypic.cache.layout import header_of, layout, narrowed
+
+    originals = {d: _entry(d, length=6) for d in range(12)}
+    size = originals[0].nbytes
+    stores = {}
+    for host_dtype in (None, dtype):
+        arena = None
+        if with_arena:
+            slab = (8 * size + 80 * ALIGN) // ALIGN * ALIGN  # eight entries and their alignment padding
+            arena = HostArena(slab, slab_bytes=slab, pin=False, background=False)
+            arena.grow()
+        store = SegmentStore(torch.device("cpu"), device_bytes=2 * size, host_bytes=4 * size, arena=arena,
+                             host_dtype=host_dtype)
+        for d in originals:
+            assert store.insert(_entry(d, length=6))
+            assert store.check_integrity()
+        stores[host_dtype] = store
+    full, half = stores[None].stats().entries["host"], stores[dtype].stats().entries["host"]
+    assert full == 4 and half > full  # summaries are most of an entry: the same bytes hold more
+    store = stores[dtype]
+    for e in store._tiers["host"].values():
+        assert narrowed(header_of(e)) == dtype and e.nbytes < size
+        assert e.conv_tails[0].dtype == torch.bfloat16  # only summaries are narrowed
+    for d in list(store._tiers["host"]):
+        key = store._tiers["host"][d].key
+        doc = next(k for k, o in originals.items() if o.key == key)
+        got = store.lookup(key, originals[doc].token_ids)
+        assert got is not None and got.tier == "device" and narrowed(layout(got)) is None
+        assert _same(got, _rounded(originals[doc], dtype))
+        assert layout(got).fields == layout(originals[doc]).fields  # the common fp32 layout again
         assert store.check_integrity()
+    with pytest.raises(ValueError, match="host_dtype"):
+        SegmentStore(torch.device("cpu"), host_dtype=torch.int8)
+
+
+def test_entries_saved_from_a_half_precision_host_tier_load_back_as_fp32(tmp_path) -> None:
+    from hypic.cache import persist
+    from hypic.cache.layout import layout, narrowed
+
+    stamp = persist.Stamp("m", "float32", [1.0])
+    store = SegmentStore(torch.device("cpu"), device_bytes=_entry(0).nbytes, host_bytes=None,
+                         host_dtype=torch.bfloat16)
+    for d in range(3):
+        store.insert(_entry(d))
+    assert store.stats().entries == {"device": 1, "host": 2}
+    assert persist.save(store, tmp_path, stamp) == 3
+    fresh = SegmentStore(torch.device("cpu"))
+    assert persist.load(fresh, tmp_path, stamp) == 3
+    for d in range(3):
+        got = fresh.lookup(_entry(d).key, _entry(d).token_ids)
+        assert got is not None and narrowed(layout(got)) is None
+        assert _same(got, _rounded(_entry(d), torch.bfloat16)) or _same(got, _entry(d))  # demoted or not
+    assert fresh.check_integrity()

@@ -76,3 +76,34 @@ def test_the_engine_builds_entries_in_buffers_unless_switched_off(model_paths, m
     other = Engine(loaded, seam=3)
     other.prewarm([prompt[1]])
     assert torch.equal(warm, other.prefill_logits([prompt])[0])
+
+
+def test_a_half_precision_host_tier_moves_answers_by_rounding_only(model_paths) -> None:
+    """``cache_host_dtype="bfloat16"`` with a device tier of two entries: most documents are demoted
+    and promoted back between calls, their summaries rounded once; the answers stay within that
+    rounding of an engine that keeps everything in fp32 (and an unknown dtype is refused)."""
+    from hypic.engine.engine import Engine
+
+    loaded = load_model(model_paths["qwen3_5"], device="cpu", dtype="float32")
+    g = torch.Generator().manual_seed(8)
+    docs = [torch.randint(0, 64, (n,), generator=g).tolist() for n in (30, 41, 25, 36, 50, 28)]
+    prompts = [[[5, 6, 7], *(docs[(i + j) % 6] for j in range(3)), [9, 10 + i]] for i in range(4)]
+    ref = Engine(loaded, seam=3, cache_device_bytes=None)
+    ref.prefill_logits(prompts)
+    biggest = max(e.nbytes for e in ref.store.entries())
+    small = Engine(loaded, seam=3, cache_device_bytes=2 * biggest, cache_host_bytes=None, cache_host_dtype="bfloat16")
+    small.prefill_logits(prompts)  # all four at once: their documents pinned, most go straight to the host
+    assert small.store.stats().entries["host"] >= 3
+    assert all(s.state.dtype == torch.bfloat16 for e in small.store._tiers["host"].values()
+               for s in e.summaries.values())
+    # one prompt a call: host hits are promoted (widened) and others demoted; then all four at once
+    # again: the device fills with pinned entries and the rest are served from the host (a widened copy)
+    got = [small.prefill_logits([p])[0] for p in prompts] + [small.prefill_logits(prompts)[0]]
+    want = [ref.prefill_logits([p])[0] for p in prompts] + [ref.prefill_logits(prompts)[0]]
+    stats = small.store.stats()
+    assert stats.promotions > 0 and stats.demotions > 0
+    diffs = [float((a - b).abs().max()) for a, b in zip(got, want, strict=True)]
+    assert 0 < max(diffs) < 1e-3, diffs  # rounded (≈ 5e-5 of logits up to 0.75 here), and only that
+    assert small.store.check_integrity()
+    with pytest.raises(ValueError, match="cache_host_dtype"):
+        Engine(loaded, cache_host_dtype="int8")
