@@ -222,7 +222,7 @@ class SegmentStore:
                 self.hits += 1
                 entry.hits += 1
                 self._tiers[tier].move_to_end(key)
-                wide = self._device_nbytes(entry)
+                wide = self._device_nbytes(entry) if tier == "host" else entry.nbytes
                 if tier == "host" and self._fits("device", wide):
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     if self._make_room("device", wide):

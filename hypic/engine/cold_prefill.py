@@ -23,6 +23,14 @@ from hypic.models.hybrid import HybridLM
 from hypic.parallel.pool import ColdPool, ColdSegment, WorkerLost
 
 
+def cold_graphs_mode() -> str:
+    """``HYPIC_COLD_GRAPHS`` checked: 0 (default), 1 or eager (``ColdPrefill._cold_graphs``)."""
+    mode = os.environ.get("HYPIC_COLD_GRAPHS", "0")
+    if mode not in ("0", "1", "eager"):
+        raise ValueError(f"HYPIC_COLD_GRAPHS: expected 0, 1 or eager, got {mode!r}")
+    return mode
+
+
 class ColdPrefill:
     model: HybridLM
     device: torch.device
@@ -52,9 +60,7 @@ class ColdPrefill:
         graphs make a lone cold prefill of 1–4 documents 1.3–6× faster, but a serving trace with 76%
         of requests missing a document ran no faster with them (prefill p50 159 ms, against 133–160
         without), and capturing every shape first takes ≈ 68 s (docs/benchmarks.md)."""
-        mode = os.environ.get("HYPIC_COLD_GRAPHS", "0")
-        if mode not in ("0", "1", "eager"):
-            raise ValueError(f"HYPIC_COLD_GRAPHS: expected 0, 1 or eager, got {mode!r}")
+        mode = cold_graphs_mode()
         if (mode == "0" or (mode == "1" and self.device.type != "cuda") or self.model.kinds.linear_family != "gdn"
                 or os.environ.get("HYPIC_ENTRY_BUFFERS", "1") != "1"):
             return None

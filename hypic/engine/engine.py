@@ -23,7 +23,7 @@ from hypic.cache.budgets import AUTO, Budget, resolve
 from hypic.cache.keys import segment_key
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
-from hypic.engine.cold_prefill import ColdPrefill
+from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
 from hypic.engine.combine import CombineContext
 from hypic.engine.modes import ASSEMBLY, check_mode
 from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
@@ -104,6 +104,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         if cold not in COLD_STRATEGIES:
             raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
         combine_precision()  # a bad HYPIC_COMBINE_PRECISION fails here, not in every warm request
+        cold_graphs_mode()  # and a bad HYPIC_COLD_GRAPHS
         self.loaded, self.model, self.device = loaded, loaded.model, loaded.device
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer

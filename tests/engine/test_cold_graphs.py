@@ -148,6 +148,8 @@ def test_engine_answers_do_not_change(model_paths, monkeypatch, graphs) -> None:
     monkeypatch.setenv("HYPIC_COLD_GRAPHS", "yes")
     with pytest.raises(ValueError, match="HYPIC_COLD_GRAPHS"):
         engine.prefill_logits([[doc(6), doc(41), doc(3)]])
+    with pytest.raises(ValueError, match="HYPIC_COLD_GRAPHS"):  # refused when the engine starts
+        Engine(loaded, seam=3)
 
 
 def test_a_capture_keeps_the_plans_it_reads(f64) -> None:
