@@ -284,7 +284,9 @@ def generate(args: argparse.Namespace) -> int:
     try:
         llm = LLM(args.model, device=args.device, seam=args.seam)
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
-        sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+        sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                            repetition_penalty=args.repetition_penalty)
         for _ in range(args.repeat):
             out = llm.generate(args.prompt, sp, mode=args.mode)[0]
             m = out.metrics
@@ -322,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
                        "save it back after: the next run is warm")
     p_gen.add_argument("--temperature", type=float, default=0.0)
     p_gen.add_argument("--seed", type=int)
+    p_gen.add_argument("--top-p", type=float, default=1.0)
+    p_gen.add_argument("--top-k", type=int, default=0, help="0: off")
+    p_gen.add_argument("--min-p", type=float, default=0.0)
+    p_gen.add_argument("--repetition-penalty", type=float, default=1.0)
     p_gen.add_argument("--repeat", type=int, default=1, help="ask again (the second time the segments are cached)")
     p_gen.set_defaults(func=generate)
     add_bench_parser(sub)

@@ -51,6 +51,15 @@ def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
                tokenizer=tokenizer)
     assert main(["generate", "--model", str(other), "--cache-dir", str(tmp_path / "cache"), prompt]) == 2
     assert "saved for another model" in capsys.readouterr().err
+    # sampling options: top-k 1 is greedy whatever the temperature; a bad value is refused by name
+    answers = []
+    for extra in ([], ["--temperature", "1.5", "--seed", "3", "--top-k", "1", "--min-p", "0.1", "--top-p", "0.9",
+                       "--repetition-penalty", "1.0"]):
+        assert main(["generate", "--model", str(tmp_path), "--max-tokens", "4", *extra, prompt]) == 0
+        answers.append(capsys.readouterr().out)
+    assert answers[0] == answers[1]
+    assert main(["generate", "--model", str(tmp_path), "--min-p", "2", prompt]) == 2
+    assert "min_p" in capsys.readouterr().err
 
 
 def test_byte_counts_and_budgets_parse() -> None:
