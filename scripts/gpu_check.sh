@@ -25,6 +25,8 @@
 #   GPU_COLD_AB=1        the cold prefill alone with cold graphs on and off (HYPIC_COLD_GRAPHS=1|0),
 #                        alternating processes twice (trace_costs.py --cold-alone); GPU_COLD_AB_VAR picks
 #                        another switch (e.g. HYPIC_FUSED_COMBINE: the seams' pass A/B)
+#   GPU_HOST_AB=1        the 1 024-document trace (hypic) with the host tier's summaries in each of
+#                        GPU_HOST_AB_DTYPES (default "float32 bfloat16"), one process each, back to back
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -79,6 +81,13 @@ if [ "${GPU_COLD_AB:-0}" = 1 ]; then
     grep -E '^cold (prefill alone|graphs)' "$OUT/cold_ab$arm.log" | sed "s/^/$var=$arm: /" >> "$OUT/cold_ab.txt"
   done
 fi
+if [ "${GPU_HOST_AB:-0}" = 1 ]; then
+  for dt in ${GPU_HOST_AB_DTYPES:-float32 bfloat16}; do
+    section "trace_host_$dt" "${GPU_HOST_AB_SECONDS:-280}" python3 -m hypic.cli bench trace --shape qwen3.5-9b \
+      --device cuda --modes hypic --pool 1024 --requests 200 --warm 400 --rates "${GPU_HOST_AB_RATES:-16,24,32,48}" \
+      --cache-host-dtype "$dt" --out "$OUT/trace_host_$dt.md"
+  done
+fi
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
@@ -91,6 +100,7 @@ done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/cold_ab.txt" ] && cat "$OUT/cold_ab.txt"
+for f in "$OUT"/trace_host_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
 [ -f "$OUT/deviation.md" ] && grep -E '^\|' "$OUT/deviation.md"
