@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from hypic.bench.commands import add_bench_parser
+from hypic.cache.layout import HOST_DTYPES
 from hypic.engine.modes import MODES
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
@@ -257,7 +258,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
                         "memory; on the CPU unbounded)")
-    p.add_argument("--cache-host-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p.add_argument("--cache-host-dtype", default="float32", choices=list(HOST_DTYPES),
                    help="the host tier's summaries (T and S): bfloat16 holds nearly twice the entries there, "
                         "each rounded once on its way down (default float32: as on the device)")
     p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "

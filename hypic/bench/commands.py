@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from hypic.cache.layout import HOST_DTYPES
+
 
 def _bench_model(args: argparse.Namespace) -> tuple[object, str, str]:
     """The benchmark's model (a folder, or random weights of a real shape), its title, and the
@@ -184,7 +186,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p_tr.add_argument("--workers", type=int, default=0, help="cold workers besides the engine's device")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
                                                           "hypic.cache.budgets)")
-    p_tr.add_argument("--cache-host-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+    p_tr.add_argument("--cache-host-dtype", default="float32", choices=list(HOST_DTYPES),
                       help="the host tier's summaries (hypic.cache.store)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "

@@ -86,7 +86,9 @@ def resized(template: Header, key: SegmentKey, token_ids: tuple[int, ...], seam:
 
 
 SUMMARY_SLOTS = ("T", "S")
-HOST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the host tier may store summaries in
+# what the host tier may store summaries in, by name (the engine's and the command line's spelling)
+HOST_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HALF = (torch.bfloat16, torch.float16)
 
 
 def retyped(header: Header, src: torch.dtype, dst: torch.dtype) -> Header:
@@ -107,7 +109,7 @@ def retyped(header: Header, src: torch.dtype, dst: torch.dtype) -> Header:
 def narrowed(header: Header) -> torch.dtype | None:
     """The half-precision dtype an entry's summaries are stored in (the host tier's), else None."""
     for slot, _, dtype_name, _, _ in header.fields:
-        if slot in SUMMARY_SLOTS and dtype_name in ("bfloat16", "float16"):
+        if slot in SUMMARY_SLOTS and getattr(torch, dtype_name) in HALF:
             return getattr(torch, dtype_name)
     return None
 

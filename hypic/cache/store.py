@@ -28,7 +28,7 @@ import torch
 from hypic.cache.entry import Entry
 from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey
-from hypic.cache.layout import HOST_DTYPES, convert_into, header_of, narrowed, owns_memory, pack_into, retyped, unpack
+from hypic.cache.layout import HALF, HOST_DTYPES, convert_into, header_of, owns_memory, pack_into, retyped, unpack
 
 TIERS = ("device", "host")
 
@@ -59,8 +59,8 @@ class SegmentStore:
         for name, budget in (("cache_device_bytes", device_bytes), ("cache_host_bytes", host_bytes)):
             if budget is not None and (not isinstance(budget, int) or budget < 0):
                 raise ValueError(f"{name}: expected a non-negative integer or None, got {budget!r}")
-        if host_dtype is not None and host_dtype not in HOST_DTYPES:
-            raise ValueError(f"host_dtype: expected one of {[str(d) for d in HOST_DTYPES]} or None, got {host_dtype!r}")
+        if host_dtype is not None and host_dtype not in HOST_DTYPES.values():
+            raise ValueError(f"host_dtype: expected one of {list(HOST_DTYPES.values())} or None, got {host_dtype!r}")
         self.host_dtype = None if host_dtype == torch.float32 else host_dtype
         self.device = torch.device(device)
         self.budgets: dict[str, int | None] = {"device": device_bytes, "host": host_bytes}
@@ -173,18 +173,25 @@ class SegmentStore:
         return moved
 
     @staticmethod
+    def _half(entry: Entry) -> torch.dtype | None:
+        """The half-precision dtype of the entry's summaries (the host tier's), else None — read off
+        one summary, not the layout: every insert and promotion asks."""
+        dtype = next((s.state.dtype for s in entry.summaries.values()), None)
+        return dtype if dtype in HALF else None
+
+    @staticmethod
     def _device_nbytes(entry: Entry) -> int:
         """The bytes ``entry`` takes in the device tier: its summaries in fp32, whatever the host keeps."""
         return entry.nbytes + sum(t.numel() * (4 - t.element_size()) for s in entry.summaries.values()
-                                  for t in s if t is not None and t.dtype in (torch.bfloat16, torch.float16))
+                                  for t in s if t is not None and t.dtype in HALF)
 
     def _widened(self, entry: Entry) -> Entry:
         """``entry`` with fp32 summaries: itself, or a copy widened from the host tier's dtype (a
         promotion, or an entry saved from the host tier and loaded back)."""
-        header = header_of(entry)
-        half = narrowed(header)
+        half = self._half(entry)
         if half is None:
             return entry
+        header = header_of(entry)
         wide = retyped(header, half, torch.float32)
         moved = convert_into(entry, wide, torch.empty(wide.nbytes, dtype=torch.uint8,
                                                       device=entry._tensors()[0].device))
@@ -234,7 +241,7 @@ class SegmentStore:
                     else:  # no tier keeps it: the request gets its own device copy (the region is freed)
                         entry = self._to_device(entry)
                         self.evictions += 1
-                if entry.tier == "host" and narrowed(header_of(entry)) is not None:
+                if entry.tier == "host" and self._half(entry) is not None:
                     # served from the host tier in place: this request gets its own fp32 copy
                     entry = self._widened(entry.to(self.device, "device"))
                 return entry

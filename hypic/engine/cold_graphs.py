@@ -8,7 +8,7 @@ still adds ≈ 50 ms of host work (trace prefill p50 152–160 vs 103 ms). A rep
 the device runs it while the host goes on to launch the combine pass.
 
 How: a call's cold segments are grouped by (seam, padded length) and cut into groups of at most
-``SLOTS[-1]``; each group runs as a ``PaddedColdContext`` of its own slot count. A call with more
+``MAX_SLOTS``; each group runs as a ``PaddedColdContext`` of its own slot count. A call with more
 than ``CALL_TOKENS`` of them is left to the eager path (``takes``). The first time a shape is seen
 it runs eagerly — compiling and autotuning the kernels and filling the host caches the forward
 consults — and is captured right after, while those caches still hold its plans
@@ -42,7 +42,7 @@ from hypic.models.hybrid import HybridLM
 from hypic.models.step_graph import shared_pool
 from hypic.ops.transfer import keeping
 
-SLOTS = tuple(range(1, 9))  # segments per replay: every count, so no slot is computed empty
+MAX_SLOTS = 8  # segments per replay; every count 1…8 has its shape, so no slot is computed empty
 MAX_LENGTH = 512  # longer segments run eagerly: their prefill is device-bound, a graph saves little
 # A call whose accepted misses hold more tokens runs them eagerly in one forward instead: a
 # replay's groups (one per padded length) are small matmuls, run one after another, on padded
@@ -92,10 +92,9 @@ class ColdGraphs:
             groups[w, padded_length(len(ids))].append(i)
         out: dict[int, Entry] = {}
         for (w, B), members in sorted(groups.items()):
-            for at in range(0, len(members), SLOTS[-1]):
-                chunk = members[at:at + SLOTS[-1]]
-                n = next(s for s in SLOTS if s >= len(chunk))
-                for i, e in zip(chunk, self._run(n, B, w, [segments[i] for i in chunk]), strict=True):
+            for at in range(0, len(members), MAX_SLOTS):
+                chunk = members[at:at + MAX_SLOTS]
+                for i, e in zip(chunk, self._run(len(chunk), B, w, [segments[i] for i in chunk]), strict=True):
                     out[i] = e
         return [out[i] for i in range(len(segments))]
 
@@ -110,7 +109,7 @@ class ColdGraphs:
         for B in range(BLOCK, MAX_LENGTH + 1, BLOCK):
             if B <= max(seam, self.tail - 1):
                 continue
-            for n in SLOTS:
+            for n in range(1, MAX_SLOTS + 1):
                 if (n, B, seam) in self.shapes and self.shapes[n, B, seam].graph is not None or self.refused:
                     continue
                 dummy = [([1] * B, seam, SegmentKey(b"prepare", B))] * n
@@ -120,7 +119,7 @@ class ColdGraphs:
 
     def _run(self, n: int, B: int, w: int, group: list[Segment]) -> list[Entry]:
         if self.staging is None:
-            self.staging = Staging(self.header, SLOTS[-1], MAX_LENGTH, self.device)
+            self.staging = Staging(self.header, MAX_SLOTS, MAX_LENGTH, self.device)
         shape = self.shapes.get((n, B, w))
         if shape is None:
             shape = self.shapes[n, B, w] = _Shape(PaddedColdContext(n, B, w, self.staging, self.tail, self.device))

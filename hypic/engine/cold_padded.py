@@ -71,8 +71,7 @@ class PaddedColdContext(ColdContext):
                              f"staging for {staging.slots} × {staging.length}")
         n, B, w = slots, length, seam
         self.slots, self.length, self.seam, self.tail = n, B, w, tail
-        self.staging, self.device = staging, device
-        self.preallocated, self.entries = True, []  # entries come at delivery, not construction
+        self.staging = staging
         self.seams = [w] * n
         self.cu_seqlens = torch.arange(0, (n + 1) * B, B)
         self.linear_cu = torch.tensor([0, *[x for i in range(n) for x in (i * B + w, (i + 1) * B)]])

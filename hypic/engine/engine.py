@@ -21,6 +21,7 @@ import torch
 from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve
 from hypic.cache.keys import segment_key
+from hypic.cache.layout import HOST_DTYPES
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
@@ -43,7 +44,6 @@ from hypic.parallel.router import POLICIES
 from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
-HOST_DTYPE_NAMES = {None: None, "float32": None, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -97,10 +97,9 @@ class Engine(ColdPrefill, PrefixPrefill):
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
         if route not in POLICIES:
             raise ValueError(f"route: expected one of {POLICIES}, got {route!r}")
-        if cache_host_dtype is not None and not isinstance(cache_host_dtype, str) or \
-                cache_host_dtype not in HOST_DTYPE_NAMES:
-            raise ValueError(f"cache_host_dtype: expected one of {sorted(k for k in HOST_DTYPE_NAMES if k)} or None, "
-                             f"got {cache_host_dtype!r}")
+        if cache_host_dtype is not None and (not isinstance(cache_host_dtype, str)
+                                             or cache_host_dtype not in HOST_DTYPES):
+            raise ValueError(f"cache_host_dtype: expected one of {list(HOST_DTYPES)} or None, got {cache_host_dtype!r}")
         if cold not in COLD_STRATEGIES:
             raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
         combine_precision()  # a bad HYPIC_COMBINE_PRECISION fails here, not in every warm request
@@ -116,7 +115,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock,
-                                  host_dtype=HOST_DTYPE_NAMES[cache_host_dtype])
+                                  host_dtype=HOST_DTYPES.get(cache_host_dtype))
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")

@@ -99,8 +99,6 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
     if outside:
         raise bad_request(f"stop_token_ids: {outside[0]} is not a token id of this model's vocabulary "
                           f"[0, {vocab_size})", "stop_token_ids")
-    if req.min_tokens > max_tokens:
-        raise bad_request(f"min_tokens: {req.min_tokens} exceeds max_tokens ({max_tokens})", "min_tokens")
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
