@@ -258,9 +258,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
                         "memory; on the CPU unbounded)")
-    p.add_argument("--cache-host-dtype", default="float32", choices=list(HOST_DTYPES),
+    p.add_argument("--cache-host-dtype", default="auto", choices=[*HOST_DTYPES, "auto"],
                    help="the host tier's summaries (T and S): bfloat16 holds nearly twice the entries there, "
-                        "each rounded once on its way down (default float32: as on the device)")
+                        "each rounded once on its way down (default auto: bfloat16 on a GPU, float32 on the CPU)")
     p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "
                    "(if a cache was saved there), saved to it at shutdown and on POST /v1/segments/save")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")

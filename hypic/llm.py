@@ -30,7 +30,7 @@ class LLM:
                  dtype: str | torch.dtype | None = None, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
-                 cache_host_dtype: str | None = None) -> None:
+                 cache_host_dtype: str | None = AUTO) -> None:
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():

@@ -186,8 +186,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p_tr.add_argument("--workers", type=int, default=0, help="cold workers besides the engine's device")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
                                                           "hypic.cache.budgets)")
-    p_tr.add_argument("--cache-host-dtype", default="float32", choices=list(HOST_DTYPES),
-                      help="the host tier's summaries (hypic.cache.store)")
+    p_tr.add_argument("--cache-host-dtype", default="auto", choices=[*HOST_DTYPES, "auto"],
+                      help="the host tier's summaries (hypic.cache.store; default auto: bfloat16 on a GPU, "
+                           "float32 on the CPU)")
     p_tr.add_argument("--seed", type=int, default=0)
     p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "
                                     "http://127.0.0.1:8000); the model options are then unused")

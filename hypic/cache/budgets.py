@@ -8,6 +8,13 @@ allocator's slack (measured: a 60 GiB store beside the 9B model — half of what
 105.7 GiB of 140 while serving the trace). The host tier takes a quarter of physical memory: on a
 GPU machine its pages are pinned (asynchronous copies), and pinned pages cannot be swapped. A CPU
 engine keeps both tiers unbounded, as before: its "device" tier is host memory already.
+
+The host tier's summaries default ("auto") to bfloat16 on a GPU: they are most of an entry (96 of
+≈ 105 MiB at the 9B shape), so the tier holds nearly twice the entries; rounded once on the way
+down, they changed no task score of the bundled model and left its first-token KL to `full` where
+fp32 had it, while a 1 024-document trace went from ≈ 16–24 to 24 sustained QPS with 2.7–4.4× lower
+p50 TTFT at 24 (docs/benchmarks.md, session 20). On the CPU nothing is demoted across a bus (both tiers
+are host memory), so "auto" keeps fp32 there: exact, and what the CPU tests check.
 """
 
 from __future__ import annotations
@@ -16,11 +23,24 @@ import os
 
 import torch
 
+from hypic.cache.layout import HOST_DTYPES
+
 AUTO = "auto"
 DEVICE_FRACTION = 0.5  # of the device memory free after the model is loaded
 HOST_FRACTION = 0.25  # of physical memory
 
 Budget = int | str | None  # bytes, "auto", or None (unbounded)
+
+
+def resolve_host_dtype(value: str | None, device: torch.device) -> torch.dtype | None:
+    """The host tier's summary dtype (None: fp32, as on the device) from a name, "auto" or None."""
+    if value is None:
+        return None
+    if value == AUTO:
+        return torch.bfloat16 if device.type == "cuda" else None
+    if not isinstance(value, str) or value not in HOST_DTYPES:
+        raise ValueError(f"cache_host_dtype: expected one of {list(HOST_DTYPES)}, 'auto' or None, got {value!r}")
+    return HOST_DTYPES[value]
 
 
 def physical_memory_bytes() -> int | None:

@@ -15,10 +15,14 @@ with no room yet it returns None and the store evicts the entry rather than stal
 eviction costs a recompute later, ≈ 10–90 ms for a document).
 
 The thread pins only while it holds ``gate`` — the engine's lock, free between engine calls — one
-slab of ``slab_bytes`` (256 MiB, ≈ 0.13 s) at a time, so a call that arrives meanwhile waits at
-most that long. (Ungated, while the thread pinned 1 GiB slabs, the serving thread's demotions took
-55 ms each instead of ≈ 1: a trace block lost 3.6 s.) ``pin_all`` pins everything now and waits,
-for a caller that would rather pay it up front (a benchmark's warm-up).
+slab of ``slab_bytes`` (1 GiB, ≈ 0.5 s) at a time, so a call that arrives meanwhile waits at most
+that long. (Ungated, while the thread pinned 1 GiB slabs, the serving thread's demotions took 55 ms
+each instead of ≈ 1: a trace block lost 3.6 s.) Why slabs that large: a region never spans slabs,
+so each slab's tail smaller than an entry is lost — with 256 MiB slabs, 17% of the tier for fp32
+entries (≈ 106 MiB, two to a slab) and ≈ 14% for bf16 ones (50–65 MiB, four): the 1 024-document
+trace's store held ≈ 950 entries where ≈ 1 080 fit (session 20). ``pin_all`` pins everything now
+and waits, for a caller that would rather pay it up front (a benchmark, before its warm-up);
+``pin_ahead`` starts the thread without waiting (a server, at startup, pins in its idle time).
 
 Stream order is the safety rule: every copy into or out of a region is issued on the device's
 current stream (the engine's, under its lock), so a region freed after a promotion's copy was
@@ -41,7 +45,7 @@ from hypic.cache.layout import ALIGN
 
 log = logging.getLogger(__name__)
 
-SLAB_BYTES = 256 << 20  # two 9B-shape entries (≈ 106 MiB each); a larger entry gets a slab of its size
+SLAB_BYTES = 1 << 30  # ≈ 9 fp32 or 18 bf16 9B-shape entries; a larger entry gets a slab of its size
 AHEAD_BYTES = 4 << 30
 
 
@@ -100,6 +104,14 @@ class HostArena:
             self._start()
             self._cond.notify_all()
             return self._cond.wait_for(lambda: not self._wants_slab(), timeout)
+
+    def pin_ahead(self) -> None:
+        """Start pinning now, in the background, rather than at the first demotion: a server calls it
+        at startup so the host tier is pinned in its idle time before the load (under back-to-back
+        calls the thread gets the gate only between them, and demotions meanwhile drop entries)."""
+        with self._cond:
+            self._start()
+            self._cond.notify_all()
 
     def grow(self) -> bool:
         """Pin one more slab (slow: the background thread's work); False at capacity."""

@@ -19,9 +19,8 @@ from pathlib import Path
 import torch
 
 from hypic.cache import persist
-from hypic.cache.budgets import AUTO, Budget, resolve
+from hypic.cache.budgets import AUTO, Budget, resolve, resolve_host_dtype
 from hypic.cache.keys import segment_key
-from hypic.cache.layout import HOST_DTYPES
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
@@ -85,21 +84,20 @@ class Engine(ColdPrefill, PrefixPrefill):
     def __init__(self, loaded: LoadedModel, *, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
-                 cache_host_dtype: str | None = None) -> None:
+                 cache_host_dtype: str | None = AUTO) -> None:
         """``cold_workers``: extra devices whose worker processes prefill cold segments alongside
         this engine's device (``hypic.parallel``): a count (the next GPUs after the engine's, or
         CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin).
         ``cache_device_bytes`` / ``cache_host_bytes``: the store's tiers, in bytes, None for
         unbounded, or "auto" (``hypic.cache.budgets``: bounded on a GPU, unbounded on the CPU).
         ``cache_host_dtype``: bfloat16 or float16 stores the host tier's summaries in half precision
-        (nearly twice the entries; ``hypic.cache.store``); None or float32: as on the device."""
+        (nearly twice the entries; ``hypic.cache.store``); None or float32: as on the device; "auto"
+        (default): bfloat16 on a GPU, float32 on the CPU (``hypic.cache.budgets``)."""
         if not isinstance(seam, int) or isinstance(seam, bool) or seam < 0:
             raise ValueError(f"seam: expected a non-negative integer, got {seam!r}")
         if route not in POLICIES:
             raise ValueError(f"route: expected one of {POLICIES}, got {route!r}")
-        if cache_host_dtype is not None and (not isinstance(cache_host_dtype, str)
-                                             or cache_host_dtype not in HOST_DTYPES):
-            raise ValueError(f"cache_host_dtype: expected one of {list(HOST_DTYPES)} or None, got {cache_host_dtype!r}")
+        host_dtype = resolve_host_dtype(cache_host_dtype, loaded.device)
         if cold not in COLD_STRATEGIES:
             raise ValueError(f"cold: expected one of {COLD_STRATEGIES}, got {cold!r}")
         combine_precision()  # a bad HYPIC_COMBINE_PRECISION fails here, not in every warm request
@@ -115,7 +113,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self._lock = threading.Lock()  # one forward at a time; concurrent callers queue here
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock,
-                                  host_dtype=HOST_DTYPES.get(cache_host_dtype))
+                                  host_dtype=host_dtype)
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")

@@ -88,6 +88,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.runner = Runner(Scheduler(llm.engine, max_running=settings.max_concurrent, max_queue=settings.max_queue,
                                         max_prefill_tokens=settings.max_prefill_tokens), settings)
+        store = llm.engine.store
+        if store.arena is not None and store.budgets["device"] is not None:
+            store.arena.pin_ahead()  # the host tier pinned while idle, before the first overflow
         yield
         await state.runner.shutdown()
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hypic.cache import budgets
-from hypic.cache.budgets import AUTO, physical_memory_bytes, resolve
+from hypic.cache.budgets import AUTO, physical_memory_bytes, resolve, resolve_host_dtype
 
 
 def test_numbers_none_and_auto_on_the_cpu() -> None:
@@ -28,6 +28,16 @@ def test_auto_on_a_gpu_takes_a_share_of_what_is_free(monkeypatch) -> None:
     assert resolve(7, "device", cuda) == 7 and resolve(None, "device", cuda) is None
 
 
+def test_the_host_tier_dtype_auto_is_bfloat16_on_a_gpu_and_float32_on_the_cpu() -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # resolving reads only the device's type
+    assert resolve_host_dtype(AUTO, cpu) is None and resolve_host_dtype(AUTO, cuda) is torch.bfloat16
+    assert resolve_host_dtype(None, cuda) is None and resolve_host_dtype("float32", cuda) is torch.float32
+    assert resolve_host_dtype("float16", cpu) is torch.float16
+    for bad in ("int8", "bf16", 16, torch.bfloat16):
+        with pytest.raises(ValueError, match="cache_host_dtype"):
+            resolve_host_dtype(bad, cpu)
+
+
 @pytest.mark.gpu
 def test_an_engine_on_a_gpu_is_bounded_by_default() -> None:
     from hypic.bench.shapes import SHAPES
@@ -39,3 +49,4 @@ def test_an_engine_on_a_gpu_is_bounded_by_default() -> None:
     device_budget = engine.store.budgets["device"]
     assert device_budget is not None and 0 < device_budget <= free
     assert engine.store.budgets["host"] is not None
+    assert engine.store.host_dtype is torch.bfloat16  # the host tier's summaries: "auto" on a GPU

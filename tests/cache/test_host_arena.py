@@ -117,6 +117,20 @@ def test_the_background_thread_pins_capacity_once_and_ends_with_the_arena() -> N
     assert not thread.is_alive()
 
 
+def test_pin_ahead_starts_the_thread_without_waiting_and_it_pins_capacity() -> None:
+    """A server's startup: pinning starts before any demotion and the caller does not wait for it."""
+    gate = threading.Lock()
+    arena = HostArena(4 * 4096, slab_bytes=4096, pin=False, gate=gate)
+    with gate:  # the thread cannot pin while the engine holds the gate, and pin_ahead does not wait
+        arena.pin_ahead()
+        assert arena._thread is not None and arena.pinned_bytes == 0
+    deadline = time.monotonic() + 10
+    while arena.pinned_bytes < 4 * 4096 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert arena.pinned_bytes == 4 * 4096 and all(arena.allocate(4096) for _ in range(4))
+    arena.close()
+
+
 def test_unbounded_the_thread_pins_ahead_of_what_is_used() -> None:
     arena = HostArena(None, slab_bytes=4096, ahead_bytes=3 * 4096, pin=False)
     assert arena.pin_all(timeout=10) and arena.pinned_bytes == 3 * 4096

@@ -211,3 +211,25 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
                             "--dtype", "bfloat16", "--cache-dir", str(cache)], capture_output=True, text=True,
                            timeout=120)
     assert other.returncode == 2 and "saved for another model, model folder or dtype" in other.stderr
+
+
+def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
+    """With a device budget (the tier can overflow) the server starts pinning the host tier at
+    startup, in the background, instead of at the first demotion under load."""
+    from hypic.cache.host_arena import HostArena
+
+    llm = LLM(str(model_dir), device="cpu", cache_device_bytes=1 << 20, cache_host_bytes=1 << 20)
+    llm.engine.store.arena = arena = HostArena(4 * 4096, slab_bytes=4096, pin=False)  # a GPU's arena, unpinned
+    live = serve(llm)
+    try:
+        wait_for(lambda: arena.pinned_bytes == 4 * 4096)
+        assert httpx.get(f"{live.url}/health").status_code == 200
+    finally:
+        live.stop()
+    unbounded = LLM(str(model_dir), device="cpu")  # no device budget: nothing can overflow, nothing pinned
+    unbounded.engine.store.arena = idle_arena = HostArena(4 * 4096, slab_bytes=4096, pin=False)
+    live = serve(unbounded)
+    try:
+        assert httpx.get(f"{live.url}/health").status_code == 200 and idle_arena._thread is None
+    finally:
+        live.stop()
