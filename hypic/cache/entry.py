@@ -59,6 +59,8 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
+        if self.buffer is not None and self.header is not None:  # laid out once: the store asks often
+            return self.header.tensor_bytes
         return sum(_nbytes(t) for t in self._tensors())
 
     @property

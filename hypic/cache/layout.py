@@ -24,6 +24,24 @@ ALIGN = 64  # bytes: ≥ every dtype's size, and a cache line
 
 # (slot, layer, dtype name, shape, byte offset); slot ∈ "T", "S", "conv", "k", "v"
 Field = tuple[str, int, str, tuple[int, ...], int]
+# (byte offset, count, dtype name, shape, the fields' (slot, layer)): ``count`` fields back to back
+Run = tuple[int, int, str, tuple[int, ...], tuple[tuple[str, int], ...]]
+
+
+@functools.lru_cache(maxsize=4096)
+def _runs(fields: tuple[Field, ...]) -> tuple[Run, ...]:
+    """Runs of fields of one kind, dtype and shape, each right after the one before."""
+    out, i = [], 0
+    while i < len(fields):
+        slot, _, dtype_name, shape, offset = fields[i]
+        n = torch.Size(shape).numel() * getattr(torch, dtype_name).itemsize
+        j = i + 1
+        while (j < len(fields) and fields[j][0] == slot and fields[j][2:4] == (dtype_name, shape)
+               and fields[j][4] == offset + (j - i) * n):
+            j += 1
+        out.append((offset, j - i, dtype_name, shape, tuple((f[0], f[1]) for f in fields[i:j])))
+        i = j
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -33,6 +51,19 @@ class Header:
     seam: int
     fields: tuple[Field, ...]
     nbytes: int  # the buffer's size
+
+    @functools.cached_property
+    def runs(self) -> tuple[Run, ...]:
+        """The fields as runs of one kind, dtype and shape back to back: ``unpack`` makes one view per
+        run and unbinds it, and a conversion copies run by run (≈ 5 copies for an entry's ≈ 80
+        tensors). Worked out once per header."""
+        return _runs(self.fields)
+
+    @functools.cached_property
+    def tensor_bytes(self) -> int:
+        """The bytes of the entry's tensors (``Entry.nbytes``), without the alignment padding."""
+        return sum(count * numel * getattr(torch, dtype_name).itemsize
+                   for _, count, dtype_name, shape, _ in self.runs for numel in (torch.Size(shape).numel(),))
 
     @functools.cached_property
     def summary_offsets(self) -> tuple[tuple[int, int, int], ...]:
@@ -95,15 +126,21 @@ def retyped(header: Header, src: torch.dtype, dst: torch.dtype) -> Header:
     """``header`` with its summaries (T, S) of dtype ``src`` stored as ``dst``, offsets recomputed in
     the same order: how the host tier narrows an entry (fp32 → bf16) and widens it back, the
     exact inverse of the layout (the same fields, the same order, the same alignment)."""
+    fields, nbytes = _retyped_fields(header.fields, src, dst)
+    return Header(header.key, header.token_ids, header.seam, fields, nbytes)
+
+
+@functools.lru_cache(maxsize=4096)  # every demotion and promotion asks; entries of a length share fields
+def _retyped_fields(fields: tuple[Field, ...], src: torch.dtype, dst: torch.dtype) -> tuple[tuple[Field, ...], int]:
     name = {d: str(d).removeprefix("torch.") for d in (src, dst)}
-    fields, offset = [], 0
-    for slot, layer, dtype_name, shape, _ in header.fields:
+    out, offset = [], 0
+    for slot, layer, dtype_name, shape, _ in fields:
         if slot in SUMMARY_SLOTS and dtype_name == name[src]:
             dtype_name = name[dst]
-        fields.append((slot, layer, dtype_name, shape, offset))
+        out.append((slot, layer, dtype_name, shape, offset))
         n = torch.Size(shape).numel() * getattr(torch, dtype_name).itemsize
         offset += n + (-n % ALIGN)
-    return Header(header.key, header.token_ids, header.seam, tuple(fields), offset)
+    return tuple(out), offset
 
 
 def narrowed(header: Header) -> torch.dtype | None:
@@ -118,14 +155,29 @@ def convert_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
     """The entry's tensors copied into ``buf`` laid out by ``header`` — its own fields, maybe in other
     dtypes (``retyped``) — converting as they go, in one multi-tensor copy on ``buf``'s device;
     returns the entry as views into ``buf``."""
-    out = unpack(header, buf)
-    src = [t for _, _, t in tensors(entry)]
-    dst = [t for _, _, t in tensors(out)]
-    if [x.shape for x in src] != [x.shape for x in dst]:
-        raise ValueError(f"entry {entry.key}: its tensors do not match the layout it is converted into")
-    torch._foreach_copy_(dst, src)
+    if entry.buffer is not None and entry.header is not None:
+        out = unpack(header, convert_buffer(entry.header, entry.buffer, header, buf))
+    else:
+        out = unpack(header, buf)
+        src = [t for _, _, t in tensors(entry)]
+        dst = [t for _, _, t in tensors(out)]
+        if [x.shape for x in src] != [x.shape for x in dst]:
+            raise ValueError(f"entry {entry.key}: its tensors do not match the layout it is converted into")
+        torch._foreach_copy_(dst, src)
     out.hits = entry.hits
     return out
+
+
+def convert_buffer(src: Header, src_buf: Tensor, dst: Header, dst_buf: Tensor) -> Tensor:
+    """``src_buf`` (laid out by ``src``) copied into ``dst_buf`` laid out by ``dst`` — the same fields
+    in the same order, maybe in other dtypes (``retyped``) — one copy per run, converting as it
+    goes, with no per-tensor views (a host-tier move's host time: scripts/store_moves.py); returns
+    ``dst_buf``."""
+    if [r[1:4:2] + (r[4],) for r in src.runs] != [r[1:4:2] + (r[4],) for r in dst.runs]:
+        raise ValueError(f"entry {src.key}: its fields do not match the layout it is converted into")
+    for a, b in zip(_run_views(src, src_buf), _run_views(dst, dst_buf), strict=True):
+        b.copy_(a)
+    return dst_buf
 
 
 def allocate(header: Header, device: torch.device) -> Entry:
@@ -149,25 +201,24 @@ def pack_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
     return packed
 
 
+def _run_views(header: Header, buf: Tensor) -> list[Tensor]:
+    """Each run of ``header`` as one view into ``buf`` [count, *shape]."""
+    views = []
+    for offset, count, dtype_name, shape, _ in header.runs:
+        dtype = getattr(torch, dtype_name)
+        n = count * torch.Size(shape).numel() * dtype.itemsize
+        views.append(buf[offset:offset + n].view(dtype).view(count, *shape))
+    return views
+
+
 def unpack(header: Header, buf: Tensor) -> Entry:
     """The entry back from its header and buffer (views into ``buf``)."""
     if buf.dtype != torch.uint8 or buf.numel() != header.nbytes:
         raise ValueError(f"entry {header.key}: expected a uint8 buffer of {header.nbytes} bytes, "
                          f"got {buf.dtype} × {buf.numel()}")
     got: dict[tuple[str, int], Tensor] = {}
-    fields, i = header.fields, 0
-    while i < len(fields):  # a run of one kind, dtype and shape, back to back: one view, unbound
-        slot, _, dtype_name, shape, offset = fields[i]
-        dtype = getattr(torch, dtype_name)
-        n = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        j = i + 1
-        while (j < len(fields) and fields[j][0] == slot and fields[j][2:4] == (dtype_name, shape)
-               and fields[j][4] == offset + (j - i) * n):
-            j += 1
-        run = buf[offset:offset + (j - i) * n].view(dtype).view(j - i, *shape)
-        for f, t in zip(fields[i:j], run.unbind(0), strict=True):
-            got[f[0], f[1]] = t
-        i = j
+    for run, view in zip(header.runs, _run_views(header, buf), strict=True):  # one view per run, unbound
+        got.update(zip(run[4], view.unbind(0), strict=True))
     entry = Entry(header.key, header.token_ids, header.seam, header=header, buffer=buf)
     for (slot, layer), t in got.items():
         if slot == "S":

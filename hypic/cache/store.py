@@ -29,7 +29,17 @@ import torch
 from hypic.cache.entry import Entry
 from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey
-from hypic.cache.layout import HALF, HOST_DTYPES, convert_into, header_of, owns_memory, pack_into, retyped, unpack
+from hypic.cache.layout import (
+    HALF,
+    HOST_DTYPES,
+    convert_buffer,
+    convert_into,
+    header_of,
+    owns_memory,
+    pack_into,
+    retyped,
+    unpack,
+)
 
 TIERS = ("device", "host")
 
@@ -135,23 +145,29 @@ class SegmentStore:
         try:
             header = header_of(entry)
             narrow = header if self.host_dtype is None else retyped(header, torch.float32, self.host_dtype)
-            staged = None  # else: converted on the entry's device (one multi-tensor copy), moved as one block
+            staged = None  # else: the bytes to move, converted on the entry's device run by run, laid out by narrow
             if narrow != header:
-                staged = convert_into(entry, narrow, torch.empty(narrow.nbytes, dtype=torch.uint8,
-                                                                  device=entry._tensors()[0].device))
+                out = torch.empty(narrow.nbytes, dtype=torch.uint8, device=entry._tensors()[0].device)
+                staged = (convert_buffer(header, entry.buffer, narrow, out) if entry.buffer is not None
+                          else convert_into(entry, narrow, out).buffer)
             if self.arena is None:
-                return (entry if staged is None else staged).to("cpu", "host")
-            header = narrow
-            region, freed = self.arena.allocate(header.nbytes), 0
-            while region is None and freed < 2 * header.nbytes:  # fragmented: free older neighbours' room
+                host = entry if staged is None else unpack(narrow, staged)
+                host.hits = entry.hits
+                return host.to("cpu", "host")
+            region, freed = self.arena.allocate(narrow.nbytes), 0
+            while region is None and freed < 2 * narrow.nbytes:  # fragmented: free older neighbours' room
                 dropped = self._evict_lru("host")
                 if not dropped:
                     break
                 freed += dropped
-                region = self.arena.allocate(header.nbytes)
+                region = self.arena.allocate(narrow.nbytes)
             if region is None:  # not pinned yet (the arena grows in the background): drop, never stall
                 return None
-            host = pack_into(entry if staged is None else staged, header, region.buffer)
+            if staged is None:
+                host = pack_into(entry, narrow, region.buffer)
+            else:  # one block down, unpacked once (host time per move: scripts/store_moves.py)
+                host = unpack(narrow, region.buffer.copy_(staged, non_blocking=True))
+                host.hits = entry.hits
             host.region, host.tier = region, "host"
             return host
         finally:
@@ -164,12 +180,18 @@ class SegmentStore:
         if entry.region is None:
             moved = entry.to(self.device, "device")
         else:
-            n = entry.header.nbytes
+            n, half = entry.header.nbytes, self._half(entry)
             buf = torch.empty(n, dtype=torch.uint8, device=self.device)  # a copy, even on the CPU
-            moved = unpack(entry.header, buf.copy_(entry.region.buffer[:n], non_blocking=True))
+            buf.copy_(entry.region.buffer[:n], non_blocking=True)
+            if half is None:
+                moved = unpack(entry.header, buf)
+            else:  # widened on the device run by run, unpacked once
+                wide = retyped(entry.header, half, torch.float32)
+                out = torch.empty(wide.nbytes, dtype=torch.uint8, device=self.device)
+                moved = unpack(wide, convert_buffer(entry.header, buf, wide, out))
             moved.hits = entry.hits
             self._release(entry)  # after the copy is issued: a later demotion's copy into it runs after it
-        moved = self._widened(moved)
+        moved = self._widened(moved)  # a plain host entry (no arena) narrowed: widened here
         self.move_s += time.perf_counter() - t0
         return moved
 
@@ -183,6 +205,11 @@ class SegmentStore:
     @staticmethod
     def _device_nbytes(entry: Entry) -> int:
         """The bytes ``entry`` takes in the device tier: its summaries in fp32, whatever the host keeps."""
+        half = SegmentStore._half(entry)
+        if half is None:
+            return entry.nbytes
+        if entry.buffer is not None and entry.header is not None:  # from its layout (cached): no tensor walk
+            return retyped(entry.header, half, torch.float32).tensor_bytes
         return entry.nbytes + sum(t.numel() * (4 - t.element_size()) for s in entry.summaries.values()
                                   for t in s if t is not None and t.dtype in HALF)
 

@@ -198,12 +198,46 @@ def _rounded(e: Entry, dtype: torch.dtype) -> Entry:
     return out
 
 
+def _packed(e: Entry) -> Entry:
+    """``e`` as one buffer (how the cold prefill and the wire make entries): it moves run by run."""
+    from hypic.cache.layout import layout, pack_into
+
+    header = layout(e)
+    return pack_into(e, header, torch.empty(header.nbytes, dtype=torch.uint8))
+
+
+def test_converting_run_by_run_equals_tensor_by_tensor_and_refuses_another_layout() -> None:
+    """``convert_buffer`` (one copy per run of one kind and shape) against the per-tensor path."""
+    from hypic.cache.layout import convert_buffer, convert_into, layout, retyped, unpack
+
+    e = _entry(5, length=7)
+    header = layout(e)
+    narrow = retyped(header, torch.float32, torch.bfloat16)
+    assert len(header.runs) < len(header.fields) and header.tensor_bytes == e.nbytes
+    by_tensor = convert_into(e, narrow, torch.empty(narrow.nbytes, dtype=torch.uint8))  # e has no buffer
+    packed = _packed(e)
+    assert packed.nbytes == e.nbytes and _same(packed, e)
+    out = torch.empty(narrow.nbytes, dtype=torch.uint8)
+    by_run = unpack(narrow, convert_buffer(header, packed.buffer, narrow, out))
+    want = Entry(e.key, e.token_ids, e.seam, {i: Summary(s.transition.bfloat16(), s.state.bfloat16())
+                                              for i, s in e.summaries.items()}, e.conv_tails, e.keys, e.values)
+    assert _same(by_run, by_tensor) and _same(by_run, want)
+    back = retyped(narrow, torch.bfloat16, torch.float32)
+    assert back.fields == header.fields and back.nbytes == header.nbytes  # the exact inverse
+    other = layout(_entry(5, length=9))  # keys and values of another length
+    with pytest.raises(ValueError, match="layout"):
+        convert_buffer(header, packed.buffer, other, torch.empty(other.nbytes, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("with_arena", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_a_half_precision_host_tier_holds_more_and_gives_back_fp32(with_arena: bool, dtype: torch.dtype) -> None:
+def test_a_half_precision_host_tier_holds_more_and_gives_back_fp32(with_arena: bool, dtype: torch.dtype,
+                                                                   packed: bool) -> None:
     """``host_dtype``: demoted entries keep their summaries in half precision (the other tensors as
     they are), so a host budget holds more of them; a promotion gives back fp32 summaries — the
-    originals rounded once — in the entry's own fp32 layout, and nothing else changes."""
+    originals rounded once — in the entry's own fp32 layout, and nothing else changes. ``packed``:
+    the entries are one buffer each (converted run by run), else loose tensors (tensor by tensor)."""
     from hypic.cache.layout import header_of, layout, narrowed
 
     originals = {d: _entry(d, length=6) for d in range(12)}
@@ -218,7 +252,7 @@ def test_a_half_precision_host_tier_holds_more_and_gives_back_fp32(with_arena: b
         store = SegmentStore(torch.device("cpu"), device_bytes=2 * size, host_bytes=4 * size, arena=arena,
                              host_dtype=host_dtype)
         for d in originals:
-            assert store.insert(_entry(d, length=6))
+            assert store.insert(_packed(_entry(d, length=6)) if packed else _entry(d, length=6))
             assert store.check_integrity()
         stores[host_dtype] = store
     full, half = stores[None].stats().entries["host"], stores[dtype].stats().entries["host"]
