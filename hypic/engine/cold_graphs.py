@@ -138,7 +138,8 @@ class ColdGraphs:
         return entries
 
     def _capture(self, shape: _Shape) -> None:
-        """Record ``shape``'s forward (nothing runs); on failure the model is refused, with a warning."""
+        """Record ``shape``'s forward (nothing runs); on failure the model is refused, with a warning —
+        but out of memory only frees the allocator's cached blocks (``step_graph.capture``'s reason)."""
         ctx, graph = shape.context, torch.cuda.CUDAGraph()
         main = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)  # capture needs a stream of its own
@@ -150,6 +151,9 @@ class ColdGraphs:
                     self.model.hidden_states(ctx.input_ids, ctx)
                 finally:
                     graph.capture_end()
+        except torch.cuda.OutOfMemoryError:  # memory, not the model: this shape stays eager until its next use
+            torch.cuda.empty_cache()  # the capture's pool allocates fresh memory the general pool may hold
+            return
         except RuntimeError as e:
             self.refused = True
             warnings.warn(f"cold prefills of this model run eagerly in one forward: its padded cold forward "

@@ -38,11 +38,14 @@ from torch import Tensor
 
 from hypic.models.context import ForwardContext, KVBuffer, LinearRun, RopeSpec, SequenceState
 from hypic.models.hybrid import HybridLM
-from hypic.models.step_graph import StepGraph, capture
+from hypic.models.step_graph import StepGraph, capture, refused
 from hypic.ops.attention_decode import DecodeSpan, decode_attention
 from hypic.ops.transfer import copy_to
 
 HEADROOM = 64  # arena rows beyond the longest sequence when the arenas are (re)grown
+# eager steps before a capture that ran out of memory is tried again: each try may free the cached
+# blocks (a device sync), so not every step; 16 tokens of a request or so
+OOM_RETRY_STEPS = 16
 
 
 def _round16(n: int) -> int:
@@ -77,6 +80,7 @@ class DecodeBatch:
         self.inputs: Tensor | None = None  # [2, slots] long on the device: the step's token ids, positions
         self.graph: StepGraph | None = None  # the captured step for these arenas
         self.eager_steps = 0  # steps run eagerly since the arenas were (re)grown
+        self.capture_at = 1  # the eager step after which a capture is tried (later after one ran out of memory)
 
     @property
     def lengths(self) -> list[int]:
@@ -102,7 +106,7 @@ class DecodeBatch:
         self.slots, self.cap = slots, cap
         self.stats.regrows += 1
         self.inputs = torch.zeros(2, slots, dtype=torch.long, device=self.device)
-        self.graph, self.eager_steps = None, 0  # a captured step would still use the old arenas
+        self.graph, self.eager_steps, self.capture_at = None, 0, 1  # a captured step would use the old arenas
 
     def _shape_from(self, state: SequenceState) -> None:
         """Empty arenas of the first members' dtypes and shapes (``_regrow`` sizes them)."""
@@ -187,7 +191,7 @@ class DecodeBatch:
         for s in self.members:
             s.batch = None
         self.members, self.linear, self.conv, self.keys, self.values = [], {}, {}, {}, {}
-        self.slots, self.cap, self.inputs, self.graph, self.eager_steps = 0, 0, None, None, 0
+        self.slots, self.cap, self.inputs, self.graph, self.eager_steps, self.capture_at = 0, 0, None, None, 0, 1
 
     def reserve(self) -> None:
         """Room in the arenas for one more row of every member."""
@@ -214,11 +218,13 @@ class DecodeBatch:
 
     def _forward(self, model: HybridLM) -> Tensor:
         self.stats.steps += 1
-        if self.graph is None and self.graphs and self.eager_steps >= 1:
+        if self.graph is None and self.graphs and self.eager_steps >= self.capture_at:
             t0 = time.perf_counter()
             self.graph = capture(model, lambda: model(self.inputs[0], DecodeContext(self)), self.device)
-            self.graphs = self.graph is not None  # the model's step cannot be captured: eager from now on
-            self.stats.captures += self.graphs
+            if self.graph is None:
+                self.graphs = not refused(model)  # refused: eager from now on; else out of memory, for now
+                self.capture_at = self.eager_steps + OOM_RETRY_STEPS
+            self.stats.captures += self.graph is not None
             self.stats.capture_s += time.perf_counter() - t0
         if self.graph is not None:
             self.stats.replays += 1

@@ -14,7 +14,8 @@ Capture records the launches without running them: the step that captures then r
 captures on its second step after a regrow; the first runs eagerly, compiling and autotuning the
 Triton kernels and filling the host-side caches the forward consults (captured, those would be
 recorded as one-offs). A model whose step cannot be captured (e.g. one that reads a count back to
-the host) is remembered and decodes eagerly, after one warning.
+the host) is remembered and decodes eagerly, after one warning; a capture that ran out of memory
+is tried again later.
 """
 
 from __future__ import annotations
@@ -70,10 +71,38 @@ class StepGraph:
 
 
 def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.device) -> StepGraph | None:
-    """``forward`` (one decode step of ``model``, returning logits) captured on ``device``; None, with
-    a warning the first time, if this model's step cannot be captured."""
+    """``forward`` (one decode step of ``model``, returning logits) captured on ``device``; None if it
+    could not be. A model whose step cannot be captured is refused for good (``refused``), with a
+    warning the first time. Out of memory is not the model's fault: the capture's pool allocates
+    fresh device memory, which blocks cached in the general pool may be holding (a trace under cache
+    pressure: 58.6 GiB reserved but unallocated when a 32 MiB capture failed, session 20), so they
+    are freed and the capture tried once more; failing again, it returns None and the caller tries
+    another time (``DecodeBatch``: after ``OOM_RETRY_STEPS`` eager steps)."""
     if model in _refused:
         return None
+    for attempt in (1, 2):
+        try:
+            return _capture_once(forward, device)
+        except torch.cuda.OutOfMemoryError as e:
+            if attempt == 1:
+                torch.cuda.empty_cache()  # a device sync; only after a capture ran out of memory
+                continue
+            warnings.warn(f"a decode step could not be captured as a CUDA graph for lack of memory ({e}); "
+                          f"it runs eagerly and the capture is tried again later", RuntimeWarning, stacklevel=3)
+        except RuntimeError as e:
+            _refused.add(model)
+            warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
+                          f"graph ({e})", RuntimeWarning, stacklevel=3)
+            return None
+    return None
+
+
+def refused(model: nn.Module) -> bool:
+    """Whether ``model``'s decode step cannot be captured (it decodes eagerly from now on)."""
+    return model in _refused
+
+
+def _capture_once(forward: Callable[[], Tensor], device: torch.device) -> StepGraph:
     graph = torch.cuda.CUDAGraph()
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)  # capture needs a stream of its own
@@ -87,11 +116,6 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
                 logits = forward()
             finally:
                 graph.capture_end()
-    except RuntimeError as e:
-        _refused.add(model)
-        warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
-                      f"graph ({e})", RuntimeWarning, stacklevel=3)
-        return None
     finally:
         main.wait_stream(side)
     return StepGraph(graph, logits)

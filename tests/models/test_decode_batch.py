@@ -124,6 +124,68 @@ def test_a_regrow_that_runs_out_of_memory_halfway_changes_nothing(model, monkeyp
     assert (batch.step(model, [7])[0] - _alone(model, ref, 7)).abs().max() <= TOL  # and it decodes on
 
 
+def test_a_capture_out_of_memory_frees_cached_blocks_retries_and_never_refuses_the_model(model, monkeypatch) -> None:
+    """The policy around ``torch.cuda.CUDAGraph`` (the capture itself is tested on the GPU below):
+    out of memory → free the allocator's cached blocks and try once more; still out → None, the
+    model not refused; any other capture failure refuses the model for good."""
+    freed, outcomes = [], []
+
+    def once(forward, device):
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    monkeypatch.setattr(step_graph, "_capture_once", once)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(True))
+    oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
+    outcomes[:] = [oom, "graph"]
+    assert step_graph.capture(model, lambda: None, torch.device("cpu")) == "graph" and freed == [True]
+    outcomes[:] = [oom, oom]
+    with pytest.warns(RuntimeWarning, match="lack of memory"):
+        assert step_graph.capture(model, lambda: None, torch.device("cpu")) is None
+    assert len(freed) == 2 and not step_graph.refused(model) and not outcomes
+    other = random_model(dict(SHAPES["tiny"], num_hidden_layers=4), device="cpu", dtype=torch.float32).model
+    outcomes[:] = [RuntimeError("operation not permitted when stream is capturing")]
+    with pytest.warns(RuntimeWarning, match="run eagerly"):
+        assert step_graph.capture(other, lambda: None, torch.device("cpu")) is None
+    assert step_graph.refused(other) and step_graph.capture(other, lambda: None, torch.device("cpu")) is None
+    assert len(freed) == 2  # a refused model is not tried again
+
+
+def test_a_batch_whose_capture_ran_out_of_memory_decodes_eagerly_then_captures_later(model, monkeypatch) -> None:
+    """``DecodeBatch``: a capture that returns None for lack of memory leaves graphs on, and the next
+    try comes ``OOM_RETRY_STEPS`` eager steps later (a stand-in graph replays the eager forward)."""
+    from hypic.models import decode_batch
+
+    tries = []
+
+    class Replays:  # the captured step's contract: replay() gives the step's logits
+        def __init__(self, forward):
+            self.forward = forward
+
+        def replay(self):
+            return self.forward()
+
+    def fake_capture(m, forward, device):
+        tries.append(batch.eager_steps)
+        return None if len(tries) == 1 else Replays(forward)
+
+    monkeypatch.setattr(decode_batch, "capture", fake_capture)
+    a, logits = _prefill(model, torch.arange(3, 40))
+    ref, _ = _prefill(model, torch.arange(3, 40))
+    batch, _ = gather([a], torch.device("cpu"))
+    batch.graphs = True  # as on a GPU
+    token = int(logits.argmax())
+    for _ in range(decode_batch.OOM_RETRY_STEPS + 4):
+        got = batch.step(model, [token])[0]
+        want = _alone(model, ref, token)
+        assert (got - want).abs().max() <= TOL
+        token = int(want.argmax())
+    assert tries == [1, 1 + decode_batch.OOM_RETRY_STEPS] and batch.graph is not None and batch.graphs
+    assert batch.stats.captures == 1 and batch.stats.replays == 3  # steps 18–20: the capturing step replays too
+
+
 def test_a_packed_state_cannot_be_packed_twice(model) -> None:
     state, _ = _prefill(model, torch.arange(3, 20))
     batch = DecodeBatch(torch.device("cpu"))
