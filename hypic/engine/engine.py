@@ -31,6 +31,7 @@ from hypic.engine.prefix import PrefixCache
 from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
+from hypic.engine.scoring import score_prompt
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
@@ -238,7 +239,19 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.output.metrics.ttft_s = ttft
                 r.first_logits = row
                 r.accept(t, lp, self.eos)
+            for r, p, prompt in zip(runs, params, prompts, strict=True):  # after the first token: not in TTFT
+                if p.prompt_logprobs is not None:
+                    r.output.prompt_logprobs = score_prompt(self.model, self.device, [t for s in prompt for t in s],
+                                                            p.prompt_logprobs)
         return runs
+
+    def prompt_logprobs(self, prompt: list[list[int]], top: int = 0) -> list[dict[int, float] | None]:
+        """Each prompt token's log-probability given those before it (None for the first), with the
+        ``top`` likeliest alternatives: a ``full`` forward over the whole prompt, whatever the cache
+        holds (``hypic.engine.scoring``)."""
+        ids = [t for s in prompt for t in s]
+        with self._lock:
+            return score_prompt(self.model, self.device, ids, top)
 
     @torch.no_grad()
     def prewarm(self, segments: list[list[int]], *, salt: str | None = None) -> list[bool | None]:

@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+def check_top(top: object) -> int:
+    """How many likeliest tokens to report per prompt token: an integer in [0, 20] (OpenAI's bound)."""
+    if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
+        raise ValueError(f"prompt_logprobs: expected an integer in [0, 20], got {top!r}")
+    return top
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -25,6 +32,9 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept in token_ids, not in text)
     ignore_eos: bool = False  # EOS does not end the output (max_tokens or a stop token does)
     min_tokens: int = 0  # EOS and the stop tokens cannot be drawn before this many tokens
+    # per prompt token, its log-probability and the n likeliest (None: off) — a full forward over the
+    # prompt besides the mode's own (hypic.engine.scoring); RequestOutput.prompt_logprobs
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -67,6 +77,8 @@ class SamplingParams:
                 or not 0 <= self.min_tokens <= self.max_tokens):
             raise ValueError(f"min_tokens: expected an integer in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")
+        if self.prompt_logprobs is not None:
+            check_top(self.prompt_logprobs)
 
     @property
     def penalized(self) -> bool:
@@ -99,3 +111,5 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None  # per generated token: top-n token → log-probability
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     finish_reason: str = "length"  # "length" | "stop"
+    # with SamplingParams.prompt_logprobs: per prompt token (None for the first), token → log-probability
+    prompt_logprobs: list[dict[int, float] | None] | None = None

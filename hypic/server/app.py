@@ -29,7 +29,7 @@ from hypic.llm import LLM
 from hypic.server import prompts
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
-from hypic.server.generation import Generation, respond
+from hypic.server.generation import Echo, Generation, echo_only, respond
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, CompletionRequest, SegmentsRequest
 from hypic.server.runner import Runner
@@ -47,6 +47,7 @@ class ServerState:
     runner: Runner | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
+    scoring_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one echo's prompt scored at a time
 
     def live_runner(self) -> Runner:
         if self.runner is None or self.runner.closing:
@@ -129,9 +130,18 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         segments = prompts.completion_segments(llm, req, settings)
         field_name = "segments" if req.segments is not None else "prompt"
         max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-        params = prompts.sampling(req, max_tokens, req.logprobs, llm.vocab_size)
+        params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
         gen = Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                          req.include_usage, req.stops, req.logprobs, choices(req.n))
+        if req.echo:
+            state.live_runner()  # a stopping server scores nothing either
+            scores = None
+            if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
+                async with state.scoring_lock:
+                    scores = await asyncio.to_thread(llm.engine.prompt_logprobs, segments, req.logprobs)
+            gen.echo = Echo(req.echo_text or "", [t for s in segments for t in s], scores)
+            if max_tokens == 0:
+                return echo_only(gen, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
     @v1.post("/chat/completions")

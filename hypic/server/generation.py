@@ -32,6 +32,38 @@ from hypic.server.text import TextStream
 
 
 @dataclass
+class Echo:
+    """The completions API's ``echo``: the prompt as sent, ahead of each choice's text, and with
+    ``logprobs`` its tokens' own log-probabilities (``Engine.prompt_logprobs``: a ``full`` forward)."""
+
+    text: str
+    tokens: list[int]
+    logprobs: list[dict[int, float] | None] | None  # None: no log-probabilities asked for
+
+
+def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
+    """The prompt's part of a completion's ``logprobs``: the first token has none (null), as in OpenAI's."""
+    assert echo.logprobs is not None
+    strings = [tokenizer.decode([t], skip_special_tokens=False) for t in echo.tokens]
+    return {"tokens": strings,
+            "token_logprobs": [None if lp is None else lp[t] for t, lp in zip(echo.tokens, echo.logprobs, strict=True)],
+            "top_logprobs": [None if lp is None else {tokenizer.decode([a], skip_special_tokens=False): b
+                                                      for a, b in sorted(lp.items(), key=lambda kv: -kv[1])}
+                             for lp in echo.logprobs],
+            "text_offset": [sum(len(x) for x in strings[:i]) for i in range(len(strings))]}
+
+
+def _joined(head: dict, tail: dict | None, shift: int) -> dict:
+    """Two completions ``logprobs`` objects as one, ``tail``'s text offsets moved past ``shift`` characters."""
+    if tail is None:
+        return head
+    return {"tokens": head["tokens"] + tail["tokens"],
+            "token_logprobs": head["token_logprobs"] + tail["token_logprobs"],
+            "top_logprobs": head["top_logprobs"] + tail["top_logprobs"],
+            "text_offset": head["text_offset"] + [o + shift for o in tail["text_offset"]]}
+
+
+@dataclass
 class Generation:
     chat: bool  # chat.completion vs text_completion shapes
     model: str
@@ -44,6 +76,7 @@ class Generation:
     stops: list[str]
     top_logprobs: int | None  # None: no log-probabilities
     n: int = 1  # choices
+    echo: Echo | None = None  # completions only
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
@@ -136,7 +169,20 @@ class Responder:
     def choice(self, text: str, tokens: list, finish: str) -> dict:
         body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
                                 else {"text": text})
-        return {"index": self.index, **body, "logprobs": self.logprobs(tokens), "finish_reason": finish}
+        logprobs = self.logprobs(tokens)
+        if self.gen.echo is not None:
+            body["text"] = self.gen.echo.text + text
+            if self.gen.echo.logprobs is not None:
+                logprobs = _joined(echo_logprobs(self.tokenizer, self.gen.echo), logprobs, len(self.gen.echo.text))
+        return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish}
+
+    def echo_chunk(self, finish: str | None = None) -> dict:
+        """A stream's first chunk of this choice when the prompt is echoed: the prompt and its logprobs."""
+        echo = self.gen.echo
+        assert echo is not None
+        logprobs = None if echo.logprobs is None else echo_logprobs(self.tokenizer, echo)
+        choice = {"index": self.index, "text": echo.text, "logprobs": logprobs, "finish_reason": finish}
+        return {**self._envelope(True), "choices": [choice]}
 
 
 def _usage(rs: list[Responder]) -> dict:
@@ -165,6 +211,9 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
 
     tasks = []
     try:
+        if r0.gen.echo is not None:
+            for r in rs:
+                yield _sse(r.echo_chunk())
         if r0.gen.chat:
             for r in rs:
                 yield _sse({**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
@@ -260,3 +309,31 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
         for job in jobs:
             if not job.finished:
                 job.cancel()
+
+
+def echo_only(gen: Generation, tokenizer: Any, metrics: Metrics) -> Response:
+    """``max_tokens: 0`` with ``echo``: the prompt (and its log-probabilities) is the whole answer, and
+    nothing is queued — how a harness scores a context's continuation (lm-eval's loglikelihood)."""
+    echo = gen.echo
+    assert echo is not None and not gen.chat
+    metrics.requests.labels("completions").inc()
+    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo)
+    envelope = {"id": rid, "object": "text_completion", "created": created, "model": gen.model}
+    choices = [{"index": i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length"} for i in range(gen.n)]
+    usage = {"prompt_tokens": len(echo.tokens), "completion_tokens": 0, "total_tokens": len(echo.tokens),
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    extension = {"mode": "full", "segments": len(gen.prompt), "segment_hits": 0, "segment_misses": 0,
+                 "recomputed_tokens": len(echo.tokens) if echo.logprobs is not None else 0,
+                 "prefill_s": None, "ttft_s": None}
+    if not gen.stream:
+        return JSONResponse({**envelope, "choices": choices, "usage": usage, "hypic": extension})
+
+    async def chunks() -> AsyncIterator[str]:
+        for c in choices:
+            yield _sse({**envelope, "choices": [c]})
+        if gen.include_usage:
+            yield _sse({**envelope, "choices": [], "usage": usage, "hypic": extension})
+        yield _sse("[DONE]")
+    return StreamingResponse(chunks(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

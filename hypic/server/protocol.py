@@ -78,16 +78,22 @@ class CompletionRequest(Common):
     prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | None = None
     segments: Annotated[list[Text], Field(min_length=1)] | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
-    echo: bool = Field(False, description="not implemented")
+    echo: bool = False  # the prompt ahead of the text; with logprobs, its tokens' too (a full forward)
+    max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: score the prompt, generate nothing
     suffix: None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
         if (self.prompt is None) == (self.segments is None):
             raise ValueError("prompt: give exactly one of prompt and segments")
-        if self.echo:
-            raise ValueError("echo: not supported")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 generates nothing; it is allowed only with echo (to score the prompt)")
         return self
+
+    @property
+    def echo_text(self) -> str:
+        """The prompt as sent (segments joined as the model reads them: back to back)."""
+        return self.prompt_text if self.segments is None else "".join(self.segments)
 
     @property
     def prompt_text(self) -> str | None:

@@ -219,6 +219,50 @@ def test_logprobs_and_stop_strings(client: OpenAI) -> None:
     assert len(content) == 3 and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
 
 
+def test_echo_scores_the_prompt_as_a_harness_asks_and_prepends_it(client: OpenAI, http: httpx.Client,
+                                                                   llm: LLM) -> None:
+    """``echo`` + ``logprobs`` + ``max_tokens: 0`` (lm-eval's loglikelihood request): the prompt's own
+    log-probabilities, as the library scores them; with tokens to generate, the prompt ahead of the
+    completion the same request gives without echo, whole and streamed; 0 without echo is a 400."""
+    segments = rag(6)
+    prompt, tokenized = SEPARATOR.join(segments), llm.tokenize(segments)
+    ids = [t for s in tokenized for t in s]
+    want = llm.engine.prompt_logprobs(tokenized, top=2)
+    scored = complete(client, segments, max_tokens=0, echo=True, logprobs=2)
+    c = scored.choices[0]
+    assert c.text == prompt and c.finish_reason == "length"
+    assert scored.usage.prompt_tokens == len(ids) and scored.usage.completion_tokens == 0
+    lp = c.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(ids)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(abs(lp.token_logprobs[i] - want[i][ids[i]]) < 1e-5 for i in range(1, len(ids)))
+    assert all(1 <= len(top) <= 3 for top in lp.top_logprobs[1:])  # the token and the 2 likeliest
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+    plain = complete(client, segments, max_tokens=4, logprobs=1)
+    echoed = complete(client, segments, max_tokens=4, logprobs=1, echo=True)
+    got, base = echoed.choices[0], plain.choices[0]
+    assert got.text == prompt + base.text and got.finish_reason == base.finish_reason
+    n = len(base.logprobs.tokens)
+    assert got.logprobs.tokens[len(ids):] == base.logprobs.tokens and len(got.logprobs.tokens) == len(ids) + n
+    assert got.logprobs.token_logprobs[:len(ids)] == lp.token_logprobs
+    assert got.logprobs.token_logprobs[len(ids):] == base.logprobs.token_logprobs
+    assert got.logprobs.text_offset[len(ids):] == [o + len(prompt) for o in base.logprobs.text_offset]
+    assert complete(client, segments, max_tokens=4, echo=True).choices[0].text == prompt + base.text
+    assert complete(client, segments, max_tokens=4, echo=True).choices[0].logprobs is None
+
+    chunks = list(complete(client, segments, max_tokens=4, echo=True, logprobs=1, stream=True))
+    assert chunks[0].choices[0].text == prompt and chunks[0].choices[0].logprobs.token_logprobs[0] is None
+    assert "".join(ch.choices[0].text for ch in chunks) == prompt + base.text
+    only = list(complete(client, segments, max_tokens=0, echo=True, n=2, stream=True,
+                         stream_options={"include_usage": True}))
+    assert [ch.choices[0].text for ch in only[:2]] == [prompt, prompt] and only[-1].usage.completion_tokens == 0
+
+    r = http.post("/v1/completions", json={"prompt": prompt, "max_tokens": 0})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    assert complete(client, segments, max_tokens=2).choices[0].text  # still serving
+
+
 def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     before = scrape(http)
     salt = {"cache_salt": "metrics"}  # a fresh tenant: the first request misses every segment, the second hits

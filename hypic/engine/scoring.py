@@ -1,0 +1,47 @@
+"""A prompt's own log-probabilities: each token's, given the tokens before it.
+
+Position-independent reuse never computes logits at a cached document's tokens — that is where its
+speed comes from — so scoring a prompt is a ``full`` forward over all of it, whatever the mode its
+generation runs in. Who asks: the completions API's ``echo`` with ``logprobs`` (how lm-eval and
+similar harnesses score a continuation given a context), and ``SamplingParams.prompt_logprobs``.
+The language-model head runs over chunks of rows, so a long prompt never holds its
+[tokens × vocabulary] logits at once (at the 9B shape's 248 320-token vocabulary, 1 GiB per 1 000 rows).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hypic.engine.request import check_top
+from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.hybrid import HybridLM
+from hypic.ops.transfer import to_device
+
+ROWS = 512  # rows of logits at once
+
+
+@torch.no_grad()
+def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int) -> list[dict[int, float] | None]:
+    """Per token of ``ids``: None for the first (nothing before it); else its log-probability and
+    those of the ``top`` likeliest tokens at its position, token → log-probability (fp32 softmax)."""
+    check_top(top)
+    if not ids:
+        raise ValueError("prompt: expected at least one token")
+    outside = [t for t in ids if not 0 <= t < model.vocab_size]
+    if outside:
+        raise ValueError(f"prompt: token id {outside[0]} is outside the vocabulary [0, {model.vocab_size})")
+    ctx = SequenceContext([SequenceState()], [len(ids)], device)
+    hidden = model.hidden_states(to_device(ids, device), ctx)
+    ctx.finish()
+    nxt = torch.tensor(ids[1:], dtype=torch.long)
+    out: list[dict[int, float] | None] = [None]
+    for a in range(0, len(ids) - 1, ROWS):
+        b = min(a + ROWS, len(ids) - 1)
+        logp = model.lm_head(hidden[a:b]).float().log_softmax(-1).cpu()
+        actual = logp.gather(1, nxt[a:b, None])[:, 0].tolist()
+        values, indices = logp.topk(top, dim=-1) if top else (None, None)
+        for i in range(b - a):
+            row = {} if values is None else dict(zip(indices[i].tolist(), values[i].tolist(), strict=True))
+            row[int(nxt[a + i])] = actual[i]
+            out.append(row)
+    return out

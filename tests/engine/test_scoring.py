@@ -1,0 +1,77 @@
+"""A prompt's own log-probabilities (``Engine.prompt_logprobs``, ``SamplingParams.prompt_logprobs``):
+every token's given the ones before it, checked token by token against transformers' model of the
+same checkpoint in fp64 — in chunks of rows or all at once — and against the generation's first token."""
+
+import random
+
+import pytest
+import torch
+import transformers as T
+
+from hypic import LLM, SamplingParams
+from hypic.engine import scoring
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_5_path):
+    return LLM(str(qwen3_5_path), device="cpu", dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def reference(qwen3_5_path):
+    return T.Qwen3_5ForCausalLM.from_pretrained(str(qwen3_5_path), dtype=torch.float64).eval()
+
+
+def _prompt(seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+
+
+@pytest.mark.parametrize("rows", [scoring.ROWS, 7])  # one chunk, or many with a ragged last one
+def test_every_prompt_token_matches_fp64_transformers(llm, reference, monkeypatch, rows: int) -> None:
+    monkeypatch.setattr(scoring, "ROWS", rows)
+    prompt = _prompt(0, [5, 40, 23, 9])  # segments: scored as one sequence, whatever the cache holds
+    ids = [t for s in prompt for t in s]
+    llm.engine.prewarm(prompt[1:3])  # cached documents change nothing: scoring is a full forward
+    got = llm.engine.prompt_logprobs(prompt, top=4)
+    with torch.no_grad():
+        want = reference(torch.tensor([ids])).logits[0].log_softmax(-1)
+    assert len(got) == len(ids) and got[0] is None
+    for i in range(1, len(ids)):
+        row = got[i]
+        assert ids[i] in row and abs(row[ids[i]] - float(want[i - 1, ids[i]])) < 1e-4, i
+        top = want[i - 1].topk(4)
+        assert set(row) == set(top.indices.tolist()) | {ids[i]}, i  # the token, and the 4 likeliest
+        for t, lp in row.items():
+            assert abs(lp - float(want[i - 1, t])) < 1e-4, (i, t)
+
+
+def test_the_last_prompt_position_scores_the_generated_token(llm) -> None:
+    """Scoring the prompt plus the greedy token generated after it gives that token as the likeliest at
+    the last position, with the log-probability the generation reported."""
+    prompt = _prompt(1, [12, 30, 8])
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=3, prompt_logprobs=2), mode="full")[0]
+    first = out.token_ids[0]
+    scored = llm.engine.prompt_logprobs([*prompt, [first]], top=1)
+    assert max(scored[-1], key=scored[-1].get) == first
+    assert abs(scored[-1][first] - out.logprobs[0][first]) < 1e-4
+    ids = [t for s in prompt for t in s]  # SamplingParams.prompt_logprobs: the same scores, on the output
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(ids) and out.prompt_logprobs[0] is None
+    assert all(abs(a[t] - b[t]) < 1e-6 for a, b, t in zip(out.prompt_logprobs[1:], scored[1:len(ids)], ids[1:],
+                                                                strict=True))
+    plain = llm.generate([prompt], SamplingParams(max_tokens=1), mode="hypic")[0]
+    assert plain.prompt_logprobs is None and plain.token_ids == out.token_ids
+
+
+@pytest.mark.parametrize("call, needle", [
+    (lambda e: e.prompt_logprobs([[5, 6]], top=21), "prompt_logprobs"),
+    (lambda e: e.prompt_logprobs([[5, 6]], top=True), "prompt_logprobs"),
+    (lambda e: e.prompt_logprobs([[], []]), "at least one token"),
+    (lambda e: e.prompt_logprobs([[5, 10**6]]), "outside the vocabulary"),
+])
+def test_bad_input_is_refused_by_name_and_the_engine_goes_on(llm, call, needle) -> None:
+    with pytest.raises(ValueError, match=needle):
+        call(llm.engine)
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=-1)
+    assert llm.engine.prompt_logprobs([[5, 6, 7]])[1:] and llm.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2))
