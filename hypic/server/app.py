@@ -139,7 +139,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
                 async with state.scoring_lock:
                     scores = await asyncio.to_thread(llm.engine.prompt_logprobs, segments, req.logprobs)
-            gen.echo = Echo(req.echo_text or "", [t for s in segments for t in s], scores)
+            gen.echo = Echo(prompts.echo_text(llm, req, segments), [t for s in segments for t in s], scores)
             if max_tokens == 0:
                 return echo_only(gen, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)

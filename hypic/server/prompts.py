@@ -38,10 +38,17 @@ def _check_count(count: int, field: str, settings: ServerSettings) -> None:
 
 
 def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[int]]:
-    """``prompt`` split on ``<<PIC_SEP>>``, or the ``segments`` extension."""
+    """``prompt`` split on ``<<PIC_SEP>>``, token ids (one segment), or the ``segments`` extension."""
     if req.segments is not None:
         _check_count(len(req.segments), "segments", settings)
         return tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]")
+    ids = req.prompt_ids
+    if ids is not None:  # token ids: one segment, the query (nothing of it is cached)
+        outside = [t for t in ids if t >= llm.vocab_size]
+        if outside:
+            raise bad_request(f"prompt: token id {outside[0]} is outside this model's vocabulary "
+                              f"[0, {llm.vocab_size})", "prompt")
+        return [list(ids)]
     text = req.prompt_text or ""
     _check_count(text.count(SEPARATOR) + 1, "prompt", settings)
     if not text:
@@ -109,3 +116,12 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
     except ValueError as e:
         raise from_value_error(e, None) from None
+
+
+def echo_text(llm: LLM, req: CompletionRequest, segments: list[list[int]]) -> str:
+    """What ``echo`` puts ahead of the text: the prompt as sent — segments back to back, as the model
+    reads them — or, for token ids, their decoding."""
+    if req.segments is not None:
+        return "".join(req.segments)
+    text = req.prompt_text
+    return text if text is not None else llm.tokenizer.decode(segments[0], skip_special_tokens=False)

@@ -74,8 +74,13 @@ class Common(Strict):
         return self.stream_options is not None and self.stream_options.include_usage
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(Common):
-    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | None = None
+    # text (split on <<PIC_SEP>> into segments), or token ids as OpenAI allows (one segment: the query)
+    prompt: (Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | TokenIds
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=1)] | None) = None
     segments: Annotated[list[Text], Field(min_length=1)] | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False  # the prompt ahead of the text; with logprobs, its tokens' too (a full forward)
@@ -91,13 +96,18 @@ class CompletionRequest(Common):
         return self
 
     @property
-    def echo_text(self) -> str:
-        """The prompt as sent (segments joined as the model reads them: back to back)."""
-        return self.prompt_text if self.segments is None else "".join(self.segments)
+    def prompt_text(self) -> str | None:
+        """The prompt when it is text (None: token ids, or segments)."""
+        p = self.prompt[0] if isinstance(self.prompt, list) and self.prompt else self.prompt
+        return p if isinstance(p, str) else None
 
     @property
-    def prompt_text(self) -> str | None:
-        return self.prompt[0] if isinstance(self.prompt, list) else self.prompt
+    def prompt_ids(self) -> list[int] | None:
+        """The prompt when it is token ids."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], list):
+            p = p[0]
+        return p if isinstance(p, list) and p and isinstance(p[0], int) else None
 
 
 class TextPart(Strict):

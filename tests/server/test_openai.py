@@ -263,6 +263,24 @@ def test_echo_scores_the_prompt_as_a_harness_asks_and_prepends_it(client: OpenAI
     assert complete(client, segments, max_tokens=2).choices[0].text  # still serving
 
 
+def test_token_id_prompts_read_as_the_text_they_encode(client: OpenAI, http: httpx.Client, llm: LLM) -> None:
+    """``prompt`` as token ids (``[ids]`` or ``[[ids]]``, as lm-eval sends them): one segment, the same
+    answer as the text it encodes; echoed as their decoding; ids outside the vocabulary are a 400."""
+    text = "Profile of Wrenna Jessop. Question: who?"
+    ids = llm.tokenize(text)[0]
+    by_text = complete(client, [text], max_tokens=5, logprobs=1)
+    for prompt in (ids, [ids]):
+        got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, temperature=0, logprobs=1)
+        assert got.choices[0].text == by_text.choices[0].text and got.usage.prompt_tokens == len(ids)
+        assert got.choices[0].logprobs.token_logprobs == by_text.choices[0].logprobs.token_logprobs
+    echoed = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    assert echoed.choices[0].text == llm.tokenizer.decode(ids, skip_special_tokens=False)
+    assert len(echoed.choices[0].logprobs.token_logprobs) == len(ids)
+    for bad in ([5, llm.vocab_size], [5, -1], [], [[5], [6]], [[]]):
+        r = http.post("/v1/completions", json={"prompt": bad, "max_tokens": 2})
+        assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], bad
+
+
 def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     before = scrape(http)
     salt = {"cache_salt": "metrics"}  # a fresh tenant: the first request misses every segment, the second hits
