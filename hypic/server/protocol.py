@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hypic.engine.modes import MODES
 
@@ -86,6 +86,16 @@ class CompletionRequest(Common):
     echo: bool = False  # the prompt ahead of the text; with logprobs, its tokens' too (a full forward)
     max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: score the prompt, generate nothing
     suffix: None = None
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _single(cls, value: object) -> object:
+        """A list of prompts (texts or id lists) is a batch, which hypic does not take: said plainly, not
+        as whichever of the union's shapes pydantic tried last."""
+        if isinstance(value, list) and len(value) > 1 and (all(isinstance(x, str) for x in value)
+                                                           or all(isinstance(x, list) for x in value)):
+            raise ValueError(f"one prompt per request, got a list of {len(value)} (send them as separate requests)")
+        return value
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
