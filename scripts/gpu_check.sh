@@ -27,6 +27,12 @@
 #                        another switch (e.g. HYPIC_FUSED_COMBINE: the seams' pass A/B)
 #   GPU_HOST_AB=1        the 1 024-document trace (hypic) with the host tier's summaries in each of
 #                        GPU_HOST_AB_DTYPES (default "float32 bfloat16"), one process each, back to back
+#   GPU_TRACE_AB=1       the 1 024-document trace (hypic, the default bf16 host tier) with a switch
+#                        (GPU_TRACE_AB_VAR, default HYPIC_COLD_GRAPHS) at each of GPU_TRACE_AB_VALUES (default
+#                        "1 0 1 0": alternating, as the first process also compiles the Triton kernels),
+#                        GPU_TRACE_AB_RATES (default 16,24,32,48), GPU_TRACE_AB_SECONDS each (default 140)
+#   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
+#                        under cProfile (bench trace --profile): where the host time of a block goes
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
 set -u
 OUT=${OUT:-$(mktemp -d)}
@@ -88,6 +94,17 @@ if [ "${GPU_HOST_AB:-0}" = 1 ]; then
       --cache-host-dtype "$dt" --out "$OUT/trace_host_$dt.md"
   done
 fi
+TRACE1024="python3 -m hypic.cli bench trace --shape qwen3.5-9b --device cuda --modes hypic --pool 1024 --requests 200 --warm 400"
+if [ "${GPU_TRACE_AB:-0}" = 1 ]; then
+  var=${GPU_TRACE_AB_VAR:-HYPIC_COLD_GRAPHS} k=0
+  for v in ${GPU_TRACE_AB_VALUES:-1 0 1 0}; do
+    k=$((k + 1))
+    section "trace_ab_${k}_${var}_$v" "${GPU_TRACE_AB_SECONDS:-140}" env "$var=$v" $TRACE1024 \
+      --rates "${GPU_TRACE_AB_RATES:-16,24,32,48}" --out "$OUT/trace_ab_${k}_${var}_$v.md"
+  done
+fi
+[ "${GPU_LOOP_PROFILE:-0}" = 1 ] && section loop_profile "${GPU_LOOP_PROFILE_SECONDS:-200}" $TRACE1024 \
+  --rates "${GPU_LOOP_PROFILE_RATES:-32}" --profile "$OUT/loop.prof" --out "$OUT/loop_profile.md"
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
@@ -100,7 +117,8 @@ done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/cold_ab.txt" ] && cat "$OUT/cold_ab.txt"
-for f in "$OUT"/trace_host_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
+for f in "$OUT"/trace_host_*.log "$OUT"/trace_ab_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
+[ -f "$OUT/loop_profile.log" ] && grep -E -A 40 "^the serving loop's profile" "$OUT/loop_profile.log" | head -n 45
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
 [ -f "$OUT/deviation.md" ] && grep -E '^\|' "$OUT/deviation.md"

@@ -128,7 +128,8 @@ def bench_trace(args: argparse.Namespace) -> int:
                     cache_host_dtype=args.cache_host_dtype)
     budget = engine.store.budgets["device"]
     local = EngineTarget(engine, trace, tokenizer, answers_from=own, max_running=load.max_running,
-                         max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens)
+                         max_queue=load.requests + 1, max_prefill_tokens=load.max_prefill_tokens,
+                         profile=args.profile)
     try:
         probes = run(local, trace, load, modes, rates)
     finally:
@@ -190,6 +191,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
                       help="the host tier's summaries (hypic.cache.store; default auto: bfloat16 on a GPU, "
                            "float32 on the CPU)")
     p_tr.add_argument("--seed", type=int, default=0)
+    p_tr.add_argument("--profile", metavar="FILE", help="profile the serving loop's thread (cProfile): statistics "
+                      "saved to FILE.<mode>, the top 30 functions by own time printed (in process only)")
     p_tr.add_argument("--url", help="send the requests to this running `hypic serve` instead (e.g. "
                                     "http://127.0.0.1:8000); the model options are then unused")
     p_tr.add_argument("--api-key", help="the server's key (default: $HYPIC_API_KEY)")

@@ -10,11 +10,15 @@ and the server's counters come from its ``/metrics``.
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
+import io
 import itertools
 import json
+import pstats
 import re
 import secrets
+import sys
 import threading
 import time
 import urllib.error
@@ -77,13 +81,26 @@ def reset_caches(engine: Engine) -> None:
     engine.prefix = PrefixCache(engine.prefix.max_states)
 
 
+class ProfiledScheduler(Scheduler):
+    """The serving loop with its thread under cProfile (``hypic bench trace --profile``): where a
+    block's host time goes, function by function, on the engine's own thread. cProfile slows
+    Python-heavy code (≈ 1.5–2×): read the shares, not the times."""
+
+    profile: cProfile.Profile | None = None
+
+    def _loop(self) -> None:
+        self.profile = cProfile.Profile()
+        self.profile.runcall(super()._loop)
+
+
 class EngineTarget:
     """The serving loop (``Scheduler``) around an engine in this process."""
 
     def __init__(self, engine: Engine, trace: Trace, tokenizer, *, answers_from=None, max_running: int = 32,
-                 max_queue: int = 1024, max_prefill_tokens: int | None = None) -> None:
-        """``answers_from``: the tokenizer that decodes answers (None for random weights)."""
-        self.engine, self.answers_from = engine, answers_from
+                 max_queue: int = 1024, max_prefill_tokens: int | None = None, profile: str | None = None) -> None:
+        """``answers_from``: the tokenizer that decodes answers (None for random weights); ``profile``: a
+        file the serving loop's cProfile statistics go to (each mode's, at its end; ``ProfiledScheduler``)."""
+        self.engine, self.answers_from, self.profile = engine, answers_from, profile
         self.prompts = encode_trace(trace, tokenizer, engine.model.vocab_size)
         self._limits = dict(max_running=max_running, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens)
         self.scheduler: Scheduler | None = None
@@ -116,7 +133,7 @@ class EngineTarget:
         for group in warm_groups(indices):  # back to back, one decode step each
             batch = [self.prompts[i] for i in group]
             self.engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=self.mode)
-        self.scheduler = Scheduler(self.engine, **self._limits)
+        self.scheduler = (ProfiledScheduler if self.profile else Scheduler)(self.engine, **self._limits)
 
     def note(self) -> str:
         now = dataclasses.replace(self.engine.decode_stats)
@@ -168,6 +185,14 @@ class EngineTarget:
     def close(self) -> None:
         if self.scheduler is not None:
             self.scheduler.shutdown()
+            profile = getattr(self.scheduler, "profile", None)
+            if profile is not None and self.profile:
+                path = f"{self.profile}.{self.mode}"
+                profile.dump_stats(path)
+                out = io.StringIO()
+                pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(30)
+                print(f"the serving loop's profile ({self.mode}; all of it in {path}), by own time:\n"
+                      f"{out.getvalue()}", file=sys.stderr, flush=True)
             self.scheduler = None
 
 

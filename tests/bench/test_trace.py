@@ -116,6 +116,21 @@ def test_the_command_with_a_cold_worker_writes_its_table(tmp_path) -> None:
     assert "cold segments over 2 devices" in text and "| hypic | 50 |" in text and "Command: `hypic bench trace" in text
 
 
+def test_profile_writes_the_serving_loops_statistics_per_mode(tmp_path, capsys) -> None:
+    """``--profile``: the serving loop's thread under cProfile, its statistics saved per mode."""
+    import pstats
+
+    base = tmp_path / "loop.prof"
+    assert main(["bench", "trace", "--shape", "tiny", "--device", "cpu", "--modes", "hypic,full", "--rates", "50",
+                 "--requests", "3", "--warm", "2", "--pool", "8", "--num-docs", "2,3", "--doc-tokens", "20,30",
+                 "--max-tokens", "2", "--profile", str(base), "--out", str(tmp_path / "t.md")]) == 0
+    err = capsys.readouterr().err
+    for mode in ("hypic", "full"):
+        stats = pstats.Stats(f"{base}.{mode}")
+        assert any(name == "step" for _, _, name in stats.stats)  # Engine.step ran on the profiled thread
+        assert f"the serving loop's profile ({mode}" in err
+
+
 @pytest.mark.gpu
 def test_the_trace_on_a_gpu_serves_every_request_and_entries_own_their_memory() -> None:
     from tokenizers import Tokenizer
