@@ -276,6 +276,21 @@ class SegmentStore:
             self.misses += 1
             return None
 
+    def discard(self, key: SegmentKey, token_ids: tuple[int, ...]) -> str:
+        """Drop the entry for these exact tokens from whichever tier holds it (a document changed or
+        must be forgotten): "evicted", "absent", or "in_use" — pinned by a request being prefilled,
+        which still reads it, so it stays (the engine discards under its lock, when nothing is pinned)."""
+        with self._lock:
+            for tier in TIERS:
+                entry = self._tiers[tier].get(key)
+                if entry is None or entry.token_ids != token_ids:
+                    continue
+                if self._pins.get(key):
+                    return "in_use"
+                self._release(self._remove(tier, key))
+                return "evicted"
+            return "absent"
+
     def pin(self, keys: list[SegmentKey]) -> None:
         with self._lock:
             for k in keys:

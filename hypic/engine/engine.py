@@ -253,6 +253,22 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             return score_prompt(self.model, self.device, ids, top)
 
+    def evict_segments(self, segments: list[list[int]], *, salt: str | None = None) -> list[bool]:
+        """Forget documents (changed, withdrawn, or not to be kept): each one's entries — under the
+        seam the modes with seams use and under none — and every ``prefix`` state whose prefix holds
+        it. Per segment: whether anything of it was cached. Under the engine's lock, between calls,
+        when no entry is pinned."""
+        out = []
+        with self._lock:
+            for ids in segments:
+                keys = {segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name,
+                                    salt=salt) for seam in {self.seam, 0}}
+                status = [self.store.discard(k, tuple(ids)) for k in keys]
+                assert "in_use" not in status, "an entry is pinned between engine calls"
+                dropped = self.prefix.discard_containing({k.digest for k in keys})
+                out.append("evicted" in status or dropped > 0)
+        return out
+
     @torch.no_grad()
     def prewarm(self, segments: list[list[int]], *, salt: str | None = None) -> list[bool | None]:
         """Prefill documents into the cache (standalone, whatever the cold strategy) before the

@@ -37,6 +37,7 @@ class PrefixCache:
     def __init__(self, max_states: int = 256) -> None:
         self.max_states = max_states
         self._states: OrderedDict[bytes, SequenceState] = OrderedDict()
+        self._members: dict[bytes, frozenset[bytes]] = {}  # link → digests of the segments in that prefix
         self._lock = threading.Lock()
 
     def longest(self, links: list[bytes]) -> tuple[int, SequenceState | None]:
@@ -48,9 +49,21 @@ class PrefixCache:
                     return i, snapshot(self._states[links[i - 1]], copy_kv=True)
         return 0, None
 
-    def put(self, link: bytes, state: SequenceState) -> None:
+    def put(self, link: bytes, state: SequenceState, members: frozenset[bytes] = frozenset()) -> None:
+        """Keep ``state`` as the prefix ``link`` names; ``members``: its segments' key digests (what
+        ``discard_containing`` finds it by)."""
         with self._lock:
             self._states[link] = snapshot(state)
+            self._members[link] = members
             self._states.move_to_end(link)
             while len(self._states) > self.max_states:
-                self._states.popitem(last=False)
+                old, _ = self._states.popitem(last=False)
+                self._members.pop(old, None)
+
+    def discard_containing(self, digests: set[bytes]) -> int:
+        """Drop every kept state whose prefix holds one of these segments; how many."""
+        with self._lock:
+            gone = [link for link, members in self._members.items() if members & digests]
+            for link in gone:
+                del self._states[link], self._members[link]
+            return len(gone)

@@ -29,6 +29,7 @@ class _Prompt:
     index: int  # in the call
     segments: list[list[int]]
     links: list[bytes]  # links[i] names the prefix of segments 0..i
+    digests: list[bytes]  # the segments' key digests (the query's excluded)
     state: SequenceState
     ends: list[int]  # the last segment of each stretch still to compute, ascending
     start: int  # the first segment of the next stretch
@@ -59,7 +60,7 @@ class PrefixPrefill:
             m.recomputed_tokens = sum(len(s) for s in segments[reused:])
             last = len(segments) - 1
             ends = sorted({e for e in (0, last - 1, last) if e >= reused})
-            work.append(_Prompt(i, segments, links, state or SequenceState(), ends, reused))
+            work.append(_Prompt(i, segments, links, [k.digest for k in keys], state or SequenceState(), ends, reused))
         logits: list[Tensor | None] = [None] * len(work)
         for phase in (_HEAD, _CONTEXT, _QUERY):
             due = [p for p in work if p.ends and _phase(p, p.ends[0]) == phase]
@@ -87,5 +88,5 @@ class PrefixPrefill:
         for p in group:
             end = p.ends.pop(0)
             if end < p.last:
-                self.prefix.put(p.links[end], p.state)
+                self.prefix.put(p.links[end], p.state, frozenset(p.digests[:end + 1]))
             p.start = end + 1

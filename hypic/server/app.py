@@ -179,6 +179,22 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 "usage": {"prompt_tokens": sum(len(s) for s in ids),
                           "cached_tokens": sum(len(s) for s, c in zip(ids, cached, strict=True) if c)}}
 
+    @v1.post("/segments/evict")
+    async def evict(request: Request) -> dict[str, Any]:
+        """Forget documents: their cache entries (every tier) and the prefix states holding them."""
+        req = await read_body(request, SegmentsRequest, settings.max_body_bytes)
+        check_model(req.model)
+        if len(req.segments) > settings.max_segments:
+            raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
+                              f"{settings.max_segments}", "segments")
+        ids = [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
+               for i, text in enumerate(req.segments)]
+        async with state.prewarm_lock:
+            evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt)
+        return {"object": "list", "model": settings.model_name,
+                "data": [{"index": i, "tokens": len(seg), "evicted": e}
+                         for i, (seg, e) in enumerate(zip(ids, evicted, strict=True))]}
+
     @v1.post("/segments/save")
     async def save_segments() -> dict[str, Any]:
         """Write the segment cache into the server's ``--cache-dir`` now (a snapshot a crash cannot

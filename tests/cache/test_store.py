@@ -75,6 +75,23 @@ def test_pinned_entries_stay_and_collisions_miss() -> None:
     assert store.stats().misses == 2 and store.check_integrity()
 
 
+def test_discard_drops_an_entry_from_either_tier_but_never_a_pinned_one() -> None:
+    a, b, c = _entry([1]), _entry([2]), _entry([3])
+    store = SegmentStore(torch.device("cpu"), device_bytes=a.nbytes * 2, host_bytes=a.nbytes)
+    for e in (a, b, c):
+        store.insert(e)
+    assert store.stats().entries == {"device": 2, "host": 1}  # a is in the host tier
+    assert store.discard(a.key, a.token_ids) == "evicted" and store.lookup(a.key, a.token_ids) is None
+    assert store.discard(a.key, a.token_ids) == "absent"
+    assert store.discard(b.key, (999,)) == "absent"  # the key with other tokens: not this entry
+    store.pin([b.key])
+    assert store.discard(b.key, b.token_ids) == "in_use" and store.lookup(b.key, b.token_ids) is not None
+    store.unpin([b.key])
+    assert store.discard(b.key, b.token_ids) == "evicted" and store.discard(c.key, c.token_ids) == "evicted"
+    s = store.stats()
+    assert s.entries == {"device": 0, "host": 0} and s.bytes == {"device": 0, "host": 0} and store.check_integrity()
+
+
 def test_budgets_are_validated() -> None:
     with pytest.raises(ValueError, match="cache_host_bytes"):
         SegmentStore(torch.device("cpu"), host_bytes=-1)

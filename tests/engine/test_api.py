@@ -260,3 +260,20 @@ def test_bad_engine_arguments(llm, qwen3_5_path, monkeypatch) -> None:
         LLM(str(qwen3_5_path), device="cpu")
     monkeypatch.delenv("HYPIC_COMBINE_PRECISION")
     assert torch.isfinite(llm.engine.prefill_logits([[[1, 2, 3], [4]]])[0]).all()
+
+
+def test_evicted_documents_miss_and_leave_other_tenants_and_documents_alone(llm) -> None:
+    """``evict_segments``: the document's entries (seamed and seamless modes alike) and the prefix
+    states holding it go; other documents, and the same document under another salt, stay."""
+    head, doc_a, doc_b, query = _segments(21, [12, 30, 25, 5])  # each document longer than the seam
+    prompt = [head, doc_a, doc_b, query]
+    for mode in ("hypic", "naive", "prefix"):
+        llm.generate([prompt], SamplingParams(max_tokens=1), mode=mode)
+    llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="other")
+    assert llm.engine.evict_segments([doc_a, [7, 8, 9, 10] * 10]) == [True, False]
+    again = {m: llm.generate([prompt], SamplingParams(max_tokens=1), mode=m)[0].metrics for m in ("hypic", "naive")}
+    assert all(m.segment_misses == 1 and m.segment_hits == 2 for m in again.values())  # head and doc_b hit
+    prefix = llm.generate([prompt], SamplingParams(max_tokens=1), mode="prefix")[0].metrics
+    assert prefix.segment_hits == 1  # only the head's state survives: every longer prefix held doc_a
+    other = llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="other")[0].metrics
+    assert other.segment_misses == 0 and llm.engine.store.check_integrity()

@@ -198,6 +198,21 @@ def test_prewarm_then_query_hits(http: httpx.Client, client: OpenAI, llm: LLM) -
     assert out.usage.prompt_tokens_details.cached_tokens == sum(len(s) - seam for s in llm.tokenize(docs))
 
 
+def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: httpx.Client, client: OpenAI) -> None:
+    docs = rag(7)[1:-1]
+    for salt in ("evict", "keep"):
+        http.post("/v1/segments", json={"segments": docs, "cache_salt": salt})
+    gone = http.post("/v1/segments/evict", json={"segments": [docs[0], "never seen"], "cache_salt": "evict"})
+    assert gone.status_code == 200 and [d["evicted"] for d in gone.json()["data"]] == [True, False]
+    again = http.post("/v1/segments", json={"segments": docs, "cache_salt": "evict"}).json()["data"]
+    assert [d["cached"] for d in again] == [False] + [True] * (len(docs) - 1)  # only the evicted one rebuilt
+    kept = http.post("/v1/segments", json={"segments": docs, "cache_salt": "keep"}).json()["data"]
+    assert all(d["cached"] for d in kept)
+    bad = http.post("/v1/segments/evict", json={"segments": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "segments"
+    assert complete(client, rag(7), max_tokens=2).choices[0].text  # still serving
+
+
 def test_logprobs_and_stop_strings(client: OpenAI) -> None:
     segments = rag(5)
     base = complete(client, segments, max_tokens=12, logprobs=3)
