@@ -158,15 +158,19 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                          req.include_usage, req.stops, top, choices(req.n))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
 
-    @v1.post("/segments")
-    async def prewarm(request: Request) -> dict[str, Any]:
+    async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:
+        """A /v1/segments* body and its documents' token ids (each tokenized alone), or a 4xx."""
         req = await read_body(request, SegmentsRequest, settings.max_body_bytes)
         check_model(req.model)
         if len(req.segments) > settings.max_segments:
             raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
                               f"{settings.max_segments}", "segments")
-        ids = [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
-               for i, text in enumerate(req.segments)]
+        return req, [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
+                     for i, text in enumerate(req.segments)]
+
+    @v1.post("/segments")
+    async def prewarm(request: Request) -> dict[str, Any]:
+        req, ids = await segments_body(request)
         for i, seg in enumerate(ids):
             prompts.token_budget(llm, [seg], f"segments[{i}]", 1, 1, settings)
         state.live_runner()
@@ -182,13 +186,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     @v1.post("/segments/evict")
     async def evict(request: Request) -> dict[str, Any]:
         """Forget documents: their cache entries (every tier) and the prefix states holding them."""
-        req = await read_body(request, SegmentsRequest, settings.max_body_bytes)
-        check_model(req.model)
-        if len(req.segments) > settings.max_segments:
-            raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
-                              f"{settings.max_segments}", "segments")
-        ids = [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
-               for i, text in enumerate(req.segments)]
+        req, ids = await segments_body(request)
         async with state.prewarm_lock:
             evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt)
         return {"object": "list", "model": settings.model_name,
