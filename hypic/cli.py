@@ -193,7 +193,7 @@ def serve(args: argparse.Namespace) -> int:
             api_key=args.api_key or os.environ.get("HYPIC_API_KEY") or None, max_segments=args.max_segments,
             max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
-            request_timeout_s=args.request_timeout,
+            max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
             shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
             cache_dir=args.cache_dir)
         app = create_app(llm, settings)
@@ -270,6 +270,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-concurrent", type=int, default=16, help="requests decoding together")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting; beyond it: 429")
     p.add_argument("--max-choices", type=int, default=8, help="cap on a request's n (each choice is a request)")
+    p.add_argument("--max-prompts", type=int, default=32,
+                   help="cap on the prompts of one completions request (a batch; each prompt × n is a request)")
     p.add_argument("--max-prefill-tokens", type=int,
                    help="prompt tokens prefilled in one call (default: no limit; a longer prompt runs alone)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")

@@ -127,22 +127,26 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         arrival = time.monotonic()
         req = await read_body(request, CompletionRequest, settings.max_body_bytes)
         check_model(req.model)
-        segments = prompts.completion_segments(llm, req, settings)
-        field_name = "segments" if req.segments is not None else "prompt"
-        max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-        params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
-        gen = Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                         req.include_usage, req.stops, req.logprobs, choices(req.n))
+        batch = prompts.completion_segments(llm, req, settings)
+        n, gens = choices(req.n), []
+        for k, segments in enumerate(batch):
+            field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
+            max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
+            params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
+            gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
+                                   req.include_usage, req.stops, req.logprobs, n))
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
-            scores = None
-            if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
-                async with state.scoring_lock:
-                    scores = await asyncio.to_thread(llm.engine.prompt_logprobs, segments, req.logprobs)
-            gen.echo = Echo(prompts.echo_text(llm, req, segments), [t for s in segments for t in s], scores)
-            if max_tokens == 0:
-                return echo_only(gen, llm.tokenizer, metrics)
-        return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
+            for k, gen in enumerate(gens):
+                scores = None
+                if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
+                    async with state.scoring_lock:
+                        scores = await asyncio.to_thread(llm.engine.prompt_logprobs, gen.prompt, req.logprobs)
+                gen.echo = Echo(prompts.echo_text(llm, req, k, gen.prompt), [t for s in gen.prompt for t in s],
+                                scores)
+            if req.max_tokens == 0:
+                return echo_only(gens, llm.tokenizer, metrics)
+        return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -156,7 +160,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size)
         gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                          req.include_usage, req.stops, top, choices(req.n))
-        return await respond(request, state.live_runner(), metrics, llm.tokenizer, gen, arrival)
+        return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
 
     async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:
         """A /v1/segments* body and its documents' token ids (each tokenized alone), or a 4xx."""

@@ -5,7 +5,8 @@ Both endpoints share the driver: ``Responder.pieces`` turns a job's events into 
 stop strings and incremental detokenization) and records metrics; the completion and chat flavours
 differ only in how a piece, its log-probabilities and the envelope are spelled. A request for
 ``n`` choices is ``n`` jobs of the same prompt (their documents hit the cache after the first
-prefill; with a ``seed``, choice ``i`` samples with ``seed + i``), answered as one response: a
+prefill; with a ``seed``, choice ``i`` samples with ``seed + i``), answered as one response — a
+completions batch (a list of prompts) is ``n`` jobs per prompt, in one response too: a
 stream interleaves their chunks, each with its choice's index. A client that disconnects cancels
 its jobs: for streams Starlette cancels the response task, for whole answers a watcher task sees
 the ``http.disconnect``.
@@ -186,10 +187,16 @@ class Responder:
 
 
 def _usage(rs: list[Responder]) -> dict:
-    """The prompt once, every choice's completion tokens."""
-    usage = rs[0].usage()
+    """Each prompt once (a batch has several), every choice's completion tokens."""
+    firsts: dict[int, Responder] = {}
+    for r in rs:
+        firsts.setdefault(id(r.gen), r)
+    each = [r.usage() for r in firsts.values()]
+    prompt = sum(u["prompt_tokens"] for u in each)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in each)
     completion = sum(r.job.tokens for r in rs)
-    return {**usage, "completion_tokens": completion, "total_tokens": usage["prompt_tokens"] + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _sse(data: dict | str) -> str:
@@ -211,8 +218,8 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
 
     tasks = []
     try:
-        if r0.gen.echo is not None:
-            for r in rs:
+        for r in rs:
+            if r.gen.echo is not None:
                 yield _sse(r.echo_chunk())
         if r0.gen.chat:
             for r in rs:
@@ -278,20 +285,26 @@ class _JobStream(StreamingResponse):
                     job.cancel()
 
 
-async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer: Any, gen: Generation,
+async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer: Any, gens: list[Generation],
                   arrival: float) -> Response:
+    """One response for ``gens`` — one prompt, or a completions batch — each with its ``n`` choices,
+    indexed prompt by prompt (choice index = prompt index × n + choice)."""
     jobs: list[Job] = []
-    try:  # all n choices or none: a choice refused (429/503) takes back the ones already queued
-        for i in range(gen.n):
-            jobs.append(runner.submit(gen.prompt, gen.choice_params(i), gen.mode, gen.salt, arrival))
+    owners: list[Generation] = []
+    try:  # all choices or none: a choice refused (429/503) takes back the ones already queued
+        for gen in gens:
+            for i in range(gen.n):
+                jobs.append(runner.submit(gen.prompt, gen.choice_params(i), gen.mode, gen.salt, arrival))
+                owners.append(gen)
     except APIError:
         for job in jobs:
             job.cancel()
         raise
+    gen = gens[0]
     metrics.requests.labels("chat" if gen.chat else "completions").inc()
     first = Responder(gen, jobs[0], tokenizer, metrics)
-    rs = [first] + [Responder(gen, job, tokenizer, metrics, i, first.id, first.created)
-                    for i, job in enumerate(jobs[1:], 1)]
+    rs = [first] + [Responder(g, job, tokenizer, metrics, k, first.id, first.created)
+                    for k, (g, job) in enumerate(zip(owners[1:], jobs[1:], strict=True), 1)]
     if gen.stream:
         return _JobStream(jobs, _stream(rs), media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -311,28 +324,32 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
                 job.cancel()
 
 
-def echo_only(gen: Generation, tokenizer: Any, metrics: Metrics) -> Response:
-    """``max_tokens: 0`` with ``echo``: the prompt (and its log-probabilities) is the whole answer, and
-    nothing is queued — how a harness scores a context's continuation (lm-eval's loglikelihood)."""
-    echo = gen.echo
-    assert echo is not None and not gen.chat
+def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Response:
+    """``max_tokens: 0`` with ``echo``: each prompt (and its log-probabilities) is the whole answer,
+    and nothing is queued — how a harness scores a context's continuation (lm-eval's loglikelihood)."""
     metrics.requests.labels("completions").inc()
     rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-    logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo)
-    envelope = {"id": rid, "object": "text_completion", "created": created, "model": gen.model}
-    choices = [{"index": i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length"} for i in range(gen.n)]
-    usage = {"prompt_tokens": len(echo.tokens), "completion_tokens": 0, "total_tokens": len(echo.tokens),
+    envelope = {"id": rid, "object": "text_completion", "created": created, "model": gens[0].model}
+    choices, tokens, scored = [], 0, 0
+    for gen in gens:
+        echo = gen.echo
+        assert echo is not None and not gen.chat
+        logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo)
+        choices += [{"index": len(choices) + i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length"}
+                    for i in range(gen.n)]
+        tokens += len(echo.tokens)
+        scored += len(echo.tokens) if echo.logprobs is not None else 0
+    usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens,
              "prompt_tokens_details": {"cached_tokens": 0}}
-    extension = {"mode": "full", "segments": len(gen.prompt), "segment_hits": 0, "segment_misses": 0,
-                 "recomputed_tokens": len(echo.tokens) if echo.logprobs is not None else 0,
-                 "prefill_s": None, "ttft_s": None}
-    if not gen.stream:
+    extension = {"mode": "full", "segments": sum(len(g.prompt) for g in gens), "segment_hits": 0,
+                 "segment_misses": 0, "recomputed_tokens": scored, "prefill_s": None, "ttft_s": None}
+    if not gens[0].stream:
         return JSONResponse({**envelope, "choices": choices, "usage": usage, "hypic": extension})
 
     async def chunks() -> AsyncIterator[str]:
         for c in choices:
             yield _sse({**envelope, "choices": [c]})
-        if gen.include_usage:
+        if gens[0].include_usage:
             yield _sse({**envelope, "choices": [], "usage": usage, "hypic": extension})
         yield _sse("[DONE]")
     return StreamingResponse(chunks(), media_type="text/event-stream",

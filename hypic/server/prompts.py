@@ -37,23 +37,31 @@ def _check_count(count: int, field: str, settings: ServerSettings) -> None:
         raise bad_request(f"{field}: {count} segments exceed this server's limit of {settings.max_segments}", field)
 
 
-def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[int]]:
-    """``prompt`` split on ``<<PIC_SEP>>``, token ids (one segment), or the ``segments`` extension."""
+def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[list[int]]]:
+    """Each prompt of the request (one, or a batch up to ``max_prompts``) as token ids per segment:
+    text split on ``<<PIC_SEP>>``, token ids (one segment), or the ``segments`` extension."""
     if req.segments is not None:
         _check_count(len(req.segments), "segments", settings)
-        return tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]")
-    ids = req.prompt_ids
-    if ids is not None:  # token ids: one segment, the query (nothing of it is cached)
-        outside = [t for t in ids if t >= llm.vocab_size]
+        return [tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]")]
+    items = req.prompt_items
+    if len(items) > settings.max_prompts:
+        raise bad_request(f"prompt: a batch of {len(items)} prompts exceeds this server's limit of "
+                          f"{settings.max_prompts}", "prompt")
+    return [_one_prompt(llm, item, "prompt" if len(items) == 1 else f"prompt[{k}]", settings)
+            for k, item in enumerate(items)]
+
+
+def _one_prompt(llm: LLM, item: str | list[int], field: str, settings: ServerSettings) -> list[list[int]]:
+    if isinstance(item, list):  # token ids: one segment, the query (nothing of it is cached)
+        outside = [t for t in item if t >= llm.vocab_size]
         if outside:
-            raise bad_request(f"prompt: token id {outside[0]} is outside this model's vocabulary "
-                              f"[0, {llm.vocab_size})", "prompt")
-        return [list(ids)]
-    text = req.prompt_text or ""
-    _check_count(text.count(SEPARATOR) + 1, "prompt", settings)
-    if not text:
-        raise bad_request("prompt: empty prompt", "prompt")
-    return tokenize(llm, text.split(SEPARATOR), "prompt", lambda i: "prompt")
+            raise bad_request(f"{field}: token id {outside[0]} is outside this model's vocabulary "
+                              f"[0, {llm.vocab_size})", field)
+        return [list(item)]
+    _check_count(item.count(SEPARATOR) + 1, field, settings)
+    if not item:
+        raise bad_request(f"{field}: empty prompt", field)
+    return tokenize(llm, item.split(SEPARATOR), field, lambda i: field)
 
 
 def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: ServerSettings) -> list[list[int]]:
@@ -118,10 +126,10 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
         raise from_value_error(e, None) from None
 
 
-def echo_text(llm: LLM, req: CompletionRequest, segments: list[list[int]]) -> str:
-    """What ``echo`` puts ahead of the text: the prompt as sent — segments back to back, as the model
-    reads them — or, for token ids, their decoding."""
+def echo_text(llm: LLM, req: CompletionRequest, k: int, segments: list[list[int]]) -> str:
+    """What ``echo`` puts ahead of prompt ``k``'s text: the prompt as sent — segments back to back,
+    as the model reads them — or, for token ids, their decoding."""
     if req.segments is not None:
         return "".join(req.segments)
-    text = req.prompt_text
-    return text if text is not None else llm.tokenizer.decode(segments[0], skip_special_tokens=False)
+    item = req.prompt_items[k]
+    return item if isinstance(item, str) else llm.tokenizer.decode(segments[0], skip_special_tokens=False)

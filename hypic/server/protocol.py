@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from hypic.engine.modes import MODES
 
@@ -77,25 +77,32 @@ class Common(Strict):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
+def _prompt_shape(value: object) -> str | None:
+    """Which of a completions ``prompt``'s shapes a value is, by its first element (so an error names
+    the element at fault within that shape, not whichever shape pydantic tried last)."""
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, list):
+        head = value[0] if value else None
+        return ("list[str]" if isinstance(head, str) else "list[list[int]]" if isinstance(head, list)
+                else "list[int]")
+    return None
+
+
 class CompletionRequest(Common):
-    # text (split on <<PIC_SEP>> into segments), or token ids as OpenAI allows (one segment: the query)
-    prompt: (Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | TokenIds
-             | Annotated[list[TokenIds], Field(min_length=1, max_length=1)] | None) = None
+    # text (split on <<PIC_SEP>> into segments), or token ids (one segment: the query); a list of
+    # either is a batch, answered as one response (choice index = prompt index × n + choice)
+    prompt: Annotated[Annotated[Text, Tag("str")] | Annotated[list[Text], Field(min_length=1), Tag("list[str]")]
+                      | Annotated[TokenIds, Tag("list[int]")]
+                      | Annotated[list[TokenIds], Field(min_length=1), Tag("list[list[int]]")],
+                      Discriminator(_prompt_shape, custom_error_type="prompt_shape",
+                                    custom_error_message="expected a string, a list of strings, token ids "
+                                                         "or a list of token-id lists")] | None = None
     segments: Annotated[list[Text], Field(min_length=1)] | None = None
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False  # the prompt ahead of the text; with logprobs, its tokens' too (a full forward)
     max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: score the prompt, generate nothing
     suffix: None = None
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _single(cls, value: object) -> object:
-        """A list of prompts (texts or id lists) is a batch, which hypic does not take: said plainly, not
-        as whichever of the union's shapes pydantic tried last."""
-        if isinstance(value, list) and len(value) > 1 and (all(isinstance(x, str) for x in value)
-                                                           or all(isinstance(x, list) for x in value)):
-            raise ValueError(f"one prompt per request, got a list of {len(value)} (send them as separate requests)")
-        return value
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
@@ -106,18 +113,14 @@ class CompletionRequest(Common):
         return self
 
     @property
-    def prompt_text(self) -> str | None:
-        """The prompt when it is text (None: token ids, or segments)."""
-        p = self.prompt[0] if isinstance(self.prompt, list) and self.prompt else self.prompt
-        return p if isinstance(p, str) else None
-
-    @property
-    def prompt_ids(self) -> list[int] | None:
-        """The prompt when it is token ids."""
+    def prompt_items(self) -> list[str | list[int]]:
+        """The prompts of the request, one or a batch: each text or token ids ([] with segments)."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], list):
-            p = p[0]
-        return p if isinstance(p, list) and p and isinstance(p[0], int) else None
+        if p is None:
+            return []
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
 
 class TextPart(Strict):

@@ -19,6 +19,7 @@ class ServerSettings:
     max_concurrent: int = 16  # requests decoding together
     max_queue: int = 256  # requests waiting for a decode slot (every request waits there first); beyond: 429
     max_choices: int = 8  # cap on a request's ``n`` (each choice runs as a request of its own)
+    max_prompts: int = 32  # cap on a completions batch (a list of prompts), each with its n choices
     max_prefill_tokens: int | None = None  # prompt tokens per prefill call; None: no limit
     request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
     shutdown_timeout_s: float = 30.0  # in-flight requests may finish for this long, then are cancelled
@@ -32,7 +33,7 @@ class ServerSettings:
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
             raise ValueError("api_key: expected a non-empty string or None")
         for name in ("max_segments", "max_completion_tokens", "max_concurrent", "max_body_bytes", "retry_after_s",
-                     "max_choices", "max_queue"):
+                     "max_choices", "max_prompts", "max_queue"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected an integer ≥ 1, got {value!r}")

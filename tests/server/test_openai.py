@@ -291,9 +291,32 @@ def test_token_id_prompts_read_as_the_text_they_encode(client: OpenAI, http: htt
     echoed = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=0)
     assert echoed.choices[0].text == llm.tokenizer.decode(ids, skip_special_tokens=False)
     assert len(echoed.choices[0].logprobs.token_logprobs) == len(ids)
-    for bad in ([5, llm.vocab_size], [5, -1], [], [[5], [6]], [[]]):
+    for bad in ([5, llm.vocab_size], [5, -1], [], [[]], [[5], []], [[5], ["a"]]):
         r = http.post("/v1/completions", json={"prompt": bad, "max_tokens": 2})
         assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], bad
+
+
+def test_a_batch_of_prompts_is_one_response_indexed_prompt_by_prompt(client: OpenAI, llm: LLM) -> None:
+    """A list of prompts (text or token ids): choice ``k · n + i`` is prompt k's choice i, each the
+    answer the prompt gets alone; usage counts every prompt once; streamed, the same; echoed with
+    ``max_tokens: 0``, each prompt scored on its own (lm-eval's batched loglikelihood)."""
+    texts = [SEPARATOR.join(rag(8)), "Profile of Wrenna Jessop. Question: who?"]
+    alone = [complete(client, t.split(SEPARATOR), max_tokens=4).choices[0].text for t in texts]
+    both = client.completions.create(model=MODEL, prompt=texts, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    assert both.usage.prompt_tokens == sum(sum(len(s) for s in llm.tokenize(t)) for t in texts)
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(model=MODEL, prompt=texts, max_tokens=4, temperature=0, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {0: alone[0], 1: alone[1]}
+    ids = [[t for s in llm.tokenize(t) for t in s] for t in texts]
+    scored = client.completions.create(model=MODEL, prompt=ids, max_tokens=0, echo=True, logprobs=0)
+    for c, tokens in zip(scored.choices, ids, strict=True):
+        want = llm.engine.prompt_logprobs([tokens])
+        assert len(c.logprobs.token_logprobs) == len(tokens) and c.logprobs.token_logprobs[0] is None
+        assert all(abs(c.logprobs.token_logprobs[i] - want[i][tokens[i]]) < 1e-5 for i in range(1, len(tokens)))
 
 
 def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
