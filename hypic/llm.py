@@ -99,9 +99,7 @@ class LLM:
         params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
         if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise ValueError("cache_salt: expected a string")
-        outs = self.engine.generate(ids, params, mode=mode, salts=[cache_salt] * len(ids))
+        outs = self.engine.generate(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
         if self.tokenizer is not None:
             for o, p in zip(outs, params, strict=True):
                 ids = o.token_ids
@@ -109,6 +107,27 @@ class LLM:
                     ids = ids[:-1]  # a stop token ends the text, as EOS does, and is not part of it
                 o.text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return outs
+
+    def prewarm(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool | None]:
+        """Prefill documents (text or token ids) into the cache before the prompts that use them: per
+        document, True if it was cached already, False if filled now, None if too short to cache."""
+        return self.engine.prewarm(self._documents(documents), salt=self._salt(cache_salt))
+
+    def evict(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool]:
+        """Forget documents (changed or withdrawn): their entries and the prefix states holding them;
+        per document, whether anything of it was cached (``Engine.evict_segments``)."""
+        return self.engine.evict_segments(self._documents(documents), salt=self._salt(cache_salt))
+
+    def _documents(self, documents: list[str | list[int]]) -> list[list[int]]:
+        if not isinstance(documents, (list, tuple)) or not documents:
+            raise ValueError("documents: expected a non-empty list of texts or token-id lists")
+        return [self._segment_ids(d, f"documents[{i}]") for i, d in enumerate(documents)]
+
+    @staticmethod
+    def _salt(cache_salt: str | None) -> str | None:
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError("cache_salt: expected a string")
+        return cache_salt
 
     def close(self) -> None:
         """Stop the cold workers, if any."""

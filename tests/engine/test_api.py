@@ -277,3 +277,16 @@ def test_evicted_documents_miss_and_leave_other_tenants_and_documents_alone(llm)
     assert prefix.segment_hits == 1  # only the head's state survives: every longer prefix held doc_a
     other = llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="other")[0].metrics
     assert other.segment_misses == 0 and llm.engine.store.check_integrity()
+
+
+def test_the_library_prewarms_and_evicts_documents_by_content(llm) -> None:
+    doc, other = _segments(22, [30, 20])
+    assert llm.prewarm([doc, other], cache_salt="lib") == [False, False]
+    assert llm.prewarm([doc], cache_salt="lib") == [True]
+    assert llm.evict([doc], cache_salt="lib") == [True] and llm.evict([doc], cache_salt="lib") == [False]
+    assert llm.prewarm([doc, other], cache_salt="lib") == [False, True]  # only the evicted one rebuilt
+    for call, needle in ((lambda: llm.evict([]), "documents"), (lambda: llm.prewarm([[10**6]]), r"documents\[0\]"),
+                         (lambda: llm.evict([doc], cache_salt=5), "cache_salt")):
+        with pytest.raises(ValueError, match=needle):
+            call()
+    assert llm.engine.store.check_integrity()
