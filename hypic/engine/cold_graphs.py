@@ -39,7 +39,7 @@ from hypic.cache.keys import SegmentKey
 from hypic.cache.layout import Header, allocate, resized
 from hypic.engine.cold_padded import BLOCK, PaddedColdContext, Staging, padded_length, tail_width
 from hypic.models.hybrid import HybridLM
-from hypic.models.step_graph import shared_pool
+from hypic.models.step_graph import out_of_memory, shared_pool
 from hypic.ops.transfer import keeping
 
 MAX_SLOTS = 8  # segments per replay; every count 1…8 has its shape, so no slot is computed empty
@@ -151,10 +151,10 @@ class ColdGraphs:
                     self.model.hidden_states(ctx.input_ids, ctx)
                 finally:
                     graph.capture_end()
-        except torch.cuda.OutOfMemoryError:  # memory, not the model: this shape stays eager until its next use
-            torch.cuda.empty_cache()  # the capture's pool allocates fresh memory the general pool may hold
-            return
         except RuntimeError as e:
+            if out_of_memory(e):  # memory, not the model: this shape stays eager until its next use
+                torch.cuda.empty_cache()  # the capture's pool allocates fresh memory the general pool may hold
+                return
             self.refused = True
             warnings.warn(f"cold prefills of this model run eagerly in one forward: its padded cold forward "
                           f"could not be captured as a CUDA graph ({e})", RuntimeWarning, stacklevel=4)

@@ -83,18 +83,26 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     for attempt in (1, 2):
         try:
             return _capture_once(forward, device)
-        except torch.cuda.OutOfMemoryError as e:
+        except RuntimeError as err:
+            e = err
+        if out_of_memory(e):
             if attempt == 1:
                 torch.cuda.empty_cache()  # a device sync; only after a capture ran out of memory
                 continue
             warnings.warn(f"a decode step could not be captured as a CUDA graph for lack of memory ({e}); "
                           f"it runs eagerly and the capture is tried again later", RuntimeWarning, stacklevel=3)
-        except RuntimeError as e:
-            _refused.add(model)
-            warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
-                          f"graph ({e})", RuntimeWarning, stacklevel=3)
             return None
+        _refused.add(model)
+        warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
+                      f"graph ({e})", RuntimeWarning, stacklevel=3)
+        return None
     return None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether a capture failed for lack of memory: the OOM itself, or a ``capture_end`` that failed
+    after one (its error then carries the OOM as context)."""
+    return isinstance(e, torch.cuda.OutOfMemoryError) or isinstance(e.__context__, torch.cuda.OutOfMemoryError)
 
 
 def refused(model: nn.Module) -> bool:

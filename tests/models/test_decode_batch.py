@@ -141,7 +141,9 @@ def test_a_capture_out_of_memory_frees_cached_blocks_retries_and_never_refuses_t
     oom = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 MiB")
     outcomes[:] = [oom, "graph"]
     assert step_graph.capture(model, lambda: None, torch.device("cpu")) == "graph" and freed == [True]
-    outcomes[:] = [oom, oom]
+    ended = RuntimeError("operation failed due to a previous error during capture")
+    ended.__context__ = oom  # capture_end failing after the OOM: still out of memory
+    outcomes[:] = [ended, oom]
     with pytest.warns(RuntimeWarning, match="lack of memory"):
         assert step_graph.capture(model, lambda: None, torch.device("cpu")) is None
     assert len(freed) == 2 and not step_graph.refused(model) and not outcomes
