@@ -142,6 +142,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
                     async with state.scoring_lock:
                         scores = await asyncio.to_thread(llm.engine.prompt_logprobs, gen.prompt, req.logprobs)
+                    metrics.scored_tokens.inc(len(scores))
                 gen.echo = Echo(prompts.echo_text(llm, req, k, gen.prompt), [t for s in gen.prompt for t in s],
                                 scores)
             if req.max_tokens == 0:
@@ -193,6 +194,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         req, ids = await segments_body(request)
         async with state.prewarm_lock:
             evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt)
+        metrics.evicted_segments.inc(sum(evicted))
         return {"object": "list", "model": settings.model_name,
                 "data": [{"index": i, "tokens": len(seg), "evicted": e}
                          for i, (seg, e) in enumerate(zip(ids, evicted, strict=True))]}

@@ -104,6 +104,10 @@ class Metrics:
         self.generated_tokens = Counter("hypic_generated_tokens", "Tokens generated", registry=r)
         self.prewarmed_segments = Counter("hypic_prewarmed_segments", "Segments prefilled by /v1/segments",
                                           registry=r)
+        self.evicted_segments = Counter("hypic_evicted_segments", "Segments forgotten by /v1/segments/evict",
+                                        registry=r)
+        self.scored_tokens = Counter("hypic_scored_prompt_tokens", "Prompt tokens scored for echo with logprobs "
+                                     "(a full forward each)", registry=r)
         for kind in ("invalid_request", "authentication", "not_found", "overloaded", "shutting_down", "timeout",
                      "cancelled", "engine", "internal"):
             self.errors.labels(kind)  # every kind is exported from the start, at 0

@@ -202,8 +202,10 @@ def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: ht
     docs = rag(7)[1:-1]
     for salt in ("evict", "keep"):
         http.post("/v1/segments", json={"segments": docs, "cache_salt": salt})
+    before = scrape(http).get("hypic_evicted_segments_total", 0.0)
     gone = http.post("/v1/segments/evict", json={"segments": [docs[0], "never seen"], "cache_salt": "evict"})
     assert gone.status_code == 200 and [d["evicted"] for d in gone.json()["data"]] == [True, False]
+    assert scrape(http)["hypic_evicted_segments_total"] == before + 1
     again = http.post("/v1/segments", json={"segments": docs, "cache_salt": "evict"}).json()["data"]
     assert [d["cached"] for d in again] == [False] + [True] * (len(docs) - 1)  # only the evicted one rebuilt
     kept = http.post("/v1/segments", json={"segments": docs, "cache_salt": "keep"}).json()["data"]
@@ -243,7 +245,9 @@ def test_echo_scores_the_prompt_as_a_harness_asks_and_prepends_it(client: OpenAI
     prompt, tokenized = SEPARATOR.join(segments), llm.tokenize(segments)
     ids = [t for s in tokenized for t in s]
     want = llm.engine.prompt_logprobs(tokenized, top=2)
+    before = scrape(http).get("hypic_scored_prompt_tokens_total", 0.0)
     scored = complete(client, segments, max_tokens=0, echo=True, logprobs=2)
+    assert scrape(http)["hypic_scored_prompt_tokens_total"] == before + len(ids)
     c = scored.choices[0]
     assert c.text == prompt and c.finish_reason == "length"
     assert scored.usage.prompt_tokens == len(ids) and scored.usage.completion_tokens == 0
