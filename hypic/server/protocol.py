@@ -158,8 +158,9 @@ class ChatRequest(Common):
 
 
 class SegmentsRequest(Strict):
-    """POST /v1/segments: documents to prefill into the cache ahead of the queries that use them."""
+    """POST /v1/segments (and /evict): documents to prefill into the cache ahead of the queries that
+    use them (or to forget), as texts or token ids."""
 
     model: str | None = None
-    segments: Annotated[list[Text], Field(min_length=1)]
+    segments: Annotated[list[Text | TokenIds], Field(min_length=1)]
     cache_salt: Text | None = Field(None, max_length=1024)

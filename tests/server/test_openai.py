@@ -198,7 +198,8 @@ def test_prewarm_then_query_hits(http: httpx.Client, client: OpenAI, llm: LLM) -
     assert out.usage.prompt_tokens_details.cached_tokens == sum(len(s) - seam for s in llm.tokenize(docs))
 
 
-def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: httpx.Client, client: OpenAI) -> None:
+def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: httpx.Client, client: OpenAI,
+                                                                        llm: LLM) -> None:
     docs = rag(7)[1:-1]
     for salt in ("evict", "keep"):
         http.post("/v1/segments", json={"segments": docs, "cache_salt": salt})
@@ -212,6 +213,12 @@ def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: ht
     assert all(d["cached"] for d in kept)
     bad = http.post("/v1/segments/evict", json={"segments": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "segments"
+    ids = llm.tokenize([docs[1]])[0]  # the same document as token ids: the same entry
+    body = {"segments": [ids], "cache_salt": "evict"}
+    assert http.post("/v1/segments/evict", json=body).json()["data"][0]["evicted"]
+    assert http.post("/v1/segments", json=body).json()["data"][0]["cached"] is False
+    outside = http.post("/v1/segments", json={"segments": ["x", [5, llm.vocab_size]]})
+    assert outside.status_code == 400 and outside.json()["error"]["param"] == "segments[1]"
     assert complete(client, rag(7), max_tokens=2).choices[0].text  # still serving
 
 
