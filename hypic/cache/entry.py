@@ -38,6 +38,7 @@ class Entry:
     values: dict[int, Tensor] = field(default_factory=dict)  # attention layer → body values [L−w, Hkv, Dv]
     tier: str = "device"
     hits: int = 0
+    host_hits: int = 0  # hits while in the host tier since it was demoted (the store's promotion policy)
     # Unpacked from one byte buffer (``layout.unpack``: the wire, the host tier, a promotion): the
     # buffer its tensors are views into and their layout there, so it moves in one copy. In the host
     # tier, also the arena region that buffer is.

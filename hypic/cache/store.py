@@ -61,18 +61,24 @@ class CacheStats:
 class SegmentStore:
     def __init__(self, device: torch.device, *, device_bytes: int | None = None, host_bytes: int | None = None,
                  arena: HostArena | None | str = "auto", pin_gate: threading.Lock | None = None,
-                 host_dtype: torch.dtype | None = None) -> None:
+                 host_dtype: torch.dtype | None = None, promote_after: int = 1) -> None:
         """``arena``: where demoted entries live — "auto" pins host memory in a ``HostArena`` when the
         device is a GPU and keeps entries as they are on the CPU (its "device" tier is host memory
         already, a demotion moves nothing); or an arena (tests), or None (plain copies).
         ``pin_gate``: the auto arena pins only while holding it (the engine's lock).
-        ``host_dtype``: the dtype of summaries in the host tier (None or fp32: as on the device)."""
+        ``host_dtype``: the dtype of summaries in the host tier (None or fp32: as on the device).
+        ``promote_after``: a host-tier entry moves to the device on this hit since its demotion; the
+        hits before are served in place, each from a device copy, so an entry hit once on the host
+        pushes no other entry down (1: every host hit promotes)."""
         for name, budget in (("cache_device_bytes", device_bytes), ("cache_host_bytes", host_bytes)):
             if budget is not None and (not isinstance(budget, int) or budget < 0):
                 raise ValueError(f"{name}: expected a non-negative integer or None, got {budget!r}")
         if host_dtype is not None and host_dtype not in HOST_DTYPES.values():
             raise ValueError(f"host_dtype: expected one of {list(HOST_DTYPES.values())} or None, got {host_dtype!r}")
+        if not isinstance(promote_after, int) or isinstance(promote_after, bool) or promote_after < 1:
+            raise ValueError(f"promote_after: expected an integer ≥ 1, got {promote_after!r}")
         self.host_dtype = None if host_dtype == torch.float32 else host_dtype
+        self.promote_after = promote_after
         self.device = torch.device(device)
         self.budgets: dict[str, int | None] = {"device": device_bytes, "host": host_bytes}
         if arena == "auto":
@@ -173,9 +179,10 @@ class SegmentStore:
         finally:
             self.move_s += time.perf_counter() - t0
 
-    def _to_device(self, entry: Entry) -> Entry:
-        """A device copy of a host entry (one copy from its arena region); the region is freed.
-        Summaries the host tier narrowed are widened back to fp32 on the device."""
+    def _to_device(self, entry: Entry, *, keep: bool = False) -> Entry:
+        """A device copy of a host entry (one copy from its arena region); the region is freed unless
+        ``keep`` (a hit served in place: the entry stays in the host tier). Summaries the host tier
+        narrowed are widened back to fp32 on the device."""
         t0 = time.perf_counter()
         if entry.region is None:
             moved = entry.to(self.device, "device")
@@ -190,7 +197,8 @@ class SegmentStore:
                 out = torch.empty(wide.nbytes, dtype=torch.uint8, device=self.device)
                 moved = unpack(wide, convert_buffer(entry.header, buf, wide, out))
             moved.hits = entry.hits
-            self._release(entry)  # after the copy is issued: a later demotion's copy into it runs after it
+            if not keep:
+                self._release(entry)  # after the copy is issued: a later demotion's copy into it runs after it
         moved = self._widened(moved)  # a plain host entry (no arena) narrowed: widened here
         self.move_s += time.perf_counter() - t0
         return moved
@@ -258,7 +266,9 @@ class SegmentStore:
                 entry.hits += 1
                 self._tiers[tier].move_to_end(key)
                 wide = self._device_nbytes(entry) if tier == "host" else entry.nbytes
-                if tier == "host" and self._fits("device", wide):
+                if tier == "host":
+                    entry.host_hits += 1
+                if tier == "host" and entry.host_hits >= self.promote_after and self._fits("device", wide):
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     if self._make_room("device", wide):
                         entry = self._to_device(entry)
@@ -271,7 +281,8 @@ class SegmentStore:
                         self.evictions += 1
                 if entry.tier == "host" and self._half(entry) is not None:
                     # served from the host tier in place: this request gets its own fp32 copy
-                    entry = self._widened(entry.to(self.device, "device"))
+                    entry = (self._to_device(entry, keep=True) if entry.region is not None
+                             else self._widened(entry.to(self.device, "device")))
                 return entry
             self.misses += 1
             return None

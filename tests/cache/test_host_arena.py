@@ -229,6 +229,34 @@ def test_converting_run_by_run_equals_tensor_by_tensor_and_refuses_another_layou
         convert_buffer(header, packed.buffer, other, torch.empty(other.nbytes, dtype=torch.uint8))
 
 
+@pytest.mark.parametrize("host_dtype", [None, torch.bfloat16])
+def test_promote_after_serves_early_host_hits_in_place_and_promotes_on_the_nth(host_dtype) -> None:
+    """``promote_after=2``: the first hit since a demotion is served from a device copy (its region
+    kept, nothing demoted), the second promotes; a new demotion starts the count again."""
+    originals = {d: _entry(d, length=6) for d in range(4)}
+    size = originals[0].nbytes
+    slab = (8 * size + 80 * ALIGN) // ALIGN * ALIGN
+    arena = HostArena(slab, slab_bytes=slab, pin=False, background=False)
+    arena.grow()
+    store = SegmentStore(torch.device("cpu"), device_bytes=2 * size, host_bytes=None, arena=arena,
+                         host_dtype=host_dtype, promote_after=2)
+    for d in originals:
+        assert store.insert(_packed(_entry(d, length=6)))
+    a = originals[0]  # demoted (the LRU of four into two device slots)
+    assert a.key in store._tiers["host"]
+    used, demotions = arena.used, store.stats().demotions
+    first = store.lookup(a.key, a.token_ids)
+    want = a if host_dtype is None else _rounded(a, host_dtype)
+    assert first is not None and _same(first, want) and first.summaries[0].state.dtype == torch.float32
+    assert a.key in store._tiers["host"] and arena.used == used  # stays, its region kept
+    assert store.stats().demotions == demotions and store.stats().promotions == 0 and store.check_integrity()
+    second = store.lookup(a.key, a.token_ids)
+    assert a.key in store._tiers["device"] and store.stats().promotions == 1 and _same(second, want)
+    assert store.stats().demotions == demotions + 1 and store.check_integrity()
+    with pytest.raises(ValueError, match="promote_after"):
+        SegmentStore(torch.device("cpu"), promote_after=0)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("with_arena", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

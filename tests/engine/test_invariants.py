@@ -57,10 +57,13 @@ def test_hypic_close_to_full_and_naive_far(llm) -> None:
     assert err["naive"] > 1e-3, err  # far above fp32 noise (random weights make context matter little)
 
 
-def test_eviction_under_a_tiny_budget_keeps_results(qwen3_5_path) -> None:
+@pytest.mark.parametrize("promote_after", ["1", "2"])
+def test_eviction_under_a_tiny_budget_keeps_results(qwen3_5_path, monkeypatch, promote_after: str) -> None:
     """Two prompts that share nothing, in turn, through a store that holds one entry per tier: each
     request's entries displace the other's (a request's own entries are pinned, so they never
-    displace each other), and the answers stay what an unbounded store gives."""
+    displace each other), and the answers stay what an unbounded store gives — whether host hits
+    promote at once or are first served in place (``HYPIC_PROMOTE_AFTER``)."""
+    monkeypatch.setenv("HYPIC_PROMOTE_AFTER", promote_after)
     roomy = LLM(str(qwen3_5_path), device="cpu")
     prompts = [_segments(9, [40, 60, 50, 8]), _segments(19, [30, 45, 8])]
     want = [_logits(roomy, p, "hypic") for p in prompts]
@@ -73,6 +76,10 @@ def test_eviction_under_a_tiny_budget_keeps_results(qwen3_5_path) -> None:
             assert stats["entries"]["device"] <= 1 and stats["entries"]["host"] <= 1
             assert tight.engine.store.check_integrity()
     assert stats["evictions"] > 0 and stats["demotions"] > 0
+    assert tight.engine.store.promote_after == int(promote_after)
+    monkeypatch.setenv("HYPIC_PROMOTE_AFTER", "0")
+    with pytest.raises(ValueError, match="HYPIC_PROMOTE_AFTER"):
+        LLM(str(qwen3_5_path), device="cpu")
 
 
 def test_cache_salt_isolates_tenants(llm) -> None:
