@@ -29,8 +29,9 @@
 #                        GPU_HOST_AB_DTYPES (default "float32 bfloat16"), one process each, back to back
 #   GPU_TRACE_AB=1       the 1 024-document trace (hypic, the default bf16 host tier) with a switch
 #                        (GPU_TRACE_AB_VAR, default HYPIC_COLD_GRAPHS) at each of GPU_TRACE_AB_VALUES (default
-#                        "1 0 1 0": alternating, as the first process also compiles the Triton kernels),
-#                        GPU_TRACE_AB_RATES (default 16,24,32,48), GPU_TRACE_AB_SECONDS each (default 140)
+#                        "1 0 1 0": alternating), GPU_TRACE_AB_RATES (default 16,24,32,48), GPU_TRACE_AB_SECONDS
+#                        each (default 140); after a short unmeasured trace that compiles the Triton kernels
+#                        (GPU_TRACE_AB_PRIME=0 skips it)
 #   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
 #                        under cProfile (bench trace --profile): where the host time of a block goes
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
@@ -96,6 +97,11 @@ if [ "${GPU_HOST_AB:-0}" = 1 ]; then
 fi
 TRACE1024="python3 -m hypic.cli bench trace --shape qwen3.5-9b --device cuda --modes hypic --pool 1024 --requests 200 --warm 400"
 if [ "${GPU_TRACE_AB:-0}" = 1 ]; then
+  # a short unmeasured trace first: a fresh machine's first process compiles the Triton kernels (a
+  # warm-up of 74 s at ≈ 10% GPU utilization against 28 s, session 20), which no arm may pay
+  [ "${GPU_TRACE_AB_PRIME:-1}" = 1 ] && section trace_ab_prime 150 python3 -m hypic.cli bench trace \
+    --shape qwen3.5-9b --device cuda --modes hypic --pool 256 --requests 40 --warm 80 --rates 16 \
+    --out "$OUT/trace_ab_prime.md"
   var=${GPU_TRACE_AB_VAR:-HYPIC_COLD_GRAPHS} k=0
   for v in ${GPU_TRACE_AB_VALUES:-1 0 1 0}; do
     k=$((k + 1))
