@@ -330,6 +330,29 @@ def test_a_batch_of_prompts_is_one_response_indexed_prompt_by_prompt(client: Ope
         assert all(abs(c.logprobs.token_logprobs[i] - want[i][tokens[i]]) < 1e-5 for i in range(1, len(tokens)))
 
 
+def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM) -> None:
+    """lm-eval's ``local-completions`` loglikelihood request as it sends it — a batch of token-id
+    prompts (context + continuation), ``echo``, ``logprobs: 1``, ``max_tokens: 1`` — read as it reads
+    it: the continuation's log-probability is the sum over ``token_logprobs[ctxlen:-1]`` (the last is
+    the generated token), greedy when each equals its position's best."""
+    context = [t for s in llm.tokenize(rag(9)) for t in s]
+    options = [llm.tokenize("Wrenna Jessop")[0], llm.tokenize("the harbour")[0]]
+    body = {"model": MODEL, "prompt": [context + o for o in options], "temperature": 0, "max_tokens": 1,
+            "logprobs": 1, "seed": 1234, "echo": True}
+    out = http.post("/v1/completions", json=body).json()
+    for choice, option in zip(sorted(out["choices"], key=lambda c: c["index"]), options, strict=True):
+        lp = choice["logprobs"]
+        assert len(lp["token_logprobs"]) == len(context) + len(option) + 1
+        got = sum(lp["token_logprobs"][len(context):-1])
+        scores = llm.engine.prompt_logprobs([context + option], top=1)
+        want = sum(scores[i][t] for i, t in enumerate(context + option) if i >= len(context))
+        assert abs(got - want) < 1e-4
+        greedy = all(tok == max(top.values()) for tok, top in zip(lp["token_logprobs"][len(context):-1],
+                                                                   lp["top_logprobs"][len(context):-1], strict=True))
+        best = all(max(scores[i], key=scores[i].get) == t for i, t in enumerate(context + option) if i >= len(context))
+        assert greedy == best
+
+
 def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     before = scrape(http)
     salt = {"cache_salt": "metrics"}  # a fresh tenant: the first request misses every segment, the second hits
