@@ -34,6 +34,7 @@ from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, CompletionRequest, SegmentsRequest
 from hypic.server.runner import Runner
 from hypic.server.settings import ServerSettings
+from hypic.server.tokenizer_routes import tokenizer_router
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -222,6 +223,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                             "owned_by": "hypic", "max_model_len": llm.max_positions}]}
 
     app.include_router(v1)
+    app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key))
 
     @app.get("/health")
     async def health() -> Response:

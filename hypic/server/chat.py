@@ -64,6 +64,7 @@ class ChatTemplate:
         self.source = template or CHATML
         self._template = env.from_string(self.source)
         self._extra = {"bos_token": bos_token, "eos_token": eos_token}
+        self.bos_token, self.eos_token = bos_token, eos_token
         self._mark = f"\ue000{secrets.token_hex(8)}\ue001"  # private-use chars: never whitespace, never trimmed
 
     @classmethod

@@ -353,6 +353,23 @@ def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM)
         assert greedy == best
 
 
+def test_the_tokenizer_over_http_as_vllm_serves_it(server: LiveServer, http: httpx.Client, llm: LLM) -> None:
+    """``/tokenizer_info``, ``/tokenize``, ``/detokenize`` (lm-eval's remote tokenizer probes the first
+    two): the ids the server itself reads, behind the API key like every route."""
+    info = http.get("/tokenizer_info").json()
+    assert "eos_token" in info and info["model_max_length"] == llm.max_positions and info["chat_template"]
+    text = "Profile of Wrenna Jessop."
+    got = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
+    assert got["tokens"] == llm.tokenize(text)[0] and got["count"] == len(got["tokens"])
+    back = http.post("/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
+    assert back == llm.tokenizer.decode(got["tokens"], skip_special_tokens=False)
+    for path, body, param in (("/detokenize", {"tokens": [1, llm.vocab_size]}, "tokens"),
+                              ("/detokenize", {"tokens": [-1]}, "tokens[0]"), ("/tokenize", {}, "prompt")):
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    assert httpx.get(f"{server.url}/tokenizer_info").status_code == 401  # no key
+
+
 def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     before = scrape(http)
     salt = {"cache_salt": "metrics"}  # a fresh tenant: the first request misses every segment, the second hits

@@ -1,0 +1,62 @@
+"""The tokenizer over HTTP, as vLLM serves it: ``GET /tokenizer_info``, ``POST /tokenize``,
+``POST /detokenize`` at the server's root.
+
+Why: a client that must count or build token-id prompts (lm-eval's ``local-completions`` probes for
+these two routes and then tokenizes on the server instead of loading the model's tokenizer itself)
+gets exactly the ids the server reads, with no copy of the model folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import Field
+
+from hypic.llm import LLM
+from hypic.server.chat import ChatTemplate
+from hypic.server.errors import bad_request
+from hypic.server.protocol import Strict, Text
+
+
+class TokenizeRequest(Strict):
+    model: str | None = None
+    prompt: Text
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(Strict):
+    model: str | None = None
+    tokens: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=1 << 20)]
+
+
+def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., Awaitable[Any]],
+                     max_body_bytes: int, require_key: Callable[..., Awaitable[None]]) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(require_key)])
+    tokenizer = llm.tokenizer
+    eos = sorted(llm.engine.eos)
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        eos_token = template.eos_token or (tokenizer.id_to_token(eos[0]) if eos else None)
+        return {"tokenizer_class": "tokenizers.Tokenizer", "eos_token": eos_token,
+                "bos_token": template.bos_token or None, "pad_token": None, "chat_template": template.source,
+                "model_max_length": llm.max_positions, "vocab_size": llm.vocab_size}
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> dict[str, Any]:
+        req = await read_body(request, TokenizeRequest, max_body_bytes)
+        tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_positions}
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> dict[str, Any]:
+        req = await read_body(request, DetokenizeRequest, max_body_bytes)
+        outside = [t for t in req.tokens if t >= llm.vocab_size]
+        if outside:
+            raise bad_request(f"tokens: token id {outside[0]} is outside this model's vocabulary "
+                              f"[0, {llm.vocab_size})", "tokens")
+        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+
+    return router
