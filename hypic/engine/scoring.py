@@ -33,15 +33,16 @@ def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int
     ctx = SequenceContext([SequenceState()], [len(ids)], device)
     hidden = model.hidden_states(to_device(ids, device), ctx)
     ctx.finish()
-    nxt = torch.tensor(ids[1:], dtype=torch.long)
+    nxt = to_device(ids[1:], device)
     out: list[dict[int, float] | None] = [None]
     for a in range(0, len(ids) - 1, ROWS):
         b = min(a + ROWS, len(ids) - 1)
-        logp = model.lm_head(hidden[a:b]).float().log_softmax(-1).cpu()
+        # gathered and ranked where the logits are: only [rows × (1 + top)] numbers leave the device
+        logp = model.lm_head(hidden[a:b]).float().log_softmax(-1)
         actual = logp.gather(1, nxt[a:b, None])[:, 0].tolist()
-        values, indices = logp.topk(top, dim=-1) if top else (None, None)
-        for i in range(b - a):
-            row = {} if values is None else dict(zip(indices[i].tolist(), values[i].tolist(), strict=True))
-            row[int(nxt[a + i])] = actual[i]
+        values, indices = (logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long()))
+        for token, lp, vs, ix in zip(ids[a + 1:b + 1], actual, values.tolist(), indices.tolist(), strict=True):
+            row = dict(zip(ix, vs, strict=True))
+            row[token] = lp
             out.append(row)
     return out
