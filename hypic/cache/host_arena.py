@@ -9,10 +9,11 @@ only grows, every demotion pins fresh memory: 193 demotions stalled one trace bl
 So the arena pins memory in slabs on a background thread and hands out contiguous regions
 first-fit from them; a freed region returns to its slab's free list, coalesced with its
 neighbours. The thread starts with the first demotion (an engine whose device tier never overflows
-pins nothing) and pins the whole ``capacity`` once (unbounded: ``ahead_bytes`` beyond what is
-used); after that the host tier never pins again. ``allocate`` never pins on the caller's thread:
-with no room yet it returns None and the store evicts the entry rather than stall the request (an
-eviction costs a recompute later, ≈ 10–90 ms for a document).
+pins nothing), or earlier when asked (``pin_ahead``, ``pin_all``), and pins the whole ``capacity``
+once (unbounded: ``ahead_bytes`` beyond what is used); after that the host tier never pins again.
+``allocate`` never pins on the caller's thread: with no room yet it returns None and the store
+evicts the entry rather than stall the request (an eviction costs a recompute later, ≈ 10–90 ms
+for a document).
 
 The thread pins only while it holds ``gate`` — the engine's lock, free between engine calls — one
 slab of ``slab_bytes`` (1 GiB, ≈ 0.5 s) at a time, so a call that arrives meanwhile waits at most
