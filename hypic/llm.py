@@ -113,10 +113,12 @@ class LLM:
         document, True if it was cached already, False if filled now, None if too short to cache."""
         return self.engine.prewarm(self._documents(documents), salt=self._salt(cache_salt))
 
-    def evict(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool]:
-        """Forget documents (changed or withdrawn): their entries and the prefix states holding them;
-        per document, whether anything of it was cached (``Engine.evict_segments``)."""
-        return self.engine.evict_segments(self._documents(documents), salt=self._salt(cache_salt))
+    def evict(self, documents: list[str | list[int]], *, cache_salt: str | None = None,
+              saved: str | Path | None = None) -> list[bool]:
+        """Forget documents (changed or withdrawn): their entries, the prefix states holding them and,
+        with ``saved``, their entries in that saved cache folder; per document, whether anything of it
+        was cached (``Engine.evict_segments``)."""
+        return self.engine.evict_segments(self._documents(documents), salt=self._salt(cache_salt), saved=saved)
 
     def _documents(self, documents: list[str | list[int]]) -> list[list[int]]:
         if not isinstance(documents, (list, tuple)) or not documents:

@@ -91,6 +91,27 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     return len(names)
 
 
+def forget(folder: str | Path, digests: set[bytes]) -> int:
+    """Drop the entries with these key digests from a saved cache in ``folder`` (a document evicted
+    from the live store must not come back at the next start): the manifest rewritten without them
+    first, then their files removed. How many the manifest named; 0 when nothing was saved there."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cache folder {folder}: unreadable {MANIFEST} ({e})") from None
+    gone = {d.hex() + SUFFIX for d in digests}
+    entries = manifest.get("entries", []) if isinstance(manifest, dict) else []
+    keep = [n for n in entries if n not in gone]
+    if len(keep) != len(entries):
+        _write(folder / MANIFEST, [json.dumps({**manifest, "entries": keep}).encode()])
+    for name in gone:
+        (folder / name).unlink(missing_ok=True)
+    return len(entries) - len(keep)
+
+
 def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     """Insert the entries saved in ``folder`` into ``store``, least recently used first (a tier that
     cannot hold them all keeps the most recent); the number the store took. ValueError, naming the

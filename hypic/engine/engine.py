@@ -264,11 +264,12 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             return score_prompt(self.model, self.device, ids, top)
 
-    def evict_segments(self, segments: list[list[int]], *, salt: str | None = None) -> list[bool]:
+    def evict_segments(self, segments: list[list[int]], *, salt: str | None = None,
+                       saved: str | Path | None = None) -> list[bool]:
         """Forget documents (changed, withdrawn, or not to be kept): each one's entries — under the
-        seam the modes with seams use and under none — and every ``prefix`` state whose prefix holds
-        it. Per segment: whether anything of it was cached. Under the engine's lock, between calls,
-        when no entry is pinned."""
+        seam the modes with seams use and under none — every ``prefix`` state whose prefix holds it,
+        and, with ``saved`` (a folder ``save_cache`` wrote), its saved entries. Per segment: whether
+        anything of it was cached. Under the engine's lock, between calls, when no entry is pinned."""
         out = []
         with self._lock:
             for ids in segments:
@@ -277,7 +278,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 status = [self.store.discard(k, tuple(ids)) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
                 dropped = self.prefix.discard_containing({k.digest for k in keys})
-                out.append("evicted" in status or dropped > 0)
+                on_disk = 0 if saved is None else persist.forget(saved, {k.digest for k in keys})
+                out.append("evicted" in status or dropped > 0 or on_disk > 0)
         return out
 
     @torch.no_grad()

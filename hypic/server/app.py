@@ -194,7 +194,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         """Forget documents: their cache entries (every tier) and the prefix states holding them."""
         req, ids = await segments_body(request)
         async with state.prewarm_lock:
-            evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt)
+            evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
+                                              saved=settings.cache_dir)  # gone from the saved cache too
         metrics.evicted_segments.inc(sum(evicted))
         return {"object": "list", "model": settings.model_name,
                 "data": [{"index": i, "tokens": len(seg), "evicted": e}

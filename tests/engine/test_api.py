@@ -290,3 +290,18 @@ def test_the_library_prewarms_and_evicts_documents_by_content(llm) -> None:
         with pytest.raises(ValueError, match=needle):
             call()
     assert llm.engine.store.check_integrity()
+
+
+def test_evicting_with_a_saved_cache_keeps_the_document_from_coming_back(qwen3_5_path, tmp_path) -> None:
+    """``saved``: the document leaves the saved cache too (manifest first, then its file), so a
+    restart that loads the folder does not bring it back; the other documents stay saved."""
+    doc, other = _segments(23, [30, 20])
+    first = LLM(str(qwen3_5_path), device="cpu")
+    first.prewarm([doc, other])
+    assert first.save_cache(tmp_path) == 2
+    assert first.evict([doc], saved=tmp_path) == [True]
+    assert first.evict([doc], saved=tmp_path) == [False]  # nothing left of it anywhere
+    assert len(list(tmp_path.glob("*.entry"))) == 1  # its file is gone, the other stays
+    restarted = LLM(str(qwen3_5_path), device="cpu")
+    assert restarted.load_cache(tmp_path) == 1
+    assert restarted.prewarm([doc, other]) == [False, True]  # the evicted one rebuilt, the other loaded

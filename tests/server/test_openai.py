@@ -430,6 +430,13 @@ def test_the_cache_is_saved_on_request_into_the_servers_cache_dir(http: httpx.Cl
             assert all(f.result().status_code == 200 for f in answers + saves)
         assert mine.engine.store.check_integrity()
         again = LLM(str(model_dir), device="cpu")
-        assert again.load_cache(tmp_path / "cache") >= saved.json()["entries"] and again.engine.store.check_integrity()
+        loaded = again.load_cache(tmp_path / "cache")
+        assert loaded >= saved.json()["entries"] and again.engine.store.check_integrity()
+        # an evicted document leaves the saved cache too: a restart does not bring it back
+        doc = rag(2)[1]
+        assert h.post("/v1/segments/evict", json={"segments": [doc]}).json()["data"][0]["evicted"]
+        after = LLM(str(model_dir), device="cpu")
+        assert after.load_cache(tmp_path / "cache") == loaded - 1
+        assert after.prewarm([doc]) == [False]
     finally:
         live.stop()
