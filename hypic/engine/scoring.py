@@ -5,7 +5,8 @@ speed comes from — so scoring a prompt is a ``full`` forward over all of it, w
 generation runs in. Who asks: the completions API's ``echo`` with ``logprobs`` (how lm-eval and
 similar harnesses score a continuation given a context), and ``SamplingParams.prompt_logprobs``.
 The language-model head runs over chunks of rows, so a long prompt never holds its
-[tokens × vocabulary] logits at once (at the 9B shape's 248 320-token vocabulary, 1 GiB per 1 000 rows).
+[tokens × vocabulary] logits at once (at the 9B shape's 248 320-token vocabulary, 1 GiB per 1 000
+rows): at most 128 MiB of them, beside a serving store that keeps the device nearly full.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.hybrid import HybridLM
 from hypic.ops.transfer import to_device
 
-ROWS = 512  # rows of logits at once
+ROWS = 512  # rows of logits at once, at most …
+CHUNK_BYTES = 128 << 20  # … and at most this many bytes of fp32 logits (the 9B shape's vocabulary: 135 rows)
 
 
 @torch.no_grad()
@@ -35,8 +37,9 @@ def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int
     ctx.finish()
     nxt = to_device(ids[1:], device)
     out: list[dict[int, float] | None] = [None]
-    for a in range(0, len(ids) - 1, ROWS):
-        b = min(a + ROWS, len(ids) - 1)
+    rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
+    for a in range(0, len(ids) - 1, rows):
+        b = min(a + rows, len(ids) - 1)
         # gathered and ranked where the logits are: only [rows × (1 + top)] numbers leave the device
         logp = model.lm_head(hidden[a:b]).float().log_softmax(-1)
         actual = logp.gather(1, nxt[a:b, None])[:, 0].tolist()
