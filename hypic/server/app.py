@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -142,7 +143,12 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 scores = None
                 if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
                     async with state.scoring_lock:
-                        scores = await asyncio.to_thread(llm.engine.prompt_logprobs, gen.prompt, req.logprobs)
+                        try:
+                            scores = await asyncio.to_thread(llm.engine.prompt_logprobs, gen.prompt, req.logprobs)
+                        except torch.OutOfMemoryError:  # the device is busy serving: later, not never
+                            raise APIError(503, "scoring the prompt ran out of device memory; retry later",
+                                           kind="overloaded", type="server_error",
+                                           headers={"Retry-After": str(settings.retry_after_s)}) from None
                     metrics.scored_tokens.inc(len(scores))
                 gen.echo = Echo(prompts.echo_text(llm, req, k, gen.prompt), [t for s in gen.prompt for t in s],
                                 scores)

@@ -330,6 +330,22 @@ def test_a_batch_of_prompts_is_one_response_indexed_prompt_by_prompt(client: Ope
         assert all(abs(c.logprobs.token_logprobs[i] - want[i][tokens[i]]) < 1e-5 for i in range(1, len(tokens)))
 
 
+def test_scoring_out_of_memory_is_a_503_to_retry(http: httpx.Client, llm: LLM, monkeypatch) -> None:
+    """The device full while serving (the scoring forward stubbed to run out of memory; it is tested
+    for real above): a 503 with Retry-After naming the cause, and the server goes on."""
+    import torch
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
+
+    monkeypatch.setattr(llm.engine, "prompt_logprobs", full)
+    r = http.post("/v1/completions", json={"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1})
+    assert r.status_code == 503 and "out of device memory" in r.json()["error"]["message"] and r.headers["Retry-After"]
+    monkeypatch.undo()
+    assert http.post("/v1/completions", json={"prompt": "Question: who?", "max_tokens": 0, "echo": True,
+                                              "logprobs": 1}).status_code == 200
+
+
 def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM) -> None:
     """lm-eval's ``local-completions`` loglikelihood request as it sends it — a batch of token-id
     prompts (context + continuation), ``echo``, ``logprobs: 1``, ``max_tokens: 1`` — read as it reads
