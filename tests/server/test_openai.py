@@ -346,6 +346,30 @@ def test_scoring_out_of_memory_is_a_503_to_retry(http: httpx.Client, llm: LLM, m
                                               "logprobs": 1}).status_code == 200
 
 
+def test_scoring_beside_generation_under_concurrency(http: httpx.Client, llm: LLM) -> None:
+    """Echo scoring runs beside the scheduler's calls (the engine's lock between them): concurrent
+    scoring and generating requests all succeed, and each score equals the one computed alone."""
+    prompts = [SEPARATOR.join(rag(i)) for i in (9, 10, 11)]
+    alone = [http.post("/v1/completions", json={"prompt": p, "max_tokens": 0, "echo": True, "logprobs": 0}).json()
+             for p in prompts]
+
+    def score(i: int) -> dict:
+        return http.post("/v1/completions", json={"prompt": prompts[i % 3], "max_tokens": 0, "echo": True,
+                                                  "logprobs": 0}).json()
+
+    def generate(i: int) -> int:
+        return http.post("/v1/completions", json={"prompt": prompts[i % 3], "max_tokens": 3}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        scores = [pool.submit(score, i) for i in range(6)]
+        codes = [pool.submit(generate, i) for i in range(6)]
+        assert all(c.result() == 200 for c in codes)
+        for i, f in enumerate(scores):
+            assert f.result()["choices"][0]["logprobs"]["token_logprobs"] == \
+                alone[i % 3]["choices"][0]["logprobs"]["token_logprobs"]
+    assert llm.engine.store.check_integrity()
+
+
 def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM) -> None:
     """lm-eval's ``local-completions`` loglikelihood request as it sends it — a batch of token-id
     prompts (context + continuation), ``echo``, ``logprobs: 1``, ``max_tokens: 1`` — read as it reads
