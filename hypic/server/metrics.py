@@ -53,6 +53,8 @@ class _Live(Collector):
         for name, value in (("evictions", s.evictions), ("promotions", s.promotions), ("demotions", s.demotions),
                             ("lookup_hits", s.hits), ("lookup_misses", s.misses)):
             yield CounterMetricFamily(f"hypic_cache_{name}", f"Cache {name.replace('_', ' ')}", value=value)
+        yield CounterMetricFamily("hypic_cache_move_seconds", "Host time spent issuing promotions and demotions "
+                                  "(copies between the tiers, on the engine's thread)", value=s.move_s)
         waiting, running = self.depth()
         yield GaugeMetricFamily("hypic_queue_depth", "Requests waiting for a decode slot", value=waiting)
         yield GaugeMetricFamily("hypic_running_requests", "Requests decoding", value=running)

@@ -253,6 +253,7 @@ def test_promote_after_serves_early_host_hits_in_place_and_promotes_on_the_nth(h
     second = store.lookup(a.key, a.token_ids)
     assert a.key in store._tiers["device"] and store.stats().promotions == 1 and _same(second, want)
     assert store.stats().demotions == demotions + 1 and store.check_integrity()
+    assert store.stats().move_s > 0  # the moves' host time, which /metrics exports
     with pytest.raises(ValueError, match="promote_after"):
         SegmentStore(torch.device("cpu"), promote_after=0)
 

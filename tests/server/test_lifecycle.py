@@ -224,6 +224,8 @@ def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
     try:
         wait_for(lambda: arena.pinned_bytes == 4 * 4096)
         assert httpx.get(f"{live.url}/health").status_code == 200
+        llm.engine.store.move_s = 0.25  # what the store's moves add up (tests/cache): exported as a counter
+        assert metric(live.url, "hypic_cache_move_seconds_total") == 0.25
     finally:
         live.stop()
     unbounded = LLM(str(model_dir), device="cpu")  # no device budget: nothing can overflow, nothing pinned

@@ -428,6 +428,7 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert after['hypic_cache_bytes{tier="device"}'] > 0 and after['hypic_cache_entries{tier="device"}'] > 0
     assert after["hypic_queue_depth"] == 0 and "hypic_running_requests" in after
     assert after["hypic_cache_host_pinned_bytes"] == 0  # a CPU engine's host tier moves nothing, pins nothing
+    assert after["hypic_cache_move_seconds_total"] == 0.0  # … and, unbounded, never demotes
     assert delta['hypic_cold_segments_total{rank="0"}'] == cacheable and after["hypic_cold_devices"] == 1
     assert delta['hypic_cold_tokens_total{rank="0"}'] > 0
     assert after['hypic_cold_worker_failures_total{kind="lost"}'] == 0
