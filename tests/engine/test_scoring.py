@@ -75,3 +75,28 @@ def test_bad_input_is_refused_by_name_and_the_engine_goes_on(llm, call, needle) 
     with pytest.raises(ValueError, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=-1)
     assert llm.engine.prompt_logprobs([[5, 6, 7]])[1:] and llm.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_scores_equal_the_models_own_logits_and_the_cpus() -> None:
+    """On the GPU (the fla kernels, chunks of rows, gathered on the device): the same scores as the
+    model's whole-sequence logits on the GPU and as the same weights scored on the CPU (fp32)."""
+    from hypic.bench.shapes import SHAPES
+    from hypic.engine.engine import Engine
+    from hypic.models.context import SequenceContext, SequenceState
+    from hypic.models.random_init import random_model
+
+    gpu_loaded = random_model(SHAPES["tiny"], device="cuda", dtype=torch.float32)
+    cpu_loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
+    # the same weights, copied before either engine fuses its projections
+    cpu_loaded.model.load_state_dict({k: v.cpu() for k, v in gpu_loaded.model.state_dict().items()})
+    gpu, cpu = Engine(gpu_loaded), Engine(cpu_loaded)
+    ids = [t % SHAPES["tiny"]["vocab_size"] for t in _prompt(3, [300])[0]]
+    got = gpu.prompt_logprobs([ids], top=3)
+    with torch.no_grad():
+        ctx = SequenceContext([SequenceState()], [len(ids)], gpu.device)
+        want = gpu.model(torch.tensor(ids, device="cuda"), ctx).log_softmax(-1).cpu()
+    on_cpu = cpu.prompt_logprobs([ids], top=3)
+    for i in range(1, len(ids)):
+        assert abs(got[i][ids[i]] - float(want[i - 1, ids[i]])) < 1e-3, i
+        assert abs(got[i][ids[i]] - on_cpu[i][ids[i]]) < 1e-3, i
