@@ -168,11 +168,14 @@ def test_bad_arguments_are_refused_by_name() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("host_dtype", [None, torch.bfloat16])
-def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact(host_dtype) -> None:
-    """… bit for bit, or with a bf16 host tier its summaries rounded once (converted on the GPU)."""
+@pytest.mark.parametrize("promote_after", [1, 2])
+def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact(host_dtype, promote_after) -> None:
+    """… bit for bit, or with a bf16 host tier its summaries rounded once (converted on the GPU);
+    ``promote_after=2``: a first host hit is a device copy, the entry staying pinned on the host."""
     originals = {d: _entry(d) for d in range(6)}
     size = originals[0].nbytes
-    store = SegmentStore(torch.device("cuda"), device_bytes=2 * size, host_bytes=None, host_dtype=host_dtype)
+    store = SegmentStore(torch.device("cuda"), device_bytes=2 * size, host_bytes=None, host_dtype=host_dtype,
+                         promote_after=promote_after)
     assert store.arena is not None
     assert store.arena.grow()  # one slab now (the background thread would do it on first demand)
     for e in originals.values():
@@ -183,11 +186,13 @@ def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact(host_dtyp
                                   {i: t.cuda() for i, t in e.values.items()}))
     host = list(store._tiers["host"].values())
     assert len(host) == 4 and all(t.is_pinned() for e in host for t in e._tensors())
-    for d in (0, 1, 2, 3, 4, 5, 0, 1):
+    for d in (0, 1, 2, 3, 4, 5, 0, 1, 0, 0):
         got = store.lookup(originals[d].key, originals[d].token_ids)
         want = originals[d] if host_dtype is None else _rounded(originals[d], host_dtype)
-        assert got is not None and got.keys[3].is_cuda and got.summaries[0].state.dtype == torch.float32
+        assert got is not None and got.summaries[0].state.dtype == torch.float32
+        assert got.keys[3].is_cuda or (promote_after > 1 and host_dtype is None)  # fp32 served from the host
         assert _same(got, want) and store.check_integrity()
+    assert store.stats().promotions > 0
 
 
 def _rounded(e: Entry, dtype: torch.dtype) -> Entry:
