@@ -101,9 +101,8 @@ class HostArena:
             while self._wants_slab() and self.grow():
                 pass
             return not self._wants_slab()
+        self.pin_ahead()
         with self._cond:
-            self._start()
-            self._cond.notify_all()
             return self._cond.wait_for(lambda: not self._wants_slab(), timeout)
 
     def pin_ahead(self) -> None:

@@ -153,19 +153,24 @@ def narrowed(header: Header) -> torch.dtype | None:
 
 def convert_into(entry: Entry, header: Header, buf: Tensor) -> Entry:
     """The entry's tensors copied into ``buf`` laid out by ``header`` — its own fields, maybe in other
-    dtypes (``retyped``) — converting as they go, in one multi-tensor copy on ``buf``'s device;
-    returns the entry as views into ``buf``."""
-    if entry.buffer is not None and entry.header is not None:
-        out = unpack(header, convert_buffer(entry.header, entry.buffer, header, buf))
-    else:
-        out = unpack(header, buf)
-        src = [t for _, _, t in tensors(entry)]
-        dst = [t for _, _, t in tensors(out)]
-        if [x.shape for x in src] != [x.shape for x in dst]:
-            raise ValueError(f"entry {entry.key}: its tensors do not match the layout it is converted into")
-        torch._foreach_copy_(dst, src)
+    dtypes (``retyped``) — converting as they go, on ``buf``'s device; returns the entry as views
+    into ``buf``."""
+    out = unpack(header, converted(entry, header, buf))
     out.hits = entry.hits
     return out
+
+
+def converted(entry: Entry, header: Header, buf: Tensor) -> Tensor:
+    """``buf`` holding the entry laid out by ``header`` (``convert_into`` without unpacking the
+    result): run by run when the entry is one buffer already, else in one multi-tensor copy."""
+    if entry.buffer is not None and entry.header is not None:
+        return convert_buffer(entry.header, entry.buffer, header, buf)
+    src = [t for _, _, t in tensors(entry)]
+    dst = [t for _, _, t in tensors(unpack(header, buf))]
+    if [x.shape for x in src] != [x.shape for x in dst]:
+        raise ValueError(f"entry {entry.key}: its tensors do not match the layout it is converted into")
+    torch._foreach_copy_(dst, src)
+    return buf
 
 
 def convert_buffer(src: Header, src_buf: Tensor, dst: Header, dst_buf: Tensor) -> Tensor:

@@ -34,6 +34,7 @@ from hypic.cache.layout import (
     HOST_DTYPES,
     convert_buffer,
     convert_into,
+    converted,
     header_of,
     owns_memory,
     pack_into,
@@ -153,9 +154,8 @@ class SegmentStore:
             narrow = header if self.host_dtype is None else retyped(header, torch.float32, self.host_dtype)
             staged = None  # else: the bytes to move, converted on the entry's device run by run, laid out by narrow
             if narrow != header:
-                out = torch.empty(narrow.nbytes, dtype=torch.uint8, device=entry._tensors()[0].device)
-                staged = (convert_buffer(header, entry.buffer, narrow, out) if entry.buffer is not None
-                          else convert_into(entry, narrow, out).buffer)
+                staged = converted(entry, narrow, torch.empty(narrow.nbytes, dtype=torch.uint8,
+                                                              device=entry._tensors()[0].device))
             if self.arena is None:
                 host = entry if staged is None else unpack(narrow, staged)
                 host.hits = entry.hits
@@ -265,10 +265,12 @@ class SegmentStore:
                 self.hits += 1
                 entry.hits += 1
                 self._tiers[tier].move_to_end(key)
-                wide = self._device_nbytes(entry) if tier == "host" else entry.nbytes
+                promote = False
                 if tier == "host":
                     entry.host_hits += 1
-                if tier == "host" and entry.host_hits >= self.promote_after and self._fits("device", wide):
+                    wide = self._device_nbytes(entry)
+                    promote = entry.host_hits >= self.promote_after and self._fits("device", wide)
+                if promote:
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     if self._make_room("device", wide):
                         entry = self._to_device(entry)
@@ -281,8 +283,7 @@ class SegmentStore:
                         self.evictions += 1
                 if entry.tier == "host" and self._half(entry) is not None:
                     # served from the host tier in place: this request gets its own fp32 copy
-                    entry = (self._to_device(entry, keep=True) if entry.region is not None
-                             else self._widened(entry.to(self.device, "device")))
+                    entry = self._to_device(entry, keep=True)
                 return entry
             self.misses += 1
             return None

@@ -275,10 +275,11 @@ class Engine(ColdPrefill, PrefixPrefill):
             for ids in segments:
                 keys = {segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name,
                                     salt=salt) for seam in {self.seam, 0}}
+                digests = {k.digest for k in keys}
                 status = [self.store.discard(k, tuple(ids)) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
-                dropped = self.prefix.discard_containing({k.digest for k in keys})
-                on_disk = 0 if saved is None else persist.forget(saved, {k.digest for k in keys})
+                dropped = self.prefix.discard_containing(digests)
+                on_disk = 0 if saved is None else persist.forget(saved, digests)
                 out.append("evicted" in status or dropped > 0 or on_disk > 0)
         return out
 

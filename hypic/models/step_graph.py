@@ -83,19 +83,17 @@ def capture(model: nn.Module, forward: Callable[[], Tensor], device: torch.devic
     for attempt in (1, 2):
         try:
             return _capture_once(forward, device)
-        except RuntimeError as err:
-            e = err
-        if out_of_memory(e):
-            if attempt == 1:
-                torch.cuda.empty_cache()  # a device sync; only after a capture ran out of memory
-                continue
-            warnings.warn(f"a decode step could not be captured as a CUDA graph for lack of memory ({e}); "
-                          f"it runs eagerly and the capture is tried again later", RuntimeWarning, stacklevel=3)
-            return None
-        _refused.add(model)
-        warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a CUDA "
-                      f"graph ({e})", RuntimeWarning, stacklevel=3)
-        return None
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                _refused.add(model)
+                warnings.warn(f"decode steps of this model run eagerly: the step could not be captured as a "
+                              f"CUDA graph ({e})", RuntimeWarning, stacklevel=3)
+                return None
+            error = e
+        if attempt == 1:
+            torch.cuda.empty_cache()  # a device sync; only after a capture ran out of memory
+    warnings.warn(f"a decode step could not be captured as a CUDA graph for lack of memory ({error}); "
+                  f"it runs eagerly and the capture is tried again later", RuntimeWarning, stacklevel=3)
     return None
 
 

@@ -124,6 +124,18 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 
+    async def score(prompt: list[list[int]], top: int) -> list[dict[int, float] | None]:
+        """The prompt's own log-probabilities (echo): a full forward beside the scheduler's calls,
+        one at a time; out of device memory, a 503 to retry."""
+        async with state.scoring_lock:
+            try:
+                scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top)
+            except torch.OutOfMemoryError:  # the device is busy serving: later, not never
+                raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
+                               type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
+        metrics.scored_tokens.inc(len(scores))
+        return scores
+
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
         arrival = time.monotonic()
@@ -140,16 +152,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
             for k, gen in enumerate(gens):
-                scores = None
-                if req.logprobs is not None:  # the prompt's own: a full forward beside the scheduler's calls
-                    async with state.scoring_lock:
-                        try:
-                            scores = await asyncio.to_thread(llm.engine.prompt_logprobs, gen.prompt, req.logprobs)
-                        except torch.OutOfMemoryError:  # the device is busy serving: later, not never
-                            raise APIError(503, "scoring the prompt ran out of device memory; retry later",
-                                           kind="overloaded", type="server_error",
-                                           headers={"Retry-After": str(settings.retry_after_s)}) from None
-                    metrics.scored_tokens.inc(len(scores))
+                scores = None if req.logprobs is None else await score(gen.prompt, req.logprobs)
                 gen.echo = Echo(prompts.echo_text(llm, req, k, gen.prompt), [t for s in gen.prompt for t in s],
                                 scores)
             if req.max_tokens == 0:

@@ -15,6 +15,7 @@ the ``http.disconnect``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import uuid
@@ -42,16 +43,25 @@ class Echo:
     logprobs: list[dict[int, float] | None] | None  # None: no log-probabilities asked for
 
 
+def _token_text(tokenizer: Any, t: int) -> str:
+    return tokenizer.decode([t], skip_special_tokens=False)
+
+
+def _offsets(strings: list[str]) -> list[int]:
+    """Where each token's text starts in theirs joined (``text_offset``)."""
+    return [0, *itertools.accumulate(len(x) for x in strings[:-1])] if strings else []
+
+
 def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
     """The prompt's part of a completion's ``logprobs``: the first token has none (null), as in OpenAI's."""
     assert echo.logprobs is not None
-    strings = [tokenizer.decode([t], skip_special_tokens=False) for t in echo.tokens]
+    strings = [_token_text(tokenizer, t) for t in echo.tokens]
     return {"tokens": strings,
             "token_logprobs": [None if lp is None else lp[t] for t, lp in zip(echo.tokens, echo.logprobs, strict=True)],
-            "top_logprobs": [None if lp is None else {tokenizer.decode([a], skip_special_tokens=False): b
+            "top_logprobs": [None if lp is None else {_token_text(tokenizer, a): b
                                                       for a, b in sorted(lp.items(), key=lambda kv: -kv[1])}
                              for lp in echo.logprobs],
-            "text_offset": [sum(len(x) for x in strings[:i]) for i in range(len(strings))]}
+            "text_offset": _offsets(strings)}
 
 
 def _joined(head: dict, tail: dict | None, shift: int) -> dict:
@@ -125,7 +135,7 @@ class Responder:
             yield Piece(text, [(event.token, event.logprobs)])
 
     def _token(self, t: int) -> str:
-        return self.tokenizer.decode([t], skip_special_tokens=False)
+        return _token_text(self.tokenizer, t)
 
     def logprobs(self, tokens: list[tuple[int, dict[int, float] | None]]) -> dict | None:
         n = self.gen.top_logprobs
@@ -139,9 +149,9 @@ class Responder:
             return {"content": [{**entry(t, (lp or {}).get(t, 0.0)), "top_logprobs": [entry(a, b) for a, b in top]}
                                 for (t, lp), top in zip(tokens, tops, strict=True)]}
         strings = [self._token(t) for t, _ in tokens]
-        offsets = [sum(len(s) for s in strings[:i]) for i in range(len(strings))]  # within this piece
         return {"tokens": strings, "token_logprobs": [(lp or {}).get(t, 0.0) for t, lp in tokens],
-                "top_logprobs": [{self._token(a): b for a, b in top} for top in tops], "text_offset": offsets}
+                "top_logprobs": [{self._token(a): b for a, b in top} for top in tops],
+                "text_offset": _offsets(strings)}  # within this piece
 
     def usage(self) -> dict:
         m = self.job.metrics

@@ -53,11 +53,7 @@ def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettin
 
 def _one_prompt(llm: LLM, item: str | list[int], field: str, settings: ServerSettings) -> list[list[int]]:
     if isinstance(item, list):  # token ids: one segment, the query (nothing of it is cached)
-        outside = [t for t in item if t >= llm.vocab_size]
-        if outside:
-            raise bad_request(f"{field}: token id {outside[0]} is outside this model's vocabulary "
-                              f"[0, {llm.vocab_size})", field)
-        return [list(item)]
+        return tokenize(llm, [item], field, lambda i: field)
     _check_count(item.count(SEPARATOR) + 1, field, settings)
     if not item:
         raise bad_request(f"{field}: empty prompt", field)
