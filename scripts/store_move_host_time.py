@@ -14,23 +14,13 @@ import random
 import time
 
 import torch
+from store_moves import clone  # a sibling script (run from scripts/): an entry copied under another key
 
 from hypic.bench.shapes import SHAPES
-from hypic.cache.entry import Entry
 from hypic.cache.host_arena import HostArena
-from hypic.cache.keys import SegmentKey
 from hypic.cache.store import SegmentStore
 from hypic.engine.engine import Engine
 from hypic.models.random_init import random_model
-from hypic.ops.recurrence import Summary
-
-
-def clone(entry: Entry, n: int) -> Entry:
-    c = lambda t: None if t is None else t.clone()  # noqa: E731
-    return Entry(SegmentKey(n.to_bytes(20, "little"), entry.length), entry.token_ids, entry.seam,
-                 {i: Summary(c(s.transition), c(s.state)) for i, s in entry.summaries.items()},
-                 {i: c(t) for i, t in entry.conv_tails.items()}, {i: c(t) for i, t in entry.keys.items()},
-                 {i: c(t) for i, t in entry.values.items()})
 
 
 def main() -> None:
