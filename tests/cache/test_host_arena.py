@@ -186,9 +186,12 @@ def test_on_a_gpu_demotions_land_in_pinned_memory_and_come_back_intact(host_dtyp
                                   {i: t.cuda() for i, t in e.values.items()}))
     host = list(store._tiers["host"].values())
     assert len(host) == 4 and all(t.is_pinned() for e in host for t in e._tensors())
+    demoted = set(store._tiers["host"])  # keys that went through the host tier: their summaries rounded
     for d in (0, 1, 2, 3, 4, 5, 0, 1, 0, 0):
-        got = store.lookup(originals[d].key, originals[d].token_ids)
-        want = originals[d] if host_dtype is None else _rounded(originals[d], host_dtype)
+        key = originals[d].key
+        got = store.lookup(key, originals[d].token_ids)
+        want = originals[d] if host_dtype is None or key not in demoted else _rounded(originals[d], host_dtype)
+        demoted |= set(store._tiers["host"])
         assert got is not None and got.summaries[0].state.dtype == torch.float32
         assert got.keys[3].is_cuda or (promote_after > 1 and host_dtype is None)  # fp32 served from the host
         assert _same(got, want) and store.check_integrity()

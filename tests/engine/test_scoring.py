@@ -99,4 +99,8 @@ def test_on_a_gpu_scores_equal_the_models_own_logits_and_the_cpus() -> None:
     on_cpu = cpu.prompt_logprobs([ids], top=3)
     for i in range(1, len(ids)):
         assert abs(got[i][ids[i]] - float(want[i - 1, ids[i]])) < 1e-3, i
-        assert abs(got[i][ids[i]] - on_cpu[i][ids[i]]) < 1e-3, i
+    # against the CPU a looser bound: fla's kernels multiply fp32 in tf32 (10-bit mantissas), the CPU
+    # in full fp32 — the largest difference over the 299 positions measured 7.1e-3 (session 21); a
+    # row scored at the wrong position is off by ≫ 0.1
+    off = max(abs(got[i][ids[i]] - on_cpu[i][ids[i]]) for i in range(1, len(ids)))
+    assert off < 2e-2, off
