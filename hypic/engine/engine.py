@@ -32,6 +32,7 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import sample
 from hypic.engine.scoring import score_prompt
+from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
@@ -57,12 +58,23 @@ class Running:
     done: bool = False
     first_logits: torch.Tensor | None = None  # [vocab] fp32: the prompt's next-token logits (evaluation)
     prompt_ids: list[int] | None = None  # the prompt's tokens, kept for a repetition penalty only
+    constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
+
+    def allowed(self) -> torch.Tensor | None:
+        """The token ids this run may draw next (structured output), else None (any)."""
+        return None if self.constraint is None else self.constraint.allowed()
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
+        if self.constraint is not None and not self.constraint.accept(token):
+            # the grammar allowed nothing (the mask was empty, so the draw was free): the output ends
+            # before the token, still a prefix of an accepted value, as if cut by max_tokens
+            self.output.finish_reason, self.done = "length", True
+            self.state.done = True
+            return
         self.output.token_ids.append(token)
         if logprobs is not None:
             self.output.logprobs.append(logprobs)
-        if self.params.stops_at(token, eos):
+        if self.params.stops_at(token, eos) or (self.constraint is not None and self.constraint.finished):
             self.output.finish_reason, self.done = "stop", True
         elif len(self.output.token_ids) >= self.params.max_tokens:
             self.output.finish_reason, self.done = "length", True
@@ -129,6 +141,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                                   host_dtype=host_dtype, promote_after=promote_after())
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
+        self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")
         self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
@@ -236,6 +249,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        vocab_bytes = self.token_vocab() if any(p.json_schema is not None for p in params) else None
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
@@ -244,8 +258,11 @@ class Engine(ColdPrefill, PrefixPrefill):
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
                             prompt_ids=[t for s in prompt for t in s] if p.repetition_penalty != 1.0 else None)
                     for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
+            for r in runs:
+                if r.params.json_schema is not None:
+                    r.constraint = JsonConstraint(vocab_bytes, compile_schema(r.params.json_schema), self.eos)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
-                                  [r.prompt_ids for r in runs], self.eos)
+                                  [r.prompt_ids for r in runs], self.eos, [r.allowed() for r in runs])
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
@@ -256,6 +273,15 @@ class Engine(ColdPrefill, PrefixPrefill):
                     r.output.prompt_logprobs = score_prompt(self.model, self.device, [t for s in prompt for t in s],
                                                             p.prompt_logprobs)
         return runs
+
+    def token_vocab(self) -> TokenVocab:
+        """The tokenizer's tokens as bytes in a trie (structured output), built once; ValueError
+        when the model has no tokenizer or its tokens cannot spell every JSON text."""
+        if self._token_vocab is None:
+            if self.loaded.tokenizer is None:
+                raise ValueError("json_schema: this model has no tokenizer.json, which structured output reads")
+            self._token_vocab = TokenVocab(token_bytes(self.loaded.tokenizer))
+        return self._token_vocab
 
     def prompt_logprobs(self, prompt: list[list[int]], top: int = 0) -> list[dict[int, float] | None]:
         """Each prompt token's log-probability given those before it (None for the first), with the
@@ -336,7 +362,8 @@ class Engine(ColdPrefill, PrefixPrefill):
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
-                                  [r.output.token_ids for r in active], [r.prompt_ids for r in active], self.eos)
+                                  [r.output.token_ids for r in active], [r.prompt_ids for r in active], self.eos,
+                                  [r.allowed() for r in active])
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):

@@ -35,6 +35,9 @@ class SamplingParams:
     # per prompt token, its log-probability and the n likeliest (None: off) — a full forward over the
     # prompt besides the mode's own (hypic.engine.scoring); RequestOutput.prompt_logprobs
     prompt_logprobs: int | None = None
+    # structured output: the text generated is JSON this schema accepts (True: any JSON value;
+    # OpenAI's json_object is {"type": "object"}); hypic.engine.structured says which keywords it enforces
+    json_schema: dict | bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -79,6 +82,13 @@ class SamplingParams:
                              f"got {self.min_tokens!r}")
         if self.prompt_logprobs is not None:
             check_top(self.prompt_logprobs)
+        if self.json_schema is not None:
+            from hypic.engine.structured import compile_schema
+
+            compile_schema(self.json_schema)  # refused now, by name, not at the first step
+            for name in ("min_tokens", "ignore_eos"):  # the value's end is the output's end
+                if getattr(self, name):
+                    raise ValueError(f"{name}: not with json_schema (the JSON value's end ends the output)")
 
     @property
     def penalized(self) -> bool:

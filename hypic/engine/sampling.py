@@ -23,12 +23,15 @@ def _adjusts(p: SamplingParams, history: list[int]) -> bool:
 
 
 def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[int]],
-           prompts: list[list[int] | None] | None = None, eos: Collection[int] = ()) -> Tensor:
+           prompts: list[list[int] | None] | None = None, eos: Collection[int] = (),
+           allowed: list[Tensor | None] | None = None) -> Tensor:
     """Each row's logits with its request's adjustments (module docstring): ``histories`` are the
     tokens each row has generated, ``prompts`` its prompt's tokens (read for a repetition penalty
-    only), ``eos`` the model's end tokens. Rows asking for none (the default) cost nothing; the
-    input is left as it is."""
-    rows = [i for i, p in enumerate(params) if _adjusts(p, histories[i])]
+    only), ``eos`` the model's end tokens, ``allowed`` per row the only token ids it may draw
+    (structured output; None: all). Rows asking for none (the default) cost nothing; the input is
+    left as it is."""
+    allowed = allowed or [None] * len(params)
+    rows = [i for i, p in enumerate(params) if _adjusts(p, histories[i]) or allowed[i] is not None]
     if not rows:
         return logits
     out = logits.float().clone()
@@ -50,6 +53,11 @@ def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[in
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos))
             if stops:
                 out[i, to_device(sorted(stops), out.device)] = float("-inf")
+        if allowed[i] is not None and len(allowed[i]):  # last: a bias cannot undo the grammar's choice
+            keep = to_device(allowed[i], out.device)
+            row = torch.full_like(out[i], float("-inf"))
+            row[keep] = out[i, keep]
+            out[i] = row
     return out
 
 
@@ -70,11 +78,13 @@ def _filter(probs: Tensor, p: SamplingParams) -> Tensor:
 
 def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            histories: list[list[int]] | None = None, prompts: list[list[int] | None] | None = None,
-           eos: Collection[int] = ()) -> tuple[list[int], list[dict[int, float] | None]]:
+           eos: Collection[int] = (), allowed: list[Tensor | None] | None = None
+           ) -> tuple[list[int], list[dict[int, float] | None]]:
     """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities;
-    ``histories``: each row's generated tokens so far (None: none yet); ``prompts`` and ``eos`` as
-    ``adjust`` reads them."""
-    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params], prompts, eos)
+    ``histories``: each row's generated tokens so far (None: none yet); ``prompts``, ``eos`` and
+    ``allowed`` as ``adjust`` reads them."""
+    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params], prompts, eos,
+                    allowed)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
     tokens: list[int] = []
@@ -88,7 +98,8 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         tokens.append(tok)
         if p.logprobs:
             values, ids = row.topk(p.logprobs)
-            top = dict(zip(ids.tolist(), values.tolist(), strict=True))
+            # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
+            top = {i: v for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v != float("-inf")}
             top.setdefault(tok, float(row[tok]))
             tops.append(top)
         else:

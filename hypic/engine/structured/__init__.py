@@ -1,0 +1,10 @@
+"""Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``).
+
+``schema`` compiles the schema, ``matcher`` reads JSON byte by byte, ``vocab`` turns a matcher
+state into the tokens allowed next; the engine masks every other token's logit before sampling.
+"""
+
+from hypic.engine.structured.schema import compile_schema
+from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes
+
+__all__ = ["JsonConstraint", "TokenVocab", "compile_schema", "token_bytes"]

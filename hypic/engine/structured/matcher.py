@@ -1,0 +1,325 @@
+"""Which bytes may come next in a JSON text a schema accepts: the structured-output matcher.
+
+A state is a tuple of alternatives (a byte may begin a value of more than one option of an
+``anyOf``; a digit after ``1`` may continue the number or an enum's ``12``); each alternative is a
+stack of frames — (node, local, parent, depth), innermost first — and the run of whitespace bytes
+just read. States are plain tuples, so they hash, and the vocabulary memoizes the tokens allowed
+in each (``hypic.engine.structured.vocab``).
+
+A frame's handler reads one byte and answers with outcomes (local, child, consumed): ``local`` its
+own next local state, or ``POP`` when its value is complete; ``child`` a node to push above it;
+``consumed`` False when the byte belongs to what comes next (a number ends at the byte after its
+last digit; a union hands its first byte to each option), so it is read again there. ``END`` is
+the byte after the text: only a finished value reads it.
+
+Bounds keep an unlucky model from looping inside the grammar (a small model, asked for JSON, will
+write newlines for as long as it may): between tokens at most one space, no newline (compact JSON,
+as outlines generates it; ``MAX_WS``), ``MAX_DIGITS`` digits per part of a number, ``MAX_DEPTH``
+nested values. Strings must be well-formed UTF-8 byte by byte; control characters must be escaped,
+as JSON requires.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+from hypic.engine.structured.schema import (
+    ANY_ARR,
+    ANY_OBJ,
+    ANY_STR,
+    BOOL,
+    NULL,
+    NUMBER,
+    Alt,
+    AnyValue,
+    Arr,
+    Lit,
+    Node,
+    Num,
+    Obj,
+    Ref,
+    Str,
+)
+
+END = 256  # the byte after the text
+WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
+MAX_WS = 1
+MAX_DIGITS = 16
+MAX_DEPTH = 32
+MAX_HOPS = 64  # bytes read again without being consumed, per byte: a schema that only refers to itself ends
+POP = "pop"
+DIGITS = frozenset(b"0123456789")
+HEX = frozenset(b"0123456789abcdefABCDEF")
+ESCAPES = frozenset(b'"\\/bfnrt')
+
+
+class Root:
+    """The frame under the value: whitespace before it, then only END."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+
+Stack = tuple  # (node, local, parent Stack | None, depth)
+
+
+class Outcome(NamedTuple):
+    local: object  # the frame's next local state, or POP
+    child: Node | None  # pushed above the frame
+    consumed: bool
+
+
+class State(NamedTuple):
+    alts: tuple[tuple[Stack, int], ...]  # (stack, whitespace run)
+
+
+def start(node: Node) -> State:
+    return State((((_root(node), "before", None, 0), 0),))
+
+
+@lru_cache(maxsize=256)
+def _root(node: Node) -> Root:
+    """One root per node: states of requests with one schema are equal, and share the memo."""
+    return Root(node)
+
+
+def advance(state: State, byte: int) -> State | None:
+    """The state after ``byte`` (0–255, or END), or None when no alternative can read it."""
+    out: dict[tuple[Stack, int], None] = {}
+    for stack, ws in state.alts:
+        run = ws + 1 if byte in WS and _between_tokens(stack) else 0
+        if run > MAX_WS:
+            continue
+        for s in _feed(stack, byte, MAX_HOPS):
+            out[(s, run)] = None
+    return State(tuple(out)) if out else None
+
+
+def in_free_string(state: State) -> bool:
+    """Inside a string that any further plain text keeps in the same state: one alternative, its
+    top a string with no maximum length, past its minimum, between characters."""
+    if len(state.alts) != 1:
+        return False
+    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    return (isinstance(node, Str) and node.max_len is None and local[0] == "in" and local[2] == 0
+            and local[1] >= node.min_len)
+
+
+def _between_tokens(stack: Stack) -> bool:
+    """Whether the next byte falls between tokens, not inside a string or a literal (whose spaces are text)."""
+    node, local = stack[0], stack[1]
+    if isinstance(node, Str):
+        return local == ("open",)
+    return not isinstance(node, Lit) or local == b""
+
+
+def advance_bytes(state: State, data: bytes) -> State | None:
+    for b in data:
+        state = advance(state, b)
+        if state is None:
+            return None
+    return state
+
+
+def accepting(state: State) -> bool:
+    """The text so far is a whole value the schema accepts."""
+    return advance(state, END) is not None
+
+
+def finished(state: State) -> bool:
+    """A whole value to which no byte can be added: generation is over."""
+    return accepting(state) and not any(advance(state, b) is not None for b in range(256))
+
+
+def _feed(stack: Stack, byte: int, hops: int) -> list[Stack]:
+    node, local, parent, depth = stack
+    found: list[Stack] = []
+    for local2, child, consumed in _handle(node, local, byte):
+        if local2 is POP:
+            if parent is None:
+                continue
+            s = parent
+        else:
+            s = (node, local2, parent, depth)
+        if child is not None:
+            if s[3] + 1 > MAX_DEPTH:
+                continue
+            s = (child, _initial(child), s, s[3] + 1)
+        if consumed:
+            found.append(s)
+        elif hops > 0:
+            found += _feed(s, byte, hops - 1)
+    return found
+
+
+def _initial(node: Node) -> object:
+    if isinstance(node, (Lit,)):
+        return b""
+    if isinstance(node, Num):
+        return ("start", 0)
+    return ("open",)
+
+
+def _handle(node: object, local: object, b: int) -> list[Outcome]:
+    if isinstance(node, Root):
+        if local == "before":
+            if b in WS:
+                return [Outcome("before", None, True)]
+            return [] if b == END else [Outcome("after", node.node, False)]
+        return [Outcome("end", None, True)] if local == "after" and b == END else []
+    if isinstance(node, AnyValue):
+        child = (ANY_OBJ if b == ord("{") else ANY_ARR if b == ord("[") else ANY_STR if b == ord('"')
+                 else NUMBER if b == ord("-") or b in DIGITS else BOOL if b in (ord("t"), ord("f"))
+                 else NULL if b == ord("n") else None)
+        return [] if child is None else [Outcome(POP, child, False)]
+    if isinstance(node, Alt):
+        return [Outcome(POP, o, False) for o in node.options]
+    if isinstance(node, Ref):
+        return [Outcome(POP, node.target, False)]
+    if isinstance(node, Obj):
+        return _object(node, local, b)
+    if isinstance(node, Arr):
+        return _array(node, local, b)
+    if isinstance(node, Str):
+        return _string(node, local, b)
+    if isinstance(node, Num):
+        return _number(node, local, b)
+    return _literal(node, local, b)
+
+
+def _object(node: Obj, local: tuple, b: int) -> list[Outcome]:
+    kind, used = local[0], (local[1] if len(local) > 1 else frozenset())
+    free = not node.props
+    if kind == "open":
+        return [Outcome(("k0", frozenset()), None, True)] if b == ord("{") else []
+    if b in WS and kind in ("k0", "k1", "colon", "val", "after"):
+        return [Outcome(local, None, True)]
+    if kind in ("k0", "k1"):
+        if b == ord("}") and kind == "k0" and node.required <= used:
+            return [Outcome(POP, None, True)]
+        if b != ord('"'):
+            return []
+        if free:
+            return [] if node.extra is None else [Outcome(("colon", used, None), ANY_STR, False)]
+        return [Outcome(("key", used, b""), None, True)] if any(k not in used for k in node.props) else []
+    if kind == "key":
+        prefix = local[2]
+        grown = prefix + bytes([b]) if b != END else None
+        out = [Outcome(("colon", used, prefix), None, True)] if b == ord('"') and prefix in node.props \
+            and prefix not in used else []
+        if grown is not None and any(k.startswith(grown) for k in node.props if k not in used):
+            out.append(Outcome(("key", used, grown), None, True))
+        return out
+    if kind == "colon":
+        return [Outcome(("val", used, local[2]), None, True)] if b == ord(":") else []
+    if kind == "val":
+        key = local[2]
+        value = node.extra if key is None else node.props[key]
+        return [] if b == END else [Outcome(("after", used if key is None else used | {key}), value, False)]
+    # "after" a value
+    if b == ord(","):
+        more = free or any(k not in used for k in node.props)
+        return [Outcome(("k1", used), None, True)] if more else []
+    if b == ord("}") and node.required <= used:
+        return [Outcome(POP, None, True)]
+    return []
+
+
+def _array(node: Arr, local: tuple, b: int) -> list[Outcome]:
+    kind = local[0]
+    if kind == "open":
+        return [Outcome(("a0", 0), None, True)] if b == ord("[") else []
+    n = local[1]
+    if b in WS:
+        return [Outcome(local, None, True)]
+    if kind in ("a0", "next"):
+        out = [Outcome(POP, None, True)] if kind == "a0" and b == ord("]") and node.min_items == 0 else []
+        room = node.max_items is None or n < node.max_items
+        if b not in (END, ord("]")) and room:
+            out.append(Outcome(("after", n + 1), node.items, False))
+        return out
+    if b == ord(","):
+        return [Outcome(("next", n), None, True)] if node.max_items is None or n < node.max_items else []
+    if b == ord("]") and n >= node.min_items:
+        return [Outcome(POP, None, True)]
+    return []
+
+
+def _string(node: Str, local: tuple, b: int) -> list[Outcome]:
+    kind = local[0]
+    if kind == "open":
+        return [Outcome(_in_string(0), None, True)] if b == ord('"') else []
+    count = local[1]
+    room = node.max_len is None or count < node.max_len
+    # without a maximum, counts past the minimum are all alike: kept equal so states repeat
+    grown = count + 1 if node.max_len is not None else min(count + 1, node.min_len)
+    if kind == "in":
+        need, low, high = local[2], local[3], local[4]
+        if need:  # a continuation byte; the first one's range excludes overlong forms, surrogates, > U+10FFFF
+            return [Outcome(("in", count, need - 1, 0x80, 0xBF), None, True)] if low <= b <= high else []
+        if b == ord('"'):
+            return [Outcome(POP, None, True)] if count >= node.min_len else []
+        if not room or b == END or b < 0x20:
+            return []
+        if b == ord("\\"):
+            return [Outcome(("esc", count), None, True)]
+        if b < 0x80:
+            return [Outcome(_in_string(grown), None, True)]
+        lead = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        return [Outcome(("in", grown, lead, low, high), None, True)] if lead else []
+    if kind == "esc":
+        if b in ESCAPES:
+            return [Outcome(_in_string(grown), None, True)]
+        return [Outcome(("hex", count, 4), None, True)] if b == ord("u") else []
+    if b not in HEX:  # "hex": the digits of \uXXXX
+        return []
+    left = local[2] - 1
+    return [Outcome(_in_string(grown) if left == 0 else ("hex", count, left), None, True)]
+
+
+def _in_string(count: int) -> tuple:
+    return ("in", count, 0, 0, 0)
+
+
+# UTF-8's lead bytes whose first continuation byte is narrower than 80–BF (RFC 3629)
+_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_NUMBER_ENDS = {"zero", "int", "frac", "exp"}
+
+
+def _number(node: Num, local: tuple, b: int) -> list[Outcome]:
+    phase, digits = local
+    digit = b in DIGITS
+    if phase == "start":
+        return [Outcome(("minus", 0), None, True)] if b == ord("-") else _first_digit(b)
+    if phase == "minus":
+        return _first_digit(b)
+    if digit and phase in ("int", "frac0", "frac", "esign", "exp0", "exp"):
+        part = "frac" if phase.startswith("frac") else "exp" if phase.startswith("e") else "int"
+        count = digits + 1 if phase in ("int", "frac", "exp") else 1
+        return [Outcome((part, count), None, True)] if count <= MAX_DIGITS else []
+    if not node.integer:
+        if b == ord(".") and phase in ("zero", "int"):
+            return [Outcome(("frac0", 0), None, True)]
+        if b in (ord("e"), ord("E")) and phase in ("zero", "int", "frac"):
+            return [Outcome(("exp0", 0), None, True)]
+        if b in (ord("+"), ord("-")) and phase == "exp0":
+            return [Outcome(("esign", 0), None, True)]
+    return [Outcome(POP, None, False)] if phase in _NUMBER_ENDS else []
+
+
+def _first_digit(b: int) -> list[Outcome]:
+    if b == ord("0"):
+        return [Outcome(("zero", 1), None, True)]
+    return [Outcome(("int", 1), None, True)] if b in DIGITS else []
+
+
+def _literal(node: Lit, prefix: bytes, b: int) -> list[Outcome]:
+    if b == END:
+        return []
+    grown = prefix + bytes([b])
+    out = [Outcome(POP, None, True)] if grown in node.values else []
+    if any(len(v) > len(grown) and v.startswith(grown) for v in node.values):
+        out.append(Outcome(grown, None, True))
+    return out

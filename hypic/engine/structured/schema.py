@@ -1,0 +1,223 @@
+"""A JSON Schema compiled into the value nodes the structured-output matcher walks.
+
+Structured output (OpenAI's ``response_format``, vLLM's guided JSON) constrains decoding so the
+text generated *is* a JSON value the schema accepts. The subset here is what generation can
+enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
+``additionalProperties``, ``items`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
+``enum``, ``const``, ``anyOf`` / ``oneOf``, a one-element ``allOf``, and local ``$ref`` into
+``$defs`` / ``definitions`` (pydantic's models). Annotations (``title``, ``description``,
+``default`` …) are ignored. Any other keyword (``pattern``, ``format``, ``minimum`` …) is refused
+by name rather than silently not enforced: an output the caller's validator then rejects is worse
+than a 400.
+
+Choices of the generator, not of JSON Schema: an object with declared ``properties`` gets only
+those keys (each at most once, ``required`` ones before ``}``; an undeclared key would be allowed
+by default ``additionalProperties``, never needed); ``oneOf`` is generated as ``anyOf`` (a value
+matching two options is not excluded); enum and const values are written in compact JSON.
+
+Nodes compare by identity (``eq=False``): the matcher's states hold them and are hashed every step,
+and the same schema text compiles to the same nodes (``compile_schema`` is cached), so requests
+with one schema share the vocabulary's memo of allowed tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                         "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
+KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+                      "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"})
+TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
+
+
+@dataclass(eq=False, frozen=True)
+class AnyValue:
+    """Any JSON value; its type is chosen by its first byte."""
+
+
+@dataclass(eq=False, frozen=True)
+class Obj:
+    props: dict[bytes, Node]  # escaped key bytes (as between the quotes) → the value's node; empty: free keys
+    required: frozenset[bytes]
+    extra: Node | None  # the values of free keys (used when ``props`` is empty); None: no key at all
+
+
+@dataclass(eq=False, frozen=True)
+class Arr:
+    items: Node
+    min_items: int
+    max_items: int | None
+
+
+@dataclass(eq=False, frozen=True)
+class Str:
+    min_len: int  # in characters (an escape is one)
+    max_len: int | None
+
+
+@dataclass(eq=False, frozen=True)
+class Num:
+    integer: bool
+
+
+@dataclass(eq=False, frozen=True)
+class Lit:
+    """One of a few exact texts: enum and const values, true / false / null."""
+
+    values: frozenset[bytes]
+
+
+@dataclass(eq=False, frozen=True)
+class Alt:
+    options: tuple[Node, ...]
+
+
+@dataclass(eq=False)
+class Ref:
+    """A ``$ref``; its target is set once every definition is compiled (definitions may recurse)."""
+
+    name: str
+    target: Node | None = None
+
+
+Node = AnyValue | Obj | Arr | Str | Num | Lit | Alt | Ref
+
+ANY = AnyValue()
+ANY_OBJ = Obj({}, frozenset(), ANY)
+ANY_ARR = Arr(ANY, 0, None)
+ANY_STR = Str(0, None)
+NUMBER = Num(False)
+BOOL = Lit(frozenset({b"true", b"false"}))
+NULL = Lit(frozenset({b"null"}))
+
+
+def compact(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def compile_schema(schema: object) -> Node:
+    """The node tree of a JSON Schema (a dict, or True for any value); ValueError naming what is
+    wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"json_schema: not JSON ({e})") from None
+    return _compile_text(text)
+
+
+@lru_cache(maxsize=64)
+def _compile_text(text: str) -> Node:
+    schema = json.loads(text)
+    if schema is True:
+        return ANY
+    if not isinstance(schema, dict):
+        raise ValueError(f"json_schema: expected an object (or true), got {text[:80]}")
+    refs: dict[str, Ref] = {}
+    node = _node(schema, "json_schema", refs)
+    while pending := [r for r in refs.values() if r.target is None]:  # definitions may name more
+        for ref in pending:
+            section, _, key = ref.name.removeprefix("#/").partition("/")
+            defs = schema.get(section)
+            if not isinstance(defs, dict) or key not in defs:
+                raise ValueError(f"json_schema: $ref {ref.name!r} names no definition in this schema")
+            ref.target = _node(defs[key], f"json_schema.{section}.{key}", refs)
+    return node
+
+
+def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
+    if schema is True:
+        return ANY
+    if schema is False:
+        raise ValueError(f"{where}: the schema false accepts no value")
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: expected a schema object, got {json.dumps(schema)[:80]}")
+    unknown = sorted(set(schema) - KEYWORDS - ANNOTATIONS)
+    if unknown:
+        raise ValueError(f"{where}: JSON Schema keyword {unknown[0]!r} is not supported in structured output "
+                         f"(supported: {', '.join(sorted(KEYWORDS))})")
+    keys = set(schema) - ANNOTATIONS
+    if "$ref" in schema:
+        _alone(schema, "$ref", where)
+        name = schema["$ref"]
+        if not isinstance(name, str) or not name.startswith(("#/$defs/", "#/definitions/")):
+            raise ValueError(f"{where}: $ref {name!r}: only local references into $defs or definitions are supported")
+        return refs.setdefault(name, Ref(name))
+    if "enum" in schema or "const" in schema:
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}: enum must be a non-empty list")
+        return Lit(frozenset(compact(v) for v in values))
+    for word in ("anyOf", "oneOf", "allOf"):
+        if word in schema:
+            _alone(schema, word, where)
+            options = schema[word]
+            if not isinstance(options, list) or not options:
+                raise ValueError(f"{where}: {word} must be a non-empty list of schemas")
+            if word == "allOf" and len(options) != 1:
+                raise ValueError(f"{where}: allOf with more than one schema is not supported in structured output")
+            nodes = tuple(_node(o, f"{where}.{word}[{i}]", refs) for i, o in enumerate(options))
+            return nodes[0] if len(nodes) == 1 else Alt(nodes)
+    kind = schema.get("type")
+    if kind is None:
+        kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
+            "array" if {"items", "minItems", "maxItems"} & keys else \
+            "string" if {"minLength", "maxLength"} & keys else None
+        if kind is None:
+            return ANY
+    if isinstance(kind, list):
+        if not kind or any(k not in TYPES for k in kind):
+            raise ValueError(f"{where}: type must be one of {list(TYPES)} or a non-empty list of them")
+        return Alt(tuple(_typed(schema, k, where, refs) for k in dict.fromkeys(kind))) if len(kind) > 1 \
+            else _typed(schema, kind[0], where, refs)
+    if kind not in TYPES:
+        raise ValueError(f"{where}: type must be one of {list(TYPES)}, got {kind!r}")
+    return _typed(schema, kind, where, refs)
+
+
+def _alone(schema: dict, word: str, where: str) -> None:
+    others = sorted(set(schema) - ANNOTATIONS - {word})
+    if others:
+        raise ValueError(f"{where}: {word} beside {others[0]!r} is not supported in structured output")
+
+
+def _count(schema: dict, name: str, where: str) -> int | None:
+    value = schema.get(name)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"{where}: {name} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
+    if kind == "object":
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise ValueError(f"{where}: properties must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list) or any(not isinstance(r, str) for r in required):
+            raise ValueError(f"{where}: required must be a list of property names")
+        missing = [r for r in required if r not in props]
+        if missing:
+            raise ValueError(f"{where}: required property {missing[0]!r} is not among the properties")
+        extra = schema.get("additionalProperties", True)
+        nodes = {compact(k)[1:-1]: _node(v, f"{where}.properties.{k}", refs) for k, v in props.items()}
+        free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", refs)
+        return Obj(nodes, frozenset(compact(r)[1:-1] for r in required), free)
+    if kind == "array":
+        items = schema.get("items", True)
+        if isinstance(items, list):
+            raise ValueError(f"{where}: items as a list (tuple validation) is not supported in structured output")
+        low, high = _count(schema, "minItems", where) or 0, _count(schema, "maxItems", where)
+        if high is not None and high < low:
+            raise ValueError(f"{where}: maxItems {high} is below minItems {low}")
+        return Arr(_node(items, f"{where}.items", refs), low, high)
+    if kind == "string":
+        low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
+        if high is not None and high < low:
+            raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
+        return Str(low, high)
+    if kind in ("integer", "number"):
+        return Num(kind == "integer")
+    return BOOL if kind == "boolean" else NULL

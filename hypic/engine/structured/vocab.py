@@ -1,0 +1,164 @@
+"""The vocabulary as bytes, in a trie: which tokens may come next in a structured output.
+
+Each step of a constrained request asks which tokens keep the text inside the grammar. Walking the
+trie of the tokens' bytes with the matcher prunes a whole subtree at its first refused byte, so a
+step costs what the *allowed* prefixes cost, not the vocabulary. The answer depends only on the
+matcher's state, and states recur (inside a string, after a comma), so it is memoized per state.
+
+Token bytes come from the tokenizer's decoder: byte-level BPE (GPT-2's printable stand-ins for the
+256 bytes; Qwen's and the bundled tokenizer's kind), SentencePiece-style ``▁`` for spaces and
+``<0xNN>`` byte fallbacks, else the token's own decoding. Special tokens are never part of a JSON
+text; the end-of-sequence tokens are allowed by the constraint itself, once the value is whole.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, in_free_string, start
+from hypic.engine.structured.schema import Node
+
+MEMO_STATES = 16384
+
+
+def _byte_stand_ins() -> dict[str, int]:
+    """Byte-level BPE's printable character for each byte → the byte: printable Latin-1 bytes stand
+    for themselves, the other 68 for the characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    out = {chr(b): b for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in out.values():
+            out[chr(256 + extra)] = b
+            extra += 1
+    return out
+
+
+def token_bytes(tokenizer: Any) -> dict[int, bytes]:
+    """Token id → the bytes it adds to the text, for every token that is not special."""
+    decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
+    kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
+    special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    stand_ins = _byte_stand_ins() if "ByteLevel" in kinds else None
+    out: dict[int, bytes] = {}
+    for text, i in tokenizer.get_vocab(with_added_tokens=True).items():
+        if i in special:
+            continue
+        if stand_ins is not None and all(c in stand_ins for c in text):
+            out[i] = bytes(stand_ins[c] for c in text)
+        elif "ByteFallback" in kinds and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            out[i] = bytes([int(text[3:5], 16)])
+        elif "Metaspace" in kinds or "Replace" in kinds:
+            out[i] = text.replace("\u2581", " ").encode()
+        else:
+            decoded = tokenizer.decode([i], skip_special_tokens=False)
+            if decoded and "\ufffd" not in decoded:
+                out[i] = decoded.encode()
+    return out
+
+
+class _Trie:
+    __slots__ = ("children", "ids")
+
+    def __init__(self) -> None:
+        self.children: dict[int, _Trie] = {}
+        self.ids: list[int] = []
+
+
+def _plain(data: bytes) -> bool:
+    """Whether a token is text any JSON string may hold as it is: whole UTF-8 characters, no quote,
+    backslash or control character."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError:
+        return False
+    return bool(text) and '"' not in text and "\\" not in text and min(text) >= " "
+
+
+class TokenVocab:
+    """The vocabulary's bytes in a trie, with the allowed tokens memoized per matcher state.
+
+    Inside a string with no length bound — most of a JSON text's tokens, and the one place where
+    almost every token is allowed — the walk would visit the whole trie. There every *plain* token
+    (``_plain``) is allowed and leaves the state as it was, so they are taken as one precomputed
+    set and only the others (``rest``: tokens holding a quote, a backslash, a control byte or part
+    of a character) are walked."""
+
+    def __init__(self, pieces: dict[int, bytes]) -> None:
+        self.pieces = pieces
+        self.root, self.rest = _Trie(), _Trie()
+        plain = []
+        for i, data in pieces.items():
+            if not data:
+                continue
+            if _plain(data):
+                plain.append(i)
+            for trie in (self.root,) if _plain(data) else (self.root, self.rest):
+                node = trie
+                for b in data:
+                    node = node.children.setdefault(b, _Trie())
+                node.ids.append(i)
+        self.plain = torch.tensor(sorted(plain), dtype=torch.long)
+        missing = [chr(b) for b in b' \n"{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
+        if missing:
+            raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
+                             "every JSON text; structured output is unavailable for this model")
+        self._memo: dict[State, torch.Tensor] = {}
+        self.memo_hits = self.memo_misses = 0
+
+    def allowed(self, state: State) -> torch.Tensor:
+        """Ids of the tokens whose bytes the matcher reads from ``state`` (CPU, int64)."""
+        got = self._memo.get(state)
+        if got is not None:
+            self.memo_hits += 1
+            return got
+        self.memo_misses += 1
+        ids: list[int] = []
+        free = in_free_string(state)
+        todo = [(self.rest if free else self.root, state)]
+        while todo:
+            node, s = todo.pop()
+            for b, child in node.children.items():
+                nxt = advance(s, b)
+                if nxt is not None:
+                    ids += child.ids
+                    if child.children:
+                        todo.append((child, nxt))
+        got = torch.tensor(sorted(ids), dtype=torch.long)
+        if free:
+            got = torch.cat([got, self.plain]).sort().values
+        if len(self._memo) >= MEMO_STATES:
+            self._memo.clear()
+        self._memo[state] = got
+        return got
+
+
+class JsonConstraint:
+    """One request's structured output: the tokens allowed next, and the text read so far."""
+
+    def __init__(self, vocab: TokenVocab, node: Node, eos: set[int]) -> None:
+        self.vocab, self.state, self.eos = vocab, start(node), eos
+        self.finished = False
+
+    def allowed(self) -> torch.Tensor:
+        """Ids allowed next (CPU): tokens that keep the text a prefix of an accepted value, and the
+        end-of-sequence tokens once it is a whole one. Empty only when nothing can follow."""
+        ids = self.vocab.allowed(self.state)
+        if self.eos and accepting(self.state):
+            ids = torch.cat([ids, torch.tensor(sorted(self.eos), dtype=torch.long)])
+        return ids
+
+    def accept(self, token: int) -> bool:
+        """Read a drawn token; False when it does not fit (the caller ends the output before it)."""
+        if token in self.eos:
+            return accepting(self.state)
+        data = self.vocab.pieces.get(token)
+        nxt = None if data is None else advance_bytes(self.state, data)
+        if nxt is None:
+            return False
+        self.state = nxt
+        self.finished = finished(nxt)
+        return True

@@ -1,0 +1,249 @@
+"""Structured output (``SamplingParams.json_schema``): every draw the mask allows ends in JSON the
+schema accepts — checked by ``json.loads`` and a validator written here from the schema's meaning,
+not from the matcher — the trie's allowed tokens equal a brute-force pass over the vocabulary, the
+token bytes equal the tokenizer's own decoding, and through the bundled model the output parses."""
+
+import json
+import random
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from hypic import LLM, SamplingParams
+from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
+from hypic.engine.structured.matcher import accepting, advance_bytes, start
+from hypic.llm import bundled_model_path
+
+PERSON = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 1, "maxLength": 12},
+    "age": {"type": "integer"},
+    "score": {"type": "number"},
+    "tags": {"type": "array", "items": {"enum": ["red", "green", 3, None]}, "maxItems": 3},
+    "nick": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"], "title": "Person"}
+TREE = {"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 2}},
+    "required": ["v"]}}}
+SCHEMAS = {
+    "person": PERSON,
+    "tree": TREE,
+    "numbers": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 4},
+    "free_object": {"type": "object"},
+    "any": True,
+    "typed_list": {"type": ["string", "integer", "null"]},
+    "const": {"const": {"k": [1, "two"]}},
+    "map_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+}
+
+
+def valid(value: object, schema: object, root: dict | None = None) -> bool:
+    """The schema's meaning for the supported keywords, on a parsed value (the reference)."""
+    root = root if root is not None else (schema if isinstance(schema, dict) else {})
+    if schema is True:
+        return True
+    if "$ref" in schema:
+        section, _, key = schema["$ref"].removeprefix("#/").partition("/")
+        return valid(value, root[section][key], root)
+    if "const" in schema:
+        return json.dumps(value, sort_keys=True) == json.dumps(schema["const"], sort_keys=True)
+    if "enum" in schema:
+        return any(json.dumps(value) == json.dumps(v) for v in schema["enum"])
+    if "anyOf" in schema:
+        return any(valid(value, s, root) for s in schema["anyOf"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return any(valid(value, {**schema, "type": k}, root) for k in kind)
+    if kind is None:
+        return True
+    if kind == "object":
+        if not isinstance(value, dict):
+            return False
+        props = schema.get("properties", {})
+        if not all(r in value for r in schema.get("required", [])):
+            return False
+        extra = schema.get("additionalProperties", True)
+        return all(valid(v, props[k], root) if k in props else extra is not False and valid(v, extra, root)
+                   for k, v in value.items())
+    if kind == "array":
+        return (isinstance(value, list) and schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9)
+                and all(valid(v, schema.get("items", True), root) for v in value))
+    if kind == "string":
+        return isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    return value is None
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def vocab(tokenizer):
+    return TokenVocab(token_bytes(tokenizer))
+
+
+EOS = 1  # the bundled tokenizer's <|end|>
+CLOSERS = frozenset(b'"]},')
+
+
+def _draw(allowed: torch.Tensor, vocab: TokenVocab, rng: random.Random) -> int:
+    """A random allowed token, closers and the end favoured so that values end within the test."""
+    ids = allowed.tolist()
+    weights = [60.0 if i == EOS else 1.0 + 15.0 * sum(b in CLOSERS for b in vocab.pieces[i]) for i in ids]
+    return rng.choices(ids, weights)[0]
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_every_draw_the_mask_allows_ends_in_json_the_schema_accepts(vocab, name: str) -> None:
+    schema = SCHEMAS[name]
+    for seed in range(6):
+        rng = random.Random(seed)
+        c = JsonConstraint(vocab, compile_schema(schema), {EOS})
+        text = b""
+        for _ in range(400):
+            ids = c.allowed()
+            assert len(ids) > 0, text
+            tok = _draw(ids, vocab, rng)
+            assert c.accept(tok), (text, tok)
+            if tok == EOS:
+                break
+            text += vocab.pieces[tok]
+            if c.finished:
+                break
+        else:
+            raise AssertionError(f"{name}, seed {seed}: no end in 400 tokens: {text[:200]!r}")
+        value = json.loads(text.decode())
+        assert valid(value, schema), (name, text)
+
+
+def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
+    """The trie walk and its shortcut inside free strings (plain tokens taken as a set) against
+    trying every token's bytes from the state, at states met along random draws."""
+    rng = random.Random(7)
+    checked = 0
+    for name in ("person", "free_object", "tree", "numbers"):
+        c = JsonConstraint(vocab, compile_schema(SCHEMAS[name]), set())
+        for _ in range(40):
+            state = c.state
+            want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(state, data) is not None)
+            got = c.allowed().tolist()
+            assert got == want, (name, len(got), len(want))
+            checked += 1
+            ids = c.allowed()
+            if not len(ids):
+                break
+            tok = _draw(ids, vocab, rng)
+            assert c.accept(tok)
+            if c.finished:
+                break
+    assert checked > 40
+
+
+@pytest.mark.parametrize("schema, text, ok", [
+    (PERSON, '{"name": "Ann", "age": 30, "ok": true}', True),
+    (PERSON, '{"ok":false,"age":-0,"name":"\\u00e9\\n","tags":["red",3,null],"score":1.5e-3}', True),
+    (PERSON, '{"name": "Ann", "age": 30}', False),  # required "ok" missing
+    (PERSON, '{"name": "Ann", "age": 30, "ok": true, "x": 1}', False),  # undeclared key
+    (PERSON, '{"name": "Ann", "name": "Bo", "age": 1, "ok": true}', False),  # a key twice
+    (PERSON, '{"name": "", "age": 30, "ok": true}', False),  # minLength
+    (PERSON, '{"name": "Annabelle Lee Smith", "age": 30, "ok": true}', False),  # maxLength
+    (PERSON, '{"name": "A", "age": 3.5, "ok": true}', False),  # integer
+    (PERSON, '{"name": "A", "age": 01, "ok": true}', False),  # a leading zero
+    (PERSON, '{"name": "A", "age": 1, "ok": true,}', False),  # a trailing comma
+    (PERSON, '{"name": "A\tB", "age": 1, "ok": true}', False),  # an unescaped control character
+    (PERSON, '{"name": "\\x41", "age": 1, "ok": true}', False),  # no such escape
+    (PERSON, '{"name": "A", "age": 1, "ok": true, "tags": ["blue"]}', False),  # enum
+    (PERSON, '{"name": "A", "age": 1, "ok": true, "tags": [1, 1, 1, 1]}', False),
+    (PERSON, '{"name":  "A", "age": 1, "ok": true}', False),  # two spaces: compact JSON only
+    (PERSON, '{\n"name": "A", "age": 1, "ok": true}', False),  # no newline between tokens
+    (TREE, '{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": []}]}', True),
+    (TREE, '{"v": 1, "kids": [{"w": 2}]}', False),
+    ({"type": "array", "items": {"type": "number"}, "minItems": 2}, "[1]", False),
+    ({"type": "array", "items": {"type": "number"}, "minItems": 2}, "[1, -2.5E+3]", True),
+    (True, '[{"a": [true, null, "x y"]}, -0.0]', True),
+    (True, '{"a" 1}', False),
+    ({"type": "string"}, '"caf\u00e9 \u2603"', True),  # UTF-8 bytes in a string
+    ({"const": "a  b"}, '"a  b"', True),  # a literal's spaces are text
+])
+def test_the_matcher_reads_whole_texts_as_json_and_the_schema_do(schema, text: str, ok: bool) -> None:
+    if ok:  # the reference agrees first
+        assert valid(json.loads(text), schema)
+    state = advance_bytes(start(compile_schema(schema)), text.encode())
+    assert (state is not None and accepting(state)) == ok, text
+
+
+def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
+    pieces = token_bytes(tokenizer)
+    rng = random.Random(0)
+    ids = sorted(pieces)
+    assert len(ids) == tokenizer.get_vocab_size() - 2  # all but <|endoftext|> and <|end|>
+    for _ in range(200):
+        seq = [rng.choice(ids) for _ in range(rng.randint(1, 12))]
+        assert b"".join(pieces[i] for i in seq).decode(errors="replace") == tokenizer.decode(seq)
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
+    ({"type": "integer", "minimum": 3}, "'minimum' is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "date"}}}, r"json_schema\.properties\.a: type must be"),
+    ({"type": "object", "properties": {"a": True}, "required": ["b"]}, "required property 'b'"),
+    ({"$ref": "#/$defs/Missing"}, "names no definition"),
+    ({"$ref": "https://example.com/s.json"}, "only local references"),
+    ({"type": "array", "items": [{"type": "string"}]}, "tuple validation"),
+    ({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength 2 is below minLength 3"),
+    ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "allOf with more than one"),
+    ({"anyOf": [{"type": "string"}], "type": "string"}, "anyOf beside 'type'"),
+    (False, "expected an object"),
+    ({"enum": []}, "non-empty list"),
+])
+def test_unsupported_or_wrong_schemas_are_refused_by_name(schema, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(json_schema=schema)
+
+
+def test_json_schema_refuses_min_tokens_and_ignore_eos() -> None:
+    for kwargs in ({"min_tokens": 2}, {"ignore_eos": True}):
+        with pytest.raises(ValueError, match="not with json_schema"):
+            SamplingParams(json_schema=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM()
+
+
+def test_the_bundled_model_answers_in_json_the_schema_accepts_and_keeps_serving(llm) -> None:
+    prompt = "Question: where was Ann born, and when?\nAnswer:"
+    schemas = [PERSON, {"type": "object"}, SCHEMAS["numbers"]]
+    outs = llm.generate([prompt] * len(schemas), [SamplingParams(max_tokens=120, json_schema=s) for s in schemas])
+    for out, schema in zip(outs, schemas, strict=True):
+        assert out.finish_reason == "stop", out.text
+        assert valid(json.loads(out.text), schema), out.text
+    seeded = [llm.generate([prompt], SamplingParams(max_tokens=120, temperature=1.0, seed=3, logprobs=20,
+                                                   json_schema=PERSON))[0] for _ in range(2)]
+    assert seeded[0].text == seeded[1].text and valid(json.loads(seeded[0].text), PERSON)
+    assert all(len(top) >= 1 and all(v > float("-inf") for v in top.values()) for top in seeded[0].logprobs)
+    plain = llm.generate([prompt], SamplingParams(max_tokens=8))[0]  # unconstrained requests as before
+    assert plain.token_ids and llm.engine.token_vocab().memo_misses > 0
+    cut = llm.generate([prompt], SamplingParams(max_tokens=3, json_schema=PERSON))[0]
+    assert cut.finish_reason == "length" and cut.text.startswith("{")
+
+
+@pytest.mark.parametrize("data, ok", [
+    ("é☃😀".encode(), True),
+    (b"\xf4\x90\x80\x80", False),  # above U+10FFFF
+    (b"\xed\xa0\x80", False),  # a surrogate
+    (b"\xe0\x80\x80", False),  # overlong
+    (b"\xc3", False),  # cut short
+    (b"\x80", False),  # a continuation without a lead
+])
+def test_strings_hold_well_formed_utf8_only(data: bytes, ok: bool) -> None:
+    state = advance_bytes(start(compile_schema({"type": "string"})), b'"' + data + b'"')
+    assert (state is not None and accepting(state)) == ok
