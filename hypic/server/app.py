@@ -146,7 +146,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         for k, segments in enumerate(batch):
             field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
             max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-            params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
+            params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm)  # checked even for 0
             gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                                    req.include_usage, req.stops, req.logprobs, n))
         if req.echo:
@@ -168,7 +168,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         max_tokens = prompts.token_budget(llm, segments, "messages", req.token_budget,
                                           settings.max_completion_tokens, settings)
         top = (req.top_logprobs or 0) if req.logprobs else None
-        params = prompts.sampling(req, max_tokens, top, llm.vocab_size)
+        params = prompts.sampling(req, max_tokens, top, llm)
         gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                          req.include_usage, req.stops, top, choices(req.n))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)

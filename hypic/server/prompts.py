@@ -94,8 +94,9 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy decoding (dividing logits by it overflows)
 
 
-def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size: int) -> SamplingParams:
+def sampling(req: Common, max_tokens: int, top_logprobs: int | None, llm: LLM) -> SamplingParams:
     """The engine always reports the chosen token's log-probability when any are asked for."""
+    vocab_size = llm.vocab_size
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
     bias = None
     if req.logit_bias is not None:
@@ -110,6 +111,7 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
     if outside:
         raise bad_request(f"stop_token_ids: {outside[0]} is not a token id of this model's vocabulary "
                           f"[0, {vocab_size})", "stop_token_ids")
+    schema = _structured(req, llm)
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
@@ -117,9 +119,28 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               frequency_penalty=float(req.frequency_penalty), logit_bias=bias,
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
-                              ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+                              ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema)
     except ValueError as e:
-        raise from_value_error(e, None) from None
+        raise from_value_error(_in_response_format(e), None) from None
+
+
+def _structured(req: Common, llm: LLM) -> dict | bool | None:
+    """The request's JSON schema, if any, checked against what the tokenizer can spell (a 400 now,
+    not a failure in the serving loop)."""
+    schema = None if req.response_format is None else req.response_format.constraint
+    if schema is not None:
+        try:
+            llm.engine.token_vocab()
+        except ValueError as e:
+            raise from_value_error(_in_response_format(e), "response_format") from None
+    return schema
+
+
+def _in_response_format(e: ValueError) -> ValueError:
+    """The library names the schema ``json_schema``; a request holds it at response_format.json_schema.schema."""
+    text = str(e)
+    return ValueError("response_format.json_schema.schema" + text.removeprefix("json_schema")
+                      if text.startswith("json_schema") else text)
 
 
 def echo_text(llm: LLM, req: CompletionRequest, k: int, segments: list[list[int]]) -> str:

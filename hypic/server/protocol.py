@@ -11,7 +11,7 @@ OpenAI defines that hypic does not implement are accepted only at their neutral 
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -39,6 +39,33 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] | bool = Field(True, alias="schema")  # absent: any JSON value
+    description: str | None = None
+    strict: bool | None = None  # the schema is always enforced: what it holds is refused when not enforceable
+
+
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: ``json_object`` (any JSON object) or ``json_schema`` (a value its
+    schema accepts) constrain decoding (``SamplingParams.json_schema``); ``text`` does not."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema: given exactly when type is json_schema")
+        return self
+
+    @property
+    def constraint(self) -> dict[str, Any] | bool | None:
+        if self.type == "json_object":
+            return {"type": "object"}
+        return None if self.json_schema is None else self.json_schema.schema_
+
+
 class Common(Strict):
     """Fields shared by both generation endpoints."""
 
@@ -64,6 +91,7 @@ class Common(Strict):
     user: str | None = None  # accepted, unused
     cache_salt: Text | None = Field(None, max_length=1024)
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
+    response_format: ResponseFormat | None = None
 
     @property
     def stops(self) -> list[str]:
