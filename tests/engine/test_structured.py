@@ -247,3 +247,17 @@ def test_the_bundled_model_answers_in_json_the_schema_accepts_and_keeps_serving(
 def test_strings_hold_well_formed_utf8_only(data: bytes, ok: bool) -> None:
     state = advance_bytes(start(compile_schema({"type": "string"})), b'"' + data + b'"')
     assert (state is not None and accepting(state)) == ok
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_bundled_model_answers_in_json_the_schema_accepts() -> None:
+    """The mask travels to the device beside graph-replayed decode steps; batched with a free request."""
+    gpu = LLM(device="cuda", dtype=torch.float32)
+    prompt = "Question: where was Ann born, and when?\nAnswer:"
+    schemas = [PERSON, TREE, SCHEMAS["numbers"]]
+    params = [SamplingParams(max_tokens=120, json_schema=s) for s in schemas] + [SamplingParams(max_tokens=8)]
+    outs = gpu.generate([prompt] * len(params), params)
+    for out, schema in zip(outs, schemas, strict=False):
+        assert out.finish_reason == "stop", out.text
+        assert valid(json.loads(out.text), schema), out.text
+    assert outs[-1].token_ids
