@@ -80,7 +80,7 @@ def main() -> None:
     real = vocab_module.in_free_string
     for shortcut in (True, False):
         vocab_module.in_free_string = real if shortcut else (lambda state: False)
-        vocab._memo.clear()
+        vocab.clear_memo()
         for memo in ("cold", "warm"):
             before = vocab.memo_misses
             times, values = run(vocab, args.steps, seed=1)

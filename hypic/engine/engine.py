@@ -142,6 +142,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
+        self._token_vocab_lock = threading.Lock()  # built once, whichever thread asks first
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")
         self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
                                            str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
@@ -249,7 +250,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
-        vocab_bytes = self.token_vocab() if any(p.json_schema is not None for p in params) else None
+        token_vocab = self.token_vocab() if any(p.json_schema is not None for p in params) else None
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
@@ -260,7 +261,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                     for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
             for r in runs:
                 if r.params.json_schema is not None:
-                    r.constraint = JsonConstraint(vocab_bytes, compile_schema(r.params.json_schema), self.eos)
+                    r.constraint = JsonConstraint(token_vocab, compile_schema(r.params.json_schema), self.eos)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
                                   [r.prompt_ids for r in runs], self.eos, [r.allowed() for r in runs])
             ttft = time.perf_counter() - t0
@@ -277,11 +278,12 @@ class Engine(ColdPrefill, PrefixPrefill):
     def token_vocab(self) -> TokenVocab:
         """The tokenizer's tokens as bytes in a trie (structured output), built once; ValueError
         when the model has no tokenizer or its tokens cannot spell every JSON text."""
-        if self._token_vocab is None:
-            if self.loaded.tokenizer is None:
-                raise ValueError("json_schema: this model has no tokenizer.json, which structured output reads")
-            self._token_vocab = TokenVocab(token_bytes(self.loaded.tokenizer))
-        return self._token_vocab
+        with self._token_vocab_lock:
+            if self._token_vocab is None:
+                if self.loaded.tokenizer is None:
+                    raise ValueError("json_schema: this model has no tokenizer.json, which structured output reads")
+                self._token_vocab = TokenVocab(token_bytes(self.loaded.tokenizer))
+            return self._token_vocab
 
     def prompt_logprobs(self, prompt: list[list[int]], top: int = 0) -> list[dict[int, float] | None]:
         """Each prompt token's log-probability given those before it (None for the first), with the

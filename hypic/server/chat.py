@@ -81,27 +81,34 @@ class ChatTemplate:
                    bos_token=_token_text(tokenizer_config.get("bos_token")),
                    eos_token=_token_text(tokenizer_config.get("eos_token")))
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
         try:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=None, **self._extra)
+                                         tools=tools, **self._extra)
         except jinja2.TemplateError as e:
             raise ValueError(f"messages: the chat template refused them: {e}") from None
 
-    def _message_start(self, marked: list[dict[str, str]], i: int, full: str, lo: int, hi: int) -> int:
+    def _message_start(self, marked: list[dict[str, Any]], i: int, full: str, lo: int, hi: int,
+                       tools: list[dict[str, Any]] | None) -> int:
         """Where the template starts wrapping message i: the length of the render of messages[:i]
         when that is a prefix of the whole; else the message's content start ``hi``."""
         try:
-            prefix = self.render(marked[:i], add_generation_prompt=False)
+            prefix = self.render(marked[:i], add_generation_prompt=False, tools=tools)
         except ValueError:
             return hi
         return len(prefix) if lo <= len(prefix) <= hi and full.startswith(prefix) else hi
 
-    def segments(self, messages: list[tuple[str, list[str]]]) -> list[ChatSegment]:
-        """(role, text parts) per message → the rendered prompt as segments, the query last."""
+    def segments(self, messages: list[tuple[str, list[str]]], tools: list[dict[str, Any]] | None = None,
+                 extras: list[dict[str, Any]] | None = None) -> list[ChatSegment]:
+        """(role, text parts) per message → the rendered prompt as segments, the query last.
+        ``tools`` (OpenAI's function definitions) and each message's ``extras`` (an assistant's
+        ``tool_calls``, a tool answer's ``tool_call_id``) go to the template as they are."""
         mark = self._mark
-        marked = [{"role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)} for role, parts in messages]
-        full = self.render(marked, add_generation_prompt=True)
+        extras = extras or [{} for _ in messages]
+        marked = [{**extra, "role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)}
+                  for (role, parts), extra in zip(messages, extras, strict=True)]
+        full = self.render(marked, add_generation_prompt=True, tools=tools)
         marks = [m.start() for m in re.finditer(re.escape(mark), full)]
         if len(marks) != sum(len(parts) for _, parts in messages):
             raise ValueError("messages: the chat template does not render each message's content exactly once")
@@ -110,7 +117,7 @@ class ChatTemplate:
         for i, (_, parts) in enumerate(messages):
             own = marks[first:first + len(parts)]
             if i > 0:
-                cuts.setdefault(self._message_start(marked, i, full, marks[first - 1] + len(mark), own[0]), i)
+                cuts.setdefault(self._message_start(marked, i, full, marks[first - 1] + len(mark), own[0], tools), i)
             if len(parts) > 1:
                 for pos in own:
                     cuts.setdefault(pos, i)
@@ -118,8 +125,9 @@ class ChatTemplate:
         # Positions without the marks, then in the plain render (a template that trims content
         # trims nothing behind a mark: ``_align`` maps across the whitespace it would have removed).
         bounds = sorted((c - len(mark) * sum(m < c for m in marks), cuts[c]) for c in cuts)
-        plain = self.render([{"role": role, "content": PART_SEPARATOR.join(parts)} for role, parts in messages],
-                            add_generation_prompt=True)
+        plain = self.render([{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}
+                             for (role, parts), extra in zip(messages, extras, strict=True)],
+                            add_generation_prompt=True, tools=tools)
         text = full.replace(mark, "")
         positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
         ends = [*positions[1:], len(plain)]

@@ -31,6 +31,7 @@ from hypic.server.errors import APIError
 from hypic.server.metrics import Metrics
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
 from hypic.server.text import TextStream
+from hypic.server.tools import ToolCalling
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Generation:
     top_logprobs: int | None  # None: no log-probabilities
     n: int = 1  # choices
     echo: Echo | None = None  # completions only
+    tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
@@ -173,6 +175,12 @@ class Responder:
 
     def chunk(self, piece: Piece) -> dict:
         delta: dict[str, Any] = {"content": piece.text} if self.gen.chat else {"text": piece.text}
+        if self.gen.tools is not None and piece.finish is not None:  # the held answer, whole (module docstring)
+            message, finish = self.gen.tools.message(piece.text, piece.finish)
+            delta = {k: v for k, v in message.items() if k != "role"}
+            for k, call in enumerate(delta.get("tool_calls", [])):
+                call["index"] = k  # a streamed call carries its index
+            piece = Piece(piece.text, piece.tokens, finish)
         choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
                   "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
         return {**self._envelope(True), "choices": [choice]}
@@ -180,6 +188,8 @@ class Responder:
     def choice(self, text: str, tokens: list, finish: str) -> dict:
         body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
                                 else {"text": text})
+        if self.gen.tools is not None:
+            body["message"], finish = self.gen.tools.message(text, finish)
         logprobs = self.logprobs(tokens)
         if self.gen.echo is not None:
             body["text"] = self.gen.echo.text + text
@@ -238,12 +248,19 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                                                                 "logprobs": None, "finish_reason": None}]})
         tasks = [asyncio.ensure_future(pump(r)) for r in rs]
         open_choices = len(rs)
+        held: dict[int, list[Piece]] = {}  # with tools, a choice's pieces until its end
         while open_choices:
             r, item = await queue.get()
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
                 raise item
+            elif r.gen.tools is not None:
+                held.setdefault(r.index, []).append(item)
+                if item.finish is not None:
+                    parts = held.pop(r.index)
+                    yield _sse(r.chunk(Piece("".join(p.text for p in parts), [t for p in parts for t in p.tokens],
+                                             item.finish)))
             elif item.text or item.finish or r.gen.top_logprobs is not None:
                 yield _sse(r.chunk(item))
         if r0.gen.include_usage:

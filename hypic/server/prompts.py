@@ -13,8 +13,9 @@ from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
-from hypic.server.protocol import ChatRequest, Common, CompletionRequest
+from hypic.server.protocol import ChatRequest, Common, CompletionRequest, NamedToolChoice
 from hypic.server.settings import ServerSettings
+from hypic.server.tools import ToolCalling, plan
 
 _SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
 
@@ -64,8 +65,9 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
     """Each message (each text part) its own segment, wrapped by the model's chat template."""
     messages = [(m.role, m.parts) for m in req.messages]
     _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
+    tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
     try:
-        segments = template.segments(messages)
+        segments = template.segments(messages, tools, [m.extras for m in req.messages])
     except ValueError as e:
         raise from_value_error(e, "messages") from None
     _check_count(len(segments), "messages", settings)
@@ -94,9 +96,24 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy decoding (dividing logits by it overflows)
 
 
-def sampling(req: Common, max_tokens: int, top_logprobs: int | None, llm: LLM) -> SamplingParams:
-    """The engine always reports the chosen token's log-probability when any are asked for."""
-    vocab_size = llm.vocab_size
+def tool_calling(req: ChatRequest) -> ToolCalling | None:
+    """The request's tools and tool_choice (``hypic.server.tools``), or a 400 naming the field."""
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    try:
+        calling = plan(None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools], choice)
+    except ValueError as e:
+        raise from_value_error(e, "tools") from None
+    if calling is not None and calling.forced and req.response_format is not None \
+            and req.response_format.constraint is not None:
+        raise bad_request("response_format: not with a tool_choice that forces a call (the call has its own shape)",
+                          "response_format")
+    return calling
+
+
+def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size: int,
+             calling: ToolCalling | None = None) -> SamplingParams:
+    """The engine always reports the chosen token's log-probability when any are asked for; a
+    forced tool call constrains decoding to the call's schema."""
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
     bias = None
     if req.logit_bias is not None:
@@ -111,7 +128,9 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, llm: LLM) -
     if outside:
         raise bad_request(f"stop_token_ids: {outside[0]} is not a token id of this model's vocabulary "
                           f"[0, {vocab_size})", "stop_token_ids")
-    schema = _structured(req, llm)
+    schema = None if req.response_format is None else req.response_format.constraint
+    if calling is not None and calling.forced:
+        schema = calling.schema
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
@@ -124,16 +143,13 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, llm: LLM) -
         raise from_value_error(_in_response_format(e), None) from None
 
 
-def _structured(req: Common, llm: LLM) -> dict | bool | None:
-    """The request's JSON schema, if any, checked against what the tokenizer can spell (a 400 now,
-    not a failure in the serving loop)."""
-    schema = None if req.response_format is None else req.response_format.constraint
-    if schema is not None:
-        try:
-            llm.engine.token_vocab()
-        except ValueError as e:
-            raise from_value_error(_in_response_format(e), "response_format") from None
-    return schema
+def check_structured(llm: LLM) -> None:
+    """Whether the tokenizer can spell every JSON text (its trie built now, once): a 400 now, not a
+    failure in the serving loop. Slow the first time on a large vocabulary: run off the event loop."""
+    try:
+        llm.engine.token_vocab()
+    except ValueError as e:
+        raise from_value_error(_in_response_format(e), "response_format") from None
 
 
 def _in_response_format(e: ValueError) -> ValueError:

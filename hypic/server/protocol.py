@@ -156,10 +156,38 @@ class TextPart(Strict):
     text: Text
 
 
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class CalledFunction(Strict):
+    name: FunctionName
+    arguments: Text  # JSON text, as OpenAI sends it back
+
+
+class MessageToolCall(Strict):
+    id: str = Field(max_length=128)
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class Message(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=64)] | None = None  # an assistant's calls
+    tool_call_id: str | None = Field(None, max_length=128)  # a tool's answer: to which call
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """What the chat template reads besides role and content (transformers' message shape)."""
+        out: dict[str, Any] = {}
+        if self.tool_calls is not None:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
     @property
     def parts(self) -> list[str]:
@@ -168,11 +196,35 @@ class Message(Strict):
         return [self.content or ""]
 
 
+class FunctionDef(Strict):
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments (None: no arguments)
+    strict: bool | None = None
+
+
+class ToolDef(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: ChosenFunction
+
+
 class ChatRequest(Common):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatRequest:

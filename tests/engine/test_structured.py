@@ -261,3 +261,12 @@ def test_on_a_gpu_the_bundled_model_answers_in_json_the_schema_accepts() -> None
         assert out.finish_reason == "stop", out.text
         assert valid(json.loads(out.text), schema), out.text
     assert outs[-1].token_ids
+
+
+def test_an_enum_beside_a_type_keeps_the_values_of_that_type() -> None:
+    node = compile_schema({"type": "string", "enum": ["a", 1, None, "b"]})
+    for text, ok in (('"a"', True), ('"b"', True), ("1", False), ("null", False)):
+        state = advance_bytes(start(node), text.encode())
+        assert (state is not None and accepting(state)) == ok, text
+    with pytest.raises(ValueError, match="no enum value is of type"):
+        compile_schema({"type": "integer", "enum": ["a", True]})

@@ -149,6 +149,12 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
         values = schema["enum"] if "enum" in schema else [schema["const"]]
         if not isinstance(values, list) or not values:
             raise ValueError(f"{where}: enum must be a non-empty list")
+        kinds = schema.get("type")
+        if kinds is not None:  # both given: the values of those types only
+            kinds = kinds if isinstance(kinds, list) else [kinds]
+            values = [v for v in values if any(_is(v, k) for k in kinds)]
+            if not values:
+                raise ValueError(f"{where}: no enum value is of type {schema['type']}")
         return Lit(frozenset(compact(v) for v in values))
     for word in ("anyOf", "oneOf", "allOf"):
         if word in schema:
@@ -175,6 +181,20 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
     if kind not in TYPES:
         raise ValueError(f"{where}: type must be one of {list(TYPES)}, got {kind!r}")
     return _typed(schema, kind, where, refs)
+
+
+_PYTHON_TYPES = {"object": dict, "array": list, "string": str, "null": type(None), "integer": int,
+                 "number": (int, float)}
+
+
+def _is(value: object, kind: object) -> bool:
+    """Whether a JSON value is of a JSON Schema type (an integer is a number too; so is 1.0 an integer)."""
+    if isinstance(value, bool):
+        return kind == "boolean"
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
+    python = _PYTHON_TYPES.get(kind) if isinstance(kind, str) else None
+    return python is not None and isinstance(value, python)
 
 
 def _alone(schema: dict, word: str, where: str) -> None:

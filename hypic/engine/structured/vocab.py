@@ -21,7 +21,7 @@ import torch
 from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, in_free_string, start
 from hypic.engine.structured.schema import Node
 
-MEMO_STATES = 16384
+MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
 
 
 def _byte_stand_ins() -> dict[str, int]:
@@ -107,7 +107,12 @@ class TokenVocab:
             raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
                              "every JSON text; structured output is unavailable for this model")
         self._memo: dict[State, torch.Tensor] = {}
+        self._memo_ids = 0
         self.memo_hits = self.memo_misses = 0
+
+    def clear_memo(self) -> None:
+        self._memo.clear()
+        self._memo_ids = 0
 
     def allowed(self, state: State) -> torch.Tensor:
         """Ids of the tokens whose bytes the matcher reads from ``state`` (CPU, int64)."""
@@ -130,9 +135,11 @@ class TokenVocab:
         got = torch.tensor(sorted(ids), dtype=torch.long)
         if free:
             got = torch.cat([got, self.plain]).sort().values
-        if len(self._memo) >= MEMO_STATES:
+        if self._memo_ids + len(got) > MEMO_IDS:  # full: start again (recurring states come back at once)
             self._memo.clear()
+            self._memo_ids = 0
         self._memo[state] = got
+        self._memo_ids += len(got)
         return got
 
 

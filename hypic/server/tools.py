@@ -1,0 +1,113 @@
+"""Tool calling in chat: OpenAI's ``tools`` and ``tool_choice`` on top of structured output.
+
+The tools are handed to the model's chat template (``tools``, as transformers' ``apply_chat_template``
+passes them: Qwen's templates list them in the system turn), so the model knows what it may call.
+Then, by ``tool_choice``:
+
+- ``required`` or a named function: decoding is constrained (``SamplingParams.json_schema``) to
+  one call ``{"name": …, "arguments": {…}}`` whose arguments the function's ``parameters`` schema
+  accepts — model-agnostic, as vLLM does it; the answer is that call (``finish_reason: tool_calls``);
+- ``auto`` (the default with tools): decoding is free and the text is searched for calls in the
+  Hermes format Qwen's templates teach (``<tool_call>{"name": …, "arguments": …}</tool_call>``);
+  calls found become ``tool_calls``, the rest stays ``content``;
+- ``none``: plain text.
+
+One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
+returns every well-formed block. Streamed answers with tools come as one chunk when the answer is
+complete: a call is not useful in pieces, and whether text is a call is known only at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from hypic.engine.structured import compile_schema
+
+BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolCalling:
+    """How one chat request calls tools: ``forced`` (required or named: constrained to ``schema``)
+    or ``auto`` (free text, searched for calls); ``names`` the functions it may call."""
+
+    forced: bool
+    names: tuple[str, ...]
+    schema: dict | None  # the call's JSON schema when forced
+
+    def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
+        """The assistant message and finish reason for a generated ``text``."""
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if self.forced:
+            if finish == "stop":  # a whole value: the matcher saw to its shape
+                call = json.loads(text)
+                calls, content = [_call(call["name"], call["arguments"])], None
+        else:
+            calls, content = parse_calls(text, self.names)
+        if not calls:
+            return {"role": "assistant", "content": text}, finish
+        return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+
+
+def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolCalling | None:
+    """The request's tool calling, or None (no tools, or ``none``); ValueError naming the field."""
+    names = tuple(t["function"]["name"] for t in tools or [])
+    if len(set(names)) != len(names):
+        raise ValueError("tools: two tools share a name")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice: needs tools")
+        return None
+    if choice == "none":
+        return None
+    if choice in (None, "auto"):
+        return ToolCalling(False, names, None)
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        if name not in names:
+            raise ValueError(f"tool_choice: no tool is named {name!r}")
+        chosen = [t for t in tools if t["function"]["name"] == name]
+    else:  # "required"
+        chosen = list(tools)
+    options = []
+    for t in chosen:
+        f = t["function"]
+        parameters = f.get("parameters") or {"type": "object", "properties": {}}
+        k = tools.index(t)
+        try:
+            compile_schema(parameters)
+        except ValueError as e:  # named where the request holds it
+            raise ValueError(f"tools[{k}].function.parameters{str(e).removeprefix('json_schema')}") from None
+        options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": parameters},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    return ToolCalling(True, names, options[0] if len(options) == 1 else {"anyOf": options})
+
+
+def parse_calls(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str | None]:
+    """Hermes-format calls in free text → (calls, the text left, None when nothing is). A block
+    that is not a JSON call of a known function stays in the text, as the model wrote it."""
+    calls, kept, at = [], [], 0
+    for m in BLOCK.finditer(text):
+        try:
+            call = json.loads(m.group(1))
+        except ValueError:
+            continue
+        args = call.get("arguments", call.get("parameters")) if isinstance(call, dict) else None
+        if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
+            continue
+        calls.append(_call(call["name"], args))
+        kept.append(text[at:m.start()])
+        at = m.end()
+    kept.append(text[at:])
+    rest = "".join(kept).strip()
+    return calls, (rest or None) if calls else text
+
+
+def _call(name: str, arguments: object) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
