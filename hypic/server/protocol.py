@@ -222,7 +222,7 @@ class ChatRequest(Common):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tools: Annotated[list[ToolDef], Field(min_length=1, max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
 

@@ -1,0 +1,162 @@
+"""Tool calling in chat through the ``openai`` client: forced calls (``required``, a named function)
+are calls of a listed function whose arguments its schema accepts, whole and streamed; ``auto``
+answers are searched for Hermes blocks; the tools and earlier calls reach the template; what
+cannot be served is a 400 naming the field, and serving goes on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from hypic import LLM
+from hypic.server.chat import ChatTemplate
+from hypic.server.tools import ToolCalling, parse_calls
+from tests.server.conftest import API_KEY, MODEL, LiveServer, serve
+
+# a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call:\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}"
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                                    "days": {"type": "integer"}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+LOOKUP = {"type": "function", "function": {
+    "name": "lookup", "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 12}},
+                                     "required": ["query"]}}}
+TOOLS = [WEATHER, LOOKUP]
+ASK = [{"role": "user", "content": "What is the weather in Quorvane for two days?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The shared test model, its chat template one that renders tools."""
+    folder = tmp_path_factory.mktemp("tools_model")
+    shutil.copytree(model_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
+    live = serve(LLM(str(folder), device="cpu"), api_key=API_KEY, max_completion_tokens=64)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(tool_server: LiveServer) -> OpenAI:
+    return OpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(tool_server: LiveServer) -> httpx.Client:
+    return httpx.Client(base_url=tool_server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+def _checked(call) -> dict:
+    """A call of a listed function whose arguments its parameters accept (checked here by hand)."""
+    args = json.loads(call.function.arguments)
+    assert call.type == "function" and call.id.startswith("call_")
+    if call.function.name == "get_weather":
+        assert set(args) == {"city", "days"} and isinstance(args["city"], str) and len(args["city"]) <= 10
+        assert isinstance(args["days"], int) and not isinstance(args["days"], bool)
+    else:
+        assert call.function.name == "lookup" and set(args) == {"query"} and len(args["query"]) <= 12
+    return args
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
+def test_a_forced_call_is_a_listed_function_with_arguments_its_schema_accepts(client: OpenAI, choice) -> None:
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=64,
+                                         temperature=0)
+    c = out.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
+    args = _checked(c.message.tool_calls[0])
+    if isinstance(choice, dict):
+        assert c.message.tool_calls[0].function.name == "lookup"
+    chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                                 max_tokens=64, temperature=0, stream=True))
+    calls = [call for ch in chunks if ch.choices for call in ch.choices[0].delta.tool_calls or []]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == c.message.tool_calls[0].function.name
+    assert json.loads(calls[0].function.arguments) == args  # greedy: the same call streamed
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == \
+        ["tool_calls"]
+
+
+def test_the_tools_and_earlier_calls_reach_the_template_and_the_conversation_goes_on(client: OpenAI) -> None:
+    turn = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                          max_tokens=64, temperature=0)
+    call = turn.choices[0].message.tool_calls[0]
+    history = [*ASK, {"role": "assistant", "content": None,
+                      "tool_calls": [{"id": call.id, "type": "function",
+                                      "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+               {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C."}]
+    nxt = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0)
+    assert nxt.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    segments = ChatTemplate(TOOLS_TEMPLATE).segments(
+        [("user", [ASK[0]["content"]]), ("assistant", [""]), ("tool", ["Sunny, 21 C."])],
+        [t for t in TOOLS], [{}, {"tool_calls": history[1]["tool_calls"]}, {"tool_call_id": call.id}])
+    texts = [s.text for s in segments]
+    assert '"name": "get_weather"' in texts[0] and '"name": "lookup"' in texts[0]  # the tools, in the first segment
+    assert f'<tool_call>{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}' in texts[1]
+    assert texts[2].startswith("<|im_start|>tool\nSunny, 21 C.")
+
+
+def test_auto_answers_are_searched_for_hermes_blocks() -> None:
+    names = ("get_weather", "lookup")
+    calls, rest = parse_calls('Let me check.\n<tool_call>\n{"name": "lookup", "arguments": {"query": "mill"}}\n'
+                              '</tool_call>', names)
+    assert rest == "Let me check." and [c["function"]["name"] for c in calls] == ["lookup"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"query": "mill"}
+    two, rest = parse_calls('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+                            '<tool_call>{"name": "get_weather", "arguments": {"city": "X", "days": 1}}', names)
+    assert [c["function"]["name"] for c in two] == ["lookup", "get_weather"] and rest is None  # the last unclosed
+    for text in ('<tool_call>{"name": "lookup", "arguments": </tool_call>', '<tool_call>{"name": "rm", "arguments": {}}'
+                 '</tool_call>', "No call here."):
+        assert parse_calls(text, names) == ([], text)  # malformed, unknown, none: left as text
+    auto = ToolCalling(False, names, None)
+    message, finish = auto.message('<tool_call>{"name": "lookup", "arguments": {"query": "a"}}</tool_call>', "stop")
+    assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
+    assert auto.message("plain", "length") == ({"role": "assistant", "content": "plain"}, "length")
+
+
+def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
+    for choice in ("auto", "none"):
+        out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
+                                             max_tokens=12, temperature=0)
+        c = out.choices[0]
+        assert (c.finish_reason == "tool_calls") == bool(c.message.tool_calls)
+        assert c.message.tool_calls or isinstance(c.message.content, str)
+    cut = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=3,
+                                         temperature=0)
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content.startswith("{")
+    assert not cut.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("body, param, needle", [
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+     "no tool is named 'nope'"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "x"}}}],
+      "tool_choice": "required"}, "tools[0].function.parameters", "'pattern' is not supported"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "share a name"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
+     "forces a call"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", "pattern"),
+])
+def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, client: OpenAI, body, param,
+                                                            needle) -> None:
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err
+    after = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
+    assert after.choices[0].message.content is not None
