@@ -9,6 +9,7 @@ result is from running the whole span, next to the naive sum that drops ``T``.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -287,9 +288,16 @@ def generate(args: argparse.Namespace) -> int:
     try:
         llm = LLM(args.model, device=args.device, seam=args.seam)
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
+        schema = None
+        if args.json_schema is not None:  # a file, or the JSON itself
+            text = Path(args.json_schema).read_text() if Path(args.json_schema).is_file() else args.json_schema
+            try:
+                schema = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"--json-schema: neither a file nor JSON ({e})") from None
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                            repetition_penalty=args.repetition_penalty)
+                            repetition_penalty=args.repetition_penalty, json_schema=schema)
         for _ in range(args.repeat):
             out = llm.generate(args.prompt, sp, mode=args.mode)[0]
             m = out.metrics
@@ -332,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--min-p", type=float, default=0.0)
     p_gen.add_argument("--repetition-penalty", type=float, default=1.0)
     p_gen.add_argument("--repeat", type=int, default=1, help="ask again (the second time the segments are cached)")
+    p_gen.add_argument("--json-schema", help="answer in JSON this schema accepts: a file or the JSON itself "
+                       "('true': any JSON value)")
     p_gen.set_defaults(func=generate)
     add_bench_parser(sub)
     p_eval = sub.add_parser("eval", help="evaluations")

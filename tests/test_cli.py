@@ -74,3 +74,21 @@ def test_byte_counts_and_budgets_parse() -> None:
     for bad in ("lots", "-1GB", "4XB"):
         with pytest.raises(argparse.ArgumentTypeError, match="byte count"):
             parse_budget(bad)
+
+
+def test_generate_answers_in_json_with_a_schema_inline_or_from_a_file(tmp_path, capsys) -> None:
+    import json
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    prompt = "Question: Where does Mira live?\nAnswer:"
+    outs = []
+    for given in (json.dumps(schema), str(tmp_path / "schema.json")):
+        assert main(["generate", "--max-tokens", "40", "--json-schema", given, prompt]) == 0
+        outs.append(capsys.readouterr().out.strip())
+    value = json.loads(outs[0])
+    assert outs[0] == outs[1] and set(value) == {"city"} and len(value["city"]) <= 10
+    assert main(["generate", "--json-schema", "{not json", prompt]) == 2
+    assert "--json-schema: neither a file nor JSON" in capsys.readouterr().err
+    assert main(["generate", "--json-schema", '{"type": "string", "format": "email"}', prompt]) == 2
+    assert "'format' is not supported" in capsys.readouterr().err

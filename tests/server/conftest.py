@@ -10,9 +10,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
+from openai import OpenAI
 from safetensors.torch import load_file, save_file
 
 from hypic import LLM
@@ -87,3 +89,22 @@ def server(llm: LLM) -> Iterator[LiveServer]:
                  max_concurrent=4, max_queue=32)
     yield live
     live.stop()
+
+
+def openai_client(live: LiveServer) -> OpenAI:
+    return OpenAI(base_url=f"{live.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def http_client(live: LiveServer) -> httpx.Client:
+    return httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> OpenAI:
+    """The shared server through the official client (a module may serve another and override it)."""
+    return openai_client(server)
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> httpx.Client:
+    return http_client(server)

@@ -21,16 +21,6 @@ TRACE = generate_trace(7, num_requests=12, pool_size=16, num_docs=(3, 4), doc_to
 TOL = 0.05  # hypic vs full: log-probabilities this close are a tie the cache may break either way
 
 
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def http(server: LiveServer) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
-
-
 def rag(i: int, order: slice = slice(None)) -> list[str]:
     """Request i of the trace as segments: head, documents (in ``order``), query."""
     segs = TRACE.segments(TRACE.requests[i])

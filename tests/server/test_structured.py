@@ -11,23 +11,13 @@ import pytest
 from openai import BadRequestError, OpenAI
 
 from hypic import LLM, SamplingParams
-from tests.server.conftest import API_KEY, MODEL, LiveServer
+from tests.server.conftest import MODEL
 
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8},
                                            "n": {"type": "integer"}, "ok": {"type": "boolean"}},
           "required": ["answer", "n"], "additionalProperties": False}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER, "strict": True}}
 PROMPT = "Question: who founded the mill?\nAnswer:"
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> OpenAI:
-    return OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def http(server: LiveServer) -> httpx.Client:
-    return httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
 
 
 def _fits(text: str) -> dict:

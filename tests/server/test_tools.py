@@ -17,7 +17,7 @@ from openai import OpenAI
 from hypic import LLM
 from hypic.server.chat import ChatTemplate
 from hypic.server.tools import ToolCalling, parse_calls
-from tests.server.conftest import API_KEY, MODEL, LiveServer, serve
+from tests.server.conftest import API_KEY, MODEL, LiveServer, http_client, openai_client, serve
 
 # a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
 TOOLS_TEMPLATE = (
@@ -53,12 +53,12 @@ def tool_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 @pytest.fixture(scope="module")
 def client(tool_server: LiveServer) -> OpenAI:
-    return OpenAI(base_url=f"{tool_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+    return openai_client(tool_server)
 
 
 @pytest.fixture(scope="module")
 def http(tool_server: LiveServer) -> httpx.Client:
-    return httpx.Client(base_url=tool_server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    return http_client(tool_server)
 
 
 def _checked(call) -> dict:
