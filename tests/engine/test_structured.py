@@ -8,6 +8,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from hypic import LLM, SamplingParams
@@ -270,3 +272,68 @@ def test_an_enum_beside_a_type_keeps_the_values_of_that_type() -> None:
         assert (state is not None and accepting(state)) == ok, text
     with pytest.raises(ValueError, match="no enum value is of type"):
         compile_schema({"type": "integer", "enum": ["a", True]})
+
+
+# ---- random schemas of the supported subset (hypothesis), drawn from as above
+
+_KEYS = st.sampled_from(["a", "b", "name", 'q"uote', "back\\slash", "é", "new\nline", "sp ace", ""])
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-50, 50), st.sampled_from(["x", "y z", 'q"', "é"]))
+
+
+def _lengths(kind: str, low_name: str, high_name: str) -> st.SearchStrategy:
+    return st.tuples(st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))).map(
+        lambda lh: {"type": kind, low_name: lh[0], **({} if lh[1] is None else {high_name: lh[0] + lh[1]})})
+
+
+_LEAVES = st.one_of(
+    _lengths("string", "minLength", "maxLength"),
+    st.sampled_from([{"type": "integer"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}, True, {}]),
+    st.lists(_SCALARS, min_size=1, max_size=3, unique_by=json.dumps).map(lambda v: {"enum": v}),
+    _SCALARS.map(lambda v: {"const": v}),
+    st.lists(st.sampled_from(["string", "integer", "null", "boolean"]), min_size=1, max_size=3, unique=True)
+    .map(lambda t: {"type": t}),
+)
+
+
+def _objects(children: st.SearchStrategy) -> st.SearchStrategy:
+    def build(props: dict, required_mask: list[bool], closed: bool) -> dict:
+        required = [k for k, r in zip(props, required_mask, strict=False) if r]
+        return {"type": "object", "properties": props, "required": required,
+                **({"additionalProperties": False} if closed else {})}
+    declared = st.builds(build, st.dictionaries(_KEYS, children, min_size=1, max_size=3),
+                         st.lists(st.booleans(), min_size=3, max_size=3), st.booleans())
+    free = children.map(lambda c: {"type": "object", "additionalProperties": c})
+    return st.one_of(declared, free)
+
+
+def _arrays(children: st.SearchStrategy) -> st.SearchStrategy:
+    return st.tuples(children, st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2))).map(
+        lambda t: {"type": "array", "items": t[0], "minItems": t[1],
+                   **({} if t[2] is None else {"maxItems": t[1] + t[2]})})
+
+
+_SCHEMAS = st.recursive(_LEAVES, lambda c: st.one_of(_objects(c), _arrays(c),
+                                                     st.lists(c, min_size=2, max_size=3).map(lambda o: {"anyOf": o})),
+                        max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=_SCHEMAS, seed=st.integers(0, 2**16))
+def test_random_schemas_every_draw_ends_in_json_they_accept(vocab, schema, seed: int) -> None:
+    rng = random.Random(seed)
+    c = JsonConstraint(vocab, compile_schema(schema), {EOS})
+    text = b""
+    for _ in range(600):
+        ids = c.allowed().tolist()
+        assert ids, (schema, text)
+        weights = [1e4 if i == EOS else 1.0 + 1e3 * sum(b in CLOSERS for b in vocab.pieces[i]) for i in ids]
+        tok = rng.choices(ids, weights)[0]
+        assert c.accept(tok)
+        if tok == EOS:
+            break
+        text += vocab.pieces[tok]
+        if c.finished:
+            break
+    else:
+        raise AssertionError(f"no end in 600 tokens: {schema} {text[:200]!r}")
+    assert valid(json.loads(text.decode()), schema), (schema, text)
