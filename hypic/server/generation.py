@@ -31,7 +31,7 @@ from hypic.server.errors import APIError
 from hypic.server.metrics import Metrics
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
 from hypic.server.text import TextStream
-from hypic.server.tools import ToolCalling
+from hypic.server.tools import StreamedCalls, ToolCalling
 
 
 @dataclass
@@ -173,14 +173,10 @@ class Responder:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.gen.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model}
 
-    def chunk(self, piece: Piece) -> dict:
-        delta: dict[str, Any] = {"content": piece.text} if self.gen.chat else {"text": piece.text}
-        if self.gen.tools is not None and piece.finish is not None:  # the held answer, whole (module docstring)
-            message, finish = self.gen.tools.message(piece.text, piece.finish)
-            delta = {k: v for k, v in message.items() if k != "role"}
-            for k, call in enumerate(delta.get("tool_calls", [])):
-                call["index"] = k  # a streamed call carries its index
-            piece = Piece(piece.text, piece.tokens, finish)
+    def chunk(self, piece: Piece, delta: dict[str, Any] | None = None) -> dict:
+        """A stream's chunk of ``piece``; ``delta`` instead of the piece's text (tool calls)."""
+        if delta is None:
+            delta = {"content": piece.text} if self.gen.chat else {"text": piece.text}
         choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
                   "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
         return {**self._envelope(True), "choices": [choice]}
@@ -248,19 +244,26 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                                                                 "logprobs": None, "finish_reason": None}]})
         tasks = [asyncio.ensure_future(pump(r)) for r in rs]
         open_choices = len(rs)
-        held: dict[int, list[Piece]] = {}  # with tools, a choice's pieces until its end
+        calls = {r.index: StreamedCalls(r.gen.tools) for r in rs if r.gen.tools is not None}
+        held: dict[int, list] = {}  # log-probabilities of tokens whose text a tool call holds back
         while open_choices:
             r, item = await queue.get()
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
                 raise item
-            elif r.gen.tools is not None:
-                held.setdefault(r.index, []).append(item)
+            elif r.index in calls:
+                tokens = held.pop(r.index, []) + item.tokens
+                text = calls[r.index].push(item.text)
                 if item.finish is not None:
-                    parts = held.pop(r.index)
-                    yield _sse(r.chunk(Piece("".join(p.text for p in parts), [t for p in parts for t in p.tokens],
-                                             item.finish)))
+                    delta, finish = calls[r.index].finish(item.finish)
+                    if text:
+                        delta["content"] = text + delta.get("content", "")
+                    yield _sse(r.chunk(Piece("", tokens, finish), delta))
+                elif text:
+                    yield _sse(r.chunk(Piece(text, tokens)))
+                else:
+                    held[r.index] = tokens
             elif item.text or item.finish or r.gen.top_logprobs is not None:
                 yield _sse(r.chunk(item))
         if r0.gen.include_usage:

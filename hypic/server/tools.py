@@ -13,8 +13,10 @@ Then, by ``tool_choice``:
 - ``none``: plain text.
 
 One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
-returns every well-formed block. Streamed answers with tools come as one chunk when the answer is
-complete: a call is not useful in pieces, and whether text is a call is known only at its end.
+returns every well-formed block. Streamed, an ``auto`` answer's text flows as it comes — held back
+only where it could be the start of a ``<tool_call>`` tag, and from a tag on to the end
+(``StreamedCalls``) — and its calls come whole in the last chunk; a forced call comes whole in one
+chunk (a call is not useful in pieces).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from hypic.engine.structured import compile_schema
 
+OPEN = "<tool_call>"
 BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -91,6 +94,12 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
 def parse_calls(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str | None]:
     """Hermes-format calls in free text → (calls, the text left, None when nothing is). A block
     that is not a JSON call of a known function stays in the text, as the model wrote it."""
+    calls, rest = _split(text, names)
+    return calls, (rest.strip() or None) if calls else text
+
+
+def _split(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str]:
+    """The calls in ``text`` and the text around them, as it is."""
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
         try:
@@ -104,10 +113,42 @@ def parse_calls(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]]
         kept.append(text[at:m.start()])
         at = m.end()
     kept.append(text[at:])
-    rest = "".join(kept).strip()
-    return calls, (rest or None) if calls else text
+    return calls, "".join(kept)
 
 
 def _call(name: str, arguments: object) -> dict[str, Any]:
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+
+
+class StreamedCalls:
+    """One streamed answer with tools: which text may go out now, and the last chunk's delta."""
+
+    def __init__(self, calling: ToolCalling) -> None:
+        self.calling, self.text, self.sent = calling, "", 0
+
+    def push(self, piece: str) -> str:
+        """The content that can go out now: none for a forced call; for ``auto`` the text up to a
+        ``<tool_call>`` tag, or up to a suffix that could still grow into one."""
+        self.text += piece
+        if self.calling.forced:
+            return ""
+        tag = self.text.find(OPEN)
+        if tag >= 0:
+            end = tag
+        else:
+            keep = next((k for k in range(min(len(OPEN) - 1, len(self.text)), 0, -1)
+                         if OPEN.startswith(self.text[-k:])), 0)
+            end = len(self.text) - keep
+        end = max(end, self.sent)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def finish(self, finish: str) -> tuple[dict[str, Any], str]:
+        """The last chunk's delta (what was held: calls, or the rest of the text) and finish reason."""
+        message, reason = self.calling.message(self.text, finish)
+        if "tool_calls" not in message:
+            return {"content": self.text[self.sent:]}, reason
+        calls = [{**call, "index": k} for k, call in enumerate(message["tool_calls"])]  # a streamed call's index
+        rest = "" if self.calling.forced else _split(self.text[self.sent:], self.calling.names)[1]
+        return ({"content": rest} if rest.strip() else {}) | {"tool_calls": calls}, reason

@@ -6,6 +6,7 @@ cannot be served is a 400 naming the field, and serving goes on."""
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from openai import OpenAI
 
 from hypic import LLM
 from hypic.server.chat import ChatTemplate
-from hypic.server.tools import ToolCalling, parse_calls
+from hypic.server.tools import StreamedCalls, ToolCalling, parse_calls
 from tests.server.conftest import API_KEY, MODEL, LiveServer, http_client, openai_client, serve
 
 # a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
@@ -160,3 +161,50 @@ def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, 
     assert err["param"] == param and needle in err["message"], err
     after = client.chat.completions.create(model=MODEL, messages=ASK, max_tokens=2)
     assert after.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("text", [
+    "Plain text that never calls <tool a tool.",
+    'Checking.<tool_call>{"name": "lookup", "arguments": {"query": "mill"}}</tool_call>',
+    'A <tool_c>decoy, then <tool_call>{"name": "get_weather", "arguments": {"city": "X", "days": 2}}</tool_call>'
+    ' and <tool_call>{"name": "lookup", "arguments": {}}',
+    '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',  # an unknown function: text
+])
+def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(text: str) -> None:
+    """Split at every boundary pattern: the content streamed plus the last delta say what the whole
+    answer says, and text is held back only from a (possible) tag on."""
+    whole, finish = ToolCalling(False, ("get_weather", "lookup"), None).message(text, "stop")
+    for seed in range(20):
+        rng = random.Random(seed)
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 12))))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        s = StreamedCalls(ToolCalling(False, ("get_weather", "lookup"), None))
+        sent = ""
+        for p in pieces[:-1]:
+            sent += s.push(p)
+            tag = text.find("<tool_call>")
+            assert text.startswith(sent) and (tag < 0 or len(sent) <= tag)
+            held = s.text[len(sent):]
+            assert tag >= 0 and len(sent) == tag or len(held) < len("<tool_call>")
+        sent += s.push(pieces[-1])
+        delta, got_finish = s.finish("stop")
+        assert got_finish == finish
+        if "tool_calls" in whole:
+            assert [c["function"] for c in delta["tool_calls"]] == [c["function"] for c in whole["tool_calls"]]
+            assert [c["index"] for c in delta["tool_calls"]] == list(range(len(whole["tool_calls"])))
+            assert (sent + delta.get("content", "")).strip() == (whole["content"] or "")
+        else:
+            assert sent + delta["content"] == text
+
+
+def test_a_streamed_auto_answer_over_http_equals_the_whole_one(client: OpenAI) -> None:
+    kw = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=24, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0]
+    chunks = [c for c in client.chat.completions.create(**kw, stream=True) if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    calls = [call for c in chunks for call in c.choices[0].delta.tool_calls or []]
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
+    if whole.message.tool_calls:
+        assert [c.function.name for c in calls] == [c.function.name for c in whole.message.tool_calls]
+    else:
+        assert text == whole.message.content and not calls
