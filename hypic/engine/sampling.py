@@ -4,7 +4,8 @@ log-probabilities (of the adjusted distribution, the one the token is drawn from
 
 Adjustments, in order (vLLM's meanings): the logit bias; the repetition penalty over the prompt's
 and the generated tokens; the presence and frequency penalties over the generated tokens; and,
-before ``min_tokens`` tokens, the stop tokens (and EOS, unless ignored) made impossible."""
+before ``min_tokens`` tokens, the stop tokens (and EOS, unless ignored) made impossible; last, for
+structured output, every token the grammar does not allow (``hypic.engine.structured``)."""
 
 from __future__ import annotations
 

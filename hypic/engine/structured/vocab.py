@@ -94,15 +94,16 @@ class TokenVocab:
         for i, data in pieces.items():
             if not data:
                 continue
-            if _plain(data):
+            is_plain = _plain(data)
+            if is_plain:
                 plain.append(i)
-            for trie in (self.root,) if _plain(data) else (self.root, self.rest):
+            for trie in (self.root,) if is_plain else (self.root, self.rest):
                 node = trie
                 for b in data:
                     node = node.children.setdefault(b, _Trie())
                 node.ids.append(i)
         self.plain = torch.tensor(sorted(plain), dtype=torch.long)
-        missing = [chr(b) for b in b' \n"{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
+        missing = [chr(b) for b in b' "{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
         if missing:
             raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
                              "every JSON text; structured output is unavailable for this model")
