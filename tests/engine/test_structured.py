@@ -337,3 +337,12 @@ def test_random_schemas_every_draw_ends_in_json_they_accept(vocab, schema, seed:
     else:
         raise AssertionError(f"no end in 600 tokens: {schema} {text[:200]!r}")
     assert valid(json.loads(text.decode()), schema), (schema, text)
+
+
+def test_a_model_that_cannot_spell_json_is_refused_by_name(qwen3_5_path) -> None:
+    with pytest.raises(ValueError, match="no token for '\"'"):
+        TokenVocab({i: bytes([b]) for i, b in enumerate(b" {}abc")})
+    bare = LLM(str(qwen3_5_path), device="cpu", dtype=torch.float32)  # a checkpoint without tokenizer.json
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        bare.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2, json_schema=True))
+    assert bare.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2))[0].token_ids  # and it goes on
