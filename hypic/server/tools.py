@@ -47,9 +47,9 @@ class ToolCalling:
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if self.forced:
-            if finish == "stop":  # a whole value: the matcher saw to its shape
-                call = json.loads(text)
-                calls, content = [_call(call["name"], call["arguments"])], None
+            # a whole value has the call's shape (the matcher saw to it); a stop string may have cut it
+            call = _parsed(text, self.names) if finish == "stop" else None
+            calls, content = ([call], None) if call is not None else ([], text)
         else:
             calls, content = parse_calls(text, self.names)
         if not calls:
@@ -102,18 +102,26 @@ def _split(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str
     """The calls in ``text`` and the text around them, as it is."""
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
-        try:
-            call = json.loads(m.group(1))
-        except ValueError:
+        call = _parsed(m.group(1), names)
+        if call is None:
             continue
-        args = call.get("arguments", call.get("parameters")) if isinstance(call, dict) else None
-        if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
-            continue
-        calls.append(_call(call["name"], args))
+        calls.append(call)
         kept.append(text[at:m.start()])
         at = m.end()
     kept.append(text[at:])
     return calls, "".join(kept)
+
+
+def _parsed(text: str, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """A call of a known function, as JSON text ``{"name": …, "arguments": {…}}``, in OpenAI's shape; else None."""
+    try:
+        call = json.loads(text)
+    except ValueError:
+        return None
+    args = call.get("arguments", call.get("parameters")) if isinstance(call, dict) else None
+    if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
+        return None
+    return _call(call["name"], args)
 
 
 def _call(name: str, arguments: object) -> dict[str, Any]:

@@ -208,3 +208,16 @@ def test_a_streamed_auto_answer_over_http_equals_the_whole_one(client: OpenAI) -
         assert [c.function.name for c in calls] == [c.function.name for c in whole.message.tool_calls]
     else:
         assert text == whole.message.content and not calls
+
+
+def test_a_forced_call_cut_by_a_stop_string_answers_as_text(client: OpenAI) -> None:
+    forced = ToolCalling(True, ("lookup",), None)
+    whole = '{"name": "lookup", "arguments": {"query": "a"}}'
+    message, finish = forced.message(whole, "stop")
+    assert finish == "tool_calls" and json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"query": "a"}
+    for cut in ('{"name": "lookup", "argu', '{"name": "other", "arguments": {}}'):
+        assert forced.message(cut, "stop") == ({"role": "assistant", "content": cut}, "stop")
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=64,
+                                         temperature=0, stop=['"'])  # the first quote ends it: not a call
+    c = out.choices[0]
+    assert c.finish_reason == "stop" and not c.message.tool_calls and c.message.content.startswith("{")
