@@ -7,9 +7,11 @@ Then, by ``tool_choice``:
 - ``required`` or a named function: decoding is constrained (``SamplingParams.json_schema``) to
   one call ``{"name": …, "arguments": {…}}`` whose arguments the function's ``parameters`` schema
   accepts — model-agnostic, as vLLM does it; the answer is that call (``finish_reason: tool_calls``);
-- ``auto`` (the default with tools): decoding is free and the text is searched for calls in the
-  Hermes format Qwen's templates teach (``<tool_call>{"name": …, "arguments": …}</tool_call>``);
-  calls found become ``tool_calls``, the rest stays ``content``;
+- ``auto`` (the default with tools): decoding is free and the text is searched for calls in the two
+  formats Qwen's templates teach — Hermes JSON (``<tool_call>{"name": …, "arguments": …}</tool_call>``,
+  Qwen2.5 / Qwen3) and XML (``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…``, Qwen3-Coder
+  / Qwen3.5; a value is JSON unless its parameter is declared a string); calls found become
+  ``tool_calls``, the rest stays ``content``;
 - ``none``: plain text.
 
 One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
@@ -24,13 +26,15 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypic.engine.structured import compile_schema
 
 OPEN = "<tool_call>"
 BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>\s*$|$)", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class ToolCalling:
     forced: bool
     names: tuple[str, ...]
     schema: dict | None  # the call's JSON schema when forced
+    parameters: dict[str, dict] = field(default_factory=dict)  # name → its parameters schema (XML values' types)
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
@@ -48,10 +53,10 @@ class ToolCalling:
         content: str | None = text
         if self.forced:
             # a whole value has the call's shape (the matcher saw to it); a stop string may have cut it
-            call = _parsed(text, self.names) if finish == "stop" else None
+            call = _parsed(text, self.names, self.parameters) if finish == "stop" else None
             calls, content = ([call], None) if call is not None else ([], text)
         else:
-            calls, content = parse_calls(text, self.names)
+            calls, content = parse_calls(text, self.names, self.parameters)
         if not calls:
             return {"role": "assistant", "content": text}, finish
         return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
@@ -68,8 +73,9 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
         return None
     if choice == "none":
         return None
+    parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if choice in (None, "auto"):
-        return ToolCalling(False, names, None)
+        return ToolCalling(False, names, None, parameters)
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         if name not in names:
@@ -88,21 +94,22 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
             raise ValueError(f"tools[{k}].function.parameters{str(e).removeprefix('json_schema')}") from None
         options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": parameters},
                         "required": ["name", "arguments"], "additionalProperties": False})
-    return ToolCalling(True, names, options[0] if len(options) == 1 else {"anyOf": options})
+    return ToolCalling(True, names, options[0] if len(options) == 1 else {"anyOf": options}, parameters)
 
 
-def parse_calls(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str | None]:
-    """Hermes-format calls in free text → (calls, the text left, None when nothing is). A block
-    that is not a JSON call of a known function stays in the text, as the model wrote it."""
-    calls, rest = _split(text, names)
+def parse_calls(text: str, names: tuple[str, ...], parameters: dict[str, dict] | None = None
+                ) -> tuple[list[dict[str, Any]], str | None]:
+    """Calls in free text (module docstring) → (calls, the text left, None when nothing is). A
+    block that is not a call of a known function stays in the text, as the model wrote it."""
+    calls, rest = _split(text, names, parameters or {})
     return calls, (rest.strip() or None) if calls else text
 
 
-def _split(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str]:
+def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tuple[list[dict[str, Any]], str]:
     """The calls in ``text`` and the text around them, as it is."""
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
-        call = _parsed(m.group(1), names)
+        call = _parsed(m.group(1), names, parameters)
         if call is None:
             continue
         calls.append(call)
@@ -112,8 +119,17 @@ def _split(text: str, names: tuple[str, ...]) -> tuple[list[dict[str, Any]], str
     return calls, "".join(kept)
 
 
-def _parsed(text: str, names: tuple[str, ...]) -> dict[str, Any] | None:
-    """A call of a known function, as JSON text ``{"name": …, "arguments": {…}}``, in OpenAI's shape; else None."""
+def _parsed(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> dict[str, Any] | None:
+    """A call of a known function — JSON ``{"name": …, "arguments": {…}}`` or XML ``<function=…>`` —
+    in OpenAI's shape; else None."""
+    xml = XML_CALL.match(text)
+    if xml is not None:
+        name = xml.group(1)
+        if name not in names:
+            return None
+        props = (parameters.get(name) or {}).get("properties") or {}
+        args = {k: _xml_value(v, props.get(k)) for k, v in XML_PARAMETER.findall(xml.group(2))}
+        return _call(name, args)
     try:
         call = json.loads(text)
     except ValueError:
@@ -122,6 +138,16 @@ def _parsed(text: str, names: tuple[str, ...]) -> dict[str, Any] | None:
     if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
         return None
     return _call(call["name"], args)
+
+
+def _xml_value(text: str, schema: object) -> object:
+    """An XML parameter's value: the text itself for a declared string, else its JSON when it is JSON."""
+    if isinstance(schema, dict) and schema.get("type") == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _call(name: str, arguments: object) -> dict[str, Any]:
@@ -158,5 +184,6 @@ class StreamedCalls:
         if "tool_calls" not in message:
             return {"content": self.text[self.sent:]}, reason
         calls = [{**call, "index": k} for k, call in enumerate(message["tool_calls"])]  # a streamed call's index
-        rest = "" if self.calling.forced else _split(self.text[self.sent:], self.calling.names)[1]
+        rest = "" if self.calling.forced else _split(self.text[self.sent:], self.calling.names,
+                                                          self.calling.parameters)[1]
         return ({"content": rest} if rest.strip() else {}) | {"tool_calls": calls}, reason

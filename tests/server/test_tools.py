@@ -123,6 +123,16 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     for text in ('<tool_call>{"name": "lookup", "arguments": </tool_call>', '<tool_call>{"name": "rm", "arguments": {}}'
                  '</tool_call>', "No call here."):
         assert parse_calls(text, names) == ([], text)  # malformed, unknown, none: left as text
+    xml = ("Sure.\n<tool_call>\n<function=get_weather>\n<parameter=city>\n12\n</parameter>\n<parameter=days>\n2\n"
+           "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=lookup>\n<parameter=query>\n"
+           '{"a": [1, true]}\n</parameter>\n</function>\n</tool_call>')
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    calls, rest = parse_calls(xml, names, schemas)  # the Qwen3-Coder / Qwen3.5 format
+    assert rest == "Sure." and [json.loads(c["function"]["arguments"]) for c in calls] == \
+        [{"city": "12", "days": 2}, {"query": '{"a": [1, true]}'}]  # a declared string stays text
+    untyped, _ = parse_calls("<tool_call><function=lookup><parameter=n>3</parameter><parameter=s>x y", names)
+    assert json.loads(untyped[0]["function"]["arguments"]) == {"n": 3, "s": "x y"}  # undeclared: JSON if it is
+    assert parse_calls("<tool_call><function=rm><parameter=p>/</parameter></function></tool_call>", names)[0] == []
     auto = ToolCalling(False, names, None)
     message, finish = auto.message('<tool_call>{"name": "lookup", "arguments": {"query": "a"}}</tool_call>', "stop")
     assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
@@ -169,6 +179,7 @@ def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, 
     'A <tool_c>decoy, then <tool_call>{"name": "get_weather", "arguments": {"city": "X", "days": 2}}</tool_call>'
     ' and <tool_call>{"name": "lookup", "arguments": {}}',
     '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',  # an unknown function: text
+    "Looking.\n<tool_call>\n<function=lookup>\n<parameter=query>\nmill\n</parameter>\n</function>\n</tool_call>",
 ])
 def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(text: str) -> None:
     """Split at every boundary pattern: the content streamed plus the last delta say what the whole
