@@ -82,33 +82,35 @@ class ChatTemplate:
                    eos_token=_token_text(tokenizer_config.get("eos_token")))
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-               tools: list[dict[str, Any]] | None = None) -> str:
+               context: dict[str, Any] | None = None) -> str:
+        """The template's text; ``context``: ``tools`` and the request's chat_template_kwargs."""
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         tools=tools, **self._extra)
+            return self._template.render(**{"tools": None, **self._extra, **(context or {})}, messages=messages,
+                                         add_generation_prompt=add_generation_prompt)
         except jinja2.TemplateError as e:
             raise ValueError(f"messages: the chat template refused them: {e}") from None
 
     def _message_start(self, marked: list[dict[str, Any]], i: int, full: str, lo: int, hi: int,
-                       tools: list[dict[str, Any]] | None) -> int:
+                       context: dict[str, Any] | None) -> int:
         """Where the template starts wrapping message i: the length of the render of messages[:i]
         when that is a prefix of the whole; else the message's content start ``hi``."""
         try:
-            prefix = self.render(marked[:i], add_generation_prompt=False, tools=tools)
+            prefix = self.render(marked[:i], add_generation_prompt=False, context=context)
         except ValueError:
             return hi
         return len(prefix) if lo <= len(prefix) <= hi and full.startswith(prefix) else hi
 
-    def segments(self, messages: list[tuple[str, list[str]]], tools: list[dict[str, Any]] | None = None,
+    def segments(self, messages: list[tuple[str, list[str]]], context: dict[str, Any] | None = None,
                  extras: list[dict[str, Any]] | None = None) -> list[ChatSegment]:
         """(role, text parts) per message → the rendered prompt as segments, the query last.
-        ``tools`` (OpenAI's function definitions) and each message's ``extras`` (an assistant's
-        ``tool_calls``, a tool answer's ``tool_call_id``) go to the template as they are."""
+        ``context`` (``tools``: OpenAI's function definitions; the request's chat_template_kwargs,
+        e.g. ``enable_thinking``) and each message's ``extras`` (an assistant's ``tool_calls``, a tool
+        answer's ``tool_call_id``) go to the template as they are."""
         mark = self._mark
         extras = extras or [{} for _ in messages]
         marked = [{**extra, "role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)}
                   for (role, parts), extra in zip(messages, extras, strict=True)]
-        full = self.render(marked, add_generation_prompt=True, tools=tools)
+        full = self.render(marked, add_generation_prompt=True, context=context)
         marks = [m.start() for m in re.finditer(re.escape(mark), full)]
         if len(marks) != sum(len(parts) for _, parts in messages):
             raise ValueError("messages: the chat template does not render each message's content exactly once")
@@ -117,7 +119,8 @@ class ChatTemplate:
         for i, (_, parts) in enumerate(messages):
             own = marks[first:first + len(parts)]
             if i > 0:
-                cuts.setdefault(self._message_start(marked, i, full, marks[first - 1] + len(mark), own[0], tools), i)
+                cuts.setdefault(self._message_start(marked, i, full, marks[first - 1] + len(mark), own[0], context),
+                                i)
             if len(parts) > 1:
                 for pos in own:
                     cuts.setdefault(pos, i)
@@ -127,7 +130,7 @@ class ChatTemplate:
         bounds = sorted((c - len(mark) * sum(m < c for m in marks), cuts[c]) for c in cuts)
         plain = self.render([{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}
                              for (role, parts), extra in zip(messages, extras, strict=True)],
-                            add_generation_prompt=True, tools=tools)
+                            add_generation_prompt=True, context=context)
         text = full.replace(mark, "")
         positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
         ends = [*positions[1:], len(plain)]

@@ -65,9 +65,10 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
     """Each message (each text part) its own segment, wrapped by the model's chat template."""
     messages = [(m.role, m.parts) for m in req.messages]
     _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
-    tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]
+    context = {**(req.chat_template_kwargs or {}),
+               "tools": None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]}
     try:
-        segments = template.segments(messages, tools, [m.extras for m in req.messages])
+        segments = template.segments(messages, context, [m.extras for m in req.messages])
     except ValueError as e:
         raise from_value_error(e, "messages") from None
     _check_count(len(segments), "messages", settings)

@@ -217,6 +217,9 @@ class NamedToolChoice(Strict):
     function: ChosenFunction
 
 
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
 class ChatRequest(Common):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -225,11 +228,16 @@ class ChatRequest(Common):
     tools: Annotated[list[ToolDef], Field(min_length=1, max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
+    # vLLM's extension: more variables for the chat template (Qwen3's enable_thinking, …)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
+        taken = sorted(set(self.chat_template_kwargs or {}) & TEMPLATE_VARIABLES)
+        if taken:
+            raise ValueError(f"chat_template_kwargs: {taken[0]!r} is set by the server, not the request")
         return self
 
     @property

@@ -113,3 +113,16 @@ def test_stop_strings_cut_the_text_even_across_tokens(tokenizer: Tokenizer, stop
     out += stream.finish()
     assert out == want and stream.stopped == (want != " naïve café au lait")
     assert json.dumps(out)  # plain text, nothing held back
+
+
+def test_chat_template_kwargs_reach_the_template_and_keep_segments_apart() -> None:
+    """A Qwen3-like switch: ``enable_thinking: false`` closes an empty think block in the generation prompt."""
+    source = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n"
+              "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+              "{% endif %}")
+    t = ChatTemplate(source)
+    messages = [("user", ["A"]), ("user", ["Q"])]
+    on, off = t.segments(messages), t.segments(messages, {"enable_thinking": False})
+    assert [s.text for s in on][0] == [s.text for s in off][0] == "<|im_start|>user\nA<|im_end|>\n"
+    assert off[-1].text == on[-1].text + "<think>\n\n</think>\n\n"

@@ -100,11 +100,12 @@ def test_the_tools_and_earlier_calls_reach_the_template_and_the_conversation_goe
                       "tool_calls": [{"id": call.id, "type": "function",
                                       "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
                {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 C."}]
-    nxt = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0)
+    nxt = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=8, temperature=0,
+                                         extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert nxt.choices[0].finish_reason in ("stop", "length", "tool_calls")
     segments = ChatTemplate(TOOLS_TEMPLATE).segments(
         [("user", [ASK[0]["content"]]), ("assistant", [""]), ("tool", ["Sunny, 21 C."])],
-        [t for t in TOOLS], [{}, {"tool_calls": history[1]["tool_calls"]}, {"tool_call_id": call.id}])
+        {"tools": TOOLS}, [{}, {"tool_calls": history[1]["tool_calls"]}, {"tool_call_id": call.id}])
     texts = [s.text for s in segments]
     assert '"name": "get_weather"' in texts[0] and '"name": "lookup"' in texts[0]  # the tools, in the first segment
     assert f'<tool_call>{{"name": "{call.function.name}", "arguments": {call.function.arguments}}}' in texts[1]
@@ -162,6 +163,7 @@ def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
      "forces a call"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", "pattern"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by the server"),
 ])
 def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, client: OpenAI, body, param,
                                                             needle) -> None:
