@@ -196,7 +196,7 @@ def serve(args: argparse.Namespace) -> int:
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
             max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
             shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
-            cache_dir=args.cache_dir)
+            cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser)
         app = create_app(llm, settings)
         loaded = _load_saved_cache(llm, args.cache_dir)  # a warm restart
         if loaded is not None:
@@ -277,6 +277,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="prompt tokens prefilled in one call (default: no limit; a longer prompt runs alone)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    p.add_argument("--reasoning-parser", choices=["think"],
+                   help="chat answers' <think>…</think> returned as reasoning_content (Qwen3, Qwen3-Next, Qwen3.5)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=serve)
 

@@ -33,6 +33,7 @@ from hypic.server.errors import APIError, bad_request, from_validation_error, in
 from hypic.server.generation import Echo, Generation, echo_only, respond
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
+from hypic.server.reasoning import opened_by
 from hypic.server.runner import Runner
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
@@ -177,8 +178,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                           settings.max_completion_tokens, settings)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)
+        think = None
+        if settings.reasoning_parser is not None:  # does the generation prompt open the reasoning itself?
+            think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                         req.include_usage, req.stops, top, choices(req.n), tools=calling)
+                         req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
 
     async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:

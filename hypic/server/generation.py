@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from hypic.engine.request import SamplingParams
 from hypic.server.errors import APIError
 from hypic.server.metrics import Metrics
+from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
 from hypic.server.text import TextStream
 from hypic.server.tools import StreamedCalls, ToolCalling
@@ -90,6 +91,7 @@ class Generation:
     n: int = 1  # choices
     echo: Echo | None = None  # completions only
     tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
+    think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
@@ -115,6 +117,9 @@ class Responder:
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
+        # a chat answer told apart as it streams: reasoning from content, tool calls from text
+        self.think = None if gen.think is None else ThinkSplit(gen.think)
+        self.calls = None if gen.tools is None else StreamedCalls(gen.tools)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         while True:
@@ -181,11 +186,39 @@ class Responder:
                   "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
         return {**self._envelope(True), "choices": [choice]}
 
+    def stream_delta(self, piece: Piece) -> tuple[dict[str, Any], str | None]:
+        """A chat piece's delta when the answer is told apart (reasoning, tool calls): what can go
+        out now — possibly nothing — and, at the end, what was held and the finish reason."""
+        reasoning, text = ("", piece.text) if self.think is None else self.think.push(piece.text)
+        finish = piece.finish
+        if finish is not None and self.think is not None:
+            r, t = self.think.finish()
+            reasoning, text = reasoning + r, text + t
+        delta: dict[str, Any] = {}
+        if self.calls is None:
+            if text:
+                delta["content"] = text
+        else:
+            sent = self.calls.push(text)
+            if finish is not None:
+                delta, finish = self.calls.finish(finish)
+            if sent:
+                delta["content"] = sent + delta.get("content", "")
+        if reasoning:
+            delta = {"reasoning_content": reasoning, **delta}
+        return delta, finish
+
     def choice(self, text: str, tokens: list, finish: str) -> dict:
         body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
                                 else {"text": text})
+        reasoning = None
+        if self.gen.think is not None:
+            reasoning, text = split(text, self.gen.think)
+            body["message"]["content"] = text
         if self.gen.tools is not None:
             body["message"], finish = self.gen.tools.message(text, finish)
+        if reasoning:
+            body["message"]["reasoning_content"] = reasoning
         logprobs = self.logprobs(tokens)
         if self.gen.echo is not None:
             body["text"] = self.gen.echo.text + text
@@ -244,24 +277,18 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                                                                 "logprobs": None, "finish_reason": None}]})
         tasks = [asyncio.ensure_future(pump(r)) for r in rs]
         open_choices = len(rs)
-        calls = {r.index: StreamedCalls(r.gen.tools) for r in rs if r.gen.tools is not None}
-        held: dict[int, list] = {}  # log-probabilities of tokens whose text a tool call holds back
+        held: dict[int, list] = {}  # log-probabilities of tokens whose text is held back (reasoning, calls)
         while open_choices:
             r, item = await queue.get()
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
                 raise item
-            elif r.index in calls:
+            elif r.think is not None or r.calls is not None:
                 tokens = held.pop(r.index, []) + item.tokens
-                text = calls[r.index].push(item.text)
-                if item.finish is not None:
-                    delta, finish = calls[r.index].finish(item.finish)
-                    if text:
-                        delta["content"] = text + delta.get("content", "")
+                delta, finish = r.stream_delta(item)
+                if delta or finish is not None:
                     yield _sse(r.chunk(Piece("", tokens, finish), delta))
-                elif text:
-                    yield _sse(r.chunk(Piece(text, tokens)))
                 else:
                     held[r.index] = tokens
             elif item.text or item.finish or r.gen.top_logprobs is not None:

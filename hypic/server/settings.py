@@ -26,6 +26,7 @@ class ServerSettings:
     max_body_bytes: int = 32 << 20
     retry_after_s: int = 1  # the Retry-After a 429/503 advertises
     cache_dir: str | None = None  # where POST /v1/segments/save writes the cache (``hypic serve --cache-dir``)
+    reasoning_parser: str | None = None  # "think": chat answers' <think>…</think> → reasoning_content
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
@@ -41,6 +42,8 @@ class ServerSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: expected an integer ≥ 1 or None, got {value!r}")
+        if self.reasoning_parser not in (None, "think"):
+            raise ValueError(f"reasoning_parser: expected 'think' or None, got {self.reasoning_parser!r}")
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):
             raise ValueError("cache_dir: expected a non-empty folder path or None")
         for name in ("request_timeout_s", "shutdown_timeout_s"):

@@ -4,6 +4,7 @@ ChatML template) and live servers on free loopback ports, run by uvicorn in a th
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import threading
 import time
@@ -89,6 +90,14 @@ def server(llm: LLM) -> Iterator[LiveServer]:
                  max_concurrent=4, max_queue=32)
     yield live
     live.stop()
+
+
+def serve_with_template(model_dir: Path, folder: Path, template: str, **settings) -> LiveServer:
+    """The shared test model copied into ``folder`` with another chat template, served on its own."""
+    shutil.copytree(model_dir, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    return serve(LLM(str(folder), device="cpu"), api_key=API_KEY, **settings)
 
 
 def openai_client(live: LiveServer) -> OpenAI:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +14,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from hypic import LLM
 from hypic.server.chat import ChatTemplate
 from hypic.server.tools import StreamedCalls, ToolCalling, parse_calls
-from tests.server.conftest import API_KEY, MODEL, LiveServer, http_client, openai_client, serve
+from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve_with_template
 
 # a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
 TOOLS_TEMPLATE = (
@@ -43,11 +41,8 @@ ASK = [{"role": "user", "content": "What is the weather in Quorvane for two days
 @pytest.fixture(scope="module")
 def tool_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """The shared test model, its chat template one that renders tools."""
-    folder = tmp_path_factory.mktemp("tools_model")
-    shutil.copytree(model_dir, folder, dirs_exist_ok=True)
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TOOLS_TEMPLATE}))
-    live = serve(LLM(str(folder), device="cpu"), api_key=API_KEY, max_completion_tokens=64)
+    live = serve_with_template(model_dir, tmp_path_factory.mktemp("tools_model"), TOOLS_TEMPLATE,
+                               max_completion_tokens=64)
     yield live
     live.stop()
 

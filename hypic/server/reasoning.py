@@ -1,0 +1,81 @@
+"""A thinking model's reasoning apart from its answer: ``<think>…</think>`` → ``reasoning_content``.
+
+Qwen3 and its hybrid successors (Qwen3-Next, Qwen3.5) think before they answer, inside
+``<think>…</think>``; OpenAI-compatible servers hand the thinking back as the message's
+``reasoning_content`` (vLLM's ``--reasoning-parser``), so clients show or drop it and tool parsing
+reads the answer only. Off unless the server is started with ``--reasoning-parser think``.
+
+Two openings occur: the model writes ``<think>`` itself (Qwen3), or the chat template ends the
+generation prompt with it (the thinking-only variants, Qwen3.5), so the output starts inside the
+reasoning and only ``</think>`` appears — the caller says which (``opened``, read off the prompt).
+A template switched to not thinking (``enable_thinking: false``) closes an empty block in the prompt:
+then nothing is opened and the whole output is the answer.
+
+``ThinkSplit`` reads an answer piece by piece — the stream and the whole answer go through the same
+code, so they agree: text is held back only while it could still be a tag.
+"""
+
+from __future__ import annotations
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def opened_by(prompt: str) -> bool:
+    """Whether a generation prompt leaves the model inside ``<think>``."""
+    tail = prompt.rstrip()
+    return tail.endswith(OPEN)
+
+
+def _partial(text: str, tag: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
+    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-k:])), 0)
+
+
+class ThinkSplit:
+    """An answer's text → (reasoning, content) pieces, as they can be told apart."""
+
+    def __init__(self, opened: bool) -> None:
+        self.state = "reasoning" if opened else "start"
+        self.held = ""
+
+    def push(self, piece: str) -> tuple[str, str]:
+        """(reasoning, content) that can go out now."""
+        self.held += piece
+        reasoning = content = ""
+        if self.state == "start":  # whitespace, then either <think> or the answer
+            head = self.held.lstrip()
+            if not head or (OPEN.startswith(head) and head != OPEN):
+                return "", ""
+            if head.startswith(OPEN):
+                self.state, self.held = "reasoning", head[len(OPEN):]
+            else:
+                self.state = "content"
+        if self.state == "reasoning":
+            at = self.held.find(CLOSE)
+            if at < 0:
+                cut = len(self.held) - _partial(self.held, CLOSE)
+                reasoning, self.held = self.held[:cut], self.held[cut:]
+                return reasoning, ""
+            reasoning, self.held, self.state = self.held[:at], self.held[at + len(CLOSE):], "after"
+        if self.state == "after":  # the blank lines between the reasoning and the answer are neither
+            self.held = self.held.lstrip("\n")
+            if not self.held:
+                return reasoning, ""
+            self.state = "content"
+        content, self.held = self.held, ""
+        return reasoning, content
+
+    def finish(self) -> tuple[str, str]:
+        """What was held at the end: a reasoning cut short stays reasoning; anything else is content."""
+        held, self.held = self.held, ""
+        if self.state == "reasoning":
+            return held, ""
+        return "", "" if self.state == "after" else held
+
+
+def split(text: str, opened: bool) -> tuple[str, str]:
+    """A whole answer's (reasoning, content)."""
+    s = ThinkSplit(opened)
+    r1, c1 = s.push(text)
+    r2, c2 = s.finish()
+    return r1 + r2, c1 + c2

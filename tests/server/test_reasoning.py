@@ -1,0 +1,76 @@
+"""Reasoning apart from the answer (``--reasoning-parser think``): ``<think>…</think>`` becomes
+``reasoning_content``, whether the model opens the block or the prompt does; streamed at any split
+the same as whole; a template told not to think gives the answer alone."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from hypic.server.reasoning import ThinkSplit, opened_by, split
+from tests.server.conftest import MODEL, LiveServer, openai_client, serve_with_template
+
+THINK_TEMPLATE = (  # Qwen3.5-like: the generation prompt opens the reasoning unless told not to think
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}")
+
+
+@pytest.mark.parametrize("text, opened, reasoning, content", [
+    ("<think>\nweigh it\n</think>\n\nThe mill.", False, "\nweigh it\n", "The mill."),
+    ("\n<think>a</think>b", False, "a", "b"),
+    ("weigh it</think>\n\nThe mill.", True, "weigh it", "The mill."),
+    ("The mill.", False, "", "The mill."),
+    ("The mill. <think>not reasoning</think>", False, "", "The mill. <think>not reasoning</think>"),
+    ("<think>cut short", False, "cut short", ""),
+    ("still thinking </thi", True, "still thinking </thi", ""),
+    ("<thi", False, "", "<thi"),
+    ("a</think>", True, "a", ""),
+])
+def test_reasoning_and_answer_at_every_split(text: str, opened: bool, reasoning: str, content: str) -> None:
+    assert split(text, opened) == (reasoning, content)
+    for seed in range(25):
+        rng = random.Random(seed)
+        cuts = sorted(rng.sample(range(1, len(text)), k=min(len(text) - 1, rng.randint(1, 8))))
+        s = ThinkSplit(opened)
+        got_r = got_c = ""
+        for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+            r, c = s.push(text[a:b])
+            got_r, got_c = got_r + r, got_c + c
+            assert reasoning.startswith(got_r) and content.startswith(got_c)  # never out of order, never taken back
+        r, c = s.finish()
+        assert (got_r + r, got_c + c) == (reasoning, content)
+
+
+def test_the_prompt_says_whether_it_opened_the_reasoning() -> None:
+    assert opened_by("<|im_start|>assistant\n<think>\n") and not opened_by("<|im_start|>assistant\n")
+    assert not opened_by("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+@pytest.fixture(scope="module")
+def think_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = serve_with_template(model_dir, tmp_path_factory.mktemp("think_model"), THINK_TEMPLATE,
+                               max_completion_tokens=32, reasoning_parser="think")
+    yield live
+    live.stop()
+
+
+def test_a_thinking_template_answers_with_reasoning_content_whole_and_streamed(think_server: LiveServer) -> None:
+    client: OpenAI = openai_client(think_server)
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "Who founded the mill?"}], max_tokens=12,
+               temperature=0)
+    whole = client.chat.completions.create(**ask).choices[0]
+    reasoning = whole.message.model_extra.get("reasoning_content")
+    # random weights never close the block: the whole answer is reasoning, cut by max_tokens
+    assert reasoning and whole.message.content == "" and whole.finish_reason == "length"
+    chunks = [c for c in client.chat.completions.create(**ask, stream=True) if c.choices]
+    streamed = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks)
+    assert streamed == reasoning and not "".join(c.choices[0].delta.content or "" for c in chunks)
+    plain = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+    assert plain.choices[0].message.content
