@@ -179,7 +179,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)
         think = None
-        if settings.reasoning_parser is not None:  # does the generation prompt open the reasoning itself?
+        # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
+        if settings.reasoning_parser is not None and params.json_schema is None:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                          req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think)

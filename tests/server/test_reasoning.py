@@ -74,3 +74,6 @@ def test_a_thinking_template_answers_with_reasoning_content_whole_and_streamed(t
     plain = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
     assert plain.choices[0].message.content
+    forced = client.chat.completions.create(**ask, max_completion_tokens=32, response_format={"type": "json_object"})
+    assert forced.choices[0].message.content.startswith("{")  # constrained output is all answer, never reasoning
+    assert "reasoning_content" not in (forced.choices[0].message.model_extra or {})
