@@ -5,6 +5,7 @@ token bytes equal the tokenizer's own decoding, and through the bundled model th
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from tokenizers import Tokenizer
 from hypic import LLM, SamplingParams
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.engine.structured.matcher import accepting, advance_bytes, start
+from hypic.engine.structured.schema import FORMATS
 from hypic.llm import bundled_model_path
 
 PERSON = {"type": "object", "properties": {
@@ -36,7 +38,20 @@ SCHEMAS = {
     "typed_list": {"type": ["string", "integer", "null"]},
     "const": {"const": {"k": [1, "two"]}},
     "map_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "patterns": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, "when": {"type": "string", "format": "date-time"},
+        "id": {"type": "string", "format": "uuid"}, "ip": {"type": "string", "format": "ipv4"},
+        "tag": {"type": "string", "pattern": "x[aé]+", "maxLength": 6}},
+        "required": ["code", "when", "id", "ip", "tag"]},
 }
+
+
+def ecma_search(pattern: str, text: str) -> bool:
+    """JSON Schema's (ECMA-262's) search with Python's ``re``: ``$`` only at the very end (Python's
+    also matches before a final newline), and ``\\d \\w \\s`` ASCII."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.search(pattern, text, re.ASCII) is not None
 
 
 def valid(value: object, schema: object, root: dict | None = None) -> bool:
@@ -71,7 +86,9 @@ def valid(value: object, schema: object, root: dict | None = None) -> bool:
         return (isinstance(value, list) and schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9)
                 and all(valid(v, schema.get("items", True), root) for v in value))
     if kind == "string":
-        return isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
+        pattern = schema.get("pattern", FORMATS.get(schema.get("format", "")))
+        return (isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
+                and (pattern is None or ecma_search(pattern, value)))
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":
@@ -130,7 +147,7 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
     trying every token's bytes from the state, at states met along random draws."""
     rng = random.Random(7)
     checked = 0
-    for name in ("person", "free_object", "tree", "numbers"):
+    for name in ("person", "free_object", "tree", "numbers", "patterns"):
         c = JsonConstraint(vocab, compile_schema(SCHEMAS[name]), set())
         for _ in range(40):
             state = c.state
@@ -192,7 +209,13 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("schema, needle", [
-    ({"type": "string", "pattern": "^a"}, "'pattern' is not supported"),
+    ({"type": "string", "pattern": "(?=a)b"}, "look-arounds"),
+    ({"type": "string", "pattern": "(a)\\1"}, "back-reference"),
+    ({"type": "string", "pattern": "^a|b$"}, "ambiguous"),
+    ({"type": "string", "pattern": "a{99}"}, "at most 64"),
+    ({"type": "string", "pattern": "[z-a]"}, "out of order"),
+    ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
+    ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
     ({"type": "integer", "minimum": 3}, "'minimum' is not supported"),
     ({"type": "object", "properties": {"a": {"type": "date"}}}, r"json_schema\.properties\.a: type must be"),
     ({"type": "object", "properties": {"a": True}, "required": ["b"]}, "required property 'b'"),
@@ -292,6 +315,9 @@ _LEAVES = st.one_of(
     _SCALARS.map(lambda v: {"const": v}),
     st.lists(st.sampled_from(["string", "integer", "null", "boolean"]), min_size=1, max_size=3, unique=True)
     .map(lambda t: {"type": t}),
+    st.sampled_from(["^[a-z]{1,3}$", "^\\d{2}-[é☃]$", "y", "^(ab|c)+$"])
+    .map(lambda p: {"type": "string", "pattern": p}),
+    st.sampled_from(["date", "uuid", "ipv4", "time"]).map(lambda f: {"type": "string", "format": f}),
 )
 
 
@@ -346,3 +372,17 @@ def test_a_model_that_cannot_spell_json_is_refused_by_name(qwen3_5_path) -> None
     with pytest.raises(ValueError, match="no tokenizer.json"):
         bare.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2, json_schema=True))
     assert bare.generate([[[5, 6, 7]]], SamplingParams(max_tokens=2))[0].token_ids  # and it goes on
+
+
+PATTERNS = ["^[a-z]+$", "ab", "^(a|b1)*-?$", "^[^\\s\"]{2,3}$", "é|☃", "^\\d+(\\.\\d+)?$", "^[\\w.-]*$", "^\\\\\"$",
+            "^.{0,2}$", "^[ab\\-]{1,}x?$", FORMATS["date"], FORMATS["email"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(pattern=st.sampled_from(PATTERNS), text=st.text(alphabet='ab1-.xé☃ "\\\nq2@', max_size=8),
+       ascii_only=st.booleans())
+def test_patterns_read_strings_as_python_re_searches_them(pattern: str, text: str, ascii_only: bool) -> None:
+    """Whole JSON strings, UTF-8 or \\u-escaped, accepted exactly when ``re.search`` finds the pattern."""
+    state = advance_bytes(start(compile_schema({"type": "string", "pattern": pattern})),
+                          json.dumps(text, ensure_ascii=ascii_only).encode())
+    assert (state is not None and accepting(state)) == ecma_search(pattern, text)

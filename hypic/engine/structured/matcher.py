@@ -102,8 +102,8 @@ def in_free_string(state: State) -> bool:
     if len(state.alts) != 1:
         return False
     node, local = state.alts[0][0][0], state.alts[0][0][1]
-    return (isinstance(node, Str) and node.max_len is None and local[0] == "in" and local[2] == 0
-            and local[1] >= node.min_len)
+    return (isinstance(node, Str) and node.max_len is None and node.pattern is None and local[0] == "in"
+            and local[2] == 0 and local[1] >= node.min_len)
 
 
 def _between_tokens(stack: Stack) -> bool:
@@ -247,6 +247,8 @@ def _array(node: Arr, local: tuple, b: int) -> list[Outcome]:
 
 
 def _string(node: Str, local: tuple, b: int) -> list[Outcome]:
+    if node.pattern is not None:
+        return _pattern_string(node, local, b)
     kind = local[0]
     if kind == "open":
         return [Outcome(_in_string(0), None, True)] if b == ord('"') else []
@@ -285,6 +287,76 @@ def _in_string(count: int) -> tuple:
 
 # UTF-8's lead bytes whose first continuation byte is narrower than 80–BF (RFC 3629)
 _FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_JSON_ESCAPES = {ord('"'): 34, ord("\\"): 92, ord("/"): 47, ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13,
+                 ord("t"): 9}
+
+
+def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
+    """A string its pattern must match: characters are decoded (UTF-8, JSON escapes) and fed to the
+    pattern's automaton; a character still being decoded is let through only if some character it
+    may become keeps the pattern matchable. Locals: ("in", count, states, need, value, low, high)."""
+    rx, kind = node.pattern, local[0]
+    assert rx is not None
+    if kind == "open":
+        return [Outcome(("in", 0, rx.start, 0, 0, 0, 0), None, True)] if b == ord('"') else []
+    count, states = local[1], local[2]
+    room = node.max_len is None or count < node.max_len
+    # characters left after the one being read: a match must still fit in them (maxLength)
+    budget = float("inf") if node.max_len is None else node.max_len - count - 1
+
+    def char(c: int) -> list[Outcome]:  # a whole character read: the automaton steps
+        nxt = rx.step(states, c)
+        ok = nxt and rx.distance(nxt) <= budget
+        return [Outcome(("in", count + 1, nxt, 0, 0, 0, 0), None, True)] if ok else []
+
+    if kind == "in":
+        need, value, low, high = local[3], local[4], local[5], local[6]
+        if need:  # a continuation byte
+            if not low <= b <= high:
+                return []
+            value, need = (value << 6) | (b & 0x3F), need - 1
+            if need == 0:
+                return char(value)
+            lo = value << (6 * need)
+            if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), budget):
+                return []
+            return [Outcome(("in", count, states, need, value, 0x80, 0xBF), None, True)]
+        if b == ord('"'):
+            return [Outcome(POP, None, True)] if count >= node.min_len and rx.accepts(states) else []
+        if not room or b == END or b < 0x20:
+            return []
+        if b == ord("\\"):  # an escape can spell any character of the basic plane (\\uXXXX)
+            return [Outcome(("esc", count, states), None, True)] if rx.can_step(states, 0, 0xFFFF, budget) else []
+        if b < 0x80:
+            return char(b)
+        need = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+        if not need:
+            return []
+        value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
+        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        # the characters this lead byte can begin, its first continuation's bounds applied (no
+        # overlong forms, surrogates or code points past U+10FFFF)
+        shift = 6 * (need - 1)
+        lo = (value << (6 * need)) | ((low & 0x3F) << shift)
+        hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+        if not rx.can_step(states, lo, hi, budget):
+            return []
+        return [Outcome(("in", count, states, need, value, low, high), None, True)]
+    if kind == "esc":
+        if b in _JSON_ESCAPES:
+            return char(_JSON_ESCAPES[b])
+        return [Outcome(("hex", count, states, 4, 0), None, True)] if b == ord("u") else []
+    if b not in HEX:  # "hex": the digits of \uXXXX, each only if some character it may end in fits
+        return []
+    value, left = local[4] * 16 + int(chr(b), 16), local[3] - 1
+    if left == 0:
+        return char(value)
+    lo = value << (4 * left)
+    if not rx.can_step(states, lo, lo | ((1 << (4 * left)) - 1), budget):
+        return []
+    return [Outcome(("hex", count, states, left, value), None, True)]
+
+
 _NUMBER_ENDS = {"zero", "int", "frac", "exp"}
 
 

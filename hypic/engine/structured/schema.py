@@ -4,11 +4,12 @@ Structured output (OpenAI's ``response_format``, vLLM's guided JSON) constrains 
 text generated *is* a JSON value the schema accepts. The subset here is what generation can
 enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
 ``additionalProperties``, ``items`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
-``enum``, ``const``, ``anyOf`` / ``oneOf``, a one-element ``allOf``, and local ``$ref`` into
-``$defs`` / ``definitions`` (pydantic's models). Annotations (``title``, ``description``,
-``default`` …) are ignored. Any other keyword (``pattern``, ``format``, ``minimum`` …) is refused
-by name rather than silently not enforced: an output the caller's validator then rejects is worse
-than a 400.
+``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
+date-time, uuid, ipv4, email — as patterns), ``enum``, ``const``, ``anyOf`` / ``oneOf``, a
+one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
+Annotations (``title``, ``description``, ``default`` …) are ignored. Any other keyword (``minimum``,
+``multipleOf`` …) or format is refused by name rather than silently not enforced: an output the
+caller's validator then rejects is worse than a 400.
 
 Choices of the generator, not of JSON Schema: an object with declared ``properties`` gets only
 those keys (each at most once, ``required`` ones before ``}``; an undeclared key would be allowed
@@ -26,10 +27,23 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 
+from hypic.engine.structured.regex import Regex, compile_regex
+
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-                      "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "$ref"})
+                      "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
+                      "$ref"})
+# the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail shape)
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+FORMATS = {
+    "date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[Tt]{_TIME}$",
+    "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
+    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
+}
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
@@ -56,6 +70,7 @@ class Arr:
 class Str:
     min_len: int  # in characters (an escape is one)
     max_len: int | None
+    pattern: Regex | None = None  # ``pattern`` or ``format``: read character by character
 
 
 @dataclass(eq=False, frozen=True)
@@ -170,7 +185,7 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
     if kind is None:
         kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
             "array" if {"items", "minItems", "maxItems"} & keys else \
-            "string" if {"minLength", "maxLength"} & keys else None
+            "string" if {"minLength", "maxLength", "pattern", "format"} & keys else None
         if kind is None:
             return ANY
     if isinstance(kind, list):
@@ -210,6 +225,31 @@ def _count(schema: dict, name: str, where: str) -> int | None:
     return value
 
 
+def _pattern(schema: dict, where: str) -> Regex | None:
+    """A string's ``pattern`` or ``format`` as a compiled regex (both at once: refused)."""
+    pattern, fmt = schema.get("pattern"), schema.get("format")
+    if pattern is not None and fmt is not None:
+        raise ValueError(f"{where}: pattern beside format is not supported in structured output")
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ValueError(f"{where}: format {fmt!r} is not supported in structured output "
+                             f"(supported: {', '.join(sorted(FORMATS))})")
+        pattern = FORMATS[fmt]
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str):
+        raise ValueError(f"{where}: pattern must be a string")
+    try:
+        return _regex(pattern)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+@lru_cache(maxsize=256)
+def _regex(pattern: str) -> Regex:
+    return compile_regex(pattern)
+
+
 def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
     if kind == "object":
         props = schema.get("properties", {})
@@ -237,7 +277,7 @@ def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
         low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
         if high is not None and high < low:
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
-        return Str(low, high)
+        return Str(low, high, _pattern(schema, where))
     if kind in ("integer", "number"):
         return Num(kind == "integer")
     return BOOL if kind == "boolean" else NULL

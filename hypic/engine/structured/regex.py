@@ -1,0 +1,334 @@
+"""A regular expression as a character NFA: what a JSON Schema ``pattern`` (and a ``format``) asks
+of a string, read one character at a time by the structured-output matcher.
+
+The subset is what generation can enforce: literals and escapes (``\\d \\w \\s`` and their negations,
+``\\.`` …), classes ``[a-z_]`` / ``[^…]``, ``.``, groups ``( )`` / ``(?: )``, alternation, the
+quantifiers ``* + ? {n} {n,} {n,m}`` (lazy forms mean the same language), and ``^`` / ``$`` at the
+pattern's ends. Back-references and look-arounds are refused by name. As in JSON Schema (ECMA-262's
+``search``), a pattern not anchored by ``^`` / ``$`` may have any text before / after it.
+
+Thompson's construction: states with character-class edges and ε edges; a matcher state is the
+frozenset of NFA states reached, its ε-closure taken, so it hashes and steps are memoized.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+MAX_CODE = 0x10FFFF
+MAX_REPEAT = 64  # {n,m} copies the repeated part: bounded, so a pattern cannot blow up the automaton
+Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code-point ranges
+
+ANY: Ranges = ((0, MAX_CODE),)
+DIGIT: Ranges = ((ord("0"), ord("9")),)
+WORD: Ranges = ((ord("0"), ord("9")), (ord("A"), ord("Z")), (ord("_"), ord("_")), (ord("a"), ord("z")))
+SPACE: Ranges = ((9, 13), (32, 32), (0xA0, 0xA0), (0x2028, 0x2029))
+
+
+def _normal(ranges: list[tuple[int, int]]) -> Ranges:
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((a, b) for a, b in out)
+
+
+def _negate(ranges: Ranges) -> Ranges:
+    out, at = [], 0
+    for lo, hi in ranges:
+        if lo > at:
+            out.append((at, lo - 1))
+        at = hi + 1
+    if at <= MAX_CODE:
+        out.append((at, MAX_CODE))
+    return tuple(out)
+
+
+def _has(ranges: Ranges, c: int) -> bool:
+    return any(lo <= c <= hi for lo, hi in ranges)
+
+
+@dataclass
+class Regex:
+    """The automaton: ``edges[s]`` the (class, target) pairs of state s, ``eps[s]`` its ε targets."""
+
+    pattern: str
+    edges: list[list[tuple[Ranges, int]]] = field(default_factory=list)
+    eps: list[list[int]] = field(default_factory=list)
+    start: frozenset[int] = frozenset()
+    accept: int = 0
+    dist: list[float] = field(default_factory=list)  # per state: the fewest characters to the accept state
+    _steps: dict[tuple[frozenset[int], int], frozenset[int]] = field(default_factory=dict)
+
+    def new(self) -> int:
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+    def closure(self, states: set[int]) -> frozenset[int]:
+        todo, seen = list(states), set(states)
+        while todo:
+            for t in self.eps[todo.pop()]:
+                if t not in seen:
+                    seen.add(t)
+                    todo.append(t)
+        return frozenset(seen)
+
+    def step(self, states: frozenset[int], c: int) -> frozenset[int]:
+        """The states after character ``c`` (empty: the text can no longer match)."""
+        key = (states, c)
+        got = self._steps.get(key)
+        if got is None:
+            got = self.closure({t for s in states for r, t in self.edges[s] if _has(r, c)})
+            if len(self._steps) > 65536:
+                self._steps.clear()
+            self._steps[key] = got
+        return got
+
+    def can_step(self, states: frozenset[int], lo: int, hi: int, budget: float = float("inf")) -> bool:
+        """Whether some character in [lo, hi] keeps the text matchable (a character still being
+        decoded) within ``budget`` more characters after it (a maximum length)."""
+        return any(a <= hi and lo <= b and self.dist[t] <= budget
+                   for s in states for r, t in self.edges[s] for a, b in r)
+
+    def accepts(self, states: frozenset[int]) -> bool:
+        return self.accept in states
+
+    def distance(self, states: frozenset[int]) -> float:
+        """The fewest characters that complete a match from ``states`` (inf: none can)."""
+        return min((self.dist[s] for s in states), default=float("inf"))
+
+    def measure(self) -> None:
+        """``dist``: a 0-1 breadth-first search back from the accept state (ε edges cost nothing)."""
+        back_eps: list[list[int]] = [[] for _ in self.eps]
+        back_char: list[list[int]] = [[] for _ in self.eps]
+        for s in range(len(self.eps)):
+            for t in self.eps[s]:
+                back_eps[t].append(s)
+            for _, t in self.edges[s]:
+                back_char[t].append(s)
+        self.dist = [float("inf")] * len(self.eps)
+        self.dist[self.accept] = 0
+        todo = deque([self.accept])
+        while todo:
+            t = todo.popleft()
+            for s in back_eps[t]:
+                if self.dist[t] < self.dist[s]:
+                    self.dist[s] = self.dist[t]
+                    todo.appendleft(s)
+            for s in back_char[t]:
+                if self.dist[t] + 1 < self.dist[s]:
+                    self.dist[s] = self.dist[t] + 1
+                    todo.append(s)
+
+
+Node = tuple  # ("char", Ranges) | ("cat", [Node]) | ("alt", [Node]) | ("rep", Node, low, high | None)
+
+
+def compile_regex(pattern: str) -> Regex:
+    """ValueError naming what is not supported or not well formed."""
+    tree = _Parser(pattern).parse()
+    rx = Regex(pattern)
+    begin, end = _build(rx, tree)
+    rx.accept = end
+    rx.start = rx.closure({begin})
+    rx.measure()
+    if rx.distance(rx.start) == float("inf"):
+        raise ValueError(f"pattern {pattern!r}: matches no text")
+    return rx
+
+
+def _build(rx: Regex, node: Node) -> tuple[int, int]:
+    """Thompson's construction of one tree node: its (entry, exit) states."""
+    kind = node[0]
+    if kind == "char":
+        a, b = rx.new(), rx.new()
+        rx.edges[a].append((node[1], b))
+        return a, b
+    if kind == "cat":
+        a = rx.new()
+        end = a
+        for child in node[1]:
+            x, y = _build(rx, child)
+            rx.eps[end].append(x)
+            end = y
+        return a, end
+    if kind == "alt":
+        a, b = rx.new(), rx.new()
+        for child in node[1]:
+            x, y = _build(rx, child)
+            rx.eps[a].append(x)
+            rx.eps[y].append(b)
+        return a, b
+    _, child, low, high = node  # "rep": low copies, then (high - low) optional ones, or a loop
+    a = rx.new()
+    end = a
+    for _ in range(low):
+        x, y = _build(rx, child)
+        rx.eps[end].append(x)
+        end = y
+    if high is None:
+        x, y = _build(rx, child)
+        b = rx.new()
+        rx.eps[end] += [x, b]
+        rx.eps[y] += [x, b]
+        return a, b
+    b = rx.new()
+    for _ in range(high - low):
+        x, y = _build(rx, child)
+        rx.eps[end] += [x, b]
+        end = y
+    rx.eps[end].append(b)
+    return a, b
+
+
+DOT: Ranges = _negate(((10, 10), (13, 13), (0x2028, 0x2029)))
+
+
+class _Parser:
+    """Recursive descent over the pattern into a tree (``Node``)."""
+
+    def __init__(self, pattern: str) -> None:
+        self.s, self.i = pattern, 0
+
+    def fail(self, why: str) -> ValueError:
+        return ValueError(f"pattern {self.s!r}: {why} (at {self.i})")
+
+    def peek(self, k: int = 0) -> str:
+        return self.s[self.i + k] if self.i + k < len(self.s) else ""
+
+    def parse(self) -> Node:
+        head = self.s.startswith("^")
+        tail = self.s.endswith("$") and not self.s.endswith("\\$")
+        body = self.s[int(head):len(self.s) - int(tail)]
+        self.s, self.i = body, 0
+        tree = self.alternation()
+        if self.i < len(self.s):
+            raise self.fail("an unmatched ')'")
+        if (head or tail) and tree[0] == "alt":  # ECMA's ^a|b$ anchors one side each: not what it looks like
+            raise self.fail("an anchor beside a top-level '|' is ambiguous; write ^(…|…)$")
+        anywhere = ("rep", ("char", ANY), 0, None)
+        return ("cat", [*([] if head else [anywhere]), tree, *([] if tail else [anywhere])])
+
+    def alternation(self) -> Node:
+        options = [self.sequence()]
+        while self.peek() == "|":
+            self.i += 1
+            options.append(self.sequence())
+        return options[0] if len(options) == 1 else ("alt", options)
+
+    def sequence(self) -> Node:
+        items = []
+        while self.peek() and self.peek() not in "|)":
+            items.append(self.quantified())
+        return ("cat", items)
+
+    def quantified(self) -> Node:
+        node = self.atom()
+        while self.peek() and self.peek() in "*+?{":
+            c = self.peek()
+            if c == "{":
+                low, high = self.braces()
+            else:
+                self.i += 1
+                low, high = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+            node = ("rep", node, low, high)
+            if self.peek() == "?":  # lazy: the same language
+                self.i += 1
+        return node
+
+    def braces(self) -> tuple[int, int | None]:
+        close = self.s.find("}", self.i)
+        low, comma, high = (self.s[self.i + 1:close] if close > 0 else "").partition(",")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise self.fail("a quantifier {n}, {n,} or {n,m} expected")
+        self.i = close + 1
+        lo, hi = int(low), (int(high) if high else None if comma else int(low))
+        if (hi is not None and hi < lo) or max(lo, hi or 0) > MAX_REPEAT:
+            raise self.fail(f"a repetition must be ordered and at most {MAX_REPEAT}")
+        return lo, hi
+
+    def atom(self) -> Node:
+        c = self.peek()
+        if c == "(":
+            self.i += 1
+            if self.s.startswith("?:", self.i):
+                self.i += 2
+            elif self.peek() == "?":
+                raise self.fail("look-arounds and named groups are not supported")
+            node = self.alternation()
+            if self.peek() != ")":
+                raise self.fail("a ')' expected")
+            self.i += 1
+            return node
+        if c == "[":
+            return ("char", self.klass())
+        if c == ".":
+            self.i += 1
+            return ("char", DOT)
+        if c == "\\":
+            return ("char", self.escape())
+        if c in ("*", "+", "?", "{"):
+            raise self.fail("nothing to repeat")
+        if c in ("^", "$"):
+            raise self.fail(f"{c!r} only at the pattern's ends is supported")
+        self.i += 1
+        return ("char", ((ord(c), ord(c)),))
+
+    def escape(self) -> Ranges:
+        self.i += 1
+        c = self.peek()
+        if not c:
+            raise self.fail("a dangling backslash")
+        self.i += 1
+        named = {"d": DIGIT, "w": WORD, "s": SPACE}
+        if c.lower() in named:
+            return named[c.lower()] if c.islower() else _negate(named[c.lower()])
+        simple = {"n": 10, "r": 13, "t": 9, "f": 12, "v": 11, "0": 0}
+        if c in simple:
+            return ((simple[c], simple[c]),)
+        if c == "u":
+            digits = self.s[self.i:self.i + 4]
+            if len(digits) != 4 or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise self.fail("\\u needs four hex digits")
+            self.i += 4
+            return ((int(digits, 16),) * 2,)
+        if c.isalnum():
+            raise self.fail(f"the escape \\{c} (a back-reference, a boundary or unknown) is not supported")
+        return ((ord(c), ord(c)),)
+
+    def single(self) -> Ranges:
+        """One class item: a character or an escape."""
+        if self.peek() == "\\":
+            return self.escape()
+        c = self.peek()
+        self.i += 1
+        return ((ord(c), ord(c)),)
+
+    def klass(self) -> Ranges:
+        self.i += 1
+        negated = self.peek() == "^"
+        self.i += negated
+        ranges: list[tuple[int, int]] = []
+        first = True
+        while self.peek() and (self.peek() != "]" or first):
+            first = False
+            item = self.single()
+            if self.peek() == "-" and self.peek(1) not in ("]", ""):
+                self.i += 1
+                upper = self.single()
+                if len(item) != 1 or item[0][0] != item[0][1] or len(upper) != 1 or upper[0][0] != upper[0][1]:
+                    raise self.fail("a class range needs single characters at both ends")
+                if upper[0][0] < item[0][0]:
+                    raise self.fail("a class range out of order")
+                ranges.append((item[0][0], upper[0][0]))
+            else:
+                ranges.extend(item)
+        if self.peek() != "]":
+            raise self.fail("a ']' expected")
+        self.i += 1
+        out = _normal(ranges)
+        return _negate(out) if negated else out
