@@ -6,6 +6,7 @@ token bytes equal the tokenizer's own decoding, and through the bundled model th
 import json
 import random
 import re
+from decimal import Decimal
 
 import pytest
 import torch
@@ -38,6 +39,10 @@ SCHEMAS = {
     "typed_list": {"type": ["string", "integer", "null"]},
     "const": {"const": {"k": [1, "two"]}},
     "map_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "bounded": {"type": "array", "minItems": 3, "items": {"anyOf": [
+        {"type": "integer", "minimum": -3, "exclusiveMaximum": 120},
+        {"type": "number", "minimum": 0.25, "maximum": 0.5},
+        {"type": "number", "exclusiveMinimum": 99.5, "exclusiveMaximum": 100}]}},
     "patterns": {"type": "object", "properties": {
         "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, "when": {"type": "string", "format": "date-time"},
         "id": {"type": "string", "format": "uuid"}, "ip": {"type": "string", "format": "ipv4"},
@@ -52,6 +57,14 @@ def ecma_search(pattern: str, text: str) -> bool:
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1] + r"\Z"
     return re.search(pattern, text, re.ASCII) is not None
+
+
+def within(x: Decimal, schema: dict) -> bool:
+    """minimum / maximum / exclusiveMinimum / exclusiveMaximum (draft 6 on), exactly."""
+    low, high = schema.get("minimum"), schema.get("maximum")
+    floor, ceiling = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    return ((low is None or x >= Decimal(repr(low))) and (high is None or x <= Decimal(repr(high)))
+            and (floor is None or x > Decimal(repr(floor))) and (ceiling is None or x < Decimal(repr(ceiling))))
 
 
 def valid(value: object, schema: object, root: dict | None = None) -> bool:
@@ -89,10 +102,9 @@ def valid(value: object, schema: object, root: dict | None = None) -> bool:
         pattern = schema.get("pattern", FORMATS.get(schema.get("format", "")))
         return (isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
                 and (pattern is None or ecma_search(pattern, value)))
-    if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind in ("integer", "number"):
+        typed = isinstance(value, int) if kind == "integer" else isinstance(value, (int, float, Decimal))
+        return typed and not isinstance(value, bool) and within(Decimal(str(value)), schema)
     if kind == "boolean":
         return isinstance(value, bool)
     return value is None
@@ -138,7 +150,7 @@ def test_every_draw_the_mask_allows_ends_in_json_the_schema_accepts(vocab, name:
                 break
         else:
             raise AssertionError(f"{name}, seed {seed}: no end in 400 tokens: {text[:200]!r}")
-        value = json.loads(text.decode())
+        value = json.loads(text.decode(), parse_float=Decimal)
         assert valid(value, schema), (name, text)
 
 
@@ -209,6 +221,9 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
 
 
 @pytest.mark.parametrize("schema, needle", [
+    ({"type": "integer", "minimum": 1.2, "maximum": 1.8}, "no integer of at most 16 digits lies within"),
+    ({"type": "number", "minimum": 2, "exclusiveMaximum": 2}, "no number"),
+    ({"type": "integer", "minimum": "3"}, "minimum must be a finite number"),
     ({"type": "string", "pattern": "(?=a)b"}, "look-arounds"),
     ({"type": "string", "pattern": "(a)\\1"}, "back-reference"),
     ({"type": "string", "pattern": "^a|b$"}, "ambiguous"),
@@ -216,7 +231,7 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "pattern": "[z-a]"}, "out of order"),
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
-    ({"type": "integer", "minimum": 3}, "'minimum' is not supported"),
+    ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
     ({"type": "object", "properties": {"a": {"type": "date"}}}, r"json_schema\.properties\.a: type must be"),
     ({"type": "object", "properties": {"a": True}, "required": ["b"]}, "required property 'b'"),
     ({"$ref": "#/$defs/Missing"}, "names no definition"),
@@ -318,6 +333,9 @@ _LEAVES = st.one_of(
     st.sampled_from(["^[a-z]{1,3}$", "^\\d{2}-[é☃]$", "y", "^(ab|c)+$"])
     .map(lambda p: {"type": "string", "pattern": p}),
     st.sampled_from(["date", "uuid", "ipv4", "time"]).map(lambda f: {"type": "string", "format": f}),
+    st.tuples(st.sampled_from(["integer", "number"]), st.integers(-20, 20), st.integers(0, 30), st.booleans()).map(
+        lambda t: {"type": t[0], "minimum": t[1] / 4,
+                   ("exclusiveMaximum" if t[3] else "maximum"): t[1] / 4 + t[2] + 1}),
 )
 
 
@@ -362,7 +380,7 @@ def test_random_schemas_every_draw_ends_in_json_they_accept(vocab, schema, seed:
             break
     else:
         raise AssertionError(f"no end in 600 tokens: {schema} {text[:200]!r}")
-    assert valid(json.loads(text.decode()), schema), (schema, text)
+    assert valid(json.loads(text.decode(), parse_float=Decimal), schema), (schema, text)
 
 
 def test_a_model_that_cannot_spell_json_is_refused_by_name(qwen3_5_path) -> None:
@@ -386,3 +404,32 @@ def test_patterns_read_strings_as_python_re_searches_them(pattern: str, text: st
     state = advance_bytes(start(compile_schema({"type": "string", "pattern": pattern})),
                           json.dumps(text, ensure_ascii=ascii_only).encode())
     assert (state is not None and accepting(state)) == ecma_search(pattern, text)
+
+
+_NUMBER_TEXTS = st.one_of(st.integers(-10**5, 10**5).map(str),
+                          st.decimals(min_value=-1000, max_value=1000, places=3, allow_nan=False).map(
+                              lambda d: format(d, "f")),
+                          st.sampled_from(["1e2", "-0", "0.5E-1", "100.0"]))
+_BOUND = st.one_of(st.none(), st.integers(-50, 50), st.sampled_from([0.5, -2.25, 99.999, 1e-3]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=_NUMBER_TEXTS, integer=st.booleans(), low=_BOUND, high=_BOUND, floor=_BOUND, ceiling=_BOUND)
+def test_bounded_numbers_are_read_as_their_exact_values_say(text: str, integer: bool, low, high, floor,
+                                                              ceiling) -> None:
+    """Accepted exactly when the value lies within the bounds (compared as decimals) — integers
+    without a fraction, bounded numbers without an exponent; bounds no value meets are refused."""
+    schema = {"type": "integer" if integer else "number"}
+    for name, v in (("minimum", low), ("maximum", high), ("exclusiveMinimum", floor), ("exclusiveMaximum", ceiling)):
+        if v is not None:
+            schema[name] = v
+    try:
+        node = compile_schema(schema)
+    except ValueError as e:
+        assert "lies within" in str(e)
+        return
+    state = advance_bytes(start(node), text.encode())
+    bounded = len(schema) > 1
+    want = (within(Decimal(text), schema) and not (integer and ("." in text or "e" in text.lower()))
+            and not (bounded and "e" in text.lower()))
+    assert (state is not None and accepting(state)) == want, (schema, text)

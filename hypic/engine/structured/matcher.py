@@ -21,14 +21,17 @@ as JSON requires.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from functools import lru_cache
 from typing import NamedTuple
 
+from hypic.engine.structured.bounds import feasible
 from hypic.engine.structured.schema import (
     ANY_ARR,
     ANY_OBJ,
     ANY_STR,
     BOOL,
+    MAX_DIGITS,
     NULL,
     NUMBER,
     Alt,
@@ -45,7 +48,6 @@ from hypic.engine.structured.schema import (
 END = 256  # the byte after the text
 WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
 MAX_WS = 1
-MAX_DIGITS = 16
 MAX_DEPTH = 32
 MAX_HOPS = 64  # bytes read again without being consumed, per byte: a schema that only refers to itself ends
 POP = "pop"
@@ -157,7 +159,7 @@ def _initial(node: Node) -> object:
     if isinstance(node, (Lit,)):
         return b""
     if isinstance(node, Num):
-        return ("start", 0)
+        return ("start", 0) if node.bounds is None else ("start", 0, "")
     return ("open",)
 
 
@@ -361,6 +363,24 @@ _NUMBER_ENDS = {"zero", "int", "frac", "exp"}
 
 
 def _number(node: Num, local: tuple, b: int) -> list[Outcome]:
+    if node.bounds is None:
+        return _number_phases(node, local, b)
+    # bounded: the text so far rides along; a step is kept only if a value within bounds can follow
+    phase, digits, text = local
+    out = []
+    for o in _number_phases(node, (phase, digits), b):
+        if o.local is POP:
+            if node.bounds.contains(Decimal(text)):
+                out.append(o)
+        elif o.local[0] not in ("exp0", "esign", "exp"):  # bounded numbers carry no exponent
+            grown = text + chr(b)
+            int_digits = o.local[1] if o.local[0] == "int" else 1
+            if feasible(grown, node.integer, node.bounds, MAX_DIGITS - int_digits):
+                out.append(Outcome((*o.local, grown), None, True))
+    return out
+
+
+def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
     phase, digits = local
     digit = b in DIGITS
     if phase == "start":

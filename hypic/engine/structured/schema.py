@@ -7,9 +7,10 @@ enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
 date-time, uuid, ipv4, email — as patterns), ``enum``, ``const``, ``anyOf`` / ``oneOf``, a
 one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
-Annotations (``title``, ``description``, ``default`` …) are ignored. Any other keyword (``minimum``,
-``multipleOf`` …) or format is refused by name rather than silently not enforced: an output the
-caller's validator then rejects is worse than a 400.
+``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (``bounds``; a bounded
+number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
+ignored. Any other keyword (``multipleOf``, ``uniqueItems`` …) or format is refused by name rather
+than silently not enforced: an output the caller's validator then rejects is worse than a 400.
 
 Choices of the generator, not of JSON Schema: an object with declared ``properties`` gets only
 those keys (each at most once, ``required`` ones before ``}``; an undeclared key would be allowed
@@ -25,15 +26,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 
+from hypic.engine.structured.bounds import Bounds, feasible
 from hypic.engine.structured.regex import Regex, compile_regex
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
-                      "$ref"})
+                      "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 # the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail shape)
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
@@ -44,6 +47,7 @@ FORMATS = {
     "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
     "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
 }
+MAX_DIGITS = 16  # per part of a number (the matcher's bound)
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
@@ -76,6 +80,7 @@ class Str:
 @dataclass(eq=False, frozen=True)
 class Num:
     integer: bool
+    bounds: Bounds | None = None  # minimum / maximum (exclusive or not): written without an exponent
 
 
 @dataclass(eq=False, frozen=True)
@@ -185,7 +190,8 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
     if kind is None:
         kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
             "array" if {"items", "minItems", "maxItems"} & keys else \
-            "string" if {"minLength", "maxLength", "pattern", "format"} & keys else None
+            "string" if {"minLength", "maxLength", "pattern", "format"} & keys else \
+            "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & keys else None
         if kind is None:
             return ANY
     if isinstance(kind, list):
@@ -223,6 +229,33 @@ def _count(schema: dict, name: str, where: str) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
         raise ValueError(f"{where}: {name} must be a non-negative integer, got {value!r}")
     return value
+
+
+def _bounds(schema: dict, integer: bool, where: str) -> Bounds | None:
+    """minimum / maximum and their exclusive forms (a number each; draft 4's boolean forms too)."""
+    def number(name: str) -> Decimal | None:
+        value = schema.get(name)
+        if value is None or isinstance(value, bool):
+            return None
+        if not isinstance(value, (int, float)) or value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{where}: {name} must be a finite number, got {value!r}")
+        return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+    low, high = number("minimum"), number("maximum")
+    low_open, high_open = schema.get("exclusiveMinimum") is True, schema.get("exclusiveMaximum") is True  # draft 4
+    low_open, high_open = low_open and low is not None, high_open and high is not None
+    floor, ceiling = number("exclusiveMinimum"), number("exclusiveMaximum")  # draft 6 on: bounds of their own
+    if floor is not None and (low is None or floor >= low):
+        low, low_open = floor, True
+    if ceiling is not None and (high is None or ceiling <= high):
+        high, high_open = ceiling, True
+    if low is None and high is None:
+        return None
+    bounds = Bounds(low, high, low_open, high_open)
+    if not feasible("", integer, bounds, MAX_DIGITS - 1):
+        raise ValueError(f"{where}: no {'integer' if integer else 'number'} of at most {MAX_DIGITS} digits "
+                         "lies within its minimum and maximum")
+    return bounds
 
 
 def _pattern(schema: dict, where: str) -> Regex | None:
@@ -279,5 +312,5 @@ def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
         return Str(low, high, _pattern(schema, where))
     if kind in ("integer", "number"):
-        return Num(kind == "integer")
+        return Num(kind == "integer", _bounds(schema, kind == "integer", where))
     return BOOL if kind == "boolean" else NULL
