@@ -39,6 +39,8 @@ SCHEMAS = {
     "typed_list": {"type": ["string", "integer", "null"]},
     "const": {"const": {"k": [1, "two"]}},
     "map_of_ints": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "tuple": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "maxLength": 3},
+                                               {"enum": [True]}], "items": False, "minItems": 2},
     "bounded": {"type": "array", "minItems": 3, "items": {"anyOf": [
         {"type": "integer", "minimum": -3, "exclusiveMaximum": 120},
         {"type": "number", "minimum": 0.25, "maximum": 0.5},
@@ -70,8 +72,8 @@ def within(x: Decimal, schema: dict) -> bool:
 def valid(value: object, schema: object, root: dict | None = None) -> bool:
     """The schema's meaning for the supported keywords, on a parsed value (the reference)."""
     root = root if root is not None else (schema if isinstance(schema, dict) else {})
-    if schema is True:
-        return True
+    if isinstance(schema, bool):
+        return schema
     if "$ref" in schema:
         section, _, key = schema["$ref"].removeprefix("#/").partition("/")
         return valid(value, root[section][key], root)
@@ -96,8 +98,10 @@ def valid(value: object, schema: object, root: dict | None = None) -> bool:
         return all(valid(v, props[k], root) if k in props else extra is not False and valid(v, extra, root)
                    for k, v in value.items())
     if kind == "array":
-        return (isinstance(value, list) and schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9)
-                and all(valid(v, schema.get("items", True), root) for v in value))
+        prefix, items = schema.get("prefixItems", []), schema.get("items", True)
+        if not isinstance(value, list) or not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9):
+            return False
+        return all(valid(v, prefix[i] if i < len(prefix) else items, root) for i, v in enumerate(value))
     if kind == "string":
         pattern = schema.get("pattern", FORMATS.get(schema.get("format", "")))
         return (isinstance(value, str) and schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", 10**9)
@@ -195,6 +199,11 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
     (PERSON, '{"name":  "A", "age": 1, "ok": true}', False),  # two spaces: compact JSON only
     (PERSON, '{\n"name": "A", "age": 1, "ok": true}', False),  # no newline between tokens
     (TREE, '{"v": 1, "kids": [{"v": 2}, {"v": 3, "kids": []}]}', True),
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, '[1, "a"]', True),
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, '[1, "a", 2]', False),
+    ({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, '["a"]', False),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, '[1, "a", "b"]', True),
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "string"}}, '[1, 2]', False),
     (TREE, '{"v": 1, "kids": [{"w": 2}]}', False),
     ({"type": "array", "items": {"type": "number"}, "minItems": 2}, "[1]", False),
     ({"type": "array", "items": {"type": "number"}, "minItems": 2}, "[1, -2.5E+3]", True),
@@ -236,7 +245,7 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "object", "properties": {"a": True}, "required": ["b"]}, "required property 'b'"),
     ({"$ref": "#/$defs/Missing"}, "names no definition"),
     ({"$ref": "https://example.com/s.json"}, "only local references"),
-    ({"type": "array", "items": [{"type": "string"}]}, "tuple validation"),
+    ({"type": "array", "items": [{"type": "string"}]}, "use prefixItems"),
     ({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength 2 is below minLength 3"),
     ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "allOf with more than one"),
     ({"anyOf": [{"type": "string"}], "type": "string"}, "anyOf beside 'type'"),
@@ -351,9 +360,12 @@ def _objects(children: st.SearchStrategy) -> st.SearchStrategy:
 
 
 def _arrays(children: st.SearchStrategy) -> st.SearchStrategy:
-    return st.tuples(children, st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2))).map(
+    plain = st.tuples(children, st.integers(0, 2), st.one_of(st.none(), st.integers(0, 2))).map(
         lambda t: {"type": "array", "items": t[0], "minItems": t[1],
                    **({} if t[2] is None else {"maxItems": t[1] + t[2]})})
+    tuples = st.tuples(st.lists(children, min_size=1, max_size=3), st.one_of(st.just(False), children)).map(
+        lambda t: {"type": "array", "prefixItems": t[0], "items": t[1], "minItems": len(t[0])})
+    return st.one_of(plain, tuples)
 
 
 _SCHEMAS = st.recursive(_LEAVES, lambda c: st.one_of(_objects(c), _arrays(c),

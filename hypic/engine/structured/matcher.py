@@ -238,8 +238,9 @@ def _array(node: Arr, local: tuple, b: int) -> list[Outcome]:
     if kind in ("a0", "next"):
         out = [Outcome(POP, None, True)] if kind == "a0" and b == ord("]") and node.min_items == 0 else []
         room = node.max_items is None or n < node.max_items
-        if b not in (END, ord("]")) and room:
-            out.append(Outcome(("after", n + 1), node.items, False))
+        child = node.prefix[n] if n < len(node.prefix) else node.items
+        if b not in (END, ord("]")) and room and child is not None:
+            out.append(Outcome(("after", n + 1), child, False))
         return out
     if b == ord(","):
         return [Outcome(("next", n), None, True)] if node.max_items is None or n < node.max_items else []

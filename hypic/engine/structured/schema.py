@@ -3,7 +3,7 @@
 Structured output (OpenAI's ``response_format``, vLLM's guided JSON) constrains decoding so the
 text generated *is* a JSON value the schema accepts. The subset here is what generation can
 enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
-``additionalProperties``, ``items`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
+``additionalProperties``, ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
 date-time, uuid, ipv4, email — as patterns), ``enum``, ``const``, ``anyOf`` / ``oneOf``, a
 one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
@@ -36,7 +36,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
-                      "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+                      "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems"})
 # the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail shape)
 _TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
 _DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
@@ -65,9 +65,10 @@ class Obj:
 
 @dataclass(eq=False, frozen=True)
 class Arr:
-    items: Node
+    items: Node | None  # the items after ``prefix``; None: none (``items: false``)
     min_items: int
-    max_items: int | None
+    max_items: int | None  # with ``items`` None, at most len(prefix)
+    prefix: tuple[Node, ...] = ()  # ``prefixItems``: item i's own schema (tuples)
 
 
 @dataclass(eq=False, frozen=True)
@@ -189,7 +190,7 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
     kind = schema.get("type")
     if kind is None:
         kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
-            "array" if {"items", "minItems", "maxItems"} & keys else \
+            "array" if {"items", "prefixItems", "minItems", "maxItems"} & keys else \
             "string" if {"minLength", "maxLength", "pattern", "format"} & keys else \
             "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & keys else None
         if kind is None:
@@ -301,11 +302,18 @@ def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
     if kind == "array":
         items = schema.get("items", True)
         if isinstance(items, list):
-            raise ValueError(f"{where}: items as a list (tuple validation) is not supported in structured output")
+            raise ValueError(f"{where}: items as a list (draft 4's tuples) is not supported in structured output; "
+                             "use prefixItems")
+        prefix = schema.get("prefixItems", [])
+        if not isinstance(prefix, list):
+            raise ValueError(f"{where}: prefixItems must be a list of schemas")
         low, high = _count(schema, "minItems", where) or 0, _count(schema, "maxItems", where)
+        if items is False:
+            high = len(prefix) if high is None else min(high, len(prefix))
         if high is not None and high < low:
             raise ValueError(f"{where}: maxItems {high} is below minItems {low}")
-        return Arr(_node(items, f"{where}.items", refs), low, high)
+        return Arr(None if items is False else _node(items, f"{where}.items", refs), low, high,
+                   tuple(_node(p, f"{where}.prefixItems[{i}]", refs) for i, p in enumerate(prefix)))
     if kind == "string":
         low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
         if high is not None and high < low:
