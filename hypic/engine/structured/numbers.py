@@ -1,0 +1,59 @@
+"""JSON numbers for the matcher: the grammar's phases, at most ``MAX_DIGITS`` digits per part, and
+numeric bounds kept while the number is written (``hypic.engine.structured.bounds``)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypic.engine.structured.bounds import feasible
+from hypic.engine.structured.frames import DIGITS, POP, Outcome
+from hypic.engine.structured.schema import MAX_DIGITS, Num
+
+_NUMBER_ENDS = {"zero", "int", "frac", "exp"}
+
+
+def number(node: Num, local: tuple, b: int) -> list[Outcome]:
+    if node.bounds is None:
+        return _number_phases(node, local, b)
+    # bounded: the text so far rides along; a step is kept only if a value within bounds can follow
+    phase, digits, text = local
+    out = []
+    for o in _number_phases(node, (phase, digits), b):
+        if o.local is POP:
+            if node.bounds.contains(Decimal(text)):
+                out.append(o)
+        elif o.local[0] not in ("exp0", "esign", "exp"):  # bounded numbers carry no exponent
+            grown = text + chr(b)
+            int_digits = o.local[1] if o.local[0] == "int" else 1
+            if feasible(grown, node.integer, node.bounds, MAX_DIGITS - int_digits):
+                out.append(Outcome((*o.local, grown), None, True))
+    return out
+
+
+def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
+    phase, digits = local
+    digit = b in DIGITS
+    if phase == "start":
+        return [Outcome(("minus", 0), None, True)] if b == ord("-") else _first_digit(b)
+    if phase == "minus":
+        return _first_digit(b)
+    if digit and phase in ("int", "frac0", "frac", "esign", "exp0", "exp"):
+        part = "frac" if phase.startswith("frac") else "exp" if phase.startswith("e") else "int"
+        count = digits + 1 if phase in ("int", "frac", "exp") else 1
+        return [Outcome((part, count), None, True)] if count <= MAX_DIGITS else []
+    if not node.integer:
+        if b == ord(".") and phase in ("zero", "int"):
+            return [Outcome(("frac0", 0), None, True)]
+        if b in (ord("e"), ord("E")) and phase in ("zero", "int", "frac"):
+            return [Outcome(("exp0", 0), None, True)]
+        if b in (ord("+"), ord("-")) and phase == "exp0":
+            return [Outcome(("esign", 0), None, True)]
+    return [Outcome(POP, None, False)] if phase in _NUMBER_ENDS else []
+
+
+def _first_digit(b: int) -> list[Outcome]:
+    if b == ord("0"):
+        return [Outcome(("zero", 1), None, True)]
+    return [Outcome(("int", 1), None, True)] if b in DIGITS else []
+
+

@@ -1,0 +1,122 @@
+"""JSON strings for the matcher, byte by byte: escapes, well-formed UTF-8, lengths, and a pattern's
+automaton fed each character once it is decoded (``hypic.engine.structured.regex``)."""
+
+from __future__ import annotations
+
+from hypic.engine.structured.frames import END, HEX, POP, Outcome
+from hypic.engine.structured.schema import Str
+
+
+def string(node: Str, local: tuple, b: int) -> list[Outcome]:
+    """A string frame reads byte ``b``. Locals: ("open",), ("in", count, need, low, high) — ``need``
+    continuation bytes still due, the next one in [low, high] — ("esc", count), ("hex", count, left)."""
+    if node.pattern is not None:
+        return _pattern_string(node, local, b)
+    kind = local[0]
+    if kind == "open":
+        return [Outcome(_in_string(0), None, True)] if b == ord('"') else []
+    count = local[1]
+    room = node.max_len is None or count < node.max_len
+    # without a maximum, counts past the minimum are all alike: kept equal so states repeat
+    grown = count + 1 if node.max_len is not None else min(count + 1, node.min_len)
+    if kind == "in":
+        need, low, high = local[2], local[3], local[4]
+        if need:  # a continuation byte; the first one's range excludes overlong forms, surrogates, > U+10FFFF
+            return [Outcome(("in", count, need - 1, 0x80, 0xBF), None, True)] if low <= b <= high else []
+        if b == ord('"'):
+            return [Outcome(POP, None, True)] if count >= node.min_len else []
+        if not room or b == END or b < 0x20:
+            return []
+        if b == ord("\\"):
+            return [Outcome(("esc", count), None, True)]
+        if b < 0x80:
+            return [Outcome(_in_string(grown), None, True)]
+        lead = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        return [Outcome(("in", grown, lead, low, high), None, True)] if lead else []
+    if kind == "esc":
+        if b in _JSON_ESCAPES:
+            return [Outcome(_in_string(grown), None, True)]
+        return [Outcome(("hex", count, 4), None, True)] if b == ord("u") else []
+    if b not in HEX:  # "hex": the digits of \uXXXX
+        return []
+    left = local[2] - 1
+    return [Outcome(_in_string(grown) if left == 0 else ("hex", count, left), None, True)]
+
+
+def _in_string(count: int) -> tuple:
+    return ("in", count, 0, 0, 0)
+
+
+# UTF-8's lead bytes whose first continuation byte is narrower than 80–BF (RFC 3629)
+_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_JSON_ESCAPES = {ord('"'): 34, ord("\\"): 92, ord("/"): 47, ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13,
+                 ord("t"): 9}
+
+
+def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
+    """A string its pattern must match: characters are decoded (UTF-8, JSON escapes) and fed to the
+    pattern's automaton; a character still being decoded is let through only if some character it
+    may become keeps the pattern matchable. Locals: ("in", count, states, need, value, low, high)."""
+    rx, kind = node.pattern, local[0]
+    assert rx is not None
+    if kind == "open":
+        return [Outcome(("in", 0, rx.start, 0, 0, 0, 0), None, True)] if b == ord('"') else []
+    count, states = local[1], local[2]
+    room = node.max_len is None or count < node.max_len
+    # characters left after the one being read: a match must still fit in them (maxLength)
+    budget = float("inf") if node.max_len is None else node.max_len - count - 1
+
+    def char(c: int) -> list[Outcome]:  # a whole character read: the automaton steps
+        nxt = rx.step(states, c)
+        ok = nxt and rx.distance(nxt) <= budget
+        return [Outcome(("in", count + 1, nxt, 0, 0, 0, 0), None, True)] if ok else []
+
+    if kind == "in":
+        need, value, low, high = local[3], local[4], local[5], local[6]
+        if need:  # a continuation byte
+            if not low <= b <= high:
+                return []
+            value, need = (value << 6) | (b & 0x3F), need - 1
+            if need == 0:
+                return char(value)
+            lo = value << (6 * need)
+            if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), budget):
+                return []
+            return [Outcome(("in", count, states, need, value, 0x80, 0xBF), None, True)]
+        if b == ord('"'):
+            return [Outcome(POP, None, True)] if count >= node.min_len and rx.accepts(states) else []
+        if not room or b == END or b < 0x20:
+            return []
+        if b == ord("\\"):  # an escape can spell any character of the basic plane (\\uXXXX)
+            return [Outcome(("esc", count, states), None, True)] if rx.can_step(states, 0, 0xFFFF, budget) else []
+        if b < 0x80:
+            return char(b)
+        need = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+        if not need:
+            return []
+        value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
+        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        # the characters this lead byte can begin, its first continuation's bounds applied (no
+        # overlong forms, surrogates or code points past U+10FFFF)
+        shift = 6 * (need - 1)
+        lo = (value << (6 * need)) | ((low & 0x3F) << shift)
+        hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+        if not rx.can_step(states, lo, hi, budget):
+            return []
+        return [Outcome(("in", count, states, need, value, low, high), None, True)]
+    if kind == "esc":
+        if b in _JSON_ESCAPES:
+            return char(_JSON_ESCAPES[b])
+        return [Outcome(("hex", count, states, 4, 0), None, True)] if b == ord("u") else []
+    if b not in HEX:  # "hex": the digits of \uXXXX, each only if some character it may end in fits
+        return []
+    value, left = local[4] * 16 + int(chr(b), 16), local[3] - 1
+    if left == 0:
+        return char(value)
+    lo = value << (4 * left)
+    if not rx.can_step(states, lo, lo | ((1 << (4 * left)) - 1), budget):
+        return []
+    return [Outcome(("hex", count, states, left, value), None, True)]
+
+
