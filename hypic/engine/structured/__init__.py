@@ -1,7 +1,8 @@
 """Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``).
 
-``schema`` compiles the schema, ``matcher`` reads JSON byte by byte, ``vocab`` turns a matcher
-state into the tokens allowed next; the engine masks every other token's logit before sampling.
+``schema`` compiles the schema (``regex`` its patterns and formats, ``bounds`` its numeric bounds),
+``matcher`` reads JSON byte by byte (``strings``, ``numbers``: their frames), ``vocab`` turns a
+matcher state into the tokens allowed next; the engine masks every other token's logit before sampling.
 """
 
 from hypic.engine.structured.schema import compile_schema
