@@ -23,7 +23,8 @@ Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code-point r
 ANY: Ranges = ((0, MAX_CODE),)
 DIGIT: Ranges = ((ord("0"), ord("9")),)
 WORD: Ranges = ((ord("0"), ord("9")), (ord("A"), ord("Z")), (ord("_"), ord("_")), (ord("a"), ord("z")))
-SPACE: Ranges = ((9, 13), (32, 32), (0xA0, 0xA0), (0x2028, 0x2029))
+SPACE: Ranges = ((9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A), (0x2028, 0x2029),
+                 (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))  # ECMA-262's \s
 
 
 def _normal(ranges: list[tuple[int, int]]) -> Ranges:
