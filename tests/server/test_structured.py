@@ -76,3 +76,36 @@ def test_a_schema_it_cannot_enforce_is_a_400_and_serving_goes_on(http: httpx.Cli
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
                                        response_format=fmt)
     assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4).choices[0].text is not None
+
+
+def test_structured_and_free_requests_decode_together(client: OpenAI) -> None:
+    """Concurrent requests, constrained by different schemas or not, batched in the same decode
+    steps: each constrained answer fits its own schema."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    schemas = [ANSWER, {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2,
+                        "maxItems": 3},
+               {"type": "object", "properties": {"d": {"type": "string", "format": "date"}}, "required": ["d"]}, None]
+
+    def ask(k: int) -> tuple[object, str, str]:
+        schema = schemas[k % len(schemas)]
+        extra = {} if schema is None else {"response_format": {"type": "json_schema",
+                                                               "json_schema": {"name": f"s{k}", "schema": schema}}}
+        out = client.completions.create(model=MODEL, prompt=f"{PROMPT} {k}", max_tokens=64, temperature=0.7, seed=k,
+                                        extra_body=extra)
+        return schema, out.choices[0].text, out.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, range(12)))
+    for schema, text, finish in results:
+        if schema is None or finish != "stop":
+            continue
+        value = json.loads(text)
+        if schema is ANSWER:
+            _fits(text)
+        elif schema.get("type") == "array":
+            assert isinstance(value, list) and 2 <= len(value) <= 3 and all(isinstance(v, int) and 0 <= v <= 9
+                                                                             for v in value)
+        else:
+            assert set(value) == {"d"} and len(value["d"]) == 10 and value["d"][4] == "-"
+    assert sum(finish == "stop" for schema, _, finish in results if schema is not None) >= 6
