@@ -40,6 +40,7 @@ class LLM:
                              cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route,
                              cache_host_dtype=cache_host_dtype)
         self.tokenizer = self.loaded.tokenizer
+        self._chat_template = None  # the model's chat template, read at the first chat() (hypic.server.chat)
         self.max_positions = self.loaded.model.max_positions
         self.vocab_size = self.loaded.model.vocab_size
 
@@ -108,6 +109,29 @@ class LLM:
                 o.text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return outs
 
+    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling: SamplingParams | list[SamplingParams] | None = None, *, mode: str = "hypic",
+             cache_salt: str | None = None, tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """One conversation (OpenAI's messages) or a list of them, rendered with the model's chat
+        template (ChatML without one) and answered. As in the server's chat route, each message — each
+        text part of a message — is a segment of its own: documents sent as messages hit the cache
+        wherever they sit. ``tools`` and ``chat_template_kwargs`` go to the template; the answer is text
+        (the server turns it into tool calls or reasoning)."""
+        from hypic.server.chat import ChatTemplate  # the server package imports this module
+
+        if not isinstance(conversations, (list, tuple)) or not conversations:
+            raise ValueError("conversations: expected a list of messages or a list of conversations")
+        batch = [conversations] if isinstance(conversations[0], dict) else list(conversations)
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_model(self.loaded.tokenizer_config, self.loaded.path)
+        context = {**(chat_template_kwargs or {}), "tools": tools}
+        prompts = []
+        for k, messages in enumerate(batch):
+            turns, extras = _messages(messages, f"conversations[{k}]")
+            prompts.append([seg.text for seg in self._chat_template.segments(turns, context, extras)])
+        return self.generate(prompts, sampling, mode=mode, cache_salt=cache_salt)
+
     def prewarm(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool | None]:
         """Prefill documents (text or token ids) into the cache before the prompts that use them: per
         document, True if it was cached already, False if filled now, None if too short to cache."""
@@ -148,3 +172,24 @@ class LLM:
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
                 "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions,
                 "host_pinned_bytes": s.host_pinned_bytes}
+
+
+def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:
+    """OpenAI's messages → (role, text parts) per message and what else the template reads."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ValueError(f"{where}: expected a non-empty list of messages")
+    turns, extras = [], []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ValueError(f"{where}[{i}].role: every message needs a role")
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            parts = [content or ""]
+        elif isinstance(content, list) and content and all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            parts = [p["text"] for p in content]
+        else:
+            raise ValueError(f"{where}[{i}].content: expected a string, text parts or None")
+        turns.append((m["role"], parts))
+        extras.append({k: v for k, v in m.items() if k not in ("role", "content")})
+    return turns, extras
