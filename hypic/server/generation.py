@@ -179,7 +179,7 @@ class Responder:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model}
 
     def chunk(self, piece: Piece, delta: dict[str, Any] | None = None) -> dict:
-        """A stream's chunk of ``piece``; ``delta`` instead of the piece's text (tool calls)."""
+        """A stream's chunk of ``piece``; ``delta`` instead of the piece's text (reasoning, tool calls)."""
         if delta is None:
             delta = {"content": piece.text} if self.gen.chat else {"text": piece.text}
         choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
