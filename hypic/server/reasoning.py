@@ -17,6 +17,8 @@ code, so they agree: text is held back only while it could still be a tag.
 
 from __future__ import annotations
 
+from hypic.server.text import partial_tag
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -24,11 +26,6 @@ def opened_by(prompt: str) -> bool:
     """Whether a generation prompt leaves the model inside ``<think>``."""
     tail = prompt.rstrip()
     return tail.endswith(OPEN)
-
-
-def _partial(text: str, tag: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-k:])), 0)
 
 
 class ThinkSplit:
@@ -53,7 +50,7 @@ class ThinkSplit:
         if self.state == "reasoning":
             at = self.held.find(CLOSE)
             if at < 0:
-                cut = len(self.held) - _partial(self.held, CLOSE)
+                cut = len(self.held) - partial_tag(self.held, CLOSE)
                 reasoning, self.held = self.held[:cut], self.held[cut:]
                 return reasoning, ""
             reasoning, self.held, self.state = self.held[:at], self.held[at + len(CLOSE):], "after"

@@ -62,3 +62,9 @@ class TextStream:
         if len(self.tokens) > self._read:
             self._advance(final=True)
         return self._release(final=True)
+
+
+def partial_tag(text: str, tag: str) -> int:
+    """The length of the longest suffix of ``text`` that is a proper prefix of ``tag``: what a stream
+    holds back while it could still become the tag (a reasoning block's end, a tool call's start)."""
+    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-k:])), 0)

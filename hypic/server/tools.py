@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypic.engine.structured import compile_schema
+from hypic.server.text import partial_tag
 
 OPEN = "<tool_call>"
 BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
@@ -80,19 +81,17 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
         name = choice["function"]["name"]
         if name not in names:
             raise ValueError(f"tool_choice: no tool is named {name!r}")
-        chosen = [t for t in tools if t["function"]["name"] == name]
-    else:  # "required"
-        chosen = list(tools)
     options = []
-    for t in chosen:
+    for k, t in enumerate(tools):  # "required": every tool; a named one: that one
         f = t["function"]
-        parameters = f.get("parameters") or {"type": "object", "properties": {}}
-        k = tools.index(t)
+        if isinstance(choice, dict) and f["name"] != choice["function"]["name"]:
+            continue
+        schema = f.get("parameters") or {"type": "object", "properties": {}}
         try:
-            compile_schema(parameters)
+            compile_schema(schema)
         except ValueError as e:  # named where the request holds it
             raise ValueError(f"tools[{k}].function.parameters{str(e).removeprefix('json_schema')}") from None
-        options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": parameters},
+        options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": schema},
                         "required": ["name", "arguments"], "additionalProperties": False})
     return ToolCalling(True, names, options[0] if len(options) == 1 else {"anyOf": options}, parameters)
 
@@ -171,9 +170,7 @@ class StreamedCalls:
         if tag >= 0:
             end = tag
         else:
-            keep = next((k for k in range(min(len(OPEN) - 1, len(self.text)), 0, -1)
-                         if OPEN.startswith(self.text[-k:])), 0)
-            end = len(self.text) - keep
+            end = len(self.text) - partial_tag(self.text, OPEN)
         end = max(end, self.sent)
         out, self.sent = self.text[self.sent:end], end
         return out

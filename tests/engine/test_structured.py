@@ -128,32 +128,37 @@ EOS = 1  # the bundled tokenizer's <|end|>
 CLOSERS = frozenset(b'"]},')
 
 
-def _draw(allowed: torch.Tensor, vocab: TokenVocab, rng: random.Random) -> int:
+def _draw(allowed: torch.Tensor, vocab: TokenVocab, rng: random.Random, end: float = 60.0,
+          closer: float = 15.0) -> int:
     """A random allowed token, closers and the end favoured so that values end within the test."""
     ids = allowed.tolist()
-    weights = [60.0 if i == EOS else 1.0 + 15.0 * sum(b in CLOSERS for b in vocab.pieces[i]) for i in ids]
+    weights = [end if i == EOS else 1.0 + closer * sum(b in CLOSERS for b in vocab.pieces[i]) for i in ids]
     return rng.choices(ids, weights)[0]
+
+
+def _written(vocab: TokenVocab, schema: object, rng: random.Random, steps: int, **weights: float) -> bytes:
+    """The text of random draws under the mask until the value ends (by EOS or by itself); every
+    step must allow a token and accept the one drawn, and the value must end within ``steps``."""
+    c = JsonConstraint(vocab, compile_schema(schema), {EOS})
+    text = b""
+    for _ in range(steps):
+        ids = c.allowed()
+        assert len(ids) > 0, (schema, text)
+        tok = _draw(ids, vocab, rng, **weights)
+        assert c.accept(tok), (text, tok)
+        if tok == EOS:
+            return text
+        text += vocab.pieces[tok]
+        if c.finished:
+            return text
+    raise AssertionError(f"no end in {steps} tokens: {schema} {text[:200]!r}")
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_every_draw_the_mask_allows_ends_in_json_the_schema_accepts(vocab, name: str) -> None:
     schema = SCHEMAS[name]
     for seed in range(6):
-        rng = random.Random(seed)
-        c = JsonConstraint(vocab, compile_schema(schema), {EOS})
-        text = b""
-        for _ in range(400):
-            ids = c.allowed()
-            assert len(ids) > 0, text
-            tok = _draw(ids, vocab, rng)
-            assert c.accept(tok), (text, tok)
-            if tok == EOS:
-                break
-            text += vocab.pieces[tok]
-            if c.finished:
-                break
-        else:
-            raise AssertionError(f"{name}, seed {seed}: no end in 400 tokens: {text[:200]!r}")
+        text = _written(vocab, schema, random.Random(seed), 400)
         value = json.loads(text.decode(), parse_float=Decimal)
         assert valid(value, schema), (name, text)
 
@@ -376,22 +381,7 @@ _SCHEMAS = st.recursive(_LEAVES, lambda c: st.one_of(_objects(c), _arrays(c),
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=_SCHEMAS, seed=st.integers(0, 2**16))
 def test_random_schemas_every_draw_ends_in_json_they_accept(vocab, schema, seed: int) -> None:
-    rng = random.Random(seed)
-    c = JsonConstraint(vocab, compile_schema(schema), {EOS})
-    text = b""
-    for _ in range(600):
-        ids = c.allowed().tolist()
-        assert ids, (schema, text)
-        weights = [1e4 if i == EOS else 1.0 + 1e3 * sum(b in CLOSERS for b in vocab.pieces[i]) for i in ids]
-        tok = rng.choices(ids, weights)[0]
-        assert c.accept(tok)
-        if tok == EOS:
-            break
-        text += vocab.pieces[tok]
-        if c.finished:
-            break
-    else:
-        raise AssertionError(f"no end in 600 tokens: {schema} {text[:200]!r}")
+    text = _written(vocab, schema, random.Random(seed), 600, end=1e4, closer=1e3)
     assert valid(json.loads(text.decode(), parse_float=Decimal), schema), (schema, text)
 
 
