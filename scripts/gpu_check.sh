@@ -31,7 +31,7 @@
 #                        (GPU_TRACE_AB_VAR, default HYPIC_COLD_GRAPHS) at each of GPU_TRACE_AB_VALUES (default
 #                        "1 0 1 0": alternating), GPU_TRACE_AB_RATES (default 16,24,32,48), GPU_TRACE_AB_SECONDS
 #                        each (default 140); after a short unmeasured trace that compiles the Triton kernels
-#                        (GPU_TRACE_AB_PRIME=0 skips it)
+#                        (GPU_TRACE_AB_PRIME=0 skips it); GPU_TRACE_AB_ENV="NAME=VALUE ..." holds for every arm
 #   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
 #                        under cProfile (bench trace --profile): where the host time of a block goes
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
@@ -105,7 +105,7 @@ if [ "${GPU_TRACE_AB:-0}" = 1 ]; then
   var=${GPU_TRACE_AB_VAR:-HYPIC_COLD_GRAPHS} k=0
   for v in ${GPU_TRACE_AB_VALUES:-1 0 1 0}; do
     k=$((k + 1))
-    section "trace_ab_${k}_${var}_$v" "${GPU_TRACE_AB_SECONDS:-140}" env "$var=$v" $TRACE1024 \
+    section "trace_ab_${k}_${var}_$v" "${GPU_TRACE_AB_SECONDS:-140}" env ${GPU_TRACE_AB_ENV:-} "$var=$v" $TRACE1024 \
       --rates "${GPU_TRACE_AB_RATES:-16,24,32,48}" --out "$OUT/trace_ab_${k}_${var}_$v.md"
   done
 fi

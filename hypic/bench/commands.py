@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from hypic.bench.shapes import SHAPES
 from hypic.cache.layout import HOST_DTYPES
 
 
@@ -16,7 +17,6 @@ def _bench_model(args: argparse.Namespace) -> tuple[object, str, str]:
     machine's name for the table's footer."""
     import platform
 
-    from hypic.bench.shapes import SHAPES
     from hypic.models.loader import load_model
     from hypic.models.random_init import random_model
 
@@ -148,7 +148,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench_sub = p_bench.add_subparsers(dest="bench", required=True)
     shared = argparse.ArgumentParser(add_help=False)  # what every model benchmark takes
     shared.add_argument("--model", help="a model folder (default: random weights of --shape)")
-    shared.add_argument("--shape", default="qwen3.5-9b", choices=["qwen3.5-9b", "qwen3.5-35b-a3b", "tiny"])
+    shared.add_argument("--shape", default="qwen3.5-9b", choices=sorted(SHAPES))
     shared.add_argument("--device")
     shared.add_argument("--dtype", choices=["bfloat16", "float32"])
     shared.add_argument("--seam", type=int, default=8)

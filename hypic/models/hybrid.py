@@ -1,5 +1,8 @@
-"""The decoder stack every family shares: embeddings, pre-norm residual layers whose mixer is
-linear attention or full attention, a final norm and the LM head.
+"""The decoder stack every family shares: embeddings, residual layers whose mixer is linear
+attention or full attention, a final norm and the LM head.
+
+Residuals are pre-norm (``x + f(norm(x))``) unless a family gives a ``Residual``: MiniMax adds the
+*normed* input, each term scaled (``norm(x)·α + f(norm(x))·β``).
 
 Parameter names follow the Hugging Face checkpoints (``model.layers.{i}.linear_attn...``,
 ``...self_attn...``, ``...mlp...``) so weights load by name; a family supplies the mixer, the FFN
@@ -33,18 +36,38 @@ class LayerKinds:
         return [i for i, k in enumerate(self.kinds) if k == "attention"]
 
 
+@dataclass(frozen=True)
+class Residual:
+    """How a layer's two blocks add to the stream: ``base·alpha + block·beta``, the base being the
+    block's normed input when ``normed`` (MiniMax's ``postnorm``), else its raw input."""
+
+    mixer_alpha: float = 1.0
+    mixer_beta: float = 1.0
+    mlp_alpha: float = 1.0
+    mlp_beta: float = 1.0
+    normed: bool = False
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, mixer_name: str, mixer: nn.Module, mlp: nn.Module, norm: Callable[[], nn.Module]) -> None:
+    def __init__(self, mixer_name: str, mixer: nn.Module, mlp: nn.Module, norm: Callable[[], nn.Module],
+                 residual: Residual | None = None) -> None:
         super().__init__()
         self.mixer_name = mixer_name
         self.add_module(mixer_name, mixer)
         self.mlp = mlp
         self.input_layernorm = norm()
         self.post_attention_layernorm = norm()
+        self.residual = residual
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
-        x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        r = self.residual
+        if r is None:
+            x = x + getattr(self, self.mixer_name)(self.input_layernorm(x), ctx)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.input_layernorm(x)
+        x = (h if r.normed else x) * r.mixer_alpha + getattr(self, self.mixer_name)(h, ctx) * r.mixer_beta
+        h = self.post_attention_layernorm(x)
+        return (h if r.normed else x) * r.mlp_alpha + self.mlp(h) * r.mlp_beta
 
 
 class Backbone(nn.Module):

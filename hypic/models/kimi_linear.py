@@ -10,7 +10,6 @@ them onto the shared MoE module's names.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torch import nn
@@ -19,7 +18,7 @@ from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds
 from hypic.models.layers.kda import KDAConfig, KimiDeltaAttention
 from hypic.models.layers.mla import LatentAttention, MLAConfig
 from hypic.models.layers.mlp import SwiGLU
-from hypic.models.layers.moe import MoE, MoEConfig
+from hypic.models.layers.moe import MoE, MoEConfig, mixtral_names
 from hypic.models.layers.norm import RMSNorm
 
 
@@ -96,11 +95,6 @@ def build_kimi_linear(config: dict[str, Any]) -> HybridLM:
                     max_positions=_get(c, "model_max_length", "max_position_embeddings", default=1048576))
 
 
-_EXPERT = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
-_EXPERT_NAME = re.compile(r"\.experts\.(\d+)\.(w[123])\.")
-
-
 def checkpoint_name(name: str) -> str | None:
     """Checkpoint tensor name → hypic parameter name."""
-    name = name.replace(".block_sparse_moe.", ".mlp.").replace(".shared_experts.", ".shared_expert.")
-    return _EXPERT_NAME.sub(lambda m: f".experts.{m[1]}.{_EXPERT[m[2]]}.", name)
+    return mixtral_names(name).replace(".shared_experts.", ".shared_expert.")

@@ -23,12 +23,16 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
                  seed: int = 0) -> LoadedModel:
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.device(device):
-        model = resolve(config).build(config).to(dtype)
+    with torch.device("meta"):  # storage only in the target dtype: a 48 B-parameter shape in fp32 would not fit
+        model = resolve(config).build(config)
+    model = model.to(dtype).to_empty(device=device)  # every parameter is written below
+    if model.tie_embeddings:  # to_empty unties shared parameters
+        model.lm_head.weight = model.model.embed_tokens.weight
+    zero_centred = {f"{n}.weight" for n, m in model.named_modules() if getattr(m, "zero_centred", False)}
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
         if "norm" in name:
-            p.fill_(0.0 if torch.all(p == 0) else 1.0)  # keep each norm's own neutral value
+            p.fill_(0.0 if name in zero_centred else 1.0)  # each norm's own neutral value
         elif leaf == "A_log":
             p.copy_(torch.empty(p.shape, device=device).uniform_(0.0, math.log(16.0), generator=gen))
         elif leaf == "dt_bias":

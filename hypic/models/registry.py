@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hypic.models import kimi_linear, qwen3_5, qwen3_next, ring_linear
+from hypic.models import kimi_linear, minimax, qwen3_5, qwen3_next, ring_linear
 from hypic.models.hybrid import HybridLM
 
 
@@ -19,6 +19,9 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     "BailingMoeLinearV2ForCausalLM": Architecture(ring_linear.build_ring_linear, ring_linear.checkpoint_name),
     "KimiLinearForCausalLM": Architecture(kimi_linear.build_kimi_linear, kimi_linear.checkpoint_name),
+    "MiniMaxForCausalLM": Architecture(minimax.build_minimax, minimax.checkpoint_name),
+    "MiniMaxText01ForCausalLM": Architecture(minimax.build_minimax, minimax.checkpoint_name),
+    "MiniMaxM1ForCausalLM": Architecture(minimax.build_minimax, minimax.checkpoint_name),
     "Qwen3_5ForCausalLM": Architecture(qwen3_5.build_qwen3_5, qwen3_5.checkpoint_name),
     "Qwen3_5ForConditionalGeneration": Architecture(qwen3_5.build_qwen3_5, qwen3_5.checkpoint_name),
     "Qwen3NextForCausalLM": Architecture(qwen3_next.build_qwen3_next, qwen3_5.checkpoint_name),
@@ -28,6 +31,9 @@ ARCHITECTURES: dict[str, Architecture] = {
 MODEL_TYPES: dict[str, str] = {
     "bailing_moe_linear": "BailingMoeLinearV2ForCausalLM",
     "kimi_linear": "KimiLinearForCausalLM",
+    "minimax": "MiniMaxForCausalLM",
+    "minimax_text_01": "MiniMaxText01ForCausalLM",
+    "minimax_m1": "MiniMaxM1ForCausalLM",
     "qwen3_5": "Qwen3_5ForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_next": "Qwen3NextForCausalLM",

@@ -1,5 +1,6 @@
-"""Tiny random checkpoints for the engine tests: GDN (Qwen3.5), KDA + NoPE MLA (Kimi-Linear) and
-scalar decay with RoPE inside the linear layers (Ring-linear)."""
+"""Tiny random checkpoints for the engine tests: GDN (Qwen3.5), KDA + NoPE MLA (Kimi-Linear), scalar
+decay with RoPE inside the linear layers (Ring-linear) and without (MiniMax, whose residual adds the
+normed input)."""
 
 import json
 
@@ -10,6 +11,7 @@ from safetensors.torch import save_file
 
 from tests.models.harness import TINY_BASE, TINY_GDN, randomize_norms, save_checkpoint
 from tests.models.test_kimi_linear import TINY_KIMI
+from tests.models.test_minimax import tiny_reference as minimax_reference
 from tests.models.test_ring_linear import CONFIG as RING_CONFIG
 from tests.models.test_ring_linear import tiny_checkpoint as ring_weights
 
@@ -40,7 +42,11 @@ def _ring(path):
     return path
 
 
-BUILDERS = {"qwen3_5": _qwen3_5, "kimi_linear": _kimi, "ring_linear": _ring}
+def _minimax(path):
+    return save_checkpoint(minimax_reference(eos_token_id=None), path)
+
+
+BUILDERS = {"qwen3_5": _qwen3_5, "kimi_linear": _kimi, "ring_linear": _ring, "minimax": _minimax}
 
 
 @pytest.fixture(scope="session")

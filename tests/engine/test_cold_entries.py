@@ -21,7 +21,7 @@ def _prefill(model, segments, template=None):
     return ctx.entries
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear"])
+@pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear", "minimax"])
 def test_entries_built_in_one_buffer_equal_the_tensor_by_tensor_build(model_paths, family) -> None:
     loaded = load_model(model_paths[family], device="cpu", dtype="bfloat16")
     template = entry_template(loaded.model, torch.device("cpu"))

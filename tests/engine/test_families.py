@@ -1,5 +1,5 @@
-"""Invariants that must hold for every family: GDN (conv tails), KDA + NoPE MLA, and scalar decay
-with RoPE inside the linear layers (state re-rotation)."""
+"""Invariants that must hold for every family: GDN (conv tails), KDA + NoPE MLA, scalar decay with
+RoPE inside the linear layers (state re-rotation) and without it (MiniMax)."""
 
 import random
 
@@ -8,7 +8,7 @@ import torch
 
 from hypic import LLM
 
-FAMILIES = ["qwen3_5", "kimi_linear", "ring_linear"]
+FAMILIES = ["qwen3_5", "kimi_linear", "ring_linear", "minimax"]
 TOL = 1e-4
 
 

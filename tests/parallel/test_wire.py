@@ -9,7 +9,7 @@ from hypic.models.loader import load_model
 from hypic.parallel.wire import ALIGN, pack, split
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear"])
+@pytest.mark.parametrize("family", ["qwen3_5", "kimi_linear", "ring_linear", "minimax"])
 def test_pack_unpack_is_bitwise(model_paths, family):
     loaded = load_model(model_paths[family], device="cpu", dtype="bfloat16")
     g = torch.Generator().manual_seed(1)

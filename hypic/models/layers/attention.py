@@ -1,8 +1,8 @@
-"""Grouped-query softmax attention with q/k RMSNorm, partial RoPE and an optional sigmoid output
-gate (Qwen3-Next / Qwen3.5 full-attention layers; Ring-linear's full layers without the gate).
+"""Grouped-query softmax attention with optional q/k RMSNorm, partial RoPE and an optional sigmoid
+output gate (Qwen3-Next / Qwen3.5 full-attention layers; MiniMax's without the norms or the gate).
 
-Keys leave this layer normed but *before* RoPE: the context ropes them at true positions, which is
-what lets a cached segment's keys be placed anywhere later.
+Keys leave this layer (normed where the model norms them) but *before* RoPE: the context ropes them
+at true positions, which is what lets a cached segment's keys be placed anywhere later.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class AttentionConfig:
     eps: float
     output_gate: bool
     zero_centred_norm: bool
+    qk_norm: bool = True  # RMSNorm on each head of q and k before RoPE (MiniMax has none)
 
 
 class GatedAttention(nn.Module):
@@ -39,8 +40,9 @@ class GatedAttention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
         self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
         self._fused: FusedLinears | None = None
 
@@ -61,8 +63,9 @@ class GatedAttention(nn.Module):
         if c.output_gate:  # per head: [query | gate]
             q, gate = torch.chunk(q.view(T, c.heads, 2 * c.head_dim), 2, dim=-1)
             gate = gate.reshape(T, -1)
-        q = self.q_norm(q.reshape(T, c.heads, c.head_dim))
-        k = self.k_norm(k_raw.reshape(T, c.kv_heads, c.head_dim))
+        q, k = q.reshape(T, c.heads, c.head_dim), k_raw.reshape(T, c.kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         v = v_raw.reshape(T, c.kv_heads, c.head_dim)
         o = ctx.attend(self.layer, q, k, v, self.rope, c.head_dim**-0.5).reshape(T, -1)
         if gate is not None:

@@ -1,4 +1,4 @@
-"""Lightning attention mixer (Ring-linear / ``BailingMoeLinearV2`` linear layers).
+"""Lightning attention mixers: Ring-linear's (``BailingMoeLinearV2``) and MiniMax-Text-01 / M1's.
 
 A scalar-decay linear attention: ``S_t = γ_h·S_{t−1} + k_t v_tᵀ``, ``o_t = d^-½·S_tᵀ q_t`` with a fixed
 per-head decay ``γ_h = exp(−slope_h·layer_factor)`` (ALiBi slopes; no data-dependent gate, no conv, no
@@ -7,6 +7,10 @@ state carries positions: the layer hands its ``RopeSpec`` to the context, which 
 state be re-rotated to new positions (the scalar decay commutes with the rotation). The output is
 RMS-normed in ``group_norm_size`` groups over all heads, gated by ``sigmoid(g_proj(x))`` and projected.
 Linear layers are multi-head: ``num_key_value_heads`` applies to the full-attention layers only.
+
+MiniMax's layer (``MiniMaxLightningAttention``) is the same recurrence with less around it: SiLU on
+the fused projection, no q/k norms, no RoPE (its state is position-free), no ``d^-½`` scale, one
+RMSNorm over all heads, and its own layer factor in the decay.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hypic.models.context import ForwardContext, RopeSpec, linear_run
@@ -55,6 +60,14 @@ def layer_decay(heads: int, layer: int, layers: int) -> list[float]:
     return [-s * factor for s in alibi_slopes(heads)]
 
 
+def minimax_layer_decay(heads: int, layer: int, layers: int) -> list[float]:
+    """MiniMax's per-head decay ``g_h = −slope_h · (1 − l/(L − 1 + 1e−5) + 1e−5)`` of layer l (0-based),
+    as transformers' ``MiniMaxLightningAttention`` and the remote code build it: l, not l − 1, so the
+    first layer decays by the bare slope and the last by almost nothing."""
+    factor = 1.0 - layer / (layers - 1 + 1e-5) + 1e-5
+    return [-s * factor for s in alibi_slopes(heads)]
+
+
 class GroupRMSNorm(nn.Module):
     """RMSNorm over ``groups`` contiguous channel groups of the flattened heads, one weight per channel."""
 
@@ -70,7 +83,28 @@ class GroupRMSNorm(nn.Module):
         return (grouped.view(x.shape) * self.weight.float()).to(x.dtype)
 
 
-class LightningAttention(nn.Module):
+class ScalarDecayMixer(nn.Module):
+    """A mixer whose linear layer decays by a fixed per-head ``self.decay`` (natural log per token)."""
+
+    decay: list[float]
+
+    def __init__(self) -> None:
+        super().__init__()
+        # A plain list, not a buffer: the loader builds on the meta device and to_empty() would leave
+        # a buffer uninitialised; the tensor is made once per device on first use.
+        self._decay_tensor: Tensor | None = None
+
+    def _decay_on(self, device: torch.device) -> Tensor:
+        if self._decay_tensor is None or self._decay_tensor.device != device:
+            self._decay_tensor = torch.tensor(self.decay, dtype=torch.float32, device=device)  # [H]
+        return self._decay_tensor
+
+    def gates(self, tokens: int, device: torch.device) -> Tensor:
+        """g [T, H]: every token decays the state by the same per-head factor."""
+        return self._decay_on(device).expand(tokens, len(self.decay)).contiguous()
+
+
+class LightningAttention(ScalarDecayMixer):
     def __init__(self, cfg: LightningConfig, layer: int) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer
@@ -82,15 +116,7 @@ class LightningAttention(nn.Module):
         self.g_norm = GroupRMSNorm(inner, cfg.norm_groups, cfg.eps)
         self.dense = nn.Linear(inner, cfg.hidden, bias=False)
         self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
-        # A plain list, not a buffer: the loader builds on the meta device and to_empty() would leave
-        # a buffer uninitialised; the tensor is made once per device on first use.
         self.decay = layer_decay(cfg.heads, layer, cfg.layers)
-        self._decay_tensor: Tensor | None = None
-
-    def _decay_on(self, device: torch.device) -> Tensor:
-        if self._decay_tensor is None or self._decay_tensor.device != device:
-            self._decay_tensor = torch.tensor(self.decay, dtype=torch.float32, device=device)  # [H]
-        return self._decay_tensor
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         c, T = self.cfg, x.shape[0]
@@ -98,9 +124,32 @@ class LightningAttention(nn.Module):
         q, k, v = torch.split(qkv, c.heads, dim=1)  # each [T, H, d]
         q = self.rope(self.query_layernorm(q), ctx.positions)
         k = self.rope(self.key_layernorm(k), ctx.positions)
-        g = self._decay_on(x.device).expand(T, c.heads).contiguous()  # [T, H]
-
-        run = linear_run("scalar", q, k, v, g=g, scale=c.head_dim**-0.5)
+        run = linear_run("scalar", q, k, v, g=self.gates(T, x.device), scale=c.head_dim**-0.5)
         o = ctx.linear(self.layer, "scalar", run, self.rope).reshape(T, -1)  # [T, H·d]
         o = self.g_norm(o) * torch.sigmoid(self.g_proj(x))
         return self.dense(o)
+
+
+class MiniMaxLightningAttention(ScalarDecayMixer):
+    """``q, k, v = SiLU(qkv_proj(x))``, laid out per head as ``[q | k | v]``; ``S_t = γ_h·S_{t−1} + k_t
+    v_tᵀ``, ``o_t = S_tᵀ q_t`` (unscaled); ``out_proj(sigmoid(output_gate(x)) ⊙ RMSNorm(o))``."""
+
+    NORM_EPS = 1e-6  # the output norm's: transformers and the remote code leave it at the default
+
+    def __init__(self, hidden: int, heads: int, head_dim: int, layer: int, layers: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.layer = heads, head_dim, layer
+        inner = heads * head_dim
+        self.qkv_proj = nn.Linear(hidden, 3 * inner, bias=False)
+        self.output_gate = nn.Linear(hidden, inner, bias=False)
+        self.norm = GroupRMSNorm(inner, 1, self.NORM_EPS)
+        self.out_proj = nn.Linear(inner, hidden, bias=False)
+        self.decay = minimax_layer_decay(heads, layer, layers)
+
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        T = x.shape[0]
+        qkv = F.silu(self.qkv_proj(x)).view(T, self.heads, 3 * self.head_dim)
+        q, k, v = (t.contiguous() for t in qkv.split(self.head_dim, dim=-1))  # each [T, H, d]
+        run = linear_run("scalar", q, k, v, g=self.gates(T, x.device), scale=1.0)
+        o = ctx.linear(self.layer, "scalar", run, None).reshape(T, -1)  # no RoPE: a position-free state
+        return self.out_proj(torch.sigmoid(self.output_gate(x)) * self.norm(o))

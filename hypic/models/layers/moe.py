@@ -12,6 +12,7 @@ when the dtype allows, else one matmul per expert): no Python loop over tokens. 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from hypic.models.layers.mlp import SwiGLU
+
+_MIXTRAL_EXPERT = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_MIXTRAL_NAME = re.compile(r"\.experts\.(\d+)\.(w[123])\.")
+
+
+def mixtral_names(name: str) -> str:
+    """Mixtral-style checkpoint names (the block ``block_sparse_moe``, experts' ``w1`` gate, ``w3`` up,
+    ``w2`` down: Kimi-Linear, MiniMax) → this module's."""
+    name = name.replace(".block_sparse_moe.", ".mlp.")
+    return _MIXTRAL_NAME.sub(lambda m: f".experts.{m[1]}.{_MIXTRAL_EXPERT[m[2]]}.", name)
 
 
 @dataclass(frozen=True)
