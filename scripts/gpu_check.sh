@@ -104,9 +104,9 @@ if [ "${GPU_TRACE_AB:-0}" = 1 ]; then
     --out "$OUT/trace_ab_prime.md"
   var=${GPU_TRACE_AB_VAR:-HYPIC_COLD_GRAPHS} k=0
   for v in ${GPU_TRACE_AB_VALUES:-1 0 1 0}; do
-    k=$((k + 1))
-    section "trace_ab_${k}_${var}_$v" "${GPU_TRACE_AB_SECONDS:-140}" env ${GPU_TRACE_AB_ENV:-} "$var=$v" $TRACE1024 \
-      --rates "${GPU_TRACE_AB_RATES:-16,24,32,48}" --out "$OUT/trace_ab_${k}_${var}_$v.md"
+    k=$((k + 1)) name="trace_ab_${k}_${var}_${v//[^A-Za-z0-9_.-]/_}"  # a file name that comes back (no ':')
+    section "$name" "${GPU_TRACE_AB_SECONDS:-140}" env ${GPU_TRACE_AB_ENV:-} "$var=$v" $TRACE1024 \
+      --rates "${GPU_TRACE_AB_RATES:-16,24,32,48}" --out "$OUT/$name.md"
   done
 fi
 [ "${GPU_LOOP_PROFILE:-0}" = 1 ] && section loop_profile "${GPU_LOOP_PROFILE_SECONDS:-200}" $TRACE1024 \

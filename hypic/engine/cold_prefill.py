@@ -42,6 +42,7 @@ class ColdPrefill:
     cold_failures: dict[str, int]  # cold workers' failures: "request" (retried here), "lost"
     _template: Header | None  # the model's entry layout, learned at the first cold prefill
     _graphs: dict[str, ColdGraphs]  # HYPIC_COLD_GRAPHS value → its runner, made at first use
+    _graphs_released: bool  # release_cold_graphs ran: padded cold prefills are off from then on
 
     def _new_cold(self, segments: list[ColdSegment]) -> ColdContext:
         """A cold prefill of ``segments`` whose entries are each one buffer from the start
@@ -61,8 +62,8 @@ class ColdPrefill:
         of requests missing a document ran no faster with them (prefill p50 159 ms, against 133–160
         without), and capturing every shape first takes ≈ 68 s (docs/benchmarks.md)."""
         mode = cold_graphs_mode()
-        if (mode == "0" or (mode == "1" and self.device.type != "cuda") or self.model.kinds.linear_family != "gdn"
-                or os.environ.get("HYPIC_ENTRY_BUFFERS", "1") != "1"):
+        if (mode == "0" or self._graphs_released or (mode == "1" and self.device.type != "cuda")
+                or self.model.kinds.linear_family != "gdn" or os.environ.get("HYPIC_ENTRY_BUFFERS", "1") != "1"):
             return None
         if mode not in self._graphs:
             if self._template is None:
@@ -70,6 +71,14 @@ class ColdPrefill:
             self._graphs[mode] = ColdGraphs(self.model, self._template, self.device, capture=mode == "1")
         runner = self._graphs[mode]
         return None if runner.refused else runner
+
+    def release_cold_graphs(self) -> bool:
+        """Drop the cold graphs and their private memory pools, and take no more (the device ran out
+        of memory: on the 9B trace they held 30 GiB that nothing else may use); whether any were held."""
+        held = bool(self._graphs)
+        self._graphs.clear()
+        self._graphs_released = True
+        return held
 
     def prepare_cold_graphs(self) -> int:
         """Capture the cold graphs of this engine's seam now, before serving (see

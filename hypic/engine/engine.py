@@ -8,6 +8,7 @@ segments. Decoding is batched across the requests of a call.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -25,6 +26,7 @@ from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
 from hypic.engine.combine import CombineContext
+from hypic.engine.memory import within_memory
 from hypic.engine.modes import ASSEMBLY, check_mode
 from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
 from hypic.engine.prefix import PrefixCache
@@ -149,12 +151,16 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.pool: ColdPool | None = None
         self._template = None  # the model's entry layout (ColdPrefill._new_cold)
         self._graphs = {}  # padded cold prefills per HYPIC_COLD_GRAPHS value (ColdPrefill._cold_graphs)
+        self._graphs_released = False  # after the device ran out of memory: no cold graphs any more
         # Who prefilled what: rank → [segments, tokens] (0: this device), and worker failures by kind.
         self.cold_counts: dict[int, list[int]] = {0: [0, 0]}
         self.cold_failures = {"request": 0, "lost": 0}
         # Prefill calls of the cached modes, and those that built entries (a cold part): on a trace with
         # a few percent of new documents most calls carry one, and its cost is fixed per call.
         self.prefill_calls = {"calls": 0, "with_cold": 0}
+        # Prefill calls that ran the device out of memory (hypic.engine.memory): tried again after
+        # sparing memory, split in halves, and single prompts that failed even alone.
+        self.out_of_memory = {"retried": 0, "split": 0, "failed": 0}
         devices = worker_devices(self.device, cold_workers or 0)
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
@@ -180,6 +186,22 @@ class Engine(ColdPrefill, PrefixPrefill):
                 self.store.pin([s.key])
                 plan.pinned.append(s.key)
         return plan
+
+    def _assemble_in_memory(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
+                            metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
+        """``_assemble``, outliving the device running out of memory (``hypic.engine.memory``)."""
+        return within_memory(lambda lo, hi: self._assemble(prompts[lo:hi], mode, salts[lo:hi], metrics[lo:hi]),
+                             len(prompts), self._spare_memory, self.out_of_memory)
+
+    def _spare_memory(self) -> None:
+        """Let go of what the engine holds beyond its cache and its running requests: the cold graphs
+        and their pools, for good (captured again they would take the memory back), objects only the
+        cycle collector frees (a packed decode state and its batch), and, on a GPU, the allocator's
+        unused blocks."""
+        self.release_cold_graphs()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
                   metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
@@ -235,7 +257,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         mode = check_mode(mode)
         metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
         with self._lock:
-            logits, _ = self._assemble(prompts, mode, salts or [None] * len(prompts), metrics)
+            logits, _ = self._assemble_in_memory(prompts, mode, salts or [None] * len(prompts), metrics)
         return logits, metrics
 
     @torch.no_grad()
@@ -254,7 +276,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
-            logits, states = self._assemble(prompts, mode, salts, metrics)
+            logits, states = self._assemble_in_memory(prompts, mode, salts, metrics)
             runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs else None, m),
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
                             prompt_ids=[t for s in prompt for t in s] if p.repetition_penalty != 1.0 else None)

@@ -17,6 +17,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from hypic.engine.engine import Engine, Running
 from hypic.engine.request import RequestOutput, SamplingParams
 
@@ -125,11 +127,18 @@ class Scheduler:
             if sub.cancelled.is_set():
                 sub.events.put(Event("error", error=RuntimeError("cancelled")))
         batch = [s for s in batch if not s.cancelled.is_set()]
-        for mode in {s.mode for s in batch}:
-            group = [s for s in batch if s.mode == mode]
+        groups = [[s for s in batch if s.mode == mode] for mode in {s.mode for s in batch}]
+        while groups:
+            group = groups.pop()
             try:
-                runs = self.engine.start([s.prompt for s in group], [s.params for s in group], mode=mode,
+                runs = self.engine.start([s.prompt for s in group], [s.params for s in group], mode=group[0].mode,
                                          salts=[s.salt for s in group])
+            except torch.OutOfMemoryError as e:  # a prompt too big for the device even alone
+                if len(group) > 1:  # (hypic.engine.memory): the others are served, each alone
+                    groups.extend([s] for s in group)
+                    continue
+                group[0].events.put(Event("error", error=e))
+                continue
             except Exception as e:  # one bad batch must not stop the loop: fail its requests
                 for s in group:
                     s.events.put(Event("error", error=e))

@@ -125,7 +125,7 @@ class Responder:
         while True:
             event = await self.job.next()
             if event.kind == "error":
-                raise event_error(event)
+                raise event_error(event, self.job.retry_after_s)
             if event.kind == "done":
                 self.ended = True
                 yield Piece(self.text.finish(), [], event.output.finish_reason)

@@ -78,6 +78,12 @@ class _Live(Collector):
             c.add_metric(["yes"], e.prefill_calls["with_cold"])
             c.add_metric(["no"], e.prefill_calls["calls"] - e.prefill_calls["with_cold"])
             yield c
+            c = CounterMetricFamily("hypic_prefill_out_of_memory", "Prefill calls that ran the device out of memory: "
+                                    "retried after sparing memory, split in halves, or a single prompt that failed",
+                                    labels=["outcome"])
+            for outcome, n in e.out_of_memory.items():
+                c.add_metric([outcome], n)
+            yield c
             d = e.decode_stats
             for name, doc, value in (
                     ("steps", "Batched decode steps", d.steps),

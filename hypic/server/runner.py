@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 
+import torch
+
 from hypic.engine.request import RequestMetrics, SamplingParams
 from hypic.engine.scheduler import Event, QueueFull, Scheduler, Submission
 from hypic.server.errors import APIError
@@ -23,8 +25,9 @@ from hypic.server.settings import ServerSettings
 
 
 class Job:
-    def __init__(self, sub: Submission, arrival: float, deadline: float) -> None:
+    def __init__(self, sub: Submission, arrival: float, deadline: float, retry_after_s: int = 1) -> None:
         self.sub, self.arrival, self.deadline = sub, arrival, deadline
+        self.retry_after_s = retry_after_s  # what a 503 for this job advertises
         self.first_token_at: float | None = None
         self.tokens = 0
         self.finished = False  # the last event was received
@@ -63,11 +66,14 @@ class Job:
         return event
 
 
-def event_error(event: Event) -> APIError:
+def event_error(event: Event, retry_after_s: int = 1) -> APIError:
     """What an ``error`` event means for the client."""
     e = event.error
     if isinstance(e, QueueFull):
         return APIError(503, "the server is shutting down", kind="shutting_down", type="server_error")
+    if isinstance(e, torch.OutOfMemoryError):  # alone, next to the requests running now: later, not never
+        return APIError(503, "the prompt did not fit in device memory next to the requests running; retry later",
+                        kind="out_of_memory", type="server_error", headers={"Retry-After": str(retry_after_s)})
     if isinstance(e, RuntimeError) and str(e) == "cancelled":
         return APIError(499, "the request was cancelled", kind="cancelled", type="cancelled")
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="engine", type="server_error")
@@ -94,7 +100,7 @@ class Runner:
             if self.closing or "shutting down" in str(e):
                 raise self._unavailable("the server is shutting down", 503, "shutting_down") from None
             raise self._unavailable(f"the server is busy: {e}; retry later", 429, "overloaded") from None
-        return Job(sub, arrival, arrival + self.settings.request_timeout_s)
+        return Job(sub, arrival, arrival + self.settings.request_timeout_s, self.settings.retry_after_s)
 
     async def shutdown(self) -> None:
         """Stop admitting; in-flight jobs finish within the shutdown timeout, then are cancelled."""

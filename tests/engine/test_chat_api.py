@@ -7,7 +7,9 @@ import json
 import pytest
 
 from hypic import LLM, SamplingParams
-from hypic.server.chat import ChatTemplate
+
+pytest.importorskip("jinja2")  # chat templating's; the GPU machine's environment may lack it
+from hypic.server.chat import ChatTemplate  # noqa: E402
 
 DOCS = ["Profile of Mira. Mira lives in Quorvane and keeps bees on the roof.",
         "Profile of Tal. Tal plays the harp in Westvale every evening."]

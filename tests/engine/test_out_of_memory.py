@@ -1,0 +1,128 @@
+"""Prefill calls that run the device out of memory (``hypic.engine.memory``): retried after sparing
+memory, split in halves, a prompt too big even alone failing by itself; the answers of the others
+unchanged, the cache consistent, cold graphs let go (the client's 503: tests/server/test_out_of_memory.py).
+
+The device running out is simulated by raising ``torch.OutOfMemoryError`` from the engine's real
+prefill (``Engine._assemble``) above a size: the recovery is host logic, and where memory runs out
+on a real device is not reproducible in a test."""
+
+import random
+import threading
+
+import pytest
+import torch
+
+from hypic import LLM, SamplingParams
+from hypic.engine.memory import within_memory
+from hypic.engine.scheduler import Scheduler
+
+
+def _prompt(seed: int, doc: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in (12, doc, 30, 6)]
+
+
+def _oom() -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+
+def test_within_memory_retries_then_splits_and_keeps_the_order() -> None:
+    calls, spared = [], []
+
+    def run(lo: int, hi: int):
+        calls.append((lo, hi))
+        if hi - lo > 2 or (len(calls) == 1):  # the first call fails however small
+            raise _oom()
+        return torch.arange(lo, hi, dtype=torch.float32)[:, None], list(range(lo, hi))
+
+    counts = {"retried": 0, "split": 0, "failed": 0}
+    logits, states = within_memory(run, 5, lambda: spared.append(1), counts)
+    assert logits[:, 0].tolist() == [0, 1, 2, 3, 4] and states == [0, 1, 2, 3, 4]
+    assert calls == [(0, 5), (0, 5), (0, 2), (2, 5), (2, 5), (2, 3), (3, 5)]
+    assert counts == {"retried": 2, "split": 2, "failed": 0} and len(spared) == 2
+
+
+def test_within_memory_raises_for_a_prompt_that_never_fits() -> None:
+    counts = {"retried": 0, "split": 0, "failed": 0}
+
+    def run(lo: int, hi: int):
+        if lo <= 1 < hi:
+            raise _oom()
+        return torch.zeros(hi - lo, 1), [None] * (hi - lo)
+
+    with pytest.raises(torch.OutOfMemoryError):
+        within_memory(run, 3, lambda: None, counts)
+    assert counts["failed"] == 1
+    assert within_memory(run, 1, lambda: None, counts)[1] == [None]  # prompt 0 alone fits
+
+
+@pytest.fixture
+def tight(qwen3_5_path, monkeypatch):
+    """An engine whose prefill runs out of memory for a call of more than one prompt, or for any call
+    holding a prompt whose document is 77 tokens long (too big even alone)."""
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    real = llm.engine._assemble
+    sizes: list[int] = []
+
+    def assemble(prompts, mode, salts, metrics):
+        sizes.append(len(prompts))
+        if len(prompts) > 1 or any(len(p[1]) == 77 for p in prompts):
+            raise _oom()
+        return real(prompts, mode, salts, metrics)
+
+    monkeypatch.setattr(llm.engine, "_assemble", assemble)
+    return llm, sizes
+
+
+def test_a_call_out_of_memory_answers_as_one_that_fit(qwen3_5_path, tight) -> None:
+    llm, sizes = tight
+    prompts, sp = [_prompt(i) for i in range(3)], SamplingParams(max_tokens=4)
+    want = [o.token_ids for o in LLM(str(qwen3_5_path), device="cpu").generate(prompts, sp)]
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == want
+    assert sizes == [3, 3, 1, 2, 2, 1, 1]
+    assert llm.engine.out_of_memory == {"retried": 2, "split": 2, "failed": 0}
+    assert llm.engine.store.check_integrity() and not llm.engine.store._pins
+    again = llm.generate([prompts[1]], sp)[0]  # cached by the split calls: every document hits
+    assert again.token_ids == want[1] and again.metrics.segment_misses == 0
+
+
+def test_out_of_memory_lets_go_of_the_cold_graphs(qwen3_5_path, tight, monkeypatch) -> None:
+    monkeypatch.setenv("HYPIC_COLD_GRAPHS", "eager")  # the padded cold prefill, runnable on the CPU
+    llm, _ = tight
+    llm.generate([_prompt(7)], SamplingParams(max_tokens=1))
+    assert llm.engine._graphs and llm.engine._cold_graphs() is not None
+    llm.generate([_prompt(8), _prompt(9)], SamplingParams(max_tokens=1))
+    assert not llm.engine._graphs and llm.engine._cold_graphs() is None  # for good
+
+
+def test_the_scheduler_serves_the_others_when_one_prompt_never_fits(tight) -> None:
+    llm, sizes = tight
+    sched = Scheduler(llm.engine, max_running=4)
+    prompts = [_prompt(1), _prompt(2, doc=77), _prompt(3)]
+    with sched._cv:  # the loop waits until all three are queued: admitted in one call
+        subs = [sched.submit(p, SamplingParams(max_tokens=3)) for p in prompts]
+    ends = [list(s.stream(timeout=60))[-1] for s in subs]
+    sched.shutdown()
+    assert [e.kind for e in ends] == ["done", "error", "done"]
+    assert isinstance(ends[1].error, torch.OutOfMemoryError)
+    assert sizes[0] == 3 and llm.engine.out_of_memory["failed"] >= 1
+    assert llm.engine.store.check_integrity() and not llm.engine.store._pins
+
+
+def test_concurrent_clients_after_an_out_of_memory_still_served(tight) -> None:
+    """After an out-of-memory every later call is served, not refused like the first (the H200
+    trace's failure mode: 192 of 200 requests)."""
+    llm, _ = tight
+    sched = Scheduler(llm.engine, max_running=4)
+    results: dict[int, str] = {}
+
+    def client(i: int) -> None:
+        results[i] = list(sched.submit(_prompt(20 + i), SamplingParams(max_tokens=2)).stream(timeout=60))[-1].kind
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sched.shutdown()
+    assert list(results.values()) == ["done"] * 6

@@ -1,0 +1,37 @@
+"""A prompt that does not fit in device memory: a 503 with Retry-After naming the cause, the next
+request served, the counts in /metrics. The device running out is simulated by raising
+``torch.OutOfMemoryError`` from the engine's real prefill above a prompt size (the engine's recovery
+itself: tests/engine/test_out_of_memory.py)."""
+
+import pytest
+import torch
+
+from hypic import LLM
+from tests.server.conftest import MODEL, http_client, serve
+
+
+@pytest.fixture(scope="module")
+def tight(model_dir):
+    llm = LLM(str(model_dir), device="cpu")
+    real = llm.engine._assemble
+
+    def assemble(prompts, mode, salts, metrics):
+        if any(sum(len(s) for s in p) > 200 for p in prompts):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(prompts, mode, salts, metrics)
+
+    llm.engine._assemble = assemble
+    live = serve(llm, retry_after_s=2)
+    yield http_client(live)
+    live.stop()
+
+
+def test_a_prompt_too_big_for_the_device_is_a_503_and_the_next_is_served(tight) -> None:
+    body = {"model": MODEL, "max_tokens": 2, "temperature": 0}
+    r = tight.post("/v1/completions", json={**body, "prompt": "tal " * 300})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "2"
+    assert "device memory" in r.json()["error"]["message"]
+    assert tight.post("/v1/completions", json={**body, "prompt": "a short question"}).status_code == 200
+    metrics = tight.get("/metrics").text
+    assert 'hypic_prefill_out_of_memory_total{outcome="failed"} 1.0' in metrics
+    assert 'hypic_errors_total{kind="out_of_memory"} 1.0' in metrics
