@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP server: ``create_app(llm, settings)`` → a FastAPI app.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (streamed or whole),
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (streamed or whole),
 ``POST /v1/segments`` (pre-warm documents into the cache), ``GET /v1/segments/stats``,
 ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). ``/v1/*`` needs the API key
 when one is set. Bodies are read and validated here (not by FastAPI's body injection) so that
@@ -15,6 +15,7 @@ import asyncio
 import json
 import secrets
 import time
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,13 +28,14 @@ from pydantic import BaseModel, ValidationError
 
 from hypic.engine.scheduler import Scheduler
 from hypic.llm import LLM
-from hypic.server import prompts
+from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from hypic.server.generation import Echo, Generation, echo_only, respond
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
+from hypic.server.responses import ResponsesRequest
 from hypic.server.runner import Runner
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
@@ -166,15 +168,18 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 return echo_only(gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
 
-    @v1.post("/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        arrival = time.monotonic()
-        req = await read_body(request, ChatRequest, settings.max_body_bytes)
-        check_model(req.model)
-        segments = prompts.chat_segments(llm, state.template, req, settings)
+    async def chat_generation(req: ChatRequest, field: str = "messages") -> Generation:
+        """A chat request's generation; ``field``: what a 400 about its messages names (the
+        Responses API's ``input``)."""
+        try:
+            segments = prompts.chat_segments(llm, state.template, req, settings)
+        except APIError as e:
+            if e.param is not None and e.param.startswith("messages"):
+                e.param = field
+            raise
         calling = prompts.tool_calling(req)
         await structured_ready(req, calling is not None and calling.forced)
-        max_tokens = prompts.token_budget(llm, segments, "messages", req.token_budget,
+        max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
                                           settings.max_completion_tokens, settings)
         top = (req.top_logprobs or 0) if req.logprobs else None
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)
@@ -182,9 +187,28 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
         if settings.reasoning_parser is not None and params.json_schema is None:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
-        gen = Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                         req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think)
+        return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
+                          req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think)
+
+    @v1.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        arrival = time.monotonic()
+        req = await read_body(request, ChatRequest, settings.max_body_bytes)
+        check_model(req.model)
+        gen = await chat_generation(req)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
+
+    @v1.post("/responses")
+    async def create_response(request: Request) -> Response:
+        """OpenAI's Responses API over the chat route (``hypic.server.responses``)."""
+        arrival = time.monotonic()
+        req = await read_body(request, ResponsesRequest, settings.max_body_bytes)
+        check_model(req.model)
+        gen = await chat_generation(responses.chat_request(req), "input")
+        base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()))
+        shape = (lambda rs: responses.events(rs[0], base), lambda rs: responses.whole(rs[0], base))
+        return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival, shape,
+                             "responses")
 
     async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:
         """A /v1/segments* body and its documents' token ids (each tokenized alone), or a 4xx."""

@@ -19,7 +19,7 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -309,7 +309,8 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
     yield _sse("[DONE]")
 
 
-async def _collect(r: Responder) -> dict:
+async def collect(r: Responder) -> dict:
+    """One choice, whole: its chat or completion ``choice`` object."""
     text, tokens = [], []
     async for piece in r.pieces():
         text.append(piece.text)
@@ -320,7 +321,7 @@ async def _collect(r: Responder) -> dict:
 
 
 async def _whole(rs: list[Responder]) -> dict:
-    choices = await asyncio.gather(*(_collect(r) for r in rs))
+    choices = await asyncio.gather(*(collect(r) for r in rs))
     r0 = rs[0]
     return {**r0._envelope(False), "choices": list(choices), "usage": _usage(rs), "hypic": r0.extension()}
 
@@ -342,10 +343,15 @@ class _JobStream(StreamingResponse):
                     job.cancel()
 
 
+Shape = tuple[Callable[[list["Responder"]], AsyncIterator[str]], Callable[[list["Responder"]], Awaitable[dict]]]
+
+
 async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer: Any, gens: list[Generation],
-                  arrival: float) -> Response:
+                  arrival: float, shape: Shape | None = None, endpoint: str | None = None) -> Response:
     """One response for ``gens`` — one prompt, or a completions batch — each with its ``n`` choices,
-    indexed prompt by prompt (choice index = prompt index × n + choice)."""
+    indexed prompt by prompt (choice index = prompt index × n + choice). ``shape``: the stream's
+    events and the whole answer in another API's spelling (``hypic.server.responses``) than the
+    chat or completions one; ``endpoint``: the label it is counted under."""
     jobs: list[Job] = []
     owners: list[Generation] = []
     try:  # all choices or none: a choice refused (429/503) takes back the ones already queued
@@ -358,14 +364,15 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
             job.cancel()
         raise
     gen = gens[0]
-    metrics.requests.labels("chat" if gen.chat else "completions").inc()
+    metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
+    stream_body, whole_body = shape or (_stream, _whole)
     first = Responder(gen, jobs[0], tokenizer, metrics)
     rs = [first] + [Responder(g, job, tokenizer, metrics, k, first.id, first.created)
                     for k, (g, job) in enumerate(zip(owners[1:], jobs[1:], strict=True), 1)]
     if gen.stream:
-        return _JobStream(jobs, _stream(rs), media_type="text/event-stream",
+        return _JobStream(jobs, stream_body(rs), media_type="text/event-stream",
                           headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    consumer = asyncio.ensure_future(_whole(rs))
+    consumer = asyncio.ensure_future(whole_body(rs))
     watcher = asyncio.ensure_future(until_disconnected(request.receive))
     try:
         await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)

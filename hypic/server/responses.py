@@ -1,0 +1,346 @@
+"""OpenAI's Responses API (``POST /v1/responses``), as agent frameworks call it, over the chat route.
+
+A request becomes a chat request — ``instructions`` a system message, each ``input`` item a message
+(a segment, cached as the chat route caches it), ``function_call`` items an assistant's tool calls,
+``function_call_output`` items tool messages, ``text.format`` the response format, the flat function
+tools the chat route's nested ones — and its answer is read back as Responses output items:
+``reasoning`` (with ``--reasoning-parser``), one ``message`` of ``output_text``, ``function_call``s.
+Streamed, it is the API's typed events (``response.created`` … ``response.output_text.delta`` …
+``response.completed``, or ``response.incomplete`` at the token limit); tool calls come whole at the
+end, as on the chat route. Responses are not kept: ``store: true`` and ``previous_response_id``
+are refused by name, so a client sends the conversation's items itself (what it does without a
+stored response anyway).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+
+from hypic.engine.modes import MODES
+from hypic.server.errors import APIError, bad_request, loc_to_param
+from hypic.server.generation import Responder, collect
+from hypic.server.protocol import INT64, ChatRequest, FunctionName, Strict, Text
+
+
+class ContentText(Strict):
+    """A text part: ``input_text`` in a request's own messages, ``output_text`` in an assistant's
+    earlier output sent back (with the annotations and log-probabilities it came with)."""
+
+    type: Literal["input_text", "output_text", "text"]
+    text: Text
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(Strict):
+    type: Literal["message"] | None = None
+    role: Literal["user", "system", "developer", "assistant"]
+    content: Text | Annotated[list[ContentText], Field(min_length=1)]
+    id: str | None = None
+    status: str | None = None
+
+
+class CallItem(Strict):
+    call_id: str = Field(min_length=1, max_length=128)
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(CallItem):
+    """An assistant's earlier tool call, sent back with the conversation."""
+
+    type: Literal["function_call"]
+    name: FunctionName
+    arguments: Text
+
+
+class FunctionCallOutput(CallItem):
+    """What the call returned."""
+
+    type: Literal["function_call_output"]
+    output: Text
+
+
+class ReasoningItem(BaseModel):
+    """An earlier answer's reasoning sent back: accepted and left out of the prompt (chat templates
+    drop past reasoning too)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["reasoning"]
+
+
+def _item_type(value: object) -> str | None:
+    return value.get("type", "message") if isinstance(value, dict) else None
+
+
+Item = Annotated[Annotated[InputMessage, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                 | Annotated[FunctionCallOutput, Tag("function_call_output")]
+                 | Annotated[ReasoningItem, Tag("reasoning")],
+                 Discriminator(_item_type, custom_error_type="item_type",
+                               custom_error_message="expected an item of type message, function_call, "
+                                                    "function_call_output or reasoning")]
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    name: FunctionName
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunction(Strict):
+    type: Literal["function"]
+    name: FunctionName
+
+
+class TextFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, min_length=1, max_length=64)
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(Strict):
+    format: TextFormat | None = None
+    verbosity: None = None
+
+
+class ResponsesRequest(Strict):
+    model: str | None = None
+    input: Text | Annotated[list[Item], Field(min_length=1)]
+    instructions: Text | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stream: bool = False
+    tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # what hypic does not do, accepted at the values that ask for nothing more
+    store: Literal[False] | None = None  # responses are not kept
+    previous_response_id: None = None  # so none can be continued
+    truncation: Literal["disabled"] | None = None
+    include: Annotated[list[str], Field(max_length=0)] | None = None
+    background: Literal[False] | None = None
+    reasoning: None = None
+    # hypic's extensions, as on the other routes
+    seed: int | None = Field(None, **INT64)
+    cache_salt: Text | None = Field(None, max_length=1024)
+    mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
+
+
+def _content(item: InputMessage) -> str | list[dict[str, str]]:
+    if isinstance(item.content, str):
+        return item.content
+    return [{"type": "text", "text": p.text} for p in item.content]
+
+
+def messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """The conversation as chat messages: one per input item, an assistant's consecutive tool calls
+    gathered into one message, reasoning left out."""
+    out: list[dict[str, Any]] = [] if req.instructions is None else [{"role": "system", "content": req.instructions}]
+    items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    for item in items:
+        if isinstance(item, InputMessage):
+            out.append({"role": item.role, "content": _content(item)})
+        elif isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif isinstance(item, FunctionCallOutput):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+    if not out:
+        raise bad_request("input: holds no message (reasoning items alone are no prompt)", "input")
+    return out
+
+
+def chat_request(req: ResponsesRequest) -> ChatRequest:
+    """The chat request this one is; a 400 names the Responses field at fault."""
+    fmt = req.text.format if req.text is not None else None
+    response_format = None
+    if fmt is not None and fmt.type == "json_schema":
+        if fmt.name is None:
+            raise bad_request("text.format.name: required for json_schema", "text.format.name")
+        response_format = {"type": "json_schema", "json_schema": {
+            "name": fmt.name, **({} if fmt.schema_ is None else {"schema": fmt.schema_}),
+            **({} if fmt.strict is None else {"strict": fmt.strict})}}
+    elif fmt is not None:
+        response_format = {"type": fmt.type}
+    choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    body = {"model": req.model, "messages": messages(req), "max_completion_tokens": req.max_output_tokens,
+            "temperature": req.temperature, "top_p": req.top_p, "stream": req.stream, "seed": req.seed,
+            "tools": None if req.tools is None else [
+                {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                for t in req.tools],
+            "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
+            "response_format": response_format, "cache_salt": req.cache_salt, "mode": req.mode}
+    try:
+        return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
+    except ValidationError as e:  # only what the conversion carries over unchecked: a message's shape
+        err = e.errors()[0]
+        raise bad_request(f"input: {err['msg']} (as chat: {loc_to_param(err['loc'])})", "input") from None
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def _text_format(req: ResponsesRequest) -> dict[str, Any]:
+    fmt = req.text.format if req.text is not None else None
+    return {"format": {"type": "text"} if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
+
+
+def envelope(req: ResponsesRequest, model: str, rid: str, created: int) -> dict[str, Any]:
+    """What every response object of this request says besides its output and status."""
+    return {"id": rid, "object": "response", "created_at": created, "model": model, "error": None,
+            "incomplete_details": None, "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+            "tool_choice": (req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction)
+                            else req.tool_choice or "auto"),
+            "parallel_tool_calls": req.parallel_tool_calls is not False, "text": _text_format(req),
+            "metadata": req.metadata or {}, "previous_response_id": None, "store": False, "reasoning": None,
+            "truncation": "disabled", "user": req.user}
+
+
+def _usage(r: Responder) -> dict[str, Any]:
+    u = r.usage()
+    return {"input_tokens": u["prompt_tokens"], "input_tokens_details": u["prompt_tokens_details"],
+            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u["total_tokens"]}
+
+
+def _finished(base: dict[str, Any], r: Responder, output: list[dict[str, Any]], finish: str) -> dict[str, Any]:
+    incomplete = finish == "length"
+    return {**base, "status": "incomplete" if incomplete else "completed", "output": output,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": _usage(r), "hypic": r.extension()}
+
+
+def _reasoning_item(text: str, rid: str | None = None) -> dict[str, Any]:
+    return {"type": "reasoning", "id": rid or _id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+
+
+def _message_item(text: str, mid: str | None = None, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": mid or _id("msg"), "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _call_item(call: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"], "status": "completed"}
+
+
+async def whole(r: Responder, base: dict[str, Any]) -> dict[str, Any]:
+    """The response object once the answer is complete."""
+    choice = await collect(r)
+    message, output = choice["message"], []
+    if message.get("reasoning_content"):
+        output.append(_reasoning_item(message["reasoning_content"]))
+    if message.get("content"):
+        output.append(_message_item(message["content"]))
+    output += [_call_item(c) for c in message.get("tool_calls") or []]
+    return _finished(base, r, output, choice["finish_reason"])
+
+
+def _event(seq: Callable[[], int], kind: str, **data: Any) -> str:
+    body = json.dumps({"type": kind, "sequence_number": seq(), **data}, ensure_ascii=False)
+    return f"event: {kind}\ndata: {body}\n\n"
+
+
+async def events(r: Responder, base: dict[str, Any]) -> AsyncIterator[str]:
+    """The answer as the API's typed server-sent events: an output item opens when its kind of text
+    (reasoning, then the message) first comes, and closes when the other kind or the end does."""
+    counter = itertools.count()
+    seq = lambda: next(counter)  # noqa: E731
+    output: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None  # the open item: kind, id, text
+
+    def open_item(kind: str) -> list[str]:
+        nonlocal current
+        current = {"kind": kind, "id": _id("rs" if kind == "reasoning" else "msg"), "text": ""}
+        at = len(output)
+        if kind == "reasoning":
+            item = {**_reasoning_item("", current["id"]), "content": [], "status": "in_progress"}
+            return [_event(seq, "response.output_item.added", output_index=at, item=item)]
+        item = {**_message_item("", current["id"], "in_progress"), "content": []}
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return [_event(seq, "response.output_item.added", output_index=at, item=item),
+                _event(seq, "response.content_part.added", item_id=current["id"], output_index=at, content_index=0,
+                       part=part)]
+
+    def close_item() -> list[str]:
+        nonlocal current
+        if current is None:
+            return []
+        at, (kind, iid, text) = len(output), (current["kind"], current["id"], current["text"])
+        current = None
+        if kind == "reasoning":
+            item = _reasoning_item(text, iid)
+            output.append(item)
+            return [_event(seq, "response.reasoning_text.done", item_id=iid, output_index=at, content_index=0,
+                           text=text),
+                    _event(seq, "response.output_item.done", output_index=at, item=item)]
+        item = _message_item(text, iid)
+        output.append(item)
+        return [_event(seq, "response.output_text.done", item_id=iid, output_index=at, content_index=0, text=text),
+                _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
+                       part=item["content"][0]),
+                _event(seq, "response.output_item.done", output_index=at, item=item)]
+
+    yield _event(seq, "response.created", response={**base, "status": "in_progress", "output": []})
+    yield _event(seq, "response.in_progress", response={**base, "status": "in_progress", "output": []})
+    try:
+        async for piece in r.pieces():
+            if r.think is not None or r.calls is not None:
+                delta, finish = r.stream_delta(piece)
+            else:
+                delta, finish = {"content": piece.text}, piece.finish
+            for kind, key in (("reasoning", "reasoning_content"), ("message", "content")):
+                text = delta.get(key)
+                if not text:
+                    continue
+                if current is None or current["kind"] != kind:
+                    for e in close_item() + open_item(kind):
+                        yield e
+                current["text"] += text
+                name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+                yield _event(seq, name, item_id=current["id"], output_index=len(output), content_index=0, delta=text)
+            if finish is None:
+                continue
+            for e in close_item():
+                yield e
+            for call in delta.get("tool_calls") or []:
+                item, at = _call_item(call), len(output)
+                yield _event(seq, "response.output_item.added", output_index=at,
+                             item={**item, "arguments": "", "status": "in_progress"})
+                yield _event(seq, "response.function_call_arguments.delta", item_id=item["id"], output_index=at,
+                             delta=item["arguments"])
+                yield _event(seq, "response.function_call_arguments.done", item_id=item["id"], output_index=at,
+                             arguments=item["arguments"])
+                yield _event(seq, "response.output_item.done", output_index=at, item=item)
+                output.append(item)
+            done = _finished(base, r, output, finish)
+            yield _event(seq, f"response.{done['status']}", response=done)
+            return
+    except APIError as e:
+        r.metrics.count_error(e.kind)
+        yield _event(seq, "error", code=e.kind, message=e.message, param=e.param)

@@ -1,0 +1,122 @@
+"""OpenAI's Responses API (``POST /v1/responses``) through the official client: the same answer as
+the chat route for the same conversation, documents cached across orders, the typed event stream
+agreeing with the whole answer, function calls out and their outputs back in, JSON output, the
+token limit as ``incomplete``, and what is not served refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from tests.server.conftest import MODEL, LiveServer, http_client, openai_client
+from tests.server.test_tools import TOOLS, tool_server  # noqa: F401 — its tools server, module-scoped: one here
+
+DOCS = ["Profile of Mira. Mira lives in Quorvane and keeps bees on the roof.",
+        "Profile of Tal. Tal plays the harp in Westvale every evening."]
+QUESTION = "Question: Where does Mira live?\nAnswer:"
+FLAT_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+@pytest.fixture(scope="module")
+def client(tool_server: LiveServer) -> OpenAI:  # noqa: F811
+    return openai_client(tool_server)
+
+
+@pytest.fixture(scope="module")
+def http(tool_server: LiveServer) -> httpx.Client:  # noqa: F811
+    return http_client(tool_server)
+
+
+def _input(docs: list[str]) -> list[dict]:
+    return [*({"role": "user", "content": d} for d in docs), {"role": "user", "content": QUESTION}]
+
+
+def test_an_answer_equals_the_chat_routes_and_documents_hit_the_cache_in_a_new_order(client: OpenAI) -> None:
+    r = client.responses.create(model=MODEL, instructions="You are a careful reader.", input=_input(DOCS),
+                                max_output_tokens=8, temperature=0, extra_body={"cache_salt": "responses"})
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "system", "content": "You are a careful reader."}, *_input(DOCS)],
+        max_tokens=8, temperature=0, extra_body={"cache_salt": "responses"})
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.status in ("completed", "incomplete") and r.output[0].type == "message"
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    again = client.responses.create(model=MODEL, instructions="You are a careful reader.",
+                                    input=_input(DOCS[::-1]), max_output_tokens=8, temperature=0,
+                                    extra_body={"cache_salt": "responses"})
+    assert again.usage.input_tokens_details.cached_tokens > 0  # both documents, in the other order
+
+
+def test_a_stream_is_the_apis_typed_events_and_equals_the_whole_answer(client: OpenAI) -> None:
+    whole = client.responses.create(model=MODEL, input=_input(DOCS), max_output_tokens=12, temperature=0)
+    events = list(client.responses.create(model=MODEL, input=_input(DOCS), max_output_tokens=12, temperature=0,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == f"response.{whole.status}" and [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    done = events[-1].response
+    assert done.output_text == whole.output_text and done.usage.output_tokens == whole.usage.output_tokens
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [e.item.type for e in added] == [o.type for o in done.output]
+
+
+def test_the_token_limit_is_an_incomplete_response(client: OpenAI) -> None:
+    r = client.responses.create(model=MODEL, input="Tell me everything about Quorvane.", max_output_tokens=2,
+                                temperature=0)
+    assert r.usage.output_tokens == 2  # the test model does not end on its own this soon
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+
+
+def test_a_forced_call_goes_out_as_a_function_call_and_its_output_comes_back(client: OpenAI) -> None:
+    ask = [{"role": "user", "content": "What is the weather in Quorvane for two days?"}]
+    r = client.responses.create(model=MODEL, input=ask, tools=FLAT_TOOLS, tool_choice="required",
+                                max_output_tokens=64, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].call_id.startswith("call_") and calls[0].name in ("get_weather", "lookup")
+    args = json.loads(calls[0].arguments)
+    assert set(args) == ({"city", "days"} if calls[0].name == "get_weather" else {"query"})
+    named = client.responses.create(model=MODEL, input=ask, tools=FLAT_TOOLS, max_output_tokens=64, temperature=0,
+                                    tool_choice={"type": "function", "name": "lookup"})
+    assert [o.name for o in named.output if o.type == "function_call"] == ["lookup"]
+    events = list(client.responses.create(model=MODEL, input=ask, tools=FLAT_TOOLS, tool_choice="required",
+                                          max_output_tokens=64, temperature=0, stream=True))
+    streamed = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(streamed) == 1 and json.loads(streamed[0].arguments) == args  # greedy: the same call
+    follow = client.responses.create(
+        model=MODEL, tools=FLAT_TOOLS, max_output_tokens=6, temperature=0,
+        input=[*ask, *[o.model_dump(exclude_none=True) for o in r.output],
+               {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 21 C."}])
+    assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
+
+
+def test_a_json_schema_format_gives_json_the_schema_accepts(client: OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+              "required": ["city"], "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input=_input(DOCS), max_output_tokens=40, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "answer", "schema": schema}})
+    value = json.loads(r.output_text)
+    assert set(value) == {"city"} and isinstance(value["city"], str) and len(value["city"]) <= 8
+    assert r.text.format.type == "json_schema"
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": "hi", "store": True}, "store"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": []}, "input"),
+    ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].message.content"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
+    ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
+    ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+])
+def test_what_is_not_served_is_a_400_naming_the_field(http: httpx.Client, body: dict, param: str) -> None:
+    r = http.post("/v1/responses", json={"model": MODEL, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param), r.json()
+    assert http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 1}).status_code == 200
