@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ class Event:
     logprobs: dict[int, float] | None = None
     output: RequestOutput | None = None
     error: Exception | None = None
+    at: float = field(default_factory=time.monotonic)  # when the scheduler made it (time.monotonic)
 
 
 @dataclass

@@ -117,6 +117,7 @@ class Responder:
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
+        self.last_token_at: float | None = None  # when the scheduler emitted the previous token
         # a chat answer told apart as it streams: reasoning from content, tool calls from text
         self.think = None if gen.think is None else ThinkSplit(gen.think)
         self.calls = None if gen.tools is None else StreamedCalls(gen.tools)
@@ -128,15 +129,20 @@ class Responder:
                 raise event_error(event, self.job.retry_after_s)
             if event.kind == "done":
                 self.ended = True
+                self.metrics.request_done(event.at - self.job.arrival)
                 yield Piece(self.text.finish(), [], event.output.finish_reason)
                 return
             if self.job.tokens == 1:
                 self.metrics.first_token(self.job.metrics, self.job.first_token_at - self.job.arrival)
+            elif self.last_token_at is not None:
+                self.metrics.inter_token.observe(event.at - self.last_token_at)
+            self.last_token_at = event.at
             self.metrics.generated_tokens.inc()
             text = self.text.push(event.token)
             if self.text.stopped:  # a stop string: the engine need not go on
                 self.job.cancel()
                 self.ended = True
+                self.metrics.request_done(event.at - self.job.arrival)
                 yield Piece(text, [(event.token, event.logprobs)], "stop")
                 return
             yield Piece(text, [(event.token, event.logprobs)])

@@ -1,9 +1,10 @@
 """Prometheus metrics, one registry per app (so two servers in a process never share counters).
 
 Request-level series are updated as requests run: time to first token by cache outcome, the
-engine's prefill time, segment hits and misses, prompt / cached / recomputed / generated tokens,
-requests by endpoint and errors by kind. Cache and queue gauges are read from the store and the
-scheduler when scraped, so they are never stale.
+engine's prefill time, the time between a request's tokens and its whole time, segment hits and
+misses, prompt / cached / recomputed / generated tokens, requests by endpoint and errors by kind.
+Cache and queue gauges are read from the store and the scheduler when scraped, so they are never
+stale.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypic.engine.engine import Engine
 from hypic.engine.request import RequestMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -101,6 +103,12 @@ class Metrics:
                               ["cache"], buckets=TTFT_BUCKETS, registry=r)
         self.prefill = Histogram("hypic_prefill_seconds", "Engine time to assemble a prompt's state and sample "
                                  "its first token", buckets=TTFT_BUCKETS, registry=r)
+        self.inter_token = Histogram("hypic_inter_token_seconds", "Time between a request's consecutive tokens, "
+                                     "as the serving loop emits them (decode steps and the prefills between "
+                                     "them)", buckets=INTER_TOKEN_BUCKETS, registry=r)
+        self.request_seconds = Histogram("hypic_request_seconds", "Arrival to the last token of a request answered "
+                                         "to its end (its limit, EOS or a stop string; not cancelled or failed)",
+                                         buckets=TTFT_BUCKETS, registry=r)
         self.requests = Counter("hypic_requests", "Requests accepted, by endpoint", ["endpoint"], registry=r)
         self.errors = Counter("hypic_errors", "Errors by kind", ["kind"], registry=r)
         self.segment_hits = Counter("hypic_segment_hits", "Cacheable segments found in the cache", registry=r)
@@ -117,7 +125,7 @@ class Metrics:
         self.scored_tokens = Counter("hypic_scored_prompt_tokens", "Prompt tokens scored for echo with logprobs "
                                      "(a full forward each)", registry=r)
         for kind in ("invalid_request", "authentication", "not_found", "overloaded", "shutting_down", "timeout",
-                     "cancelled", "engine", "internal"):
+                     "cancelled", "engine", "internal", "out_of_memory"):
             self.errors.labels(kind)  # every kind is exported from the start, at 0
         r.register(_Live(store, depth, engine))
 
@@ -133,6 +141,9 @@ class Metrics:
         self.prompt_tokens.inc(m.prompt_tokens)
         self.cached_tokens.inc(m.cached_tokens)
         self.recomputed_tokens.inc(m.recomputed_tokens)
+
+    def request_done(self, seconds: float) -> None:
+        self.request_seconds.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

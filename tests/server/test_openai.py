@@ -413,6 +413,11 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert delta["hypic_segment_hits_total"] == delta["hypic_segment_misses_total"] == cacheable
     assert delta["hypic_cached_tokens_total"] > 0 and delta["hypic_recomputed_tokens_total"] > 0
     assert delta['hypic_errors_total{kind="invalid_request"}'] == 1
+    assert delta["hypic_request_seconds_count"] == 2  # both answered to their end
+    # every token after a request's first is an interval: generated tokens less one per request
+    assert delta["hypic_inter_token_seconds_count"] == delta["hypic_generated_tokens_total"] - 2 > 0
+    assert delta["hypic_request_seconds_sum"] >= sum(v for k, v in delta.items()
+                                                     if k.startswith("hypic_time_to_first_token_seconds_sum"))
     ttft = sum(v for k, v in delta.items() if k.startswith("hypic_time_to_first_token_seconds_count"))
     assert ttft == 2 and delta['hypic_time_to_first_token_seconds_count{cache="hit"}'] == 1
     assert after['hypic_cache_bytes{tier="device"}'] > 0 and after['hypic_cache_entries{tier="device"}'] > 0
