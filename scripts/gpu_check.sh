@@ -34,7 +34,9 @@
 #                        (GPU_TRACE_AB_PRIME=0 skips it); GPU_TRACE_AB_ENV="NAME=VALUE ..." holds for every arm
 #   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
 #                        under cProfile (bench trace --profile): where the host time of a block goes
-#   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all)
+#   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all;
+#                        HYPIC_TEST_SHARD=k/n runs the k-th of n shards of the files: the whole suite took
+#                        > 440 s on 2026-12-01, more than one call leaves it after a trace)
 set -u
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
