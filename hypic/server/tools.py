@@ -7,16 +7,17 @@ Then, by ``tool_choice``:
 - ``required`` or a named function: decoding is constrained (``SamplingParams.json_schema``) to
   one call ``{"name": …, "arguments": {…}}`` whose arguments the function's ``parameters`` schema
   accepts — model-agnostic, as vLLM does it; the answer is that call (``finish_reason: tool_calls``);
-- ``auto`` (the default with tools): decoding is free and the text is searched for calls in the two
-  formats Qwen's templates teach — Hermes JSON (``<tool_call>{"name": …, "arguments": …}</tool_call>``,
-  Qwen2.5 / Qwen3) and XML (``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…``, Qwen3-Coder
-  / Qwen3.5; a value is JSON unless its parameter is declared a string); calls found become
-  ``tool_calls``, the rest stays ``content``;
+- ``auto`` (the default with tools): decoding is free and the text is searched for calls in the
+  formats the supported families' templates teach — Hermes JSON (``<tool_call>{"name": …, "arguments":
+  …}</tool_call>``, Qwen2.5 / Qwen3), XML (``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…``,
+  Qwen3-Coder / Qwen3.5; a value is JSON unless its parameter is declared a string) and MiniMax-M1's
+  block of JSON calls, one a line (``<tool_calls>\n{"name": …, "arguments": …}\n…</tool_calls>``);
+  calls found become ``tool_calls``, the rest stays ``content``;
 - ``none``: plain text.
 
 One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
 returns every well-formed block. Streamed, an ``auto`` answer's text flows as it comes — held back
-only where it could be the start of a ``<tool_call>`` tag, and from a tag on to the end
+only where it could be the start of a ``<tool_call>`` or ``<tool_calls>`` tag, and from a tag on to the end
 (``StreamedCalls``) — and its calls come whole in the last chunk; a forced call comes whole in one
 chunk (a call is not useful in pieces).
 """
@@ -32,8 +33,8 @@ from typing import Any
 from hypic.engine.structured import compile_schema
 from hypic.server.text import partial_tag
 
-OPEN = "<tool_call>"
-BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+OPENS = ("<tool_call>", "<tool_calls>")  # one call (Qwen), a block of calls a line each (MiniMax-M1)
+BLOCK = re.compile(r"<(tool_calls?)>\s*(.*?)\s*(?:</\1>|$)", re.DOTALL)
 XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>\s*$|$)", re.DOTALL)
 XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
@@ -108,10 +109,11 @@ def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tu
     """The calls in ``text`` and the text around them, as it is."""
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
-        call = _parsed(m.group(1), names, parameters)
-        if call is None:
+        inner = [m.group(2)] if m.group(1) == "tool_call" else [x for x in m.group(2).splitlines() if x.strip()]
+        found = [_parsed(x.strip(), names, parameters) for x in inner]
+        if not found or None in found:  # a block is calls only when every one in it is
             continue
-        calls.append(call)
+        calls += found
         kept.append(text[at:m.start()])
         at = m.end()
     kept.append(text[at:])
@@ -166,11 +168,11 @@ class StreamedCalls:
         self.text += piece
         if self.calling.forced:
             return ""
-        tag = self.text.find(OPEN)
-        if tag >= 0:
-            end = tag
+        tags = [at for at in (self.text.find(t) for t in OPENS) if at >= 0]
+        if tags:
+            end = min(tags)
         else:
-            end = len(self.text) - partial_tag(self.text, OPEN)
+            end = len(self.text) - max(partial_tag(self.text, t) for t in OPENS)
         end = max(end, self.sent)
         out, self.sent = self.text[self.sent:end], end
         return out

@@ -15,7 +15,7 @@ import pytest
 from openai import OpenAI
 
 from hypic.server.chat import ChatTemplate
-from hypic.server.tools import StreamedCalls, ToolCalling, parse_calls
+from hypic.server.tools import OPENS, StreamedCalls, ToolCalling, parse_calls
 from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve_with_template
 
 # a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
@@ -129,6 +129,12 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     untyped, _ = parse_calls("<tool_call><function=lookup><parameter=n>3</parameter><parameter=s>x y", names)
     assert json.loads(untyped[0]["function"]["arguments"]) == {"n": 3, "s": "x y"}  # undeclared: JSON if it is
     assert parse_calls("<tool_call><function=rm><parameter=p>/</parameter></function></tool_call>", names)[0] == []
+    block = ('Both.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
+             '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>')
+    calls, rest = parse_calls(block, names)  # MiniMax-M1's block: a call a line
+    assert rest == "Both." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
+    bad = block.replace('"get_weather"', '"rm"')  # one line not a call of a listed function: no block
+    assert parse_calls(bad, names) == ([], bad)
     auto = ToolCalling(False, names, None)
     message, finish = auto.message('<tool_call>{"name": "lookup", "arguments": {"query": "a"}}</tool_call>', "stop")
     assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
@@ -177,6 +183,8 @@ def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, 
     ' and <tool_call>{"name": "lookup", "arguments": {}}',
     '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',  # an unknown function: text
     "Looking.\n<tool_call>\n<function=lookup>\n<parameter=query>\nmill\n</parameter>\n</function>\n</tool_call>",
+    'Two at once.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
+    '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>',  # MiniMax-M1's block
 ])
 def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(text: str) -> None:
     """Split at every boundary pattern: the content streamed plus the last delta say what the whole
@@ -190,10 +198,10 @@ def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(
         sent = ""
         for p in pieces[:-1]:
             sent += s.push(p)
-            tag = text.find("<tool_call>")
+            tag = min((at for at in (text.find(t) for t in OPENS) if at >= 0), default=-1)
             assert text.startswith(sent) and (tag < 0 or len(sent) <= tag)
             held = s.text[len(sent):]
-            assert tag >= 0 and len(sent) == tag or len(held) < len("<tool_call>")
+            assert tag >= 0 and len(sent) == tag or len(held) < max(len(t) for t in OPENS)
         sent += s.push(pieces[-1])
         delta, got_finish = s.finish("stop")
         assert got_finish == finish
