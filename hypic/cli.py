@@ -1,5 +1,6 @@
 """Command line: ``hypic demo`` (the main job), ``hypic serve`` (the OpenAI-compatible server),
-``hypic generate``, ``hypic bench ttft | scatter | trace``, ``hypic eval quality | deviation``.
+``hypic run-batch`` (a file of requests answered as the server would), ``hypic generate``,
+``hypic bench ttft | scatter | trace``, ``hypic eval quality | deviation``.
 
 ``hypic demo --self-check`` is the algebra's check without a model: for every linear-attention
 family it splits a random span in two, composes the halves' cached summaries and prints how far the
@@ -13,11 +14,16 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from hypic.bench.commands import add_bench_parser
 from hypic.cache.layout import HOST_DTYPES
+
+if TYPE_CHECKING:
+    from hypic.llm import LLM
+    from hypic.server.settings import ServerSettings
 from hypic.engine.modes import MODES
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
@@ -176,31 +182,76 @@ def parse_budget(text: str) -> int | str | None:
     return parse_bytes(text)
 
 
-def serve(args: argparse.Namespace) -> int:
-    import os
-
-    import uvicorn
-
+def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tuple[LLM, ServerSettings]:
+    """The LLM and the server settings ``serve`` and ``run-batch`` build from the same options, the
+    saved cache loaded (a warm restart)."""
     from hypic.llm import LLM
-    from hypic.server import ServerSettings, create_app
+    from hypic.server import ServerSettings
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
+              cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
+              cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
+    settings = ServerSettings(
+        model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
+                                              else "hypic"),
+        api_key=api_key, max_segments=args.max_segments,
+        max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
+        max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
+        max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
+        shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
+        cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser)
+    loaded = _load_saved_cache(llm, args.cache_dir)
+    if loaded is not None:
+        print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
+    return llm, settings
+
+
+def _close(llm: LLM, command: str, cache_dir: str | None) -> int:
+    """Stop the cold workers and save the cache (with ``--cache-dir``); 1 if it could not be saved."""
+    llm.close()
+    if cache_dir:
+        try:
+            print(f"hypic {command}: {llm.save_cache(cache_dir)} cached segments saved to {cache_dir}", flush=True)
+        except OSError as e:
+            print(f"hypic {command}: the cache could not be saved to {cache_dir}: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    import asyncio
+    import time
+
+    from hypic.server import create_app
+    from hypic.server.batch import run_batch as run
 
     try:
-        llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
-                  cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
-                  cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
-        settings = ServerSettings(
-            model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
-                                                  else "hypic"),
-            api_key=args.api_key or os.environ.get("HYPIC_API_KEY") or None, max_segments=args.max_segments,
-            max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
-            max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
-            max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
-            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
-            cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser)
+        lines = Path(args.input).read_text().splitlines()
+        llm, settings = _served(args, "run-batch", None)  # in process: no key
+    except (ValueError, OSError) as e:
+        print(f"hypic run-batch: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    try:
+        results, totals = asyncio.run(run(create_app(llm, settings), lines, settings.max_concurrent))
+    finally:
+        saved = _close(llm, "run-batch", args.cache_dir)
+    Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
+    statuses = ", ".join(f"{n} × {code}" for code, n in sorted(totals.by_status.items())) or "none"
+    print(f"hypic run-batch: {totals.requests} requests ({statuses}), {totals.not_requests} lines not requests; "
+          f"{totals.prompt_tokens} prompt tokens, {totals.cached_tokens} from the cache; "
+          f"{time.perf_counter() - t0:.1f} s → {args.output}", file=sys.stderr)
+    return saved
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from hypic.server import create_app
+
+    try:
+        llm, settings = _served(args, "serve", args.api_key or os.environ.get("HYPIC_API_KEY") or None)
         app = create_app(llm, settings)
-        loaded = _load_saved_cache(llm, args.cache_dir)  # a warm restart
-        if loaded is not None:
-            print(f"hypic serve: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     except ValueError as e:
         print(f"hypic serve: {e}", file=sys.stderr)
         return 2
@@ -213,15 +264,8 @@ def serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        llm.close()  # the cold workers, if any
-        if args.cache_dir:
-            try:
-                print(f"hypic serve: {llm.save_cache(args.cache_dir)} cached segments saved to {args.cache_dir}",
-                      flush=True)
-            except OSError as e:
-                print(f"hypic serve: the cache could not be saved to {args.cache_dir}: {e}", file=sys.stderr)
-                return 1
-    return 0
+        saved = _close(llm, "serve", args.cache_dir)  # the cold workers, if any, and the cache
+    return saved
 
 
 def _load_saved_cache(llm, folder: str | None) -> int | None:
@@ -242,10 +286,24 @@ def parse_workers(text: str) -> int | list[str]:
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="the OpenAI-compatible server (completions, chat, segment pre-warming)")
-    p.add_argument("--model", help="a model folder (default: the bundled model)")
-    p.add_argument("--served-model-name", help="the id clients pass as `model` (default: the folder's name)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    _served_options(p)
+    p.set_defaults(func=serve)
+    b = sub.add_parser("run-batch", help="answer a file of requests in OpenAI's batch format, as the server would")
+    b.add_argument("-i", "--input", required=True, help="JSONL: {custom_id, method: POST, url, body} per line "
+                   "(url /v1/chat/completions, /v1/completions or /v1/responses)")
+    b.add_argument("-o", "--output", required=True, help="JSONL: {id, custom_id, response, error} per request")
+    _served_options(b)
+    b.set_defaults(func=run_batch)
+
+
+def _served_options(p: argparse.ArgumentParser) -> None:
+    """The model, engine and request options ``serve`` and ``run-batch`` share."""
+    p.add_argument("--model", help="a model folder (default: the bundled model)")
+    p.add_argument("--served-model-name", help="the id clients pass as `model` (default: the folder's name)")
     p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--seam", type=int, default=8, help="seam window w: tokens of each cached segment recomputed")
@@ -264,7 +322,6 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                         "each rounded once on its way down (default auto: bfloat16 on a GPU, float32 on the CPU)")
     p.add_argument("--cache-dir", help="keep the segment cache across restarts: loaded from this folder at start "
                    "(if a cache was saved there), saved to it at shutdown and on POST /v1/segments/save")
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
     p.add_argument("--max-segments", type=int, default=256, help="segments per request")
     p.add_argument("--max-prompt-tokens", type=int, help="prompt tokens per request (default: the model's limit)")
     p.add_argument("--max-completion-tokens", type=int, default=2048, help="cap on max_tokens")
@@ -279,8 +336,6 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
     p.add_argument("--reasoning-parser", choices=["think"],
                    help="chat answers' <think>…</think> returned as reasoning_content (Qwen3, Qwen3-Next, Qwen3.5)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    p.set_defaults(func=serve)
 
 
 def generate(args: argparse.Namespace) -> int:

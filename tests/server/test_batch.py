@@ -1,0 +1,56 @@
+"""``hypic run-batch``: a file of requests in OpenAI's batch format answered as the server answers
+them — the same bodies as over HTTP, in the input's order, documents cached across requests — with
+refused requests as responses with their status and lines that are not requests as errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from openai import OpenAI
+
+from hypic.cli import main
+from tests.server.conftest import MODEL
+
+DOCS = ["Profile of Mira. Mira lives in Quorvane and keeps bees on the roof.",
+        "Profile of Tal. Tal plays the harp in Westvale every evening."]
+
+
+def _chat(docs: list[str]) -> dict:
+    return {"model": MODEL, "max_tokens": 6, "temperature": 0,
+            "messages": [*({"role": "user", "content": d} for d in docs),
+                         {"role": "user", "content": "Question: Where does Mira live?"}]}
+
+
+def test_a_batch_file_is_answered_as_the_server_answers(model_dir: Path, tmp_path: Path, client: OpenAI) -> None:
+    completion = {"model": MODEL, "prompt": f"{DOCS[0]}<<PIC_SEP>>Question: Who keeps bees?", "max_tokens": 4,
+                  "temperature": 0}
+    lines = [
+        {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": _chat(DOCS)},
+        {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions", "body": _chat(DOCS[::-1])},
+        {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": completion},
+        {"custom_id": "d", "method": "POST", "url": "/v1/responses",
+         "body": {"model": MODEL, "input": "Who plays the harp?", "max_output_tokens": 3, "temperature": 0}},
+        {"custom_id": "e", "method": "POST", "url": "/v1/chat/completions", "body": {**_chat(DOCS), "max_token": 2}},
+        {"custom_id": "f", "method": "GET", "url": "/v1/models", "body": {}},
+        {"custom_id": "g", "method": "POST", "url": "/v1/embeddings", "body": {}},
+        {"custom_id": "h", "method": "POST", "url": "/v1/completions", "body": {**completion, "stream": True}},
+        {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": completion},
+    ]
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\nnot json\n")
+    assert main(["run-batch", "--model", str(model_dir), "--served-model-name", MODEL, "--device", "cpu",
+                 "--max-concurrent", "1", "-i", str(src), "-o", str(out)]) == 0
+    results = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["custom_id"] for r in results] == ["a", "b", "c", "d", "e", "f", "g", "h", "a", None]
+    ok = {r["custom_id"]: r["response"] for r in results[:4]}
+    assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in results[:4])
+    want = client.chat.completions.create(**_chat(DOCS)).choices[0].message.content  # the live server's answer
+    assert ok["a"]["body"]["choices"][0]["message"]["content"] == want
+    assert ok["a"]["request_id"] == ok["a"]["body"]["id"] and results[0]["id"].startswith("batch_req_")
+    assert ok["b"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the documents, reordered
+    assert ok["c"]["body"]["object"] == "text_completion" and ok["d"]["body"]["object"] == "response"
+    refused = results[4]["response"]
+    assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "max_token"
+    for r, field in zip(results[5:], ("method", "url", "body.stream", "custom_id", "line 11"), strict=True):
+        assert r["response"] is None and r["error"]["message"].startswith(field), r
