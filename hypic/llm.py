@@ -2,11 +2,13 @@
 
 A prompt is a list of segments — each a string (tokenized on its own, without special tokens) or
 a list of token ids — whose last element is the query, or one string split on ``<<PIC_SEP>>``.
-``generate`` takes one prompt or a list of prompts.
+``generate`` takes one prompt or a list of prompts; ``stream`` yields one prompt's answer as it comes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,17 @@ from hypic.models.loader import load_model
 
 SEPARATOR = "<<PIC_SEP>>"
 Prompt = str | list[str | list[int]]
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A step of a streamed answer: the text it adds, its new token ids, and the request's output so
+    far (``finish_reason``, metrics; ``text`` whole once ``done``)."""
+
+    text: str
+    token_ids: list[int]
+    output: RequestOutput
+    done: bool = False  # the last delta: the answer has ended
 
 
 def bundled_model_path() -> Path:
@@ -108,6 +121,38 @@ class LLM:
                     ids = ids[:-1]  # a stop token ends the text, as EOS does, and is not part of it
                 o.text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return outs
+
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, mode: str = "hypic",
+               cache_salt: str | None = None) -> Iterator[Delta]:
+        """One prompt's answer as it is generated: a ``Delta`` per decode step that adds text (and a
+        last one when it ends), whose texts joined equal ``generate``'s text. Leaving the loop early
+        (``break``) lets go of the request's decode state."""
+        from hypic.server.text import TextStream  # no server dependency: incremental detokenization
+
+        if self.tokenizer is None:
+            raise ValueError("stream: this model has no tokenizer.json; generate() returns token ids")
+        ids = self.tokenize(prompt)
+        params = sampling or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError("sampling: expected a SamplingParams")
+        runs = self.engine.start([ids], [params], mode=mode, salts=[self._salt(cache_salt)])
+        run, text, sent = runs[0], TextStream(self.tokenizer, stop_ids=params.stop_token_ids), 0
+        try:
+            while True:
+                new = run.output.token_ids[sent:]
+                sent += len(new)
+                piece = "".join(text.push(t) for t in new)
+                if run.done:
+                    piece += text.finish()
+                    run.output.text = text.text  # all of it, now that it is complete
+                    yield Delta(piece, new, run.output, done=True)
+                    return
+                if piece:
+                    yield Delta(piece, new, run.output)
+                self.engine.step(runs)
+        finally:
+            if not run.done:
+                self.engine.forget(runs)
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling: SamplingParams | list[SamplingParams] | None = None, *, mode: str = "hypic",
