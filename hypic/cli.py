@@ -199,7 +199,8 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
         max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
         shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
-        cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser)
+        cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
+        max_stored_responses=args.max_stored_responses)
     loaded = _load_saved_cache(llm, args.cache_dir)
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
@@ -334,6 +335,8 @@ def _served_options(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens prefilled in one call (default: no limit; a longer prompt runs alone)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    p.add_argument("--max-stored-responses", type=int, default=1024,
+                   help="Responses API: the latest responses kept in memory for previous_response_id (0: none)")
     p.add_argument("--reasoning-parser", choices=["think"],
                    help="chat answers' <think>…</think> returned as reasoning_content (Qwen3, Qwen3-Next, Qwen3.5)")
 

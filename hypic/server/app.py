@@ -35,7 +35,7 @@ from hypic.server.generation import Echo, Generation, echo_only, respond
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
-from hypic.server.responses import ResponsesRequest
+from hypic.server.responses import ResponsesRequest, ResponseStore
 from hypic.server.runner import Runner
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
@@ -50,6 +50,7 @@ class ServerState:
     template: ChatTemplate
     metrics: Metrics
     runner: Runner | None = None
+    responses: ResponseStore | None = None  # the Responses API's kept responses (previous_response_id)
     created: int = field(default_factory=lambda: int(time.time()))
     prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
     scoring_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one echo's prompt scored at a time
@@ -104,6 +105,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                   openapi_url=None)
     metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0), llm.engine)
     state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics)
+    state.responses = ResponseStore(settings.max_stored_responses)
     app.state.hypic = state
     install_handlers(app, metrics.count_error)
 
@@ -204,11 +206,33 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         arrival = time.monotonic()
         req = await read_body(request, ResponsesRequest, settings.max_body_bytes)
         check_model(req.model)
-        gen = await chat_generation(responses.chat_request(req), "input")
+        if req.store and settings.max_stored_responses == 0:
+            raise bad_request("store: this server keeps no responses (--max-stored-responses 0)", "store")
+        earlier = [] if req.previous_response_id is None else state.responses.conversation(req.previous_response_id)
+        gen = await chat_generation(responses.chat_request(req, earlier), "input")
         base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()))
-        shape = (lambda rs: responses.events(rs[0], base), lambda rs: responses.whole(rs[0], base))
+        items = [*earlier, *responses.input_items(req)]
+        keep = None if req.store is False else (lambda done: state.responses.keep(done, items))
+        shape = (lambda rs: responses.events(rs[0], base, keep), lambda rs: responses.whole(rs[0], base, keep))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival, shape,
                              "responses")
+
+    def kept_response(rid: str) -> dict[str, Any]:
+        response = state.responses.get(rid)
+        if response is None:
+            raise APIError(404, f"response_id: no response {rid!r} is kept here", param="response_id",
+                           kind="not_found", code="response_not_found")
+        return response
+
+    @v1.get("/responses/{rid}")
+    async def get_response(rid: str) -> dict[str, Any]:
+        return kept_response(rid)
+
+    @v1.delete("/responses/{rid}")
+    async def delete_response(rid: str) -> dict[str, Any]:
+        kept_response(rid)
+        state.responses.delete(rid)
+        return {"id": rid, "object": "response.deleted", "deleted": True}
 
     async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:
         """A /v1/segments* body and its documents' token ids (each tokenized alone), or a 4xx."""

@@ -7,9 +7,10 @@ tools the chat route's nested ones — and its answer is read back as Responses 
 ``reasoning`` (with ``--reasoning-parser``), one ``message`` of ``output_text``, ``function_call``s.
 Streamed, it is the API's typed events (``response.created`` … ``response.output_text.delta`` …
 ``response.completed``, or ``response.incomplete`` at the token limit); tool calls come whole at the
-end, as on the chat route. Responses are not kept: ``store: true`` and ``previous_response_id``
-are refused by name, so a client sends the conversation's items itself (what it does without a
-stored response anyway).
+end, as on the chat route. The latest responses are kept in memory (``ResponseStore``, bounded;
+``store: false`` keeps none) with the items they answered, so ``previous_response_id`` continues a
+conversation — its items, then the new ones, each a segment that hits the cache — and ``GET`` /
+``DELETE /v1/responses/{id}`` read and forget one; a restart forgets them all.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
@@ -127,9 +129,9 @@ class ResponsesRequest(Strict):
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    store: bool | None = None  # None: kept, as OpenAI's default (in memory, the latest few: ResponseStore)
+    previous_response_id: str | None = Field(None, max_length=128)
     # what hypic does not do, accepted at the values that ask for nothing more
-    store: Literal[False] | None = None  # responses are not kept
-    previous_response_id: None = None  # so none can be continued
     truncation: Literal["disabled"] | None = None
     include: Annotated[list[str], Field(max_length=0)] | None = None
     background: Literal[False] | None = None
@@ -146,12 +148,17 @@ def _content(item: InputMessage) -> str | list[dict[str, str]]:
     return [{"type": "text", "text": p.text} for p in item.content]
 
 
-def messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """The conversation as chat messages: one per input item, an assistant's consecutive tool calls
-    gathered into one message, reasoning left out."""
+def input_items(req: ResponsesRequest) -> list[Any]:
+    """The request's own items (a string input is one user message)."""
+    return [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else list(req.input)
+
+
+def messages(req: ResponsesRequest, earlier: list[Any] = ()) -> list[dict[str, Any]]:
+    """The conversation as chat messages — the earlier items (a previous response's conversation),
+    then the request's — one per item, an assistant's consecutive tool calls gathered into one
+    message, reasoning left out."""
     out: list[dict[str, Any]] = [] if req.instructions is None else [{"role": "system", "content": req.instructions}]
-    items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    for item in items:
+    for item in [*earlier, *input_items(req)]:
         if isinstance(item, InputMessage):
             out.append({"role": item.role, "content": _content(item)})
         elif isinstance(item, FunctionCallItem):
@@ -169,8 +176,8 @@ def messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     return out
 
 
-def chat_request(req: ResponsesRequest) -> ChatRequest:
-    """The chat request this one is; a 400 names the Responses field at fault."""
+def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
+    """The chat request this one is (after ``earlier`` items); a 400 names the Responses field at fault."""
     fmt = req.text.format if req.text is not None else None
     response_format = None
     if fmt is not None and fmt.type == "json_schema":
@@ -184,7 +191,7 @@ def chat_request(req: ResponsesRequest) -> ChatRequest:
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
     if isinstance(choice, dict):
         choice = {"type": "function", "function": {"name": choice["name"]}}
-    body = {"model": req.model, "messages": messages(req), "max_completion_tokens": req.max_output_tokens,
+    body = {"model": req.model, "messages": messages(req, earlier), "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "stream": req.stream, "seed": req.seed,
             "tools": None if req.tools is None else [
                 {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
@@ -216,7 +223,8 @@ def envelope(req: ResponsesRequest, model: str, rid: str, created: int) -> dict[
             "tool_choice": (req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction)
                             else req.tool_choice or "auto"),
             "parallel_tool_calls": req.parallel_tool_calls is not False, "text": _text_format(req),
-            "metadata": req.metadata or {}, "previous_response_id": None, "store": False, "reasoning": None,
+            "metadata": req.metadata or {}, "previous_response_id": req.previous_response_id,
+            "store": req.store is not False, "reasoning": None,
             "truncation": "disabled", "user": req.user}
 
 
@@ -249,7 +257,10 @@ def _call_item(call: dict[str, Any]) -> dict[str, Any]:
             "arguments": call["function"]["arguments"], "status": "completed"}
 
 
-async def whole(r: Responder, base: dict[str, Any]) -> dict[str, Any]:
+Keep = Callable[[dict[str, Any]], None] | None  # what is done with the finished response (ResponseStore.keep)
+
+
+async def whole(r: Responder, base: dict[str, Any], keep: Keep = None) -> dict[str, Any]:
     """The response object once the answer is complete."""
     choice = await collect(r)
     message, output = choice["message"], []
@@ -258,7 +269,10 @@ async def whole(r: Responder, base: dict[str, Any]) -> dict[str, Any]:
     if message.get("content"):
         output.append(_message_item(message["content"]))
     output += [_call_item(c) for c in message.get("tool_calls") or []]
-    return _finished(base, r, output, choice["finish_reason"])
+    done = _finished(base, r, output, choice["finish_reason"])
+    if keep is not None:
+        keep(done)
+    return done
 
 
 def _event(seq: Callable[[], int], kind: str, **data: Any) -> str:
@@ -266,7 +280,7 @@ def _event(seq: Callable[[], int], kind: str, **data: Any) -> str:
     return f"event: {kind}\ndata: {body}\n\n"
 
 
-async def events(r: Responder, base: dict[str, Any]) -> AsyncIterator[str]:
+async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> AsyncIterator[str]:
     """The answer as the API's typed server-sent events: an output item opens when its kind of text
     (reasoning, then the message) first comes, and closes when the other kind or the end does."""
     counter = itertools.count()
@@ -339,8 +353,53 @@ async def events(r: Responder, base: dict[str, Any]) -> AsyncIterator[str]:
                 yield _event(seq, "response.output_item.done", output_index=at, item=item)
                 output.append(item)
             done = _finished(base, r, output, finish)
+            if keep is not None:
+                keep(done)
             yield _event(seq, f"response.{done['status']}", response=done)
             return
     except APIError as e:
         r.metrics.count_error(e.kind)
         yield _event(seq, "error", code=e.kind, message=e.message, param=e.param)
+
+
+class ResponseStore:
+    """The latest responses (at most ``capacity``, least recently used out first) with the items of
+    their conversations: what ``previous_response_id`` continues from. In memory only."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._kept: OrderedDict[str, tuple[dict[str, Any], list[Any]]] = OrderedDict()
+
+    def conversation(self, rid: str) -> list[Any]:
+        """The items a continuation of ``rid`` starts from: its conversation and its output."""
+        if rid not in self._kept:
+            raise APIError(400, f"previous_response_id: no response {rid!r} is kept here (never made, not stored, "
+                           "deleted, or forgotten to make room)", param="previous_response_id",
+                           code="previous_response_not_found")
+        self._kept.move_to_end(rid)
+        response, items = self._kept[rid]
+        return [*items, *(_output_item(o) for o in response["output"])]
+
+    def keep(self, response: dict[str, Any], items: list[Any]) -> None:
+        if self.capacity == 0:
+            return
+        self._kept[response["id"]] = (response, items)
+        while len(self._kept) > self.capacity:
+            self._kept.popitem(last=False)
+
+    def get(self, rid: str) -> dict[str, Any] | None:
+        kept = self._kept.get(rid)
+        return None if kept is None else kept[0]
+
+    def delete(self, rid: str) -> bool:
+        return self._kept.pop(rid, None) is not None
+
+
+def _output_item(item: dict[str, Any]) -> Any:
+    """A kept output item as the input item a continuation sends back."""
+    kind = item["type"]
+    if kind == "message":
+        return InputMessage.model_validate({k: v for k, v in item.items() if k != "type"} | {"type": "message"})
+    if kind == "function_call":
+        return FunctionCallItem.model_validate(item)
+    return ReasoningItem.model_validate(item)

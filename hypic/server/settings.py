@@ -27,6 +27,7 @@ class ServerSettings:
     retry_after_s: int = 1  # the Retry-After a 429/503 advertises
     cache_dir: str | None = None  # where POST /v1/segments/save writes the cache (``hypic serve --cache-dir``)
     reasoning_parser: str | None = None  # "think": chat answers' <think>…</think> → reasoning_content
+    max_stored_responses: int = 1024  # Responses API: the latest kept for previous_response_id; 0: none
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
@@ -42,6 +43,9 @@ class ServerSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name}: expected an integer ≥ 1 or None, got {value!r}")
+        if not isinstance(self.max_stored_responses, int) or isinstance(self.max_stored_responses, bool) \
+                or self.max_stored_responses < 0:
+            raise ValueError(f"max_stored_responses: expected an integer ≥ 0, got {self.max_stored_responses!r}")
         if self.reasoning_parser not in (None, "think"):
             raise ValueError(f"reasoning_parser: expected 'think' or None, got {self.reasoning_parser!r}")
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):

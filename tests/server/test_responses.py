@@ -1,7 +1,8 @@
 """OpenAI's Responses API (``POST /v1/responses``) through the official client: the same answer as
 the chat route for the same conversation, documents cached across orders, the typed event stream
 agreeing with the whole answer, function calls out and their outputs back in, JSON output, the
-token limit as ``incomplete``, and what is not served refused by name."""
+token limit as ``incomplete``, kept responses continued by ``previous_response_id``, read and
+deleted, and what is not served refused by name."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from hypic.server.responses import ResponseStore
 from tests.server.conftest import MODEL, LiveServer, http_client, openai_client
 from tests.server.test_tools import TOOLS, tool_server  # noqa: F401 — its tools server, module-scoped: one here
 
@@ -105,8 +107,7 @@ def test_a_json_schema_format_gives_json_the_schema_accepts(client: OpenAI) -> N
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"input": "hi", "store": True}, "store"),
-    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),  # never made
     ({"input": []}, "input"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].message.content"),
@@ -120,3 +121,37 @@ def test_what_is_not_served_is_a_400_naming_the_field(http: httpx.Client, body: 
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param), r.json()
     assert http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 1}).status_code == 200
+
+
+def test_a_kept_response_is_continued_read_and_deleted(client: OpenAI, http: httpx.Client) -> None:
+    first = client.responses.create(model=MODEL, input=_input(DOCS), max_output_tokens=6, temperature=0)
+    kept = http.get(f"/v1/responses/{first.id}").json()
+    assert first.store is True and kept["id"] == first.id and kept["output"][0]["id"] == first.output[0].id
+    assert kept["output"][0]["content"][0]["text"] == first.output_text
+    follow = client.responses.create(model=MODEL, previous_response_id=first.id, input="And where does Tal play?",
+                                     max_output_tokens=6, temperature=0)
+    assert follow.previous_response_id == first.id
+    assert follow.usage.input_tokens > first.usage.input_tokens
+    assert follow.usage.input_tokens_details.cached_tokens > 0  # the earlier turn's documents, from the cache
+    spelled_out = client.responses.create(  # the same conversation sent whole: the same answer
+        model=MODEL, max_output_tokens=6, temperature=0, store=False,
+        input=[*_input(DOCS), *[o.model_dump(exclude_none=True) for o in first.output],
+               {"role": "user", "content": "And where does Tal play?"}])
+    assert spelled_out.output_text == follow.output_text and spelled_out.store is False
+    assert http.get(f"/v1/responses/{spelled_out.id}").status_code == 404  # store: false keeps nothing
+    assert http.delete(f"/v1/responses/{first.id}").json() == {"id": first.id, "object": "response.deleted",
+                                                               "deleted": True}
+    gone = http.get(f"/v1/responses/{first.id}")
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "response_id"
+    r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "previous_response_id": first.id})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "previous_response_not_found"
+
+
+def test_the_store_keeps_the_latest() -> None:
+    store = ResponseStore(2)
+    for k in range(3):
+        store.keep({"id": f"r{k}", "output": []}, [])
+    assert store.get("r0") is None and store.get("r1") is not None
+    store.conversation("r1")  # a continuation uses it: the most recent now
+    store.keep({"id": "r3", "output": []}, [])
+    assert store.get("r2") is None and store.get("r1") is not None
