@@ -1,5 +1,6 @@
 """Load a local Hugging Face model folder: config.json, one or many *.safetensors (with
-model.safetensors.index.json), tokenizer.json / tokenizer_config.json. Nothing is fetched.
+model.safetensors.index.json), tokenizer.json (or Kimi's tiktoken.model) / tokenizer_config.json.
+Nothing is fetched.
 
 The model is built on the meta device, given uninitialised storage on the target device and
 dtype, and each checkpoint tensor is read lazily and copied into its parameter: no second full
@@ -19,6 +20,7 @@ from safetensors import safe_open
 
 from hypic.models.hybrid import HybridLM
 from hypic.models.registry import resolve
+from hypic.models.tiktoken_file import PATTERNS, special_tokens, tiktoken_tokenizer
 
 
 @dataclass
@@ -131,9 +133,13 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
     load_weights(model, files, arch.checkpoint_name, device, dtype)
     model.eval().requires_grad_(False)
     tokenizer = None
+    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+    elif (path / "tiktoken.model").exists() and config.get("model_type") in PATTERNS:
+        # Kimi-Linear ships a tiktoken file and remote code: converted here (hypic.models.tiktoken_file)
+        tokenizer = tiktoken_tokenizer(path / "tiktoken.model", PATTERNS[config["model_type"]],
+                                       special_tokens(tok_cfg))
     return LoadedModel(model, config, path, tokenizer, tok_cfg, device, dtype)
