@@ -210,9 +210,10 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise bad_request("store: this server keeps no responses (--max-stored-responses 0)", "store")
         earlier = [] if req.previous_response_id is None else state.responses.conversation(req.previous_response_id)
         gen = await chat_generation(responses.chat_request(req, earlier), "input")
-        base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()))
+        stored = req.store is not False and settings.max_stored_responses > 0
+        base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()), stored)
         items = [*earlier, *responses.input_items(req)]
-        keep = None if req.store is False else (lambda done: state.responses.keep(done, items))
+        keep = (lambda done: state.responses.keep(done, items)) if stored else None
         shape = (lambda rs: responses.events(rs[0], base, keep), lambda rs: responses.whole(rs[0], base, keep))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival, shape,
                              "responses")

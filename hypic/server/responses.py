@@ -214,8 +214,9 @@ def _text_format(req: ResponsesRequest) -> dict[str, Any]:
     return {"format": {"type": "text"} if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)}
 
 
-def envelope(req: ResponsesRequest, model: str, rid: str, created: int) -> dict[str, Any]:
-    """What every response object of this request says besides its output and status."""
+def envelope(req: ResponsesRequest, model: str, rid: str, created: int, stored: bool) -> dict[str, Any]:
+    """What every response object of this request says besides its output and status; ``stored``:
+    whether it will be kept (``ResponseStore``)."""
     return {"id": rid, "object": "response", "created_at": created, "model": model, "error": None,
             "incomplete_details": None, "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
@@ -224,7 +225,7 @@ def envelope(req: ResponsesRequest, model: str, rid: str, created: int) -> dict[
                             else req.tool_choice or "auto"),
             "parallel_tool_calls": req.parallel_tool_calls is not False, "text": _text_format(req),
             "metadata": req.metadata or {}, "previous_response_id": req.previous_response_id,
-            "store": req.store is not False, "reasoning": None,
+            "store": stored, "reasoning": None,
             "truncation": "disabled", "user": req.user}
 
 

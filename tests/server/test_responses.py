@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from hypic.server.responses import ResponseStore
-from tests.server.conftest import MODEL, LiveServer, http_client, openai_client
+from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve
 from tests.server.test_tools import TOOLS, tool_server  # noqa: F401 — its tools server, module-scoped: one here
 
 DOCS = ["Profile of Mira. Mira lives in Quorvane and keeps bees on the roof.",
@@ -155,3 +155,16 @@ def test_the_store_keeps_the_latest() -> None:
     store.conversation("r1")  # a continuation uses it: the most recent now
     store.keep({"id": "r3", "output": []}, [])
     assert store.get("r2") is None and store.get("r1") is not None
+
+
+def test_a_server_that_keeps_no_responses_says_so(llm) -> None:
+    live = serve(llm, max_stored_responses=0)
+    try:
+        http = http_client(live)
+        r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 1})
+        assert r.status_code == 200 and r.json()["store"] is False
+        assert http.get(f"/v1/responses/{r.json()['id']}").status_code == 404
+        refused = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "store": True})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "store"
+    finally:
+        live.stop()
