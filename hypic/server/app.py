@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import torch
@@ -39,6 +39,7 @@ from hypic.server.responses import ResponsesRequest, ResponseStore
 from hypic.server.runner import Runner
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
+from hypic.server.tools import KIMI_OPEN
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -180,6 +181,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 e.param = field
             raise
         calling = prompts.tool_calling(req)
+        if calling is not None and not calling.forced and llm.tokenizer.token_to_id(KIMI_OPEN) is not None:
+            calling = replace(calling, special_text=True)  # Kimi's call markers are special tokens
         await structured_ready(req, calling is not None and calling.forced)
         max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
                                           settings.max_completion_tokens, settings)
@@ -190,7 +193,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if settings.reasoning_parser is not None and params.json_schema is None:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                          req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think)
+                          req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
+                          eos=tuple(sorted(llm.engine.eos)))
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:

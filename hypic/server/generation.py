@@ -92,6 +92,7 @@ class Generation:
     echo: Echo | None = None  # completions only
     tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
     think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
+    eos: tuple[int, ...] = ()  # the model's end tokens: kept out of a text read with special tokens kept
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
@@ -113,7 +114,9 @@ class Responder:
     def __init__(self, gen: Generation, job: Job, tokenizer: Any, metrics: Metrics, index: int = 0,
                  id_: str | None = None, created: int | None = None) -> None:
         self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
-        self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids)
+        special = gen.tools is not None and gen.tools.special_text
+        self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids + (gen.eos if special else ()),
+                               keep_special=special)
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)

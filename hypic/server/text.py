@@ -15,8 +15,10 @@ from typing import Any
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stops: list[str] | None = None, stop_ids: tuple[int, ...] = ()) -> None:
+    def __init__(self, tokenizer: Any, stops: list[str] | None = None, stop_ids: tuple[int, ...] = (), *,
+                 keep_special: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.keep_special = keep_special  # special tokens in the text (Kimi's tool-call markers are ones)
         self.stops = [s for s in (stops or []) if s]
         self.stop_ids = set(stop_ids)  # stop tokens: they end the output and are not part of its text
         self.hold = max((len(s) for s in self.stops), default=1) - 1
@@ -27,7 +29,7 @@ class TextStream:
         self._prefix = self._read = 0  # the decode window: tokens[_prefix:_read] were already read
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=not self.keep_special)
 
     def _advance(self, final: bool) -> None:
         before = self._decode(self.tokens[self._prefix:self._read])

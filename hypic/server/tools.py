@@ -10,9 +10,12 @@ Then, by ``tool_choice``:
 - ``auto`` (the default with tools): decoding is free and the text is searched for calls in the
   formats the supported families' templates teach — Hermes JSON (``<tool_call>{"name": …, "arguments":
   …}</tool_call>``, Qwen2.5 / Qwen3), XML (``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…``,
-  Qwen3-Coder / Qwen3.5; a value is JSON unless its parameter is declared a string) and MiniMax-M1's
-  block of JSON calls, one a line (``<tool_calls>\n{"name": …, "arguments": …}\n…</tool_calls>``);
-  calls found become ``tool_calls``, the rest stays ``content``;
+  Qwen3-Coder / Qwen3.5; a value is JSON unless its parameter is declared a string), MiniMax-M1's
+  block of JSON calls, one a line (``<tool_calls>\n{"name": …, "arguments": …}\n…</tool_calls>``), and
+  Kimi's section of calls between special tokens (``<|tool_calls_section_begin|><|tool_call_begin|>
+  functions.NAME:0<|tool_call_argument_begin|>{…}<|tool_call_end|>…``: its answer is detokenized with
+  special tokens kept, ``ToolCalling.special_text``); calls found become ``tool_calls``, the rest
+  stays ``content``;
 - ``none``: plain text.
 
 One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
@@ -33,8 +36,13 @@ from typing import Any
 from hypic.engine.structured import compile_schema
 from hypic.server.text import partial_tag
 
-OPENS = ("<tool_call>", "<tool_calls>")  # one call (Qwen), a block of calls a line each (MiniMax-M1)
-BLOCK = re.compile(r"<(tool_calls?)>\s*(.*?)\s*(?:</\1>|$)", re.DOTALL)
+KIMI_OPEN = "<|tool_calls_section_begin|>"
+# one call (Qwen), a block of calls a line each (MiniMax-M1), a section of calls (Kimi)
+OPENS = ("<tool_call>", "<tool_calls>", KIMI_OPEN)
+BLOCK = re.compile(r"<(tool_calls?)>\s*(.*?)\s*(?:</\1>|$)"
+                   r"|<\|tool_calls_section_begin\|>(.*?)(?:<\|tool_calls_section_end\|>|$)", re.DOTALL)
+KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+):\d+\s*<\|tool_call_argument_begin\|>"
+                       r"(.*?)(?:<\|tool_call_end\|>|$)", re.DOTALL)
 XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>\s*$|$)", re.DOTALL)
 XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
@@ -48,6 +56,7 @@ class ToolCalling:
     names: tuple[str, ...]
     schema: dict | None  # the call's JSON schema when forced
     parameters: dict[str, dict] = field(default_factory=dict)  # name → its parameters schema (XML values' types)
+    special_text: bool = False  # the answer is read with special tokens kept (Kimi's call markers are ones)
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
@@ -109,8 +118,12 @@ def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tu
     """The calls in ``text`` and the text around them, as it is."""
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
-        inner = [m.group(2)] if m.group(1) == "tool_call" else [x for x in m.group(2).splitlines() if x.strip()]
-        found = [_parsed(x.strip(), names, parameters) for x in inner]
+        if m.group(3) is not None:  # Kimi's section: name and arguments apart
+            found = [_parsed(json.dumps({"name": name, "arguments": _json(args)}), names, parameters)
+                     for name, args in KIMI_CALL.findall(m.group(3))]
+        else:
+            inner = [m.group(2)] if m.group(1) == "tool_call" else [x for x in m.group(2).splitlines() if x.strip()]
+            found = [_parsed(x.strip(), names, parameters) for x in inner]
         if not found or None in found:  # a block is calls only when every one in it is
             continue
         calls += found
@@ -139,6 +152,13 @@ def _parsed(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> d
     if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
         return None
     return _call(call["name"], args)
+
+
+def _json(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # not a call's arguments: the block stays text
 
 
 def _xml_value(text: str, schema: object) -> object:

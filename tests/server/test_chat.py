@@ -115,6 +115,22 @@ def test_stop_strings_cut_the_text_even_across_tokens(tokenizer: Tokenizer, stop
     assert json.dumps(out)  # plain text, nothing held back
 
 
+def test_special_tokens_are_text_only_when_kept(tokenizer: Tokenizer) -> None:
+    """Kimi's tool-call markers are special tokens: its answers are read with special tokens kept,
+    and the end token, a stop there, stays out."""
+    ids = tokenizer.encode("Hi<|im_start|> there<|im_end|>", add_special_tokens=False).ids
+    end = tokenizer.token_to_id("<|im_end|>")
+
+    def read(stream: TextStream) -> str:
+        return "".join(stream.push(t) for t in ids) + stream.finish()
+
+    plain, kept = read(TextStream(tokenizer)), read(TextStream(tokenizer, keep_special=True))
+    assert plain == tokenizer.decode(ids, skip_special_tokens=True) and "<|im_" not in plain
+    assert kept == tokenizer.decode(ids, skip_special_tokens=False) and kept.endswith("there<|im_end|>")
+    assert ids[-1] == end and read(TextStream(tokenizer, stop_ids=(end,), keep_special=True)) == \
+        tokenizer.decode(ids[:-1], skip_special_tokens=False)
+
+
 def test_chat_template_kwargs_reach_the_template_and_keep_segments_apart() -> None:
     """A Qwen3-like switch: ``enable_thinking: false`` closes an empty think block in the generation prompt."""
     source = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

@@ -135,6 +135,14 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     assert rest == "Both." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
     bad = block.replace('"get_weather"', '"rm"')  # one line not a call of a listed function: no block
     assert parse_calls(bad, names) == ([], bad)
+    kimi = ("Both.<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>"
+            '{"query": "a"}<|tool_call_end|><|tool_call_begin|>get_weather:1<|tool_call_argument_begin|>'
+            '{"city": "Q", "days": 1}<|tool_call_end|><|tool_calls_section_end|> Done.')
+    calls, rest = parse_calls(kimi, names)  # Kimi's section: name and arguments apart, "functions." optional
+    assert rest == "Both. Done." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
+    assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Q", "days": 1}
+    for broken in (kimi.replace('{"query": "a"}', '{"query": '), kimi.replace("functions.lookup", "functions.rm")):
+        assert parse_calls(broken, names) == ([], broken)  # arguments not JSON, an unknown function: text
     auto = ToolCalling(False, names, None)
     message, finish = auto.message('<tool_call>{"name": "lookup", "arguments": {"query": "a"}}</tool_call>', "stop")
     assert finish == "tool_calls" and message["content"] is None and len(message["tool_calls"]) == 1
@@ -185,6 +193,8 @@ def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, 
     "Looking.\n<tool_call>\n<function=lookup>\n<parameter=query>\nmill\n</parameter>\n</function>\n</tool_call>",
     'Two at once.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
     '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>',  # MiniMax-M1's block
+    "Looking.<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>"
+    '{"query": "a"}<|tool_call_end|><|tool_calls_section_end|>',  # Kimi's section
 ])
 def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(text: str) -> None:
     """Split at every boundary pattern: the content streamed plus the last delta say what the whole
