@@ -89,6 +89,11 @@ class Common(Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     user: str | None = None  # accepted, unused
+    # OpenAI's routing and accounting hints, accepted: hypic caches by content (a key adds nothing) and
+    # has one tier of service
+    prompt_cache_key: str | None = Field(None, max_length=1024)
+    safety_identifier: str | None = Field(None, max_length=1024)
+    service_tier: Literal["auto", "default"] | None = None
     cache_salt: Text | None = Field(None, max_length=1024)
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None

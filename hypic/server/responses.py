@@ -129,6 +129,9 @@ class ResponsesRequest(Strict):
     text: TextConfig | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    prompt_cache_key: str | None = Field(None, max_length=1024)  # accepted: hypic caches by content
+    safety_identifier: str | None = Field(None, max_length=1024)
+    service_tier: Literal["auto", "default"] | None = None
     store: bool | None = None  # None: kept, as OpenAI's default (in memory, the latest few: ResponseStore)
     previous_response_id: str | None = Field(None, max_length=128)
     # what hypic does not do, accepted at the values that ask for nothing more

@@ -94,6 +94,8 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/chat/completions", {"messages": OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "max_completion_tokens": 100}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "tools": []}, 400, "tools"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "service_tier": "flex"}, 400, "service_tier"),
+    ("/v1/responses", {"input": "hi", "service_tier": "priority"}, 400, "service_tier"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "model": "other"}, 404, "model"),
     ("/v1/segments", {"segments": []}, 400, "segments"),
     ("/v1/segments", {"segments": [""]}, 400, "segments[0]"),

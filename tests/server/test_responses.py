@@ -67,6 +67,13 @@ def test_a_stream_is_the_apis_typed_events_and_equals_the_whole_answer(client: O
     assert [e.item.type for e in added] == [o.type for o in done.output]
 
 
+def test_openais_routing_hints_are_accepted(client: OpenAI) -> None:
+    kw = dict(prompt_cache_key="tenant-a/rag", safety_identifier="user-7", service_tier="auto")
+    r = client.responses.create(model=MODEL, input="hi", max_output_tokens=1, **kw)
+    c = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=1, **kw)
+    assert r.status in ("completed", "incomplete") and c.choices[0].finish_reason in ("stop", "length")
+
+
 def test_the_token_limit_is_an_incomplete_response(client: OpenAI) -> None:
     r = client.responses.create(model=MODEL, input="Tell me everything about Quorvane.", max_output_tokens=2,
                                 temperature=0)
