@@ -161,12 +161,30 @@ _message = st.fixed_dictionaries({"role": st.sampled_from(["system", "developer"
                                   "content": _words | st.lists(st.fixed_dictionaries({"type": st.just("text"),
                                                                                       "text": _words}),
                                                                min_size=1, max_size=3)})
+_call_id = st.text(st.characters(codec="utf-8"), min_size=1, max_size=12)
+_item = st.one_of(  # a Responses API input item
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "developer", "user", "assistant"]),
+                           "content": _words | st.lists(st.fixed_dictionaries(
+                               {"type": st.sampled_from(["input_text", "output_text"]), "text": _words}),
+                               min_size=1, max_size=2)}),
+    st.fixed_dictionaries({"type": st.just("function_call"), "call_id": _call_id,
+                           "name": st.sampled_from(["lookup", "get_weather"]),
+                           "arguments": st.sampled_from(["{}", '{"q": 1}', "not json"])}),
+    st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": _call_id, "output": _words}),
+    st.fixed_dictionaries({"type": st.just("reasoning"), "summary": st.just([])}))
+_RESPONSES = {"model": _VALID["model"], "max_output_tokens": st.integers(1, 4), "temperature": _VALID["temperature"],
+              "top_p": _VALID["top_p"], "seed": _VALID["seed"], "stream": _VALID["stream"],
+              "cache_salt": _VALID["cache_salt"], "mode": _VALID["mode"], "instructions": _words,
+              "store": st.booleans(),
+              "text": st.sampled_from([{"format": {"type": "text"}}, {"format": {"type": "json_object"}}]),
+              "tools": st.just([{"type": "function", "name": "lookup", "parameters": {"type": "object"}}])}
 _BODIES = {  # (required, optional) fields of a valid body
     "/v1/completions": ({"prompt": _segments.map("<<PIC_SEP>>".join)},
                         {**_VALID, "logprobs": st.integers(0, 5)}),
     "/v1/chat/completions": ({"messages": st.lists(_message, min_size=1, max_size=5)},
                              {**_VALID, "logprobs": st.just(True), "top_logprobs": st.integers(0, 5)}),
     "/v1/segments": ({"segments": _segments}, {"cache_salt": _VALID["cache_salt"]}),
+    "/v1/responses": ({"input": _words | st.lists(_item, min_size=1, max_size=4)}, _RESPONSES),
 }
 _WEIRD = st.sampled_from(["", "<<PIC_SEP>>", "a<<PIC_SEP>>", "\ud800", "<|im_end|>", "\x00", "é" * 300])
 
@@ -188,7 +206,7 @@ def requests(draw: st.DrawFn) -> tuple[str, bytes]:
     return path, json.dumps(body).encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(req=requests())
 def test_fuzz_never_a_5xx(fuzz_server: LiveServer, req: tuple[str, bytes]) -> None:
     path, body = req
@@ -196,7 +214,10 @@ def test_fuzz_never_a_5xx(fuzz_server: LiveServer, req: tuple[str, bytes]) -> No
     assert r.status_code < 500, (r.status_code, r.text)
     if r.status_code >= 400:
         _error_shape(r)
+    elif path == "/v1/responses" and r.headers["content-type"].startswith("text/event-stream"):
+        last = r.text.strip().split("\n\n")[-1]
+        assert last.startswith(("event: response.completed", "event: response.incomplete")), r.text
     elif r.headers["content-type"].startswith("text/event-stream"):
         assert r.text.endswith("data: [DONE]\n\n") and '"error"' not in r.text, r.text
     else:
-        assert "choices" in r.json() or "data" in r.json()
+        assert "choices" in r.json() or "data" in r.json() or r.json().get("object") == "response"
