@@ -379,6 +379,12 @@ class Engine(ColdPrefill, PrefixPrefill):
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]
             try:
+                try:
+                    batch.reserve()  # the arenas' growth; out of memory there changes nothing, so it is retried
+                except torch.OutOfMemoryError:
+                    self.decode_stats.regrow_oom_retries += 1
+                    self._spare_memory()
+                    batch.reserve()  # out of memory again: these runs fail, as any step's error fails them
                 logits = batch.step(self.model, by_slot)
             except BaseException:
                 self._drop(active)  # these runs cannot continue: their stacked state is let go now

@@ -61,6 +61,7 @@ class DecodeStats:
     captures: int = 0
     capture_s: float = 0.0  # host time spent capturing
     regrows: int = 0  # arenas (re)allocated: each one drops the batch's graph
+    regrow_oom_retries: int = 0  # arena growths that ran out of memory and were tried again (Engine.step)
 
 
 class DecodeBatch:

@@ -92,7 +92,9 @@ class _Live(Collector):
                     ("graph_replays", "Decode steps replayed from a captured CUDA graph", d.replays),
                     ("graph_captures", "Decode steps captured as CUDA graphs", d.captures),
                     ("graph_capture_seconds", "Host time spent capturing decode steps", d.capture_s),
-                    ("arena_regrows", "Decode arenas (re)allocated, each dropping its captured step", d.regrows)):
+                    ("arena_regrows", "Decode arenas (re)allocated, each dropping its captured step", d.regrows),
+                    ("arena_oom_retries", "Arena growths that ran out of device memory and were tried again "
+                     "after sparing memory", d.regrow_oom_retries)):
                 yield CounterMetricFamily(f"hypic_decode_{name}", doc, value=value)
 
 

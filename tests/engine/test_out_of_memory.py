@@ -126,3 +126,39 @@ def test_concurrent_clients_after_an_out_of_memory_still_served(tight) -> None:
         t.join()
     sched.shutdown()
     assert list(results.values()) == ["done"] * 6
+
+
+def test_a_decode_step_whose_arenas_cannot_grow_is_retried_after_sparing_memory(qwen3_5_path, monkeypatch) -> None:
+    """The arenas grow (by a quarter) as sequences lengthen; a growth out of memory changes nothing
+    (tests/models/test_decode_batch.py), so the step spares memory and grows them again: the same
+    tokens as a run that never ran out."""
+    from hypic.models.decode_batch import DecodeBatch
+
+    prompts, sp = [_prompt(i) for i in range(2)], SamplingParams(max_tokens=90, temperature=0, ignore_eos=True)
+    want = [o.token_ids for o in LLM(str(qwen3_5_path), device="cpu").generate(prompts, sp)]
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    real, calls = DecodeBatch.reserve, []
+
+    def reserve(self) -> None:
+        calls.append(max(self.lengths, default=0) + 1 > self.cap and bool(self.keys))  # a growth due
+        if calls[-1] and calls.count(True) == 1:
+            raise _oom()
+        real(self)
+
+    monkeypatch.setattr(DecodeBatch, "reserve", reserve)
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == want
+    assert calls.count(True) >= 2 and llm.engine.decode_stats.regrow_oom_retries == 1
+
+
+def test_a_decode_step_that_runs_out_twice_fails_its_runs_and_the_engine_serves_on(qwen3_5_path, monkeypatch) -> None:
+    from hypic.models.decode_batch import DecodeBatch
+
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    real = DecodeBatch.reserve
+    monkeypatch.setattr(DecodeBatch, "reserve", lambda self: (_ for _ in ()).throw(_oom()))
+    with pytest.raises(torch.OutOfMemoryError):
+        llm.generate([_prompt(1)], SamplingParams(max_tokens=3))
+    assert llm.engine.decode_stats.regrow_oom_retries == 1
+    monkeypatch.setattr(DecodeBatch, "reserve", real)
+    assert len(llm.generate([_prompt(2)], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids) == 3
+    assert llm.engine.store.check_integrity() and not llm.engine.store._pins
