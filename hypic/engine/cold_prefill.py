@@ -72,13 +72,11 @@ class ColdPrefill:
         runner = self._graphs[mode]
         return None if runner.refused else runner
 
-    def release_cold_graphs(self) -> bool:
+    def release_cold_graphs(self) -> None:
         """Drop the cold graphs and their private memory pools, and take no more (the device ran out
-        of memory: on the 9B trace they held 30 GiB that nothing else may use); whether any were held."""
-        held = bool(self._graphs)
+        of memory: on the 9B trace they held 30 GiB that nothing else may use)."""
         self._graphs.clear()
         self._graphs_released = True
-        return held
 
     def prepare_cold_graphs(self) -> int:
         """Capture the cold graphs of this engine's seam now, before serving (see

@@ -50,8 +50,8 @@ class ServerState:
     settings: ServerSettings
     template: ChatTemplate
     metrics: Metrics
+    responses: ResponseStore  # the Responses API's kept responses (previous_response_id)
     runner: Runner | None = None
-    responses: ResponseStore | None = None  # the Responses API's kept responses (previous_response_id)
     created: int = field(default_factory=lambda: int(time.time()))
     prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
     scoring_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one echo's prompt scored at a time
@@ -105,8 +105,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     app = FastAPI(title="hypic", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0), llm.engine)
-    state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics)
-    state.responses = ResponseStore(settings.max_stored_responses)
+    state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics,
+                        ResponseStore(settings.max_stored_responses))
     app.state.hypic = state
     install_handlers(app, metrics.count_error)
 

@@ -132,7 +132,7 @@ class Responder:
                 raise event_error(event, self.job.retry_after_s)
             if event.kind == "done":
                 self.ended = True
-                self.metrics.request_done(event.at - self.job.arrival)
+                self.metrics.request_seconds.observe(event.at - self.job.arrival)
                 yield Piece(self.text.finish(), [], event.output.finish_reason)
                 return
             if self.job.tokens == 1:
@@ -145,7 +145,7 @@ class Responder:
             if self.text.stopped:  # a stop string: the engine need not go on
                 self.job.cancel()
                 self.ended = True
-                self.metrics.request_done(event.at - self.job.arrival)
+                self.metrics.request_seconds.observe(event.at - self.job.arrival)
                 yield Piece(text, [(event.token, event.logprobs)], "stop")
                 return
             yield Piece(text, [(event.token, event.logprobs)])

@@ -144,8 +144,5 @@ class Metrics:
         self.cached_tokens.inc(m.cached_tokens)
         self.recomputed_tokens.inc(m.recomputed_tokens)
 
-    def request_done(self, seconds: float) -> None:
-        self.request_seconds.observe(seconds)
-
     def render(self) -> bytes:
         return generate_latest(self.registry)

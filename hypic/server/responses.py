@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
@@ -399,11 +399,5 @@ class ResponseStore:
         return self._kept.pop(rid, None) is not None
 
 
-def _output_item(item: dict[str, Any]) -> Any:
-    """A kept output item as the input item a continuation sends back."""
-    kind = item["type"]
-    if kind == "message":
-        return InputMessage.model_validate({k: v for k, v in item.items() if k != "type"} | {"type": "message"})
-    if kind == "function_call":
-        return FunctionCallItem.model_validate(item)
-    return ReasoningItem.model_validate(item)
+# a kept output item, read back as the input item a continuation sends
+_output_item = TypeAdapter(Item).validate_python

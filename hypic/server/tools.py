@@ -119,7 +119,7 @@ def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tu
     calls, kept, at = [], [], 0
     for m in BLOCK.finditer(text):
         if m.group(3) is not None:  # Kimi's section: name and arguments apart
-            found = [_parsed(json.dumps({"name": name, "arguments": _json(args)}), names, parameters)
+            found = [_call(name, a) if name in names and isinstance(a := _json(args), dict) else None
                      for name, args in KIMI_CALL.findall(m.group(3))]
         else:
             inner = [m.group(2)] if m.group(1) == "tool_call" else [x for x in m.group(2).splitlines() if x.strip()]

@@ -84,12 +84,11 @@ class GroupRMSNorm(nn.Module):
 
 
 class ScalarDecayMixer(nn.Module):
-    """A mixer whose linear layer decays by a fixed per-head ``self.decay`` (natural log per token)."""
+    """A mixer whose linear layer decays by a fixed per-head ``decay`` (natural log per token)."""
 
-    decay: list[float]
-
-    def __init__(self) -> None:
+    def __init__(self, decay: list[float]) -> None:
         super().__init__()
+        self.decay = decay
         # A plain list, not a buffer: the loader builds on the meta device and to_empty() would leave
         # a buffer uninitialised; the tensor is made once per device on first use.
         self._decay_tensor: Tensor | None = None
@@ -106,7 +105,7 @@ class ScalarDecayMixer(nn.Module):
 
 class LightningAttention(ScalarDecayMixer):
     def __init__(self, cfg: LightningConfig, layer: int) -> None:
-        super().__init__()
+        super().__init__(layer_decay(cfg.heads, layer, cfg.layers))
         self.cfg, self.layer = cfg, layer
         inner = cfg.heads * cfg.head_dim
         self.query_key_value = nn.Linear(cfg.hidden, 3 * inner, bias=False)
@@ -116,7 +115,6 @@ class LightningAttention(ScalarDecayMixer):
         self.g_norm = GroupRMSNorm(inner, cfg.norm_groups, cfg.eps)
         self.dense = nn.Linear(inner, cfg.hidden, bias=False)
         self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
-        self.decay = layer_decay(cfg.heads, layer, cfg.layers)
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         c, T = self.cfg, x.shape[0]
@@ -137,14 +135,13 @@ class MiniMaxLightningAttention(ScalarDecayMixer):
     NORM_EPS = 1e-6  # the output norm's: transformers and the remote code leave it at the default
 
     def __init__(self, hidden: int, heads: int, head_dim: int, layer: int, layers: int) -> None:
-        super().__init__()
+        super().__init__(minimax_layer_decay(heads, layer, layers))
         self.heads, self.head_dim, self.layer = heads, head_dim, layer
         inner = heads * head_dim
         self.qkv_proj = nn.Linear(hidden, 3 * inner, bias=False)
         self.output_gate = nn.Linear(hidden, inner, bias=False)
         self.norm = GroupRMSNorm(inner, 1, self.NORM_EPS)
         self.out_proj = nn.Linear(inner, hidden, bias=False)
-        self.decay = minimax_layer_decay(heads, layer, layers)
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         T = x.shape[0]
