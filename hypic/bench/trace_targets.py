@@ -23,6 +23,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -109,6 +110,7 @@ class EngineTarget:
         self._calls = dict(engine.prefill_calls)  # as of the last note
         self._graph_counts: dict[str, int] = {}
         self._retries = 0  # the allocator's retries as of the last note
+        self._oom = dict(engine.out_of_memory)  # prefill calls that ran out of memory, as of the last note
 
     def begin(self, mode: str) -> None:
         self.close()
@@ -129,7 +131,10 @@ class EngineTarget:
                   "before the warm-up", flush=True)
         t0 = time.perf_counter()
         if shapes := self.engine.prepare_cold_graphs():
-            print(f"cold graphs: {shapes} shapes captured in {time.perf_counter() - t0:.1f} s", flush=True)
+            budget = self.engine.store.budgets["device"]
+            print(f"cold graphs: {shapes} shapes captured in {time.perf_counter() - t0:.1f} s, holding "
+                  f"{self.engine._graphs['1'].held_bytes() / 2**30:.1f} GiB; the device tier's budget "
+                  f"{'unbounded' if budget is None else f'{budget / 2**30:.1f} GiB'}", flush=True)
         for group in warm_groups(indices):  # back to back, one decode step each
             batch = [self.prompts[i] for i in group]
             self.engine.generate(batch, [SamplingParams(max_tokens=2)] * len(batch), mode=self.mode)
@@ -147,6 +152,11 @@ class EngineTarget:
             line += (f"; cold graphs {counts['replayed'] - self._graph_counts.get('replayed', 0)} replayed, "
                      f"{counts['eager'] - self._graph_counts.get('eager', 0)} eager")
             self._graph_counts = counts
+        oom = dict(self.engine.out_of_memory)
+        if oom != self._oom:  # prefill calls out of memory: tried again, split, prompts failed alone
+            line += "; out of memory: " + ", ".join(f"{oom[k] - self._oom[k]} {k}" for k in oom)
+            line += " (cold graphs released)" if self.engine._graphs_released else ""
+            self._oom = oom
         if self.engine.device.type == "cuda":
             # an allocation that found no room makes the allocator free every cached block (a device
             # sync) and retry: the count says whether memory pressure stalled the block
@@ -155,6 +165,7 @@ class EngineTarget:
             line += (f"; allocator: {retries - self._retries} retries, "
                      f"{mem.get('reserved_bytes.all.peak', 0) / 2**30:.1f} GiB reserved at the peak")
             self._retries = retries
+            line += "; " + _graph_pools(self.engine)
             torch.cuda.reset_peak_memory_stats(self.engine.device)  # the next note's peak is its block's
         return line
 
@@ -196,11 +207,26 @@ class EngineTarget:
             self.scheduler = None
 
 
+def _graph_pools(engine) -> str:
+    """A note's line on the device memory CUDA graphs' private pools hold (a pool's memory serves
+    only captures into it), and how much of it is the cold graphs' pool (``ColdGraphs.pool``)."""
+    pools: dict[tuple[int, int], int] = defaultdict(int)
+    for seg in torch.cuda.memory_snapshot():
+        pool = tuple(seg.get("segment_pool_id", (0, 0)))
+        if pool != (0, 0) and seg.get("device", engine.device.index or 0) == (engine.device.index or 0):
+            pools[pool] += seg["total_size"]
+    runner = engine._graphs.get("1")
+    cold = pools.get(tuple(runner.pool.id), 0) if runner is not None and runner.pool is not None else 0
+    return (f"graph pools: {sum(pools.values()) / 2**30:.1f} GiB in {len(pools)}, "
+            f"the cold graphs' {cold / 2**30:.1f} GiB")
+
+
 def _decode_since(now: DecodeStats, before: DecodeStats) -> str:
     """A note's line on what decoding did between two readings of the counters."""
     d = {f.name: getattr(now, f.name) - getattr(before, f.name) for f in dataclasses.fields(now)}
     return (f"decode {d['steps']:.0f} steps, {d['replays']:.0f} replayed, {d['captures']:.0f} captures "
-            f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']:.0f} regrows")
+            f"({1e3 * d['capture_s']:.0f} ms), {d['regrows']:.0f} regrows"
+            + (f" ({d['regrow_oom_retries']:.0f} out of memory, retried)" if d["regrow_oom_retries"] else ""))
 
 
 def _calls_since(now: dict[str, float], before: dict[str, float]) -> str:

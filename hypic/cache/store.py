@@ -94,6 +94,18 @@ class SegmentStore:
         self.hits = self.misses = self.evictions = self.promotions = self.demotions = 0
         self.move_s = 0.0
 
+    def set_budget(self, tier: str, nbytes: int | None) -> None:
+        """A tier's budget changed while serving (None: unbounded): entries beyond a smaller one
+        leave now, least recently used first (device → host → gone); pinned ones stay (a tier may
+        exceed its budget by pinned entries, as always)."""
+        if tier not in TIERS:
+            raise ValueError(f"set_budget: expected a tier of {TIERS}, got {tier!r}")
+        if nbytes is not None and (not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0):
+            raise ValueError(f"set_budget: expected a non-negative integer or None, got {nbytes!r}")
+        with self._lock:
+            self.budgets[tier] = nbytes
+            self._make_room(tier, 0)
+
     def _fits(self, tier: str, nbytes: int) -> bool:
         budget = self.budgets[tier]
         return budget is None or nbytes <= budget

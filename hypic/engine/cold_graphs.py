@@ -16,7 +16,9 @@ consults — and is captured right after, while those caches still hold its plan
 forward cannot be captured is remembered, warned about once, and its cold prefills go back to the
 eager one-forward path. Graphs of every shape share one memory pool (replays never overlap: one
 stream, under the engine's lock) and one staging area, each group's share copied into its entries
-before the next group runs.
+before the next group runs. The pool is the runner's own: dropping the runner frees it (the engine
+does so when the device runs out of memory, ``ColdPrefill.release_cold_graphs``): a pool the
+process kept held its 30 GiB after the runner was dropped (the 9B trace, H200, session 23).
 
 ``capture=False`` runs the same padded forward eagerly (any device): the CPU tests' path, and an A/B.
 
@@ -39,7 +41,7 @@ from hypic.cache.keys import SegmentKey
 from hypic.cache.layout import Header, allocate, resized
 from hypic.engine.cold_padded import BLOCK, PaddedColdContext, Staging, padded_length, tail_width
 from hypic.models.hybrid import HybridLM
-from hypic.models.step_graph import out_of_memory, shared_pool
+from hypic.models.step_graph import GraphPool, out_of_memory
 from hypic.ops.transfer import keeping
 
 MAX_SLOTS = 8  # segments per replay; every count 1…8 has its shape, so no slot is computed empty
@@ -72,7 +74,12 @@ class ColdGraphs:
         self.staging: Staging | None = None  # made at the first prefill (≈ 0.9 GB at the 9B shape)
         self.shapes: dict[tuple[int, int, int], _Shape] = {}
         self.refused = False  # the model's cold forward could not be captured: eager one-forward path
+        self.pool: GraphPool | None = None  # where the graphs' memory comes from, made at the first capture
         self.counts = {"eager": 0, "replayed": 0}  # groups run each way
+
+    def held_bytes(self) -> int:
+        """The device memory this runner holds beyond the cache: its graphs' pool and its staging."""
+        return (0 if self.pool is None else self.pool.nbytes) + (0 if self.staging is None else self.staging.nbytes)
 
     def accepts(self, ids: list[int], seam: int) -> bool:
         return not self.refused and max(seam + 1, self.tail) <= len(ids) <= MAX_LENGTH
@@ -146,7 +153,9 @@ class ColdGraphs:
         side.wait_stream(main)
         try:
             with torch.cuda.stream(side), keeping() as kept:
-                graph.capture_begin(pool=shared_pool(self.device, "cold"), capture_error_mode="thread_local")
+                if self.pool is None:
+                    self.pool = GraphPool(self.device)
+                graph.capture_begin(pool=self.pool.id, capture_error_mode="thread_local")
                 try:
                     self.model.hidden_states(ctx.input_ids, ctx)
                 finally:

@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from hypic.cache.budgets import DEVICE_FRACTION
 from hypic.cache.entry import Entry
 from hypic.cache.layout import Header
 from hypic.cache.store import SegmentStore
@@ -43,6 +44,7 @@ class ColdPrefill:
     _template: Header | None  # the model's entry layout, learned at the first cold prefill
     _graphs: dict[str, ColdGraphs]  # HYPIC_COLD_GRAPHS value → its runner, made at first use
     _graphs_released: bool  # release_cold_graphs ran: padded cold prefills are off from then on
+    _auto_device_budget: int | None  # the store's device budget when "auto" (else None), before the graphs
 
     def _new_cold(self, segments: list[ColdSegment]) -> ColdContext:
         """A cold prefill of ``segments`` whose entries are each one buffer from the start
@@ -77,6 +79,19 @@ class ColdPrefill:
         of memory: on the 9B trace they held 30 GiB that nothing else may use)."""
         self._graphs.clear()
         self._graphs_released = True
+        self._fit_cache_to_cold_graphs()
+
+    def _fit_cache_to_cold_graphs(self) -> None:
+        """An auto device budget is half the memory free beside the model (``hypic.cache.budgets``),
+        the other half the slack that decoding and activations need. The cold graphs' pool and
+        staging come out of that free memory too, so the budget becomes half of what they leave:
+        without this, on the 9B trace they took 30 GiB of the slack and the device ran out of memory
+        at 16–24 QPS (session 23, docs/benchmarks.md). Back to the whole once they are released."""
+        if self._auto_device_budget is None:
+            return
+        runner = self._graphs.get("1")
+        held = 0 if runner is None else runner.held_bytes()
+        self.store.set_budget("device", max(0, self._auto_device_budget - int(DEVICE_FRACTION * held)))
 
     def prepare_cold_graphs(self) -> int:
         """Capture the cold graphs of this engine's seam now, before serving (see
@@ -85,7 +100,9 @@ class ColdPrefill:
         if runner is None:
             return 0
         with torch.no_grad():
-            return runner.prepare(self.seam)
+            new = runner.prepare(self.seam)
+        self._fit_cache_to_cold_graphs()
+        return new
 
     def _padded(self, plans: list[RequestPlan]) -> list[Entry]:
         """The misses a padded cold prefill takes (``_cold_graphs``) prefilled now, ahead of the
@@ -97,7 +114,10 @@ class ColdPrefill:
         segments = runner.takes(self._distinct(misses))
         if not segments:
             return []
+        eager = runner.counts["eager"]
         entries = runner.prefill(segments)
+        if runner.counts["eager"] != eager:  # a shape seen for the first time, and captured: more held
+            self._fit_cache_to_cold_graphs()
         for ids, _, _ in segments:
             self._count_cold(0, len(ids))
         self._point(misses, entries)

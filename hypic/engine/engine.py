@@ -141,6 +141,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.store = SegmentStore(self.device, device_bytes=resolve(cache_device_bytes, "device", self.device),
                                   host_bytes=resolve(cache_host_bytes, "host", self.device), pin_gate=self._lock,
                                   host_dtype=host_dtype, promote_after=promote_after())
+        # an auto device budget is half the memory free beside the model; memory the engine itself
+        # holds later (the cold graphs) lowers it (ColdPrefill._fit_cache_to_cold_graphs)
+        self._auto_device_budget = self.store.budgets["device"] if cache_device_bytes == AUTO else None
         self.prefix = PrefixCache()
         self.eos = _eos_ids(loaded)
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
@@ -386,8 +389,13 @@ class Engine(ColdPrefill, PrefixPrefill):
                     self._spare_memory()
                     batch.reserve()  # out of memory again: these runs fail, as any step's error fails them
                 logits = batch.step(self.model, by_slot)
-            except BaseException:
+            except BaseException as e:
                 self._drop(active)  # these runs cannot continue: their stacked state is let go now
+                if isinstance(e, torch.OutOfMemoryError):
+                    # not tried again (the step writes the states in place: half done, it cannot run
+                    # twice), but the next step should find room: on the 9B trace with cold graphs
+                    # on, ten steps in a row failed while only a prefill's failure spared memory
+                    self._spare_memory()
                 raise
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]

@@ -40,23 +40,43 @@ _refused: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models whose step fa
 # A pool is freed once no graph captured into it is left (at the first regrow) — on the device and
 # in the pinned host allocator alike — and the next capture into the freed id fails an allocator
 # assertion (measured on the H200, torch 2.11; a ``MemPool`` object keeps only the device side
-# alive). So each shared pool holds an anchor: a one-op graph kept for the process's life.
+# alive). So each pool holds an anchor: a one-op graph kept as long as the pool's owner is: the
+# process for the decode steps' shared pool, a ``ColdGraphs`` runner for its cold prefills' pool.
 SHARED_POOL = os.environ.get("HYPIC_GRAPH_POOL") == "shared"
-_pools: dict[tuple[torch.device, str], tuple[tuple[int, int], torch.cuda.CUDAGraph]] = {}  # → (pool id, anchor)
 
 
-def shared_pool(device: torch.device, purpose: str = "decode") -> tuple[int, int]:
-    """The id of this device's shared pool for ``purpose`` (decode steps; cold prefills, whose graphs
-    all share one: ``hypic.engine.cold_graphs``). Call on a side stream: it captures its anchor."""
-    if (device, purpose) not in _pools:
-        pool, anchor = torch.cuda.graph_pool_handle(), torch.cuda.CUDAGraph()
-        anchor.capture_begin(pool=pool, capture_error_mode="thread_local")
+class GraphPool:
+    """A memory pool CUDA graphs are captured into, kept alive by its anchor; once this object and
+    every graph captured into it are dropped, the allocator may free its memory (``empty_cache``).
+    Make it on a side stream: it captures its anchor."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.id = torch.cuda.graph_pool_handle()
+        self._anchor = torch.cuda.CUDAGraph()
+        self._anchor.capture_begin(pool=self.id, capture_error_mode="thread_local")
         try:
             torch.zeros(1, device=device).add_(1)
         finally:
-            anchor.capture_end()
-        _pools[device, purpose] = (pool, anchor)
-    return _pools[device, purpose][0]
+            self._anchor.capture_end()
+        self._device = device
+
+    @property
+    def nbytes(self) -> int:
+        """The device memory the pool holds now (the allocator's segments of it)."""
+        index = self._device.index if self._device.index is not None else torch.cuda.current_device()
+        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                   if tuple(seg.get("segment_pool_id", ())) == tuple(self.id) and seg.get("device", index) == index)
+
+
+_pools: dict[tuple[torch.device, str], GraphPool] = {}
+
+
+def shared_pool(device: torch.device, purpose: str = "decode") -> tuple[int, int]:
+    """The id of this device's pool for ``purpose``, kept for the process's life (decode steps under
+    ``HYPIC_GRAPH_POOL=shared``). Call on a side stream: it captures its anchor."""
+    if (device, purpose) not in _pools:
+        _pools[device, purpose] = GraphPool(device)
+    return _pools[device, purpose].id
 
 
 class StepGraph:

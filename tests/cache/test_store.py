@@ -92,6 +92,32 @@ def test_discard_drops_an_entry_from_either_tier_but_never_a_pinned_one() -> Non
     assert s.entries == {"device": 0, "host": 0} and s.bytes == {"device": 0, "host": 0} and store.check_integrity()
 
 
+def test_a_smaller_budget_moves_entries_out_at_once_oldest_first_pinned_staying() -> None:
+    a, b, c, d = _entry([1]), _entry([2]), _entry([3]), _entry([4])
+    n = a.nbytes
+    store = SegmentStore(torch.device("cpu"), device_bytes=4 * n, host_bytes=n)
+    for e in (a, b, c, d):
+        store.insert(e)
+    store.lookup(a.key, a.token_ids)  # a is now the most recently used
+    store.pin([b.key])
+    store.set_budget("device", n)  # b pinned stays over the budget; c, d, a demoted in turn, a kept last
+    tiers = {e.token_ids: (hit.tier if (hit := store._tiers["device"].get(e.key) or store._tiers["host"].get(e.key))
+                           else None) for e in (a, b, c, d)}
+    assert tiers == {(1,): "host", (2,): "device", (3,): None, (4,): None}, tiers
+    assert store.stats().demotions == 3 and store.stats().evictions == 2 and store.check_integrity()
+    store.unpin([b.key])
+    store.set_budget("device", None)  # unbounded again: nothing moves
+    assert store.stats().entries == {"device": 1, "host": 1} and store.check_integrity()
+    store.set_budget("device", 0)
+    assert store.stats().entries == {"device": 0, "host": 1} and store.check_integrity()
+    for bad in (-1, 1.5, True, "auto"):
+        with pytest.raises(ValueError, match="set_budget"):
+            store.set_budget("device", bad)
+    with pytest.raises(ValueError, match="tier"):
+        store.set_budget("disk", 0)
+    assert store.budgets["device"] == 0
+
+
 def test_budgets_are_validated() -> None:
     with pytest.raises(ValueError, match="cache_host_bytes"):
         SegmentStore(torch.device("cpu"), host_bytes=-1)

@@ -162,3 +162,54 @@ def test_a_decode_step_that_runs_out_twice_fails_its_runs_and_the_engine_serves_
     monkeypatch.setattr(DecodeBatch, "reserve", real)
     assert len(llm.generate([_prompt(2)], SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids) == 3
     assert llm.engine.store.check_integrity() and not llm.engine.store._pins
+
+
+def test_a_decode_step_out_of_memory_fails_its_runs_and_spares_memory(qwen3_5_path, monkeypatch) -> None:
+    """A step whose forward runs out cannot run again (it writes the states in place), so its runs
+    fail; but the engine spares memory at once (the cold graphs go), so the next step finds room —
+    on the H200 ten steps failed in a row while only a prefill's failure spared memory (session 23)."""
+    from hypic.models.decode_batch import DecodeBatch
+
+    monkeypatch.setenv("HYPIC_COLD_GRAPHS", "eager")
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    llm.generate([_prompt(3)], SamplingParams(max_tokens=1))
+    assert llm.engine._cold_graphs() is not None
+    real = DecodeBatch.step
+    monkeypatch.setattr(DecodeBatch, "step", lambda self, model, by_slot: (_ for _ in ()).throw(_oom()))
+    with pytest.raises(torch.OutOfMemoryError):
+        llm.generate([_prompt(4)], SamplingParams(max_tokens=3))
+    assert llm.engine._cold_graphs() is None and llm.engine._graphs_released
+    monkeypatch.setattr(DecodeBatch, "step", real)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    want = LLM(str(qwen3_5_path), device="cpu").generate([_prompt(5)], sp)[0].token_ids
+    assert llm.generate([_prompt(5)], sp)[0].token_ids == want
+    assert llm.engine.store.check_integrity() and not llm.engine.store._pins
+
+
+def test_an_auto_device_budget_leaves_half_of_what_the_cold_graphs_hold(qwen3_5_path, monkeypatch) -> None:
+    """On a GPU the auto device budget is half the memory free beside the model; the cold graphs'
+    pool and staging come out of that memory, so the budget drops by half of what they hold, entries
+    beyond it leave at once, and it comes back whole when they are released. (The CPU's auto budget
+    is unbounded: here one is set, and the runner is the padded forward without graphs, whose
+    staging is what it holds.)"""
+    from hypic.engine.cold_graphs import ColdGraphs
+
+    monkeypatch.setenv("HYPIC_COLD_GRAPHS", "eager")
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    engine = llm.engine
+    llm.generate([_prompt(i) for i in range(3)], SamplingParams(max_tokens=1))
+    used = engine.store.stats().bytes["device"]
+    runner = engine._graphs.pop("eager")
+    assert runner.held_bytes() > 0 and isinstance(runner, ColdGraphs)
+    engine._auto_device_budget = used + runner.held_bytes() // 4  # entries fit only without the graphs
+    engine._graphs["1"] = runner  # as if captured
+    engine._fit_cache_to_cold_graphs()
+    assert engine.store.budgets["device"] == used + runner.held_bytes() // 4 - runner.held_bytes() // 2
+    assert engine.store.stats().bytes["device"] <= engine.store.budgets["device"] and engine.store.check_integrity()
+    engine.release_cold_graphs()
+    assert engine.store.budgets["device"] == used + runner.held_bytes() // 4
+    engine._auto_device_budget = None  # a budget the user named: the graphs never change it
+    engine.store.set_budget("device", 123)
+    engine._graphs["1"] = runner
+    engine._fit_cache_to_cold_graphs()
+    assert engine.store.budgets["device"] == 123
