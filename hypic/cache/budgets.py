@@ -5,7 +5,10 @@ An unbounded tier grows with every new document until its memory runs out: on th
 (docs/benchmarks.md). So on a GPU the defaults are bounded. The device tier takes half the memory
 free once the model is loaded; the other half holds decode states, activations and the
 allocator's slack (measured: a 60 GiB store beside the 9B model — half of what was free — peaked at
-105.7 GiB of 140 while serving the trace). The host tier takes a quarter of physical memory: on a
+105.7 GiB of 140 while serving the trace). Opt-in cold graphs (``HYPIC_COLD_GRAPHS=1``) take their
+pools out of that other half, so the engine lowers an auto device budget by half of what they hold
+(``ColdPrefill._fit_cache_to_cold_graphs``): without it, 32 GiB of them ran the 9B trace out of memory.
+The host tier takes a quarter of physical memory: on a
 GPU machine its pages are pinned (asynchronous copies), and pinned pages cannot be swapped. A CPU
 engine keeps both tiers unbounded, as before: its "device" tier is host memory already.
 

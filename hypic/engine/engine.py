@@ -47,6 +47,11 @@ from hypic.parallel.router import POLICIES
 from hypic.parallel.spec import ModelSpec
 
 COLD_STRATEGIES = ("standalone", "in_context")
+# Of the device tier's bytes, what it gives up when the device runs out of memory with nothing else to
+# spare (Engine._shed_device_tier): an eighth of the 9B shape's 57 GiB auto tier is 7 GiB, nine times
+# the largest allocation seen failing on the H200 (760 MiB, docs/benchmarks.md session 22), while
+# seven eighths of the cache stays
+SHED_FRACTION = 0.125
 
 
 @dataclass
@@ -164,6 +169,8 @@ class Engine(ColdPrefill, PrefixPrefill):
         # Prefill calls that ran the device out of memory (hypic.engine.memory): tried again after
         # sparing memory, split in halves, and single prompts that failed even alone.
         self.out_of_memory = {"retried": 0, "split": 0, "failed": 0}
+        # Times the device tier gave up part of itself after running out of memory, and the bytes it moved out
+        self.cache_shed = {"times": 0, "bytes": 0}
         devices = worker_devices(self.device, cold_workers or 0)
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
@@ -192,19 +199,46 @@ class Engine(ColdPrefill, PrefixPrefill):
 
     def _assemble_in_memory(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
                             metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
-        """``_assemble``, outliving the device running out of memory (``hypic.engine.memory``)."""
-        return within_memory(lambda lo, hi: self._assemble(prompts[lo:hi], mode, salts[lo:hi], metrics[lo:hi]),
-                             len(prompts), self._spare_memory, self.out_of_memory)
+        """``_assemble``, outliving the device running out of memory (``hypic.engine.memory``): the
+        cache sheds at most once a call, however many times its halves run out."""
+        spared: list[bool] = []
 
-    def _spare_memory(self) -> None:
-        """Let go of what the engine holds beyond its cache and its running requests: the cold graphs
-        and their pools, for good (captured again they would take the memory back), objects only the
-        cycle collector frees (a packed decode state and its batch), and, on a GPU, the allocator's
-        unused blocks."""
-        self.release_cold_graphs()
+        def spare() -> None:
+            self._spare_memory(shed=not spared)
+            spared.append(True)
+
+        return within_memory(lambda lo, hi: self._assemble(prompts[lo:hi], mode, salts[lo:hi], metrics[lo:hi]),
+                             len(prompts), spare, self.out_of_memory)
+
+    def _spare_memory(self, *, shed: bool = True) -> None:
+        """Let go of what the engine holds beyond its running requests, after the device ran out of
+        memory: the cold graphs and their pools, for good (captured again they would take the memory
+        back), or, when there are none and ``shed``, part of the cache (``_shed_device_tier``); then
+        objects only the cycle collector frees (a packed decode state and its batch) and, on a GPU,
+        the allocator's unused blocks."""
+        if self._graphs:
+            self.release_cold_graphs()
+        elif shed:
+            self._shed_device_tier()
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+    def _shed_device_tier(self) -> None:
+        """Out of memory with nothing held beyond the cache and the running requests: the device
+        tier gives up ``SHED_FRACTION`` of what it holds — its least recently used entries demoted to
+        the host tier — and its budget drops to match, so it does not fill that room again. A budget
+        set too large for the device (``--cache-device-bytes``) thus settles below what the device
+        can hold, instead of every call out of memory once the tier is full."""
+        used = self.store.stats().bytes["device"]
+        if used == 0:
+            return
+        budget = int(used * (1 - SHED_FRACTION))
+        self.store.set_budget("device", budget)
+        if self._auto_device_budget is not None:  # the cold graphs' release must not raise it back
+            self._auto_device_budget = min(self._auto_device_budget, budget)
+        self.cache_shed["times"] += 1
+        self.cache_shed["bytes"] += used - self.store.stats().bytes["device"]
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
                   metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
@@ -381,12 +415,14 @@ class Engine(ColdPrefill, PrefixPrefill):
             by_slot = [0] * len(slots)
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]
+            spared = False
             try:
                 try:
                     batch.reserve()  # the arenas' growth; out of memory there changes nothing, so it is retried
                 except torch.OutOfMemoryError:
                     self.decode_stats.regrow_oom_retries += 1
                     self._spare_memory()
+                    spared = True
                     batch.reserve()  # out of memory again: these runs fail, as any step's error fails them
                 logits = batch.step(self.model, by_slot)
             except BaseException as e:
@@ -395,7 +431,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                     # not tried again (the step writes the states in place: half done, it cannot run
                     # twice), but the next step should find room: on the 9B trace with cold graphs
                     # on, ten steps in a row failed while only a prefill's failure spared memory
-                    self._spare_memory()
+                    self._spare_memory(shed=not spared)
                 raise
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]

@@ -1,7 +1,8 @@
 """Prefill calls that outlive the device running out of memory.
 
 A call that runs the device out of memory is tried again once the engine has let go of what it holds
-beyond its cache and its running requests (``spare``), then in halves, down to single prompts; it
+beyond its running requests (``spare``: the cold graphs, else an eighth of the device tier —
+``Engine._spare_memory``), then in halves, down to single prompts; it
 fails only when a prompt does not fit alone (and the scheduler then starts each of its requests
 alone, so the others are served). Never does one out-of-memory fail every call after it, as it did
 on an H200 with cold graphs on (30 GiB held in their private pools): a RAG trace failed 192 and 200

@@ -7,6 +7,9 @@ code (``MiniMaxText01ForCausalLM`` / ``MiniMaxM1ForCausalLM``: ``attn_type_list`
 ``layernorm_{full_attention,linear_attention,mlp}_{alpha,beta}``, ``rotary_dim``, ``postnorm: true``). Both
 name the tensors alike: every mixer ``self_attn``, the MoE ``block_sparse_moe`` with experts
 ``w1`` (gate), ``w3`` (up), ``w2`` (down); the lightning layers' decay buffers are not weights.
+Where the two disagree, each config gets its own code's behaviour: the residual adds the normed input
+always in transformers, only with ``postnorm`` in the remote code (default false); a head count
+that is not a power of two takes geometric slopes in transformers, ALiBi's in the remote code.
 
 RoPE: the remote code rotates the first ``rotary_dim`` (64) of the 128 head dims; transformers'
 port rotates all of them (transformers #48241). A config that names ``rotary_dim`` gets it, one
@@ -46,13 +49,21 @@ def _factor(c: dict[str, Any], hf_key: str, remote_key: str) -> float:
     return float(c.get(hf_key, c.get(remote_key, 1.0)))
 
 
+def remote_dialect(c: dict[str, Any]) -> bool:
+    """Whether ``c`` is the checkpoints' own config (the remote code's), not transformers'."""
+    return "attn_type_list" in c or c.get("model_type") in ("minimax_text_01", "minimax_m1")
+
+
 def residual(c: dict[str, Any], kind: str) -> Residual:
     mixer = "full" if kind == "attention" else "linear"
     remote = "full_attention" if kind == "attention" else "linear_attention"
     return Residual(mixer_alpha=_factor(c, f"{mixer}_attn_alpha_factor", f"layernorm_{remote}_alpha"),
                     mixer_beta=_factor(c, f"{mixer}_attn_beta_factor", f"layernorm_{remote}_beta"),
                     mlp_alpha=_factor(c, "mlp_alpha_factor", "layernorm_mlp_alpha"),
-                    mlp_beta=_factor(c, "mlp_beta_factor", "layernorm_mlp_beta"), normed=True)
+                    mlp_beta=_factor(c, "mlp_beta_factor", "layernorm_mlp_beta"),
+                    # transformers' layer always adds the normed input; the remote code only with
+                    # postnorm (its default false; the released checkpoints set it true)
+                    normed=bool(c.get("postnorm", not remote_dialect(c))))
 
 
 def rope(c: dict[str, Any], head_dim: int) -> RopeSpec:
@@ -65,8 +76,6 @@ def build_minimax(config: dict[str, Any]) -> HybridLM:
     if c.get("shared_intermediate_size"):
         raise ValueError(f"config.shared_intermediate_size: hypic supports MiniMax without a shared expert "
                          f"(0), got {c['shared_intermediate_size']}")
-    if c.get("postnorm") is False:
-        raise ValueError("config.postnorm: hypic supports MiniMax's postnorm residual (true), got false")
     if c.get("sliding_window"):
         raise ValueError(f"config.sliding_window: hypic supports MiniMax's full attention only, "
                          f"got {c['sliding_window']}")
@@ -82,7 +91,7 @@ def build_minimax(config: dict[str, Any]) -> HybridLM:
 
     def mixer(i: int, kind: str) -> nn.Module:
         if kind == "linear":
-            return MiniMaxLightningAttention(hidden, heads, head_dim, i, n)
+            return MiniMaxLightningAttention(hidden, heads, head_dim, i, n, geometric=not remote_dialect(c))
         return GatedAttention(attn, i)
 
     def norm() -> nn.Module:

@@ -3,10 +3,10 @@ tokenizer, for checkpoints that ship one instead of ``tokenizer.json`` — Kimi-
 code around it (``tokenization_kimi.py``) that hypic does not run.
 
 tiktoken's BPE merges, inside each piece its split pattern cuts, the adjacent pair whose join has the
-lowest rank, until none is in the table. A ``tokenizers`` BPE applies merges in list order by the
-same rule, so each token of rank r > 255 becomes one merge, listed by rank: the pair that BPE,
-limited to ranks below r, leaves when run over the token's own bytes (as transformers' TikToken
-converter derives them). Bytes map to characters as byte-level BPE does (GPT-2's table), the split
+lowest rank, until none is in the table, and takes a piece that is a token whole. A ``tokenizers``
+BPE applies merges in list order by the same rule, so every split of a token into two tokens becomes
+a merge, listed by the token's rank, and the BPE looks a piece up first (``ignore_merges``), as
+transformers' TikToken converter builds it. Bytes map to characters as byte-level BPE does (GPT-2's table), the split
 pattern is the model's (``KIMI_PATTERN``, from its remote code), and the special tokens are
 tokenizer_config.json's ``added_tokens_decoder``, whose ids continue after the ranks.
 """
@@ -64,21 +64,6 @@ def read_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _parts(ranks: dict[bytes, int], token: bytes, below: int) -> list[bytes]:
-    """BPE over ``token``'s bytes with the merges of rank < ``below``."""
-    parts = [token[i:i + 1] for i in range(len(token))]
-    while len(parts) > 1:
-        best, at = below, -1
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1], below)
-            if r < best:
-                best, at = r, i
-        if at < 0:
-            break
-        parts[at:at + 2] = [parts[at] + parts[at + 1]]
-    return parts
-
-
 def tiktoken_tokenizer(path: Path, pattern: str, special: dict[int, str]) -> Tokenizer:
     """``path`` (tiktoken.model) as a byte-level BPE ``Tokenizer`` splitting by ``pattern``, with the
     ``special`` tokens (id → text) after the ranks."""
@@ -88,15 +73,17 @@ def tiktoken_tokenizer(path: Path, pattern: str, special: dict[int, str]) -> Tok
     def text(b: bytes) -> str:
         return "".join(chars[x] for x in b)
 
+    # tiktoken merges, in a piece, the adjacent pair whose join has the lowest rank, and takes a piece
+    # that is a token whole: so every split of a token into two tokens is a merge, in the order of the
+    # token's rank, and ``ignore_merges`` looks a piece up first, as transformers' TikTokenConverter
+    # does. (Deriving one merge per token refused vocabularies tiktoken loads: a token that is not
+    # two lower-ranked ones joined, as Llama-3's " Việt".) Where two splits of one token both appear
+    # in a piece, tiktoken takes the leftmost and this the split of lower-ranked parts.
     merges = []
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        if len(token) == 1:
-            continue
-        parts = _parts(ranks, token, rank)
-        if len(parts) != 2:
-            raise ValueError(f"{path}: token of rank {rank} is not the merge of two lower-ranked tokens")
-        merges.append((text(parts[0]), text(parts[1])))
-    bpe = models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges, fuse_unk=False)
+    for token in sorted(ranks, key=ranks.__getitem__):
+        splits = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
+        merges += [(text(a), text(b)) for a, b in sorted(splits, key=lambda p: (ranks[p[0]], ranks[p[1]]))]
+    bpe = models.BPE(vocab={text(t): r for t, r in ranks.items()}, merges=merges, fuse_unk=False, ignore_merges=True)
     tok = Tokenizer(bpe)
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])

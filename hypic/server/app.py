@@ -181,8 +181,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 e.param = field
             raise
         calling = prompts.tool_calling(req)
-        if calling is not None and not calling.forced and llm.tokenizer.token_to_id(KIMI_OPEN) is not None:
-            calling = replace(calling, special_text=True)  # Kimi's call markers are special tokens
+        if calling is not None and llm.tokenizer.token_to_id(KIMI_OPEN) is not None:
+            if calling.forced:  # the call's id in Kimi's form: the conversation's calls counted
+                calling = replace(calling, kimi_index=sum(len(m.tool_calls or []) for m in req.messages))
+            else:
+                calling = replace(calling, special_text=True)  # Kimi's call markers are special tokens
         await structured_ready(req, calling is not None and calling.forced)
         max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
                                           settings.max_completion_tokens, settings)
@@ -213,10 +216,13 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if req.store and settings.max_stored_responses == 0:
             raise bad_request("store: this server keeps no responses (--max-stored-responses 0)", "store")
         earlier = [] if req.previous_response_id is None else state.responses.conversation(req.previous_response_id)
-        gen = await chat_generation(responses.chat_request(req, earlier), "input")
+        try:
+            gen = await chat_generation(responses.chat_request(req, earlier), "input")
+        except APIError as e:
+            raise responses.renamed(e) from None
         stored = req.store is not False and settings.max_stored_responses > 0
         base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()), stored)
-        items = [*earlier, *responses.input_items(req)]
+        items = [*earlier, *responses.bare(responses.input_items(req))]  # earlier: bare already
         keep = (lambda done: state.responses.keep(done, items)) if stored else None
         shape = (lambda rs: responses.events(rs[0], base, keep), lambda rs: responses.whole(rs[0], base, keep))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival, shape,

@@ -86,6 +86,10 @@ class _Live(Collector):
             for outcome, n in e.out_of_memory.items():
                 c.add_metric([outcome], n)
             yield c
+            yield CounterMetricFamily("hypic_cache_shed", "Times the device tier gave up part of itself (and lowered "
+                                      "its budget) after the device ran out of memory", value=e.cache_shed["times"])
+            yield CounterMetricFamily("hypic_cache_shed_bytes", "Bytes the device tier moved out when it shed",
+                                      value=e.cache_shed["bytes"])
             d = e.decode_stats
             for name, doc, value in (
                     ("steps", "Batched decode steps", d.steps),

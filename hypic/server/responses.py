@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -127,8 +128,9 @@ class ResponsesRequest(Strict):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    metadata: dict[str, str] | None = None
-    user: str | None = None
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                        Field(max_length=16)] | None = None  # OpenAI's limits: kept with the response
+    user: str | None = Field(None, max_length=1024)  # kept with the response and echoed
     prompt_cache_key: str | None = Field(None, max_length=1024)  # accepted: hypic caches by content
     safety_identifier: str | None = Field(None, max_length=1024)
     service_tier: Literal["auto", "default"] | None = None
@@ -154,6 +156,21 @@ def _content(item: InputMessage) -> str | list[dict[str, str]]:
 def input_items(req: ResponsesRequest) -> list[Any]:
     """The request's own items (a string input is one user message)."""
     return [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else list(req.input)
+
+
+def bare(items: list[Any]) -> list[Any]:
+    """What a continuation needs of ``items``: what the prompt reads. Reasoning, ids, statuses,
+    annotations and log-probabilities are not bounded by the prompt's limit and would only fill the
+    store (``ResponseStore``)."""
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, ReasoningItem):
+            continue
+        update: dict[str, Any] = {"id": None, "status": None}
+        if isinstance(item, InputMessage) and not isinstance(item.content, str):
+            update["content"] = [p.model_copy(update={"annotations": None, "logprobs": None}) for p in item.content]
+        out.append(item.model_copy(update=update))
+    return out
 
 
 def messages(req: ResponsesRequest, earlier: list[Any] = ()) -> list[dict[str, Any]]:
@@ -208,6 +225,22 @@ def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
         raise bad_request(f"input: {err['msg']} (as chat: {loc_to_param(err['loc'])})", "input") from None
 
 
+# the chat route's names for fields a Responses request spells otherwise (what its 400s name)
+_CHAT_NAMES = ((re.compile(r"^max_(?:completion_)?tokens\b"), "max_output_tokens"),
+               (re.compile(r"^response_format(?:\.json_schema)?\b"), "text.format"),
+               (re.compile(r"^(tools\[\d+\])\.function\b"), r"\1"))
+
+
+def renamed(e: APIError) -> APIError:
+    """A chat route's refusal naming the Responses field at fault."""
+    for pattern, name in _CHAT_NAMES:
+        if e.param is not None and pattern.match(e.param):
+            e.param = pattern.sub(name, e.param, count=1)
+            e.message = pattern.sub(name, e.message, count=1)
+            break
+    return e
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -232,10 +265,14 @@ def envelope(req: ResponsesRequest, model: str, rid: str, created: int, stored: 
             "truncation": "disabled", "user": req.user}
 
 
-def _usage(r: Responder) -> dict[str, Any]:
+def _usage(r: Responder, output: list[dict[str, Any]]) -> dict[str, Any]:
     u = r.usage()
+    # the reasoning's tokens, re-counted from its text (the <think> markers aside)
+    reasoning = "".join(p["text"] for o in output if o["type"] == "reasoning" for p in o["content"])
+    thought = len(r.tokenizer.encode(reasoning, add_special_tokens=False).ids) if reasoning else 0
     return {"input_tokens": u["prompt_tokens"], "input_tokens_details": u["prompt_tokens_details"],
-            "output_tokens": u["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": u["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": min(thought, u["completion_tokens"])},
             "total_tokens": u["total_tokens"]}
 
 
@@ -243,7 +280,7 @@ def _finished(base: dict[str, Any], r: Responder, output: list[dict[str, Any]], 
     incomplete = finish == "length"
     return {**base, "status": "incomplete" if incomplete else "completed", "output": output,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "usage": _usage(r), "hypic": r.extension()}
+            "usage": _usage(r, output), "hypic": r.extension()}
 
 
 def _reasoning_item(text: str, rid: str | None = None) -> dict[str, Any]:
@@ -382,7 +419,7 @@ class ResponseStore:
                            code="previous_response_not_found")
         self._kept.move_to_end(rid)
         response, items = self._kept[rid]
-        return [*items, *(_output_item(o) for o in response["output"])]
+        return [*items, *bare([_output_item(o) for o in response["output"]])]
 
     def keep(self, response: dict[str, Any], items: list[Any]) -> None:
         if self.capacity == 0:

@@ -41,8 +41,9 @@ KIMI_OPEN = "<|tool_calls_section_begin|>"
 OPENS = ("<tool_call>", "<tool_calls>", KIMI_OPEN)
 BLOCK = re.compile(r"<(tool_calls?)>\s*(.*?)\s*(?:</\1>|$)"
                    r"|<\|tool_calls_section_begin\|>(.*?)(?:<\|tool_calls_section_end\|>|$)", re.DOTALL)
-KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+):\d+\s*<\|tool_call_argument_begin\|>"
+KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*((?:functions\.)?([^:<\s]+):\d+)\s*<\|tool_call_argument_begin\|>"
                        r"(.*?)(?:<\|tool_call_end\|>|$)", re.DOTALL)
+THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
 XML_CALL = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>\s*$|$)", re.DOTALL)
 XML_PARAMETER = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.DOTALL)
 
@@ -57,6 +58,9 @@ class ToolCalling:
     schema: dict | None  # the call's JSON schema when forced
     parameters: dict[str, dict] = field(default_factory=dict)  # name → its parameters schema (XML values' types)
     special_text: bool = False  # the answer is read with special tokens kept (Kimi's call markers are ones)
+    # Kimi's ids, functions.NAME:IDX with IDX counting the conversation's calls, for a forced call: its
+    # template writes ids back into the next prompt, and the model was trained on that form
+    kimi_index: int | None = None
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
@@ -65,6 +69,8 @@ class ToolCalling:
         if self.forced:
             # a whole value has the call's shape (the matcher saw to it); a stop string may have cut it
             call = _parsed(text, self.names, self.parameters) if finish == "stop" else None
+            if call is not None and self.kimi_index is not None:
+                call["id"] = f"functions.{call['function']['name']}:{self.kimi_index}"
             calls, content = ([call], None) if call is not None else ([], text)
         else:
             calls, content = parse_calls(text, self.names, self.parameters)
@@ -115,12 +121,18 @@ def parse_calls(text: str, names: tuple[str, ...], parameters: dict[str, dict] |
 
 
 def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tuple[list[dict[str, Any]], str]:
-    """The calls in ``text`` and the text around them, as it is."""
+    """The calls in ``text`` and the text around them, as it is. A block inside ``<think>…</think>``
+    (reasoning not split off: no ``--reasoning-parser``) is the model thinking about a call, not
+    making one (MiniMax-M1 drafts calls there)."""
     calls, kept, at = [], [], 0
+    thinking = [m.span() for m in THINK.finditer(text)]
     for m in BLOCK.finditer(text):
+        if any(a <= m.start() < b for a, b in thinking):
+            continue
         if m.group(3) is not None:  # Kimi's section: name and arguments apart
-            found = [_call(name, a) if name in names and isinstance(a := _json(args), dict) else None
-                     for name, args in KIMI_CALL.findall(m.group(3))]
+            # the model's own id (functions.NAME:IDX): Kimi's template writes ids back into the prompt
+            found = [_call(name, a, call_id) if name in names and isinstance(a := _json(args), dict) else None
+                     for call_id, name, args in KIMI_CALL.findall(m.group(3))]
         else:
             inner = [m.group(2)] if m.group(1) == "tool_call" else [x for x in m.group(2).splitlines() if x.strip()]
             found = [_parsed(x.strip(), names, parameters) for x in inner]
@@ -171,8 +183,8 @@ def _xml_value(text: str, schema: object) -> object:
         return text
 
 
-def _call(name: str, arguments: object) -> dict[str, Any]:
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+def _call(name: str, arguments: object, call_id: str | None = None) -> dict[str, Any]:
+    return {"id": call_id or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
 
 

@@ -213,3 +213,76 @@ def test_an_auto_device_budget_leaves_half_of_what_the_cold_graphs_hold(qwen3_5_
     engine._graphs["1"] = runner
     engine._fit_cache_to_cold_graphs()
     assert engine.store.budgets["device"] == 123
+
+
+def _filled(qwen3_5_path, n: int = 6) -> LLM:
+    """An engine whose device tier holds ``n`` prompts' documents under a generous budget."""
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    llm.engine.store.set_budget("device", 1 << 40)
+    llm.generate([_prompt(100 + i) for i in range(n)], SamplingParams(max_tokens=1))
+    return llm
+
+
+def _out_of_memory_above(llm: LLM, monkeypatch, capacity: int) -> None:
+    """The device 'runs out' whenever a prefill starts with the device tier holding more than ``capacity``."""
+    real = llm.engine._assemble
+
+    def assemble(prompts, mode, salts, metrics):
+        if llm.engine.store.stats().bytes["device"] > capacity:
+            raise _oom()
+        return real(prompts, mode, salts, metrics)
+
+    monkeypatch.setattr(llm.engine, "_assemble", assemble)
+
+
+def test_out_of_memory_with_nothing_else_to_spare_sheds_an_eighth_of_the_device_tier(qwen3_5_path, monkeypatch) -> None:
+    """A device budget set larger than the device holds: the first call out of memory makes the
+    tier give up an eighth (demoted to the host tier, the budget lowered to match), and the call
+    and every later one are served, answering as an engine that never ran out; the tier stays below
+    its new budget."""
+    llm = _filled(qwen3_5_path)
+    used = llm.engine.store.stats().bytes["device"]
+    _out_of_memory_above(llm, monkeypatch, int(0.9 * used))
+    prompts, later = [_prompt(i) for i in range(3)], [_prompt(50), _prompt(51)]
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    fresh = LLM(str(qwen3_5_path), device="cpu")
+    want, want_later = ([o.token_ids for o in fresh.generate(p, sp)] for p in (prompts, later))
+    assert [o.token_ids for o in llm.generate(prompts, sp)] == want
+    e = llm.engine
+    assert e.cache_shed["times"] == 1 and e.out_of_memory == {"retried": 1, "split": 0, "failed": 0}
+    assert e.store.budgets["device"] == int(used * (1 - 0.125)) and e.cache_shed["bytes"] >= used // 8
+    assert e.store.stats().demotions >= 1 and e.store.check_integrity() and not e.store._pins
+    assert [o.token_ids for o in llm.generate(later, sp)] == want_later
+    assert e.cache_shed["times"] == 1 and e.store.stats().bytes["device"] <= e.store.budgets["device"]
+
+
+def test_a_call_sheds_once_however_often_its_halves_run_out(qwen3_5_path, monkeypatch) -> None:
+    """Far too little memory: one shed for the call, its prompts failing alone, not the cache halved
+    again at every split (a call of 4 prompts runs out 7 times before its last prompt fails)."""
+    llm = _filled(qwen3_5_path)
+    used = llm.engine.store.stats().bytes["device"]
+    _out_of_memory_above(llm, monkeypatch, used // 4)
+    with pytest.raises(torch.OutOfMemoryError):
+        llm.generate([_prompt(i) for i in range(4)], SamplingParams(max_tokens=1))
+    assert llm.engine.cache_shed["times"] == 1 and llm.engine.out_of_memory["failed"] >= 1
+    assert llm.engine.store.budgets["device"] == int(used * (1 - 0.125)) and llm.engine.store.check_integrity()
+
+
+def test_the_cold_graphs_go_before_any_of_the_cache(qwen3_5_path, monkeypatch) -> None:
+    """With cold graphs held, running out releases them and leaves the cache whole; only a later out
+    of memory, with no graphs left, sheds."""
+    from hypic.models.decode_batch import DecodeBatch
+
+    monkeypatch.setenv("HYPIC_COLD_GRAPHS", "eager")
+    llm = _filled(qwen3_5_path)
+    budget = llm.engine.store.budgets["device"]
+    real = DecodeBatch.step
+    monkeypatch.setattr(DecodeBatch, "step", lambda self, model, by_slot: (_ for _ in ()).throw(_oom()))
+    for _ in range(2):
+        with pytest.raises(torch.OutOfMemoryError):
+            llm.generate([_prompt(4)], SamplingParams(max_tokens=3))
+        if not llm.engine.cache_shed["times"]:  # the first: the graphs released, the cache whole
+            assert not llm.engine._graphs and llm.engine.store.budgets["device"] == budget
+    monkeypatch.setattr(DecodeBatch, "step", real)
+    assert llm.engine.cache_shed["times"] == 1 and llm.engine.store.budgets["device"] < budget
+    assert llm.engine.store.check_integrity() and not llm.engine.store._pins

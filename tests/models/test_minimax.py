@@ -122,8 +122,36 @@ def test_remote_code_config_dialect_runs_the_same_model(minimax, tmp_path) -> No
     assert (hypic_logits(load_model(path, device="cpu"), ids) - want).abs().max() > 1e-3
 
 
+def test_a_head_count_not_a_power_of_two_takes_each_dialect_s_slopes(tmp_path) -> None:
+    """Six heads: transformers' geometric slopes ``2^(−8(h+1)/6)`` (its logits matched), the remote
+    code's ALiBi interleaving (the slopes of 4 heads, then every other of 8) under its own config."""
+    from hypic.models.layers.lightning import MiniMaxLightningAttention, alibi_slopes, minimax_layer_decay
+
+    ref = tiny_reference(num_attention_heads=6, num_key_value_heads=2)
+    path = save_checkpoint(ref, tmp_path / "six")
+    assert_prefill_matches_transformers(ref, load_model(path, device="cpu"))
+    assert alibi_slopes(6) == [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3]
+    geometric, alibi = (minimax_layer_decay(6, 2, 5, geometric=g) for g in (True, False))
+    assert geometric != alibi and geometric[0] / geometric[1] == pytest.approx(2 ** (8 / 6))
+    with torch.device("meta"):
+        remote = build_minimax({**ref.config.to_dict(), "attn_type_list": [0, 1, 0, 0, 1]})
+    layer = getattr(remote.model.layers[2], remote.model.layers[2].mixer_name)
+    assert isinstance(layer, MiniMaxLightningAttention)
+    assert layer.decay == pytest.approx(alibi)
+
+
+def test_postnorm_follows_each_dialect() -> None:
+    """transformers' layer always adds the normed input; the remote code's only with ``postnorm``,
+    whose default there is false."""
+    remote = {**TINY_MINIMAX, "attn_type_list": [0, 1, 0, 0, 1]}
+    with torch.device("meta"):
+        for config, normed in ((TINY_MINIMAX, True), ({**TINY_MINIMAX, "postnorm": False}, False),
+                               (remote, False), ({**remote, "postnorm": True}, True)):
+            assert {layer.residual.normed for layer in build_minimax(config).model.layers} == {normed}
+
+
 def test_unsupported_configs_are_refused_by_name() -> None:
-    for key, value in (("shared_intermediate_size", 64), ("postnorm", False), ("sliding_window", 128)):
+    for key, value in (("shared_intermediate_size", 64), ("sliding_window", 128)):
         with pytest.raises(ValueError, match=key), torch.device("meta"):
             build_minimax({**TINY_MINIMAX, key: value})
 

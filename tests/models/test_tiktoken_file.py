@@ -63,6 +63,48 @@ def test_a_bpe_written_as_a_tiktoken_file_converts_back_to_the_same_encodings(tm
         assert converted.decode(ids) == text
 
 
+def _tiktoken_encode(ranks: dict[bytes, int], piece: bytes) -> list[int]:
+    """tiktoken's rule, written from its description (tiktoken/_educational.py): a piece that is a
+    token is that token; else, from its bytes, the adjacent pair whose join has the lowest rank is
+    merged (the leftmost of equals) until no join is a token."""
+    if piece in ranks:
+        return [ranks[piece]]
+    parts = [piece[i:i + 1] for i in range(len(piece))]
+    while True:
+        joins = [(ranks[parts[i] + parts[i + 1]], i) for i in range(len(parts) - 1) if parts[i] + parts[i + 1] in ranks]
+        if not joins:
+            return [ranks[p] for p in parts]
+        _, i = min(joins)
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+
+
+def test_any_vocabulary_tiktoken_loads_encodes_as_tiktoken_does(tmp_path) -> None:
+    """Vocabularies tiktoken accepts but that are no BPE's training output: tokens joined from any
+    two earlier ones (so one token has several splits) and tokens no merge builds (Llama-3's " Việt"
+    case: a whole piece looked up). 20 random vocabularies × 60 texts from their own alphabet."""
+    split = pre_tokenizers.Split(Regex(KIMI_PATTERN), behavior="isolated")
+    for seed in range(20):
+        rng = random.Random(seed)
+        alphabet = [c.encode() for c in "abcde "] + ["é".encode(), "平".encode()]
+        vocab = [bytes([b]) for b in range(256)]
+        while len(vocab) < 256 + 120:
+            if rng.random() < 0.2:  # bytes no pair of tokens joins to, as tiktoken files may hold
+                token = b"".join(rng.choice(alphabet) for _ in range(rng.randint(3, 6)))
+            else:
+                token = rng.choice(vocab[97:] if rng.random() < 0.7 else vocab) + rng.choice(vocab[97:])
+            if token not in vocab:
+                vocab.append(token)
+        ranks = {t: r for r, t in enumerate(vocab)}
+        path = tmp_path / f"v{seed}.model"
+        path.write_text("".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in ranks.items()))
+        tok = tiktoken_tokenizer(path, KIMI_PATTERN, {})
+        for _ in range(60):
+            text = b"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))).decode()
+            want = [i for piece, _ in split.pre_tokenize_str(text) for i in _tiktoken_encode(ranks, piece.encode())]
+            assert tok.encode(text).ids == want, (seed, text)
+            assert tok.decode(want) == text
+
+
 def test_special_tokens_keep_their_ids(tmp_path) -> None:
     original = _trained(300)
     _write_tiktoken(original, tmp_path / "tiktoken.model")

@@ -54,3 +54,20 @@ def test_a_batch_file_is_answered_as_the_server_answers(model_dir: Path, tmp_pat
     assert refused["status_code"] == 400 and refused["body"]["error"]["param"] == "max_token"
     for r, field in zip(results[5:], ("method", "url", "body.stream", "custom_id", "line 11"), strict=True):
         assert r["response"] is None and r["error"]["message"].startswith(field), r
+
+
+def test_lines_python_reads_but_http_cannot_carry_are_answered_not_fatal(llm) -> None:
+    import asyncio
+
+    from hypic.server import ServerSettings, create_app
+    from hypic.server.batch import run_batch
+
+    ok = '{"custom_id": "ok", "method": "POST", "url": "/v1/responses", "body": {"input": "hi", "max_output_tokens":1}}'
+    lines = [ok, '{"custom_id": "nan", "method": "POST", "url": "/v1/responses", "body": {"input": "hi", '
+                 '"temperature": NaN}}',
+             '{"custom_id": "surrogate", "method": "POST", "url": "/v1/responses", "body": {"input": "\\ud800"}}',
+             "[" * 100_000]
+    results, totals = asyncio.run(run_batch(create_app(llm, ServerSettings(model_name=MODEL)), lines, 2))
+    assert [r["response"] and r["response"]["status_code"] for r in results] == [200, 400, 400, None]
+    assert results[1]["response"]["body"]["error"]["param"] == "temperature"
+    assert results[3]["error"]["message"].startswith("line 4: not JSON")

@@ -35,3 +35,5 @@ def test_a_prompt_too_big_for_the_device_is_a_503_and_the_next_is_served(tight) 
     metrics = tight.get("/metrics").text
     assert 'hypic_prefill_out_of_memory_total{outcome="failed"} 1.0' in metrics
     assert 'hypic_errors_total{kind="out_of_memory"} 1.0' in metrics
+    # nothing was cached on the device when it ran out, so nothing was shed (tests/engine/test_out_of_memory.py)
+    assert "hypic_cache_shed_total 0.0" in metrics and "hypic_cache_shed_bytes_total 0.0" in metrics

@@ -77,3 +77,14 @@ def test_a_thinking_template_answers_with_reasoning_content_whole_and_streamed(t
     forced = client.chat.completions.create(**ask, max_completion_tokens=32, response_format={"type": "json_object"})
     assert forced.choices[0].message.content.startswith("{")  # constrained output is all answer, never reasoning
     assert "reasoning_content" not in (forced.choices[0].message.model_extra or {})
+
+
+def test_a_responses_answers_reasoning_is_counted_in_its_usage(think_server: LiveServer) -> None:
+    client: OpenAI = openai_client(think_server)
+    ask = dict(model=MODEL, input="Who founded the mill?", max_output_tokens=12, temperature=0)
+    whole = client.responses.create(**ask)
+    assert [o.type for o in whole.output] == ["reasoning"] and whole.usage.output_tokens == 12
+    assert whole.usage.output_tokens_details.reasoning_tokens > 6  # re-counted from the text: about all 12
+    events = list(client.responses.create(**ask, stream=True))
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == \
+        whole.usage.output_tokens_details.reasoning_tokens

@@ -122,6 +122,10 @@ def test_a_json_schema_format_gives_json_the_schema_accepts(client: OpenAI) -> N
     ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+    ({"input": "hi", "max_output_tokens": 10**9}, "max_output_tokens"),  # the chat route's limit, this API's name
+    ({"input": "hi", "metadata": {"k": "v" * 513}}, "metadata"),
+    ({"input": "hi", "tools": FLAT_TOOLS, "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+     "text.format"),
 ])
 def test_what_is_not_served_is_a_400_naming_the_field(http: httpx.Client, body: dict, param: str) -> None:
     r = http.post("/v1/responses", json={"model": MODEL, **body})
@@ -175,3 +179,16 @@ def test_a_server_that_keeps_no_responses_says_so(llm) -> None:
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "store"
     finally:
         live.stop()
+
+
+def test_what_the_prompt_does_not_read_is_not_kept(http: httpx.Client, tool_server) -> None:  # noqa: F811
+    big = "x" * (1 << 20)  # reasoning, ids, annotations: free of the prompt's limit, they would fill the store
+    r = http.post("/v1/responses", json={"model": MODEL, "max_output_tokens": 1, "input": [
+        {"type": "reasoning", "encrypted_content": big},
+        {"role": "user", "id": big, "content": [{"type": "input_text", "text": "hi", "annotations": [big]}]}]})
+    assert r.status_code == 200, r.text
+    _, items = tool_server.app.state.hypic.responses._kept[r.json()["id"]]
+    assert len(json.dumps([i.model_dump() for i in items])) < 1000
+    follow = http.post("/v1/responses", json={"model": MODEL, "max_output_tokens": 1, "input": "and?",
+                                              "previous_response_id": r.json()["id"]})
+    assert follow.status_code == 200 and follow.json()["usage"]["input_tokens"] > r.json()["usage"]["input_tokens"]

@@ -107,6 +107,52 @@ def test_the_tools_and_earlier_calls_reach_the_template_and_the_conversation_goe
     assert texts[2].startswith("<|im_start|>tool\nSunny, 21 C.")
 
 
+KIMI_TOKENS = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+               "<|tool_call_argument_begin|>", "<|tool_call_end|>")
+# Kimi's way (its chat template): an assistant's calls as a section of special tokens, each call's id
+# written back into the prompt, and a tool's answer naming the id it answers
+KIMI_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'tool' %}## Return of {{ m['tool_call_id'] }}\n{% endif %}{{ m['content'] or '' }}"
+    "{% if m.get('tool_calls') %}<|tool_calls_section_begin|>{% for c in m['tool_calls'] %}<|tool_call_begin|>"
+    "{{ c['id'] }}<|tool_call_argument_begin|>{{ c['function']['arguments'] }}<|tool_call_end|>{% endfor %}"
+    "<|tool_calls_section_end|>{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_a_kimi_model_s_forced_calls_carry_kimi_ids_counting_the_conversation_s_calls(tmp_path) -> None:
+    """A tokenizer with Kimi's call markers: a forced call's id is ``functions.NAME:IDX``, IDX the
+    calls made so far in the conversation (the form Kimi's template writes back and the model was
+    trained on), whole and streamed; the template writes it into the next turn's prompt."""
+    from tests.server.conftest import build_model
+
+    model = build_model(tmp_path / "kimi_tokens", special=KIMI_TOKENS)
+    live = serve_with_template(model, tmp_path / "kimi", KIMI_TEMPLATE, max_completion_tokens=64)
+    try:
+        client = openai_client(live)
+        first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                               max_tokens=64, temperature=0).choices[0].message.tool_calls[0]
+        assert first.id == f"functions.{first.function.name}:0"
+        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [first.model_dump()]},
+                   {"role": "tool", "tool_call_id": first.id, "content": "Sunny."}]
+        named = {"type": "function", "function": {"name": "lookup"}}
+        second = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice=named,
+                                                max_tokens=64, temperature=0).choices[0].message.tool_calls[0]
+        assert second.id == "functions.lookup:1"
+        chunks = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice=named,
+                                                max_tokens=64, temperature=0, stream=True)
+        assert [c.id for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or []] == \
+            ["functions.lookup:1"]
+        segments = ChatTemplate(KIMI_TEMPLATE).segments(
+            [("user", [ASK[0]["content"]]), ("assistant", [""]), ("tool", ["Sunny."])], {},
+            [{}, {"tool_calls": history[1]["tool_calls"]}, {"tool_call_id": first.id}])
+        texts = "".join(s.text for s in segments)  # what the template writes back: the id, twice
+        assert f"<|tool_call_begin|>{first.id}<|tool_call_argument_begin|>" in texts
+        assert f"## Return of {first.id}" in texts
+    finally:
+        live.stop()
+
+
 def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     names = ("get_weather", "lookup")
     calls, rest = parse_calls('Let me check.\n<tool_call>\n{"name": "lookup", "arguments": {"query": "mill"}}\n'
@@ -133,6 +179,10 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
              '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>')
     calls, rest = parse_calls(block, names)  # MiniMax-M1's block: a call a line
     assert rest == "Both." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
+    drafted = "<think>Maybe:<tool_calls>\n" + block.split("<tool_calls>\n")[1] + "</think>" + block
+    calls, rest = parse_calls(drafted, names)  # a block thought about inside <think> is no call
+    assert len(calls) == 2 and rest.startswith("<think>Maybe:<tool_calls>") and rest.endswith("</think>Both.")
+    assert parse_calls("<think>" + block, names) == ([], "<think>" + block)  # still thinking
     bad = block.replace('"get_weather"', '"rm"')  # one line not a call of a listed function: no block
     assert parse_calls(bad, names) == ([], bad)
     kimi = ("Both.<|tool_calls_section_begin|><|tool_call_begin|>functions.lookup:0<|tool_call_argument_begin|>"
@@ -141,6 +191,9 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     calls, rest = parse_calls(kimi, names)  # Kimi's section: name and arguments apart, "functions." optional
     assert rest == "Both. Done." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Q", "days": 1}
+    # the model's own ids kept: Kimi's template writes them back into the next turn's prompt
+    assert [c["id"] for c in calls] == ["functions.lookup:0", "get_weather:1"]
+    assert parse_calls(block, names)[0][0]["id"].startswith("call_")  # other formats carry none: fresh ids
     for broken in (kimi.replace('{"query": "a"}', '{"query": '), kimi.replace("functions.lookup", "functions.rm")):
         assert parse_calls(broken, names) == ([], broken)  # arguments not JSON, an unknown function: text
     auto = ToolCalling(False, names, None)

@@ -60,12 +60,15 @@ def layer_decay(heads: int, layer: int, layers: int) -> list[float]:
     return [-s * factor for s in alibi_slopes(heads)]
 
 
-def minimax_layer_decay(heads: int, layer: int, layers: int) -> list[float]:
+def minimax_layer_decay(heads: int, layer: int, layers: int, *, geometric: bool = True) -> list[float]:
     """MiniMax's per-head decay ``g_h = −slope_h · (1 − l/(L − 1 + 1e−5) + 1e−5)`` of layer l (0-based),
     as transformers' ``MiniMaxLightningAttention`` and the remote code build it: l, not l − 1, so the
-    first layer decays by the bare slope and the last by almost nothing."""
+    first layer decays by the bare slope and the last by almost nothing. The slopes agree for a power
+    of two heads (the checkpoints' 64); otherwise transformers keeps the geometric ``2^(−8(h+1)/H)``
+    (``geometric``) and the remote code ALiBi's interleaving (``alibi_slopes``)."""
     factor = 1.0 - layer / (layers - 1 + 1e-5) + 1e-5
-    return [-s * factor for s in alibi_slopes(heads)]
+    slopes = [2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)] if geometric else alibi_slopes(heads)
+    return [-s * factor for s in slopes]
 
 
 class GroupRMSNorm(nn.Module):
@@ -134,8 +137,9 @@ class MiniMaxLightningAttention(ScalarDecayMixer):
 
     NORM_EPS = 1e-6  # the output norm's: transformers and the remote code leave it at the default
 
-    def __init__(self, hidden: int, heads: int, head_dim: int, layer: int, layers: int) -> None:
-        super().__init__(minimax_layer_decay(heads, layer, layers))
+    def __init__(self, hidden: int, heads: int, head_dim: int, layer: int, layers: int, *,
+                 geometric: bool = True) -> None:
+        super().__init__(minimax_layer_decay(heads, layer, layers, geometric=geometric))
         self.heads, self.head_dim, self.layer = heads, head_dim, layer
         inner = heads * head_dim
         self.qkv_proj = nn.Linear(hidden, 3 * inner, bias=False)
