@@ -239,7 +239,8 @@ def run_batch(args: argparse.Namespace) -> int:
         saved = _close(llm, "run-batch", args.cache_dir)
     Path(args.output).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in results))
     statuses = ", ".join(f"{n} × {code}" for code, n in sorted(totals.by_status.items())) or "none"
-    print(f"hypic run-batch: {totals.requests} requests ({statuses}), {totals.not_requests} lines not requests; "
+    again = f", {totals.requeued} sent again for want of queue room" if totals.requeued else ""
+    print(f"hypic run-batch: {totals.requests} requests ({statuses}{again}), {totals.not_requests} lines not requests; "
           f"{totals.prompt_tokens} prompt tokens, {totals.cached_tokens} from the cache; "
           f"{time.perf_counter() - t0:.1f} s → {args.output}", file=sys.stderr)
     return saved

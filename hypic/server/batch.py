@@ -6,7 +6,8 @@ no key): every request is validated, cached and answered exactly as ``hypic serv
 several at once so the scheduler batches them, and each result line — ``{"id", "custom_id",
 "response": {"status_code", "request_id", "body"}, "error"}`` — is written in the input's order. A
 request the server refuses (a 4xx) is a response with that status, as OpenAI's batches report it; a
-line that is not a request at all is an ``error`` line. Neither stops the batch.
+line that is not a request at all is an ``error`` line. Neither stops the batch. A request the queue
+has no room for (a 429: the batch's own requests filled it) waits and is sent again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class BatchTotals:
     not_requests: int = 0  # lines answered with an error, never sent
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    requeued: int = 0  # requests sent again after the server's queue was full (a 429)
 
 
 def _request(line: str, seen: dict[str, int], k: int) -> tuple[str | None, dict[str, Any] | str]:
@@ -87,7 +89,16 @@ async def run_batch(app: FastAPI, lines: list[str], concurrency: int) -> tuple[l
             return {"id": rid, "custom_id": cid, "response": None,
                     "error": {"code": "invalid_request", "message": f"body: {e}"}}
         async with gate:
-            r = await client.post(req["url"], content=content, headers={"content-type": "application/json"})
+            wait = 0.01
+            while True:
+                r = await client.post(req["url"], content=content, headers={"content-type": "application/json"})
+                if r.status_code != 429:
+                    break
+                # the batch's own requests fill the queue (each of n choices and every prompt of a
+                # completions list is one): the queue drains as they finish, so wait, never refuse
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, 1.0)
+                totals.requeued += 1
         try:
             body = r.json()
         except ValueError:

@@ -335,7 +335,9 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
         at = len(output)
         if kind == "reasoning":
             item = {**_reasoning_item("", current["id"]), "content": [], "status": "in_progress"}
-            return [_event(seq, "response.output_item.added", output_index=at, item=item)]
+            return [_event(seq, "response.output_item.added", output_index=at, item=item),
+                    _event(seq, "response.content_part.added", item_id=current["id"], output_index=at, content_index=0,
+                           part={"type": "reasoning_text", "text": ""})]
         item = {**_message_item("", current["id"], "in_progress"), "content": []}
         part = {"type": "output_text", "text": "", "annotations": []}
         return [_event(seq, "response.output_item.added", output_index=at, item=item),
@@ -353,6 +355,8 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
             output.append(item)
             return [_event(seq, "response.reasoning_text.done", item_id=iid, output_index=at, content_index=0,
                            text=text),
+                    _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
+                           part=item["content"][0]),
                     _event(seq, "response.output_item.done", output_index=at, item=item)]
         item = _message_item(text, iid)
         output.append(item)
@@ -400,7 +404,14 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
             return
     except APIError as e:
         r.metrics.count_error(e.kind)
-        yield _event(seq, "error", code=e.kind, message=e.message, param=e.param)
+        error = {"code": e.code or e.kind, "message": e.message}
+        yield _event(seq, "error", **error, param=e.param)
+        yield _event(seq, "response.failed", response={**base, "status": "failed", "output": output, "error": error})
+    finally:
+        if not r.job.finished:  # the client went away (or the server is stopping): the engine stops too
+            r.job.cancel()
+            if not r.ended:
+                r.metrics.count_error("cancelled")
 
 
 class ResponseStore:

@@ -71,3 +71,20 @@ def test_lines_python_reads_but_http_cannot_carry_are_answered_not_fatal(llm) ->
     assert [r["response"] and r["response"]["status_code"] for r in results] == [200, 400, 400, None]
     assert results[1]["response"]["body"]["error"]["param"] == "temperature"
     assert results[3]["error"]["message"].startswith("line 4: not JSON")
+
+
+def test_a_batch_larger_than_the_queue_waits_for_room_instead_of_being_refused(llm) -> None:
+    """Eight requests of 3 choices each, sent 4 at a time to a server that holds 2 running and 2
+    waiting: the queue overflows (a 429 over HTTP), and the batch sends again until each fits."""
+    import asyncio
+
+    from hypic.server import ServerSettings, create_app
+    from hypic.server.batch import run_batch
+
+    body = {"model": MODEL, "prompt": "Who keeps bees?", "max_tokens": 3, "n": 3, "temperature": 1, "seed": 1}
+    lines = [json.dumps({"custom_id": str(i), "method": "POST", "url": "/v1/completions", "body": body})
+             for i in range(8)]
+    app = create_app(llm, ServerSettings(model_name=MODEL, max_concurrent=2, max_queue=2))
+    results, totals = asyncio.run(run_batch(app, lines, 4))
+    assert [r["response"]["status_code"] for r in results] == [200] * 8 and totals.by_status == {200: 8}
+    assert totals.requeued > 0 and all(len(r["response"]["body"]["choices"]) == 3 for r in results)

@@ -86,5 +86,10 @@ def test_a_responses_answers_reasoning_is_counted_in_its_usage(think_server: Liv
     assert [o.type for o in whole.output] == ["reasoning"] and whole.usage.output_tokens == 12
     assert whole.usage.output_tokens_details.reasoning_tokens > 6  # re-counted from the text: about all 12
     events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events if e.type != "response.reasoning_text.delta"]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.content_part.added", "response.reasoning_text.done", "response.content_part.done",
+                     "response.output_item.done", f"response.{whole.status}"]
+    assert events[-3].part.type == "reasoning_text" and events[-3].part.text == whole.output[0].content[0].text
     assert events[-1].response.usage.output_tokens_details.reasoning_tokens == \
         whole.usage.output_tokens_details.reasoning_tokens
