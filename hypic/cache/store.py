@@ -104,7 +104,12 @@ class SegmentStore:
             raise ValueError(f"set_budget: expected a non-negative integer or None, got {nbytes!r}")
         with self._lock:
             self.budgets[tier] = nbytes
-            self._make_room(tier, 0)
+            try:
+                self._make_room(tier, 0)
+            except BaseException:  # out of memory mid-move: the budget stops at what is held now
+                if nbytes is not None:
+                    self.budgets[tier] = max(nbytes, self._bytes[tier])
+                raise
 
     def _fits(self, tier: str, nbytes: int) -> bool:
         budget = self.budgets[tier]
@@ -146,8 +151,9 @@ class SegmentStore:
                 break
             if self._pins.get(key):
                 continue
+            # the host copy first: out of memory making it, the entry stays where it was
+            host = self._to_host(self._tiers[tier][key]) if tier == "device" else None
             entry = self._remove(tier, key)
-            host = self._to_host(entry) if tier == "device" else None
             if host is not None:
                 self._add("host", host)
                 self.demotions += 1
@@ -284,15 +290,23 @@ class SegmentStore:
                     promote = entry.host_hits >= self.promote_after and self._fits("device", wide)
                 if promote:
                     self._remove("host", key)  # first, so making room on the device cannot evict it
-                    if self._make_room("device", wide):
-                        entry = self._to_device(entry)
-                        self._add("device", entry)
-                        self.promotions += 1
-                    elif self._make_room("host", entry.nbytes):
-                        self._add("host", entry)
-                    else:  # no tier keeps it: the request gets its own device copy (the region is freed)
-                        entry = self._to_device(entry)
-                        self.evictions += 1
+                    try:
+                        if self._make_room("device", wide):
+                            moved = self._to_device(entry)
+                            self._add("device", moved)
+                            self.promotions += 1
+                        elif self._make_room("host", entry.nbytes):
+                            moved = entry
+                            self._add("host", entry)
+                        else:  # no tier keeps it: the request gets its own device copy (the region is freed)
+                            moved = self._to_device(entry)
+                            self.evictions += 1
+                    except BaseException:  # out of memory copying it: it leaves the store, region freed
+                        if entry.tier == "host" and key not in self._tiers["host"]:
+                            self._release(entry)
+                            self.evictions += 1
+                        raise
+                    entry = moved
                 if entry.tier == "host" and self._half(entry) is not None:
                     # served from the host tier in place: this request gets its own fp32 copy
                     entry = self._to_device(entry, keep=True)

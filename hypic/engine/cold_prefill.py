@@ -116,7 +116,7 @@ class ColdPrefill:
             return []
         eager = runner.counts["eager"]
         entries = runner.prefill(segments)
-        if runner.counts["eager"] != eager:  # a shape seen for the first time, and captured: more held
+        if runner.capture and runner.counts["eager"] != eager:  # a shape seen for the first time, captured: more held
             self._fit_cache_to_cold_graphs()
         for ids, _, _ in segments:
             self._count_cold(0, len(ids))

@@ -52,6 +52,9 @@ COLD_STRATEGIES = ("standalone", "in_context")
 # the largest allocation seen failing on the H200 (760 MiB, docs/benchmarks.md session 22), while
 # seven eighths of the cache stays
 SHED_FRACTION = 0.125
+# ... but never below this share of what it held when it first shed: an out of memory a request causes
+# (a prompt that never fits, retried by its client after each 503) must not shrink the cache call by call
+SHED_FLOOR = 0.5
 
 
 @dataclass
@@ -171,6 +174,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.out_of_memory = {"retried": 0, "split": 0, "failed": 0}
         # Times the device tier gave up part of itself after running out of memory, and the bytes it moved out
         self.cache_shed = {"times": 0, "bytes": 0}
+        self._shed_floor: int | None = None  # the device tier's lowest budget from shedding (set at the first)
         devices = worker_devices(self.device, cold_workers or 0)
         if devices and cold != "standalone":
             raise ValueError("cold_workers: workers prefill segments standalone; they need cold='standalone'")
@@ -187,14 +191,18 @@ class Engine(ColdPrefill, PrefixPrefill):
             plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))
             start += len(ids)
         plan = RequestPlan(plans, salt)
-        for s in plans:
-            if s.key is not None:
-                s.entry = self.store.lookup(s.key, tuple(s.token_ids))
-                s.hit = s.entry is not None
-                # pinned before the next lookup, whose promotion may make room: a host entry
-                # evicted there would free the arena region this request is about to read
-                self.store.pin([s.key])
-                plan.pinned.append(s.key)
+        try:
+            for s in plans:
+                if s.key is not None:
+                    s.entry = self.store.lookup(s.key, tuple(s.token_ids))
+                    s.hit = s.entry is not None
+                    # pinned before the next lookup, whose promotion may make room: a host entry
+                    # evicted there would free the arena region this request is about to read
+                    self.store.pin([s.key])
+                    plan.pinned.append(s.key)
+        except BaseException:  # a lookup out of memory (a promotion's copy): no pin outlives the call
+            self.store.unpin(plan.pinned)
+            raise
         return plan
 
     def _assemble_in_memory(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
@@ -227,13 +235,18 @@ class Engine(ColdPrefill, PrefixPrefill):
     def _shed_device_tier(self) -> None:
         """Out of memory with nothing held beyond the cache and the running requests: the device
         tier gives up ``SHED_FRACTION`` of what it holds — its least recently used entries demoted to
-        the host tier — and its budget drops to match, so it does not fill that room again. A budget
+        the host tier where it has room, else evicted — and its budget drops to match, so it does not
+        fill that room again; never below ``SHED_FLOOR`` of what it held at its first shed. A budget
         set too large for the device (``--cache-device-bytes``) thus settles below what the device
         can hold, instead of every call out of memory once the tier is full."""
         used = self.store.stats().bytes["device"]
         if used == 0:
             return
-        budget = int(used * (1 - SHED_FRACTION))
+        if self._shed_floor is None:
+            self._shed_floor = int(SHED_FLOOR * used)
+        budget = max(self._shed_floor, int(used * (1 - SHED_FRACTION)))
+        if budget >= used:  # at the floor: nothing more to give
+            return
         self.store.set_budget("device", budget)
         if self._auto_device_budget is not None:  # the cold graphs' release must not raise it back
             self._auto_device_budget = min(self._auto_device_budget, budget)
@@ -255,8 +268,10 @@ class Engine(ColdPrefill, PrefixPrefill):
             return logits, states
         if mode == "prefix":
             return self._prefix(prompts, salts, metrics)
-        plans = [self._plan(p, mode, s) for p, s in zip(prompts, salts, strict=True)]
+        plans: list[RequestPlan] = []
         try:
+            for p, s in zip(prompts, salts, strict=True):
+                plans.append(self._plan(p, mode, s))  # inside the try: earlier plans' pins released
             scattered = self._scatter(plans) if self.cold == "standalone" else []
             scattered += self._padded(plans)  # replayed graphs, when the misses fit one (cold_graphs)
             cold = self._cold_context(plans)
@@ -415,11 +430,14 @@ class Engine(ColdPrefill, PrefixPrefill):
             by_slot = [0] * len(slots)
             for r, i in zip(active, slots, strict=True):
                 by_slot[i] = r.output.token_ids[-1]
-            spared = False
+            spared, failed = False, None
             try:
+                grew = True
                 try:
                     batch.reserve()  # the arenas' growth; out of memory there changes nothing, so it is retried
                 except torch.OutOfMemoryError:
+                    grew = False  # retried outside the handler: its traceback holds the half-grown arenas
+                if not grew:
                     self.decode_stats.regrow_oom_retries += 1
                     self._spare_memory()
                     spared = True
@@ -427,12 +445,15 @@ class Engine(ColdPrefill, PrefixPrefill):
                 logits = batch.step(self.model, by_slot)
             except BaseException as e:
                 self._drop(active)  # these runs cannot continue: their stacked state is let go now
-                if isinstance(e, torch.OutOfMemoryError):
-                    # not tried again (the step writes the states in place: half done, it cannot run
-                    # twice), but the next step should find room: on the 9B trace with cold graphs
-                    # on, ten steps in a row failed while only a prefill's failure spared memory
-                    self._spare_memory(shed=not spared)
-                raise
+                if not isinstance(e, torch.OutOfMemoryError):
+                    raise
+                failed = e.with_traceback(None)  # no frame of the failed step outlives the handler
+            if failed is not None:
+                # not tried again (the step writes the states in place: half done, it cannot run
+                # twice), but the next step should find room: on the 9B trace with cold graphs
+                # on, ten steps in a row failed while only a prefill's failure spared memory
+                self._spare_memory(shed=not spared)
+                raise failed
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
+import hypic.cache.store as store_module
 from hypic.cache.entry import Entry
+from hypic.cache.host_arena import HostArena
 from hypic.cache.keys import SegmentKey, segment_key
 from hypic.cache.store import SegmentStore
 from hypic.ops.recurrence import Summary
@@ -137,3 +139,44 @@ def test_an_entry_must_own_the_memory_it_is_accounted_for() -> None:
     fresh = SegmentStore(torch.device("cpu"))
     fresh.insert(owned)
     assert fresh.check_integrity()
+
+
+def test_store_set_budget_out_of_memory_mid_demotion_loses_no_entry(monkeypatch) -> None:
+    """The bf16 host tier (GPU default) converts each demoted entry through a device buffer: out of
+    memory there (what shedding runs into) must not make an entry vanish or break the budget."""
+    store = SegmentStore(torch.device("cpu"), device_bytes=None, host_bytes=None, host_dtype=torch.bfloat16)
+    for ids in ([1], [2], [3]):
+        store.insert(_entry(ids))
+    oom = torch.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(store_module, "converted", lambda *a: (_ for _ in ()).throw(oom))
+    with pytest.raises(torch.OutOfMemoryError):
+        store.set_budget("device", 0)
+    s = store.stats()
+    # none lost: the host copy is made before the entry leaves its tier
+    assert s.entries["device"] + s.entries["host"] == 3, s.entries
+    assert store.check_integrity()  # the budget stopped at what is held
+
+
+def test_store_promotion_out_of_memory_leaks_no_arena_region(monkeypatch) -> None:
+    a, b = _entry([1]), _entry([2])
+    n = a.nbytes
+    arena = HostArena(None, slab_bytes=1 << 20, pin=False, background=False)
+    arena.grow()
+    store = SegmentStore(torch.device("cpu"), device_bytes=n, host_bytes=4 * n, arena=arena)
+    store.insert(a)
+    store.insert(b)  # a demoted into an arena region
+    assert store.stats().entries == {"device": 1, "host": 1} and store.check_integrity()
+    real = store_module.unpack
+    calls = []
+
+    def unpack(*args):  # the promotion's device copy runs out of memory
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args)
+
+    monkeypatch.setattr(store_module, "unpack", unpack)
+    with pytest.raises(torch.OutOfMemoryError):
+        store.lookup(a.key, a.token_ids)
+    # a left the store and its arena region with it
+    assert store.check_integrity(), (store.stats().entries, arena.used)

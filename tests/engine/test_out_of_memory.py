@@ -8,6 +8,7 @@ on a real device is not reproducible in a test."""
 
 import random
 import threading
+import weakref
 
 import pytest
 import torch
@@ -286,3 +287,70 @@ def test_the_cold_graphs_go_before_any_of_the_cache(qwen3_5_path, monkeypatch) -
     monkeypatch.setattr(DecodeBatch, "step", real)
     assert llm.engine.cache_shed["times"] == 1 and llm.engine.store.budgets["device"] < budget
     assert llm.engine.store.check_integrity() and not llm.engine.store._pins
+
+
+def test_a_lookup_out_of_memory_leaves_no_pin_behind(qwen3_5_path, monkeypatch) -> None:
+    """An out of memory in the second prompt's lookup (a promotion's device copy): the call is retried
+    and served, and the first prompt's keys, pinned by its lookup, are not left pinned for good."""
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    e = llm.engine
+    prompts = [_prompt(1), _prompt(2)]
+    llm.generate(prompts, SamplingParams(max_tokens=1))
+    real, calls = e.store.lookup, []
+
+    def lookup(key, ids):
+        calls.append(key)
+        if len(calls) == 2:
+            raise _oom()
+        return real(key, ids)
+
+    monkeypatch.setattr(e.store, "lookup", lookup)
+    llm.generate(prompts, SamplingParams(max_tokens=1))  # retried after sparing memory: served
+    assert e.out_of_memory["retried"] == 1
+    assert not e.store._pins, e.store._pins  # the first prompt's key not left pinned
+
+
+def test_the_arena_growth_retry_runs_without_the_failed_attempts_memory(qwen3_5_path, monkeypatch) -> None:
+    """The arena growth is retried outside the handler of its failure: the first attempt's traceback
+    (``_regrow``'s half-grown arenas in its frame) is gone before memory is spared and it runs again."""
+    from hypic.models.decode_batch import DecodeBatch
+
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    real, seen = DecodeBatch.reserve, []
+
+    def reserve(self):
+        if not seen:
+            grown = torch.zeros(1 << 16)  # the arenas made before the allocator gave out
+            seen.append(weakref.ref(grown))
+            raise _oom()
+        if len(seen) == 1:
+            seen.append(seen[0]() is None)
+        return real(self)
+
+    monkeypatch.setattr(DecodeBatch, "reserve", reserve)
+    llm.generate([_prompt(3)], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert llm.engine.decode_stats.regrow_oom_retries == 1
+    assert seen[1] is True  # the half-grown arenas were let go first
+
+
+def test_a_prompt_that_never_fits_does_not_shrink_the_cache_at_every_retry(qwen3_5_path, monkeypatch) -> None:
+    """The server answers such a prompt 503 Retry-After, and each retry is a call of its own: shedding
+    stops at half of what the tier held at its first shed, not an eighth more at every retry."""
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    e = llm.engine
+    e.store.set_budget("device", 1 << 40)
+    llm.generate([_prompt(100 + i) for i in range(6)], SamplingParams(max_tokens=1))
+    used = e.store.stats().bytes["device"]
+    big = _prompt(999, doc=300)
+    real = e._assemble
+
+    def assemble(prompts, mode, salts, metrics):
+        if any(p == big for p in prompts):
+            raise _oom()
+        return real(prompts, mode, salts, metrics)
+
+    monkeypatch.setattr(e, "_assemble", assemble)
+    for _ in range(10):
+        with pytest.raises(torch.OutOfMemoryError):
+            llm.generate([big], SamplingParams(max_tokens=1))
+    assert e.store.budgets["device"] >= used // 2  # the floor: without it ≈ 0.26 × used (7/8 ** 10)
