@@ -423,25 +423,29 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not active:
             return
         with self._lock:
-            # the runs decoding together keep their state stacked between steps (DecodeBatch): a
-            # step's work per layer does not grow with the number of runs
-            batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
-                                  stats=self.decode_stats)
-            by_slot = [0] * len(slots)
-            for r, i in zip(active, slots, strict=True):
-                by_slot[i] = r.output.token_ids[-1]
             spared, failed = False, None
             try:
                 grew = True
                 try:
-                    batch.reserve()  # the arenas' growth; out of memory there changes nothing, so it is retried
+                    # the runs decoding together keep their state stacked between steps (DecodeBatch):
+                    # a step's work per layer does not grow with the number of runs. Packing newcomers
+                    # in and the arenas' growth may run out of memory; that changes nothing (the new
+                    # arenas are swapped in only once all are made), so it is retried
+                    batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
+                                          stats=self.decode_stats)
+                    batch.reserve()
                 except torch.OutOfMemoryError:
                     grew = False  # retried outside the handler: its traceback holds the half-grown arenas
                 if not grew:
                     self.decode_stats.regrow_oom_retries += 1
                     self._spare_memory()
                     spared = True
+                    batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
+                                          stats=self.decode_stats)
                     batch.reserve()  # out of memory again: these runs fail, as any step's error fails them
+                by_slot = [0] * len(slots)
+                for r, i in zip(active, slots, strict=True):
+                    by_slot[i] = r.output.token_ids[-1]
                 logits = batch.step(self.model, by_slot)
             except BaseException as e:
                 self._drop(active)  # these runs cannot continue: their stacked state is let go now
@@ -473,10 +477,15 @@ class Engine(ColdPrefill, PrefixPrefill):
 
     @staticmethod
     def _drop(runs: list[Running]) -> None:
+        batches = {}
         for r in runs:
             r.done = r.state.done = True
             if r.state.batch is not None:
+                batches[id(r.state.batch)] = r.state.batch
                 r.state.batch.release([r.state])  # done: dropped, not unpacked
+        for batch in batches.values():  # members that finished at the last step are left alone: no
+            if all(m.done for m in batch.members):  # step will release them, so their batch goes now
+                batch.clear()
 
     def generate(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
                  salts: list[str | None] | None = None) -> list[RequestOutput]:

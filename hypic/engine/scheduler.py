@@ -174,8 +174,10 @@ class Scheduler:
                 try:
                     self.engine.step([s.run for s in live])
                 except Exception as e:
+                    # whatever failed (the step, or sampling after it), their decode state goes now:
+                    # left packed, a state and its batch keep the arenas until the cycle collector runs
+                    self.engine.forget([s.run for s in live])
                     for s in live:
-                        s.run.done = s.run.state.done = True
                         s.events.put(Event("error", error=e))
                 else:
                     for s in live:

@@ -274,7 +274,7 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
         except Exception as e:  # noqa: BLE001 — handed to the stream, which answers or re-raises it
             await queue.put((r, e))
 
-    tasks = []
+    tasks, failed = [], False
     try:
         for r in rs:
             if r.gen.echo is not None:
@@ -305,6 +305,7 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
         if r0.gen.include_usage:
             yield _sse({**r0._envelope(True), "choices": [], "usage": _usage(rs), "hypic": r0.extension()})
     except APIError as e:
+        failed = True  # counted once, by its own kind (a timeout's job is cancelled, not finished)
         r0.metrics.count_error(e.kind)
         yield _sse(e.body())
     finally:
@@ -313,7 +314,7 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
         if any(not r.job.finished for r in rs):
             for r in rs:
                 r.job.cancel()
-            if not all(r.ended for r in rs):
+            if not failed and not all(r.ended for r in rs):
                 r0.metrics.count_error("cancelled")  # the client went away (or the server is stopping)
     yield _sse("[DONE]")
 

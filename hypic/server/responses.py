@@ -365,6 +365,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                        part=item["content"][0]),
                 _event(seq, "response.output_item.done", output_index=at, item=item)]
 
+    failed = False
     yield _event(seq, "response.created", response={**base, "status": "in_progress", "output": []})
     yield _event(seq, "response.in_progress", response={**base, "status": "in_progress", "output": []})
     try:
@@ -403,6 +404,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
             yield _event(seq, f"response.{done['status']}", response=done)
             return
     except APIError as e:
+        failed = True  # counted once, by its own kind (a timeout's job is cancelled, not finished)
         r.metrics.count_error(e.kind)
         error = {"code": e.code or e.kind, "message": e.message}
         yield _event(seq, "error", **error, param=e.param)
@@ -410,7 +412,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
     finally:
         if not r.job.finished:  # the client went away (or the server is stopping): the engine stops too
             r.job.cancel()
-            if not r.ended:
+            if not failed and not r.ended:
                 r.metrics.count_error("cancelled")
 
 

@@ -6,6 +6,7 @@ import threading
 import pytest
 import torch
 
+import hypic.engine.engine as engine_module
 from hypic import LLM, SamplingParams
 from hypic.engine.scheduler import QueueFull, Scheduler
 from hypic.models.decode_batch import DecodeBatch
@@ -128,3 +129,81 @@ def test_a_cancelled_request_lets_go_of_its_decode_state_at_once(llm) -> None:
     assert [e.kind for e in stream][-1] == "error"
     assert sub.run.state.batch is None and not batch.members and not batch.keys  # the arenas went with it
     sched.shutdown()
+
+
+def _joining_fails(monkeypatch, times: int) -> list[int]:
+    """DecodeBatch.admit into a batch that decodes already runs out of memory ``times`` times (as the
+    arenas' growth for a newcomer does, before anything changed)."""
+    real, calls = DecodeBatch.admit, []
+
+    def failing(self, states) -> None:
+        if self.members and states and len(calls) < times:
+            calls.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        real(self, states)
+
+    monkeypatch.setattr(DecodeBatch, "admit", failing)
+    return calls
+
+
+def test_a_newcomer_s_arena_growth_out_of_memory_is_retried(llm, monkeypatch) -> None:
+    """A request joining the running ones grows the batch's arenas (Engine.step's gather): out of
+    memory there is retried after sparing memory, as the step's own growth is; nobody fails."""
+    sched = Scheduler(llm.engine, max_running=2)
+    first, second = SamplingParams(max_tokens=12), SamplingParams(max_tokens=4)
+    want = [llm.generate([_prompt(9)], first)[0].token_ids, llm.generate([_prompt(10)], second)[0].token_ids]
+    calls = _joining_fails(monkeypatch, 1)
+    a = sched.submit(_prompt(9), first)
+    stream = a.stream(timeout=60)
+    assert next(stream).kind == "token" and next(stream).kind == "token"  # decoding: packed in a batch
+    b = sched.submit(_prompt(10), second)
+    outs = [list(stream)[-1], list(b.stream(timeout=60))[-1]]
+    sched.shutdown()
+    assert calls == [1]
+    assert [o.kind for o in outs] == ["done", "done"]
+    assert [o.output.token_ids for o in outs] == want
+
+
+def test_a_failed_step_lets_go_of_its_decode_state(llm, monkeypatch) -> None:
+    """Out of memory again when a request joins, or any error after the step (sampling): the step's
+    requests fail and their stacked state — the running one's arenas too — goes at once."""
+    sched = Scheduler(llm.engine, max_running=2)
+    _joining_fails(monkeypatch, 2)
+    a = sched.submit(_prompt(13), SamplingParams(max_tokens=400))
+    stream = a.stream(timeout=60)
+    assert next(stream).kind == "token" and next(stream).kind == "token"
+    batch = a.run.state.batch
+    assert batch is not None
+    b = sched.submit(_prompt(14), SamplingParams(max_tokens=4))
+    outs = [list(stream)[-1], list(b.stream(timeout=60))[-1]]
+    assert [o.kind for o in outs] == ["error", "error"] and "out of memory" in str(outs[0].error)
+    assert a.run.state.batch is None and not batch.members and not batch.keys
+    monkeypatch.undo()
+    real, calls = engine_module.sample, []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # the first token, then the third decode step
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0 (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "sample", failing)
+    c = sched.submit(_prompt(15), SamplingParams(max_tokens=400))
+    events = list(c.stream(timeout=60))
+    assert events[-1].kind == "error" and "simulated" in str(events[-1].error)
+    assert c.run.state.batch is None  # not left packed for the cycle collector
+    sched.shutdown()
+
+
+def test_forgetting_the_last_live_run_frees_the_batch(llm) -> None:
+    """A run that finished at the last step is still packed (the next step would release it); when
+    the others are forgotten instead (cancelled), the batch and its arenas go all the same."""
+    engine = llm.engine
+    short, long = engine.start([_prompt(11), _prompt(12)], [SamplingParams(max_tokens=3),
+                                                            SamplingParams(max_tokens=400)])
+    while not short.done:
+        engine.step([short, long])
+    batch = long.state.batch
+    assert batch is not None and short.state in batch.members
+    engine.forget([long])
+    assert not batch.members and not batch.keys and short.state.batch is None

@@ -119,8 +119,12 @@ def test_request_timeout(endless: LLM) -> None:
                                               timeout=60).text.splitlines() if line]
         assert json.loads(events[-2].removeprefix("data: "))["error"]["type"] == "timeout_error"
         assert events[-1] == "data: [DONE]"
+        responses = httpx.post(f"{live.url}/v1/responses", json={"input": "who?", "max_output_tokens": LONG,
+                                                                  "stream": True}, timeout=60).text
+        assert '"code": "timeout"' in responses and "response.failed" in responses
         wait_for(idle(live.url))
-        assert metric(live.url, 'hypic_errors_total{kind="timeout"}') == 2
+        assert metric(live.url, 'hypic_errors_total{kind="timeout"}') == 3
+        assert metric(live.url, 'hypic_errors_total{kind="cancelled"}') == 0  # a timeout is counted once
     finally:
         live.stop()
 
