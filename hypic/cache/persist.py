@@ -9,16 +9,20 @@ the weights, since a checkpoint retrained in place keeps its folder and configur
 the files from least to most recently used, so loading them in order restores recency, and a
 smaller budget keeps the most recent.
 
-Every file is written under a temporary name and renamed, the manifest last; files no manifest
-names are removed after it. A save cut off midway leaves the folder loadable (the previous
-manifest, whose files a save only ever replaces with the same content, or the new one). A load
-that meets a bad file stops with an error naming it; what it loaded before stays, consistent.
+Every file is written under a temporary name, flushed to disk (fsync) and renamed, the folder
+synced before the manifest is renamed in and again after it; files no manifest names are removed
+after it. A save cut off midway — the process killed or the machine losing power — leaves the
+folder loadable (the previous manifest, whose files a save only ever replaces with the same
+content, or the new one). Each entry's header carries a CRC-32 of its bytes: a file damaged on
+disk is refused, never served. A load that meets a bad file stops with an error naming it; what
+it loaded before stays, consistent.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,7 +33,8 @@ from hypic.cache.layout import Header, header_of, pack_into, unpack
 from hypic.cache.store import SegmentStore
 from hypic.models.fingerprint import same_weights
 
-FORMAT = 1
+FORMAT = 2  # 2: each entry's header carries the CRC-32 of its bytes
+READS = (1, 2)
 MANIFEST = "manifest.json"
 SUFFIX = ".entry"
 
@@ -43,14 +48,17 @@ class Stamp:
     weights: list[float]  # ``hypic.models.fingerprint.weight_fingerprint``
 
 
-def _encode(h: Header) -> bytes:
+def _encode(h: Header, crc: int) -> bytes:
     return (json.dumps({"key": h.key.digest.hex(), "length": h.key.length, "token_ids": list(h.token_ids),
-                        "seam": h.seam, "fields": [list(f) for f in h.fields], "nbytes": h.nbytes}) + "\n").encode()
+                        "seam": h.seam, "fields": [list(f) for f in h.fields], "nbytes": h.nbytes,
+                        "crc32": crc}) + "\n").encode()
 
 
-def _decode(line: bytes, where: Path) -> Header:
+def _decode(line: bytes, where: Path, fmt: int) -> tuple[Header, int | None]:
+    """The header and the CRC-32 of the bytes after it (None in a format 1 file, which has none)."""
     try:
         d = json.loads(line)
+        crc = int(d["crc32"]) if fmt >= 2 else None
         key = SegmentKey(bytes.fromhex(d["key"]), int(d["length"]))
         fields = tuple((str(s), int(layer), str(dt), tuple(int(n) for n in shape), int(off))
                        for s, layer, dt, shape, off in d["fields"])
@@ -59,15 +67,32 @@ def _decode(line: bytes, where: Path) -> Header:
         raise ValueError(f"cache file {where}: not an entry header ({e})") from None
     if key.length != len(header.token_ids) or where.name != key.digest.hex() + SUFFIX:
         raise ValueError(f"cache file {where}: its header does not match its name or its tokens")
-    return header
+    return header, crc
 
 
 def _write(path: Path, parts: list[bytes | memoryview]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        for p in parts:
-            f.write(p)
-    os.replace(tmp, path)
+    """``parts`` into ``path`` whole or not at all: a temporary file (of this process: another
+    process saving into the folder never writes into it) flushed to disk, then renamed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for p in parts:
+                f.write(p)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes on disk before the name: a crash never leaves a named, empty file
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _sync(folder: Path) -> None:
+    """The folder's entries (the renames into it, the removals) on disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
@@ -82,10 +107,13 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
         if store.device.type == "cuda":
             torch.cuda.synchronize(store.device)  # the copies to the host were queued, not done
         name = entry.key.digest.hex() + SUFFIX
-        _write(folder / name, [_encode(header), memoryview(buf.numpy())])
+        data = memoryview(buf.numpy())
+        _write(folder / name, [_encode(header, zlib.crc32(data)), data])
         names.append(name)
+    _sync(folder)  # every entry file in place before a manifest names it
     manifest = {"format": FORMAT, "model": asdict(stamp), "entries": names}
     _write(folder / MANIFEST, [json.dumps(manifest).encode()])
+    _sync(folder)
     for stale in set(folder.glob("*" + SUFFIX)) - {folder / n for n in names}:
         stale.unlink()
     return len(names)
@@ -107,6 +135,7 @@ def forget(folder: str | Path, digests: set[bytes]) -> int:
     keep = [n for n in entries if n not in gone]
     if len(keep) != len(entries):
         _write(folder / MANIFEST, [json.dumps({**manifest, "entries": keep}).encode()])
+        _sync(folder)  # the manifest without them on disk before their files go
     for name in gone:
         (folder / name).unlink(missing_ok=True)
     return len(entries) - len(keep)
@@ -125,28 +154,34 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     except (OSError, ValueError) as e:
         raise ValueError(f"cache folder {folder}: unreadable {MANIFEST} ({e})") from None
     fmt = manifest.get("format") if isinstance(manifest, dict) else None
-    if fmt != FORMAT:
-        raise ValueError(f"cache folder {folder}: format {fmt}, this hypic reads format {FORMAT}")
-    saved = manifest.get("model", {})
+    if fmt not in READS:
+        raise ValueError(f"cache folder {folder}: format {fmt}, this hypic reads formats {READS}")
+    saved, names = manifest.get("model"), manifest.get("entries", [])
+    if not isinstance(saved, dict) or not isinstance(names, list):
+        raise ValueError(f"cache folder {folder}: {MANIFEST} has no model stamp or entry list")
     if saved.get("fingerprint") != stamp.fingerprint or saved.get("dtype") != stamp.dtype:
         raise ValueError(f"cache folder {folder}: saved for another model, model folder or dtype "
                          f"({saved.get('dtype')}); remove it or point --cache-dir elsewhere")
-    if not same_weights(saved.get("weights", []), stamp.weights):
+    weights = saved.get("weights")
+    if not isinstance(weights, list) or not all(isinstance(w, (int, float)) for w in weights) \
+            or not same_weights(weights, stamp.weights):
         raise ValueError(f"cache folder {folder}: computed by other weights than this model's (a checkpoint "
                          "changed in place?); remove it")
     inserted = 0
-    for name in manifest.get("entries", []):
+    for name in names:
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(SUFFIX):
             raise ValueError(f"cache folder {folder}: {MANIFEST} names {name!r}, not an entry file of this folder")
         path = folder / name
         try:
             with open(path, "rb") as f:
-                header = _decode(f.readline(), path)
+                header, crc = _decode(f.readline(), path, fmt)
                 data = f.read()
         except OSError as e:
             raise ValueError(f"cache file {path}: unreadable ({e})") from None
         if len(data) != header.nbytes:
             raise ValueError(f"cache file {path}: {len(data)} bytes after its header, expected {header.nbytes}")
+        if crc is not None and zlib.crc32(data) != crc:
+            raise ValueError(f"cache file {path}: its bytes do not match their checksum (damaged on disk)")
         buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(store.device)
         try:
             entry = unpack(header, buf)

@@ -372,18 +372,22 @@ class Engine(ColdPrefill, PrefixPrefill):
         """Forget documents (changed, withdrawn, or not to be kept): each one's entries — under the
         seam the modes with seams use and under none — every ``prefix`` state whose prefix holds it,
         and, with ``saved`` (a folder ``save_cache`` wrote), its saved entries. Per segment: whether
-        anything of it was cached. Under the engine's lock, between calls, when no entry is pinned."""
-        out = []
+        anything of it was cached. Under the engine's lock, between calls, when no entry is pinned.
+        Every document leaves memory before the saved folder is touched: a folder that cannot be
+        updated (ValueError, OSError) leaves none of them served."""
+        out, digests = [], []
         with self._lock:
             for ids in segments:
                 keys = {segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name,
                                     salt=salt) for seam in {self.seam, 0}}
-                digests = {k.digest for k in keys}
+                digests.append({k.digest for k in keys})
                 status = [self.store.discard(k, tuple(ids)) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
-                dropped = self.prefix.discard_containing(digests)
-                on_disk = 0 if saved is None else persist.forget(saved, digests)
-                out.append("evicted" in status or dropped > 0 or on_disk > 0)
+                dropped = self.prefix.discard_containing(digests[-1])
+                out.append("evicted" in status or dropped > 0)
+            if saved is not None:
+                for i, d in enumerate(digests):
+                    out[i] = persist.forget(saved, d) > 0 or out[i]
         return out
 
     @torch.no_grad()

@@ -275,8 +275,12 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         """Forget documents: their cache entries (every tier) and the prefix states holding them."""
         req, ids = await segments_body(request)
         async with state.prewarm_lock:
-            evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
-                                              saved=settings.cache_dir)  # gone from the saved cache too
+            try:
+                evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
+                                                  saved=settings.cache_dir)  # gone from the saved cache too
+            except (ValueError, OSError) as e:  # the folder, not the request: gone from memory, not from it
+                raise APIError(500, f"the documents left the cache, but the saved cache could not be updated: {e}",
+                               kind="internal", type="server_error") from None
         metrics.evicted_segments.inc(sum(evicted))
         return {"object": "list", "model": settings.model_name,
                 "data": [{"index": i, "tokens": len(seg), "evicted": e}

@@ -4,6 +4,7 @@ most recent; a folder of another model, dtype or weights, or a damaged file, is 
 error that names it, and the store stays consistent and serving."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hypic import LLM, SamplingParams
+from hypic.cache import persist
 from hypic.cache.host_arena import HostArena
 from hypic.cache.persist import MANIFEST, Stamp, load, save
 from hypic.cache.store import SegmentStore
@@ -130,3 +132,70 @@ def test_both_tiers_are_saved_and_load_back_bitwise_in_recency_order(tmp_path, d
     for e in originals.values():
         got = other.lookup(e.key, e.token_ids)
         assert got is not None and got.keys[3].device.type == device and _same(got, e)
+
+
+def _small_store(device: str = "cpu") -> SegmentStore:
+    store = SegmentStore(torch.device(device))
+    for d in range(3):
+        assert store.insert(_entry(d).to(device, "device"))
+    return store
+
+
+def test_an_entry_damaged_on_disk_is_refused_not_served(tmp_path) -> None:
+    """A byte flipped in an entry's tensors (the file keeps its length) is caught by its checksum."""
+    stamp = Stamp("m", "bfloat16", [1.0, 2.0])
+    save(_small_store(), tmp_path, stamp)
+    victim = sorted(tmp_path.glob("*.entry"))[1]
+    raw = bytearray(victim.read_bytes())
+    raw[-7] ^= 0x10  # in the tensors' bytes, past the header line
+    victim.write_bytes(bytes(raw))
+    other = SegmentStore(torch.device("cpu"))
+    with pytest.raises(ValueError, match=f"{victim.name}.*checksum"):
+        load(other, tmp_path, stamp)
+    assert other.check_integrity()
+
+
+def test_a_folder_of_the_first_format_still_loads_and_a_bad_stamp_is_a_value_error(tmp_path) -> None:
+    stamp = Stamp("m", "bfloat16", [1.0, 2.0])
+    save(_small_store(), tmp_path, stamp)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    for f in tmp_path.glob("*.entry"):  # format 1: no checksum in the headers
+        head, _, data = f.read_bytes().partition(b"\n")
+        header = json.loads(head)
+        del header["crc32"]
+        f.write_bytes(json.dumps(header).encode() + b"\n" + data)
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "format": 1}))
+    assert load(SegmentStore(torch.device("cpu")), tmp_path, stamp) == 3
+    for bad, needle in (({"model": None}, "model stamp"), ({"entries": "x.entry"}, "entry list"),
+                        ({"model": {**manifest["model"], "weights": ["1.0", 2.0]}}, "other weights")):
+        (tmp_path / MANIFEST).write_text(json.dumps({**manifest, **bad}))
+        with pytest.raises(ValueError, match=needle):
+            load(SegmentStore(torch.device("cpu")), tmp_path, stamp)
+
+
+def test_a_saved_file_is_on_disk_before_a_manifest_names_it(tmp_path, monkeypatch) -> None:
+    """A machine losing power mid-save must not leave a manifest naming empty files (the server
+    would then refuse to start until the folder is removed): each file's bytes are synced before
+    its rename, the folder after the entries' renames and before (and after) the manifest's."""
+    events: list[tuple[str, ...]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append(("fsync", os.path.realpath(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append(("replace", os.path.realpath(src), os.path.realpath(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(persist.os, "fsync", fsync)
+    monkeypatch.setattr(persist.os, "replace", replace)
+    save(_small_store(), tmp_path, Stamp("m", "bfloat16", [1.0]))
+    folder = os.path.realpath(tmp_path)
+    renames = [i for i, e in enumerate(events) if e[0] == "replace"]
+    assert len(renames) == 4 and events[renames[-1]][2] == os.path.join(folder, MANIFEST)
+    for i in renames:
+        assert ("fsync", events[i][1]) in events[:i]  # the file's bytes before its name
+    assert ("fsync", folder) in events[renames[-2]:renames[-1]]  # the entries' names before the manifest
+    assert ("fsync", folder) in events[renames[-1]:]
+    assert not list(tmp_path.glob("*.tmp"))

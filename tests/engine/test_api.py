@@ -305,3 +305,8 @@ def test_evicting_with_a_saved_cache_keeps_the_document_from_coming_back(qwen3_5
     restarted = LLM(str(qwen3_5_path), device="cpu")
     assert restarted.load_cache(tmp_path) == 1
     assert restarted.prewarm([doc, other]) == [False, True]  # the evicted one rebuilt, the other loaded
+    # a saved folder that cannot be updated: the error names it, and every document left memory first
+    (tmp_path / "manifest.json").write_text("{damaged")
+    with pytest.raises(ValueError, match="unreadable manifest.json"):
+        restarted.evict([doc, other], saved=tmp_path)
+    assert restarted.prewarm([doc, other]) == [False, False]

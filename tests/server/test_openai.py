@@ -474,5 +474,12 @@ def test_the_cache_is_saved_on_request_into_the_servers_cache_dir(http: httpx.Cl
         after = LLM(str(model_dir), device="cpu")
         assert after.load_cache(tmp_path / "cache") == loaded - 1
         assert after.prewarm([doc]) == [False]
+        # a saved folder damaged under the server: a 500 that says so, the documents gone from memory anyway
+        other = rag(2)[0]
+        h.post("/v1/segments", json={"segments": [other]}).raise_for_status()
+        (tmp_path / "cache" / "manifest.json").write_text("{damaged")
+        broken = h.post("/v1/segments/evict", json={"segments": [doc, other]})
+        assert broken.status_code == 500 and "manifest.json" in broken.json()["error"]["message"]
+        assert h.post("/v1/segments", json={"segments": [other]}).json()["data"][0]["cached"] is False
     finally:
         live.stop()
