@@ -46,8 +46,9 @@ class SamplingParams:
             raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ValueError(f"seed: expected an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -2**63 <= self.seed < 2**64):
+            raise ValueError(f"seed: expected an integer in [-2**63, 2**64) or None, got {self.seed!r}")
         if not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs: expected an integer in [0, 20], got {self.logprobs!r}")
         for name in ("presence_penalty", "frequency_penalty"):

@@ -40,17 +40,23 @@ def default_device() -> torch.device:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
-        files = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        weight_map = _read_json(index).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise ValueError(f"{index}: weight_map must map tensor names to file names")
+        files = sorted(set(weight_map.values()))
         if not files:
             raise ValueError(f"{index}: weight_map is empty")
         for name in files:
@@ -85,7 +91,11 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                                                                       "experts.down_proj"))}
     loaded: set[str] = set()
     for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        try:
+            handle = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as e:  # safetensors' own error type: a damaged or truncated file
+            raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+        with handle as f:
             for name in f.keys():
                 target = arch_name_map(name)
                 if target is None:
@@ -97,6 +107,9 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                     raise ValueError(f"{file.name}: tensor {name!r} does not belong to this model")
                 target, param = dest
                 tensor = f.get_tensor(name)
+                if not tensor.dtype.is_floating_point:  # an integer/bool tensor cast into a weight: silently wrong
+                    raise ValueError(f"{file.name}: tensor {name!r} has dtype {tensor.dtype}, "
+                                     f"expected a floating-point tensor")
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise ValueError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, "
                                      f"the model expects {list(param.shape)}")
@@ -111,6 +124,23 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
         raise ValueError(f"{files[0].parent}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return default_device()
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {device!r} is not a device ({e})") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device} requested but CUDA is not available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device} requested but only {torch.cuda.device_count()} CUDA devices exist")
+    elif device.type != "cpu":
+        raise ValueError(f"device: expected cpu or cuda, got {device}")
+    return device
+
+
 def load_model(path: str | Path, *, device: str | torch.device | None = None,
                dtype: torch.dtype | str | None = None) -> LoadedModel:
     path = Path(path)
@@ -118,15 +148,21 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"model: {path} is not a directory")
     config = _read_json(path / "config.json")
     arch = resolve(config)
-    device = torch.device(device) if device is not None else default_device()
+    device = _device(device)
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if isinstance(dtype, str):
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
-        if dtype is None:
-            raise ValueError("dtype: expected float32, bfloat16 or float16")
+        dtype = dtypes.get(dtype, dtype)
+    if dtype is not None and dtype not in dtypes.values():
+        raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype!r}")
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     files = checkpoint_files(path)
-    with torch.device("meta"):
-        model = arch.build(config)
+    try:
+        with torch.device("meta"):
+            model = arch.build(config)
+    except KeyError as e:
+        raise ValueError(f"{path / 'config.json'}: missing key {e.args[0]!r}") from None
+    except TypeError as e:  # a value of the wrong type (a string for a size, ...)
+        raise ValueError(f"{path / 'config.json'}: a value has the wrong type ({e})") from None
     model = model.to(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -137,7 +173,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
     if (path / "tokenizer.json").exists():
         from tokenizers import Tokenizer
 
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception
+            raise ValueError(f"{path / 'tokenizer.json'}: not a valid tokenizer ({e})") from None
     elif (path / "tiktoken.model").exists() and config.get("model_type") in PATTERNS:
         # Kimi-Linear ships a tiktoken file and remote code: converted here (hypic.models.tiktoken_file)
         tokenizer = tiktoken_tokenizer(path / "tiktoken.model", PATTERNS[config["model_type"]],

@@ -43,8 +43,9 @@ MODEL_TYPES: dict[str, str] = {
 
 
 def resolve(config: dict[str, Any]) -> Architecture:
-    names = list(config.get("architectures") or [])
-    if config.get("model_type") in MODEL_TYPES:
+    names = config.get("architectures") or []
+    names = [names] if isinstance(names, str) else list(names) if isinstance(names, list) else []
+    if isinstance(config.get("model_type"), str) and config["model_type"] in MODEL_TYPES:
         names.append(MODEL_TYPES[config["model_type"]])
     for name in names:
         if name in ARCHITECTURES:

@@ -237,7 +237,7 @@ def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
     (dict(repetition_penalty=0.0), "repetition_penalty"), (dict(repetition_penalty=2.5), "repetition_penalty"),
     (dict(stop_token_ids=[-1]), "stop_token_ids"), (dict(stop_token_ids=5), "stop_token_ids"),
     (dict(ignore_eos=1), "ignore_eos"), (dict(max_tokens=4, min_tokens=5), "min_tokens"),
-    (dict(min_tokens=-1), "min_tokens"),
+    (dict(min_tokens=-1), "min_tokens"), (dict(seed=2**64), "seed"), (dict(seed=-2**63 - 1), "seed"),
 ])
 def test_bad_sampling_params(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):

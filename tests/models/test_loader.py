@@ -65,3 +65,36 @@ def test_missing_tensor_and_folder(checkpoint, tmp_path) -> None:
     (path / "config.json").unlink()
     with pytest.raises(ValueError, match="config.json"):
         load_model(path, device="cpu")
+
+
+def test_bad_config_index_tensor_and_device_are_value_errors(checkpoint, tmp_path) -> None:
+    path = _copy(checkpoint[0], tmp_path / "c")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
+    with pytest.raises(ValueError, match="missing key 'hidden_size'"):
+        load_model(path, device="cpu")
+    (path / "config.json").write_text(json.dumps({**cfg, "hidden_size": "128"}))
+    with pytest.raises(ValueError, match="config.json"):
+        load_model(path, device="cpu")
+    (path / "config.json").write_text("[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        load_model(path, device="cpu")
+    (path / "config.json").write_text(json.dumps(cfg))
+    for device in ("gpu", "cuda:99" if torch.cuda.is_available() else "cuda", "meta"):
+        with pytest.raises(ValueError, match="device"):
+            load_model(path, device=device)
+    for dtype in ("fp16", torch.int8, torch.float64, 3):
+        with pytest.raises(ValueError, match="dtype"):
+            load_model(path, device="cpu", dtype=dtype)
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+    with pytest.raises(ValueError, match="weight_map"):
+        load_model(path, device="cpu")
+    (path / "model.safetensors.index.json").unlink()
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.norm.weight"] = torch.ones_like(tensors["model.norm.weight"], dtype=torch.int32)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="model.norm.weight.*int32"):  # never silently cast into a weight
+        load_model(path, device="cpu")
+    (path / "model.safetensors").write_bytes(b"garbage" * 10)
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_model(path, device="cpu")
