@@ -170,6 +170,10 @@ class LLM:
         batch = [conversations] if isinstance(conversations[0], dict) else list(conversations)
         if self._chat_template is None:
             self._chat_template = ChatTemplate.from_model(self.loaded.tokenizer_config, self.loaded.path)
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs: expected a dict, got {type(chat_template_kwargs).__name__}")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ValueError("tools: expected a list of tool objects (dicts)")
         context = {**(chat_template_kwargs or {}), "tools": tools}
         prompts = []
         for k, messages in enumerate(batch):
@@ -187,6 +191,8 @@ class LLM:
         """Forget documents (changed or withdrawn): their entries, the prefix states holding them and,
         with ``saved``, their entries in that saved cache folder; per document, whether anything of it
         was cached (``Engine.evict_segments``)."""
+        if saved is not None and not isinstance(saved, (str, Path)):
+            raise ValueError(f"saved: expected a folder path, got {type(saved).__name__}")
         return self.engine.evict_segments(self._documents(documents), salt=self._salt(cache_salt), saved=saved)
 
     def _documents(self, documents: list[str | list[int]]) -> list[list[int]]:

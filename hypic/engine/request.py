@@ -42,9 +42,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise ValueError(f"max_tokens: expected an integer ≥ 1, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
+        if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
+                or not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
+        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not -2**63 <= self.seed < 2**64):

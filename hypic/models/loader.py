@@ -60,6 +60,8 @@ def checkpoint_files(path: Path) -> list[Path]:
         if not files:
             raise ValueError(f"{index}: weight_map is empty")
         for name in files:
+            if Path(name).name != name:  # a shard is a file of the model's folder, never a path out of it
+                raise ValueError(f"{index}: weight_map names {name!r}, not a file of this folder")
             if not (path / name).exists():
                 raise ValueError(f"{path / name}: shard listed in {index.name} is missing")
         return [path / f for f in files]

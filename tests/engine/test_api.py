@@ -238,6 +238,7 @@ def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
     (dict(stop_token_ids=[-1]), "stop_token_ids"), (dict(stop_token_ids=5), "stop_token_ids"),
     (dict(ignore_eos=1), "ignore_eos"), (dict(max_tokens=4, min_tokens=5), "min_tokens"),
     (dict(min_tokens=-1), "min_tokens"), (dict(seed=2**64), "seed"), (dict(seed=-2**63 - 1), "seed"),
+    (dict(temperature=True), "temperature"), (dict(top_p=True), "top_p"),
 ])
 def test_bad_sampling_params(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -260,6 +261,13 @@ def test_bad_engine_arguments(llm, qwen3_5_path, monkeypatch) -> None:
         LLM(str(qwen3_5_path), device="cpu")
     monkeypatch.delenv("HYPIC_COMBINE_PRECISION")
     assert torch.isfinite(llm.engine.prefill_logits([[[1, 2, 3], [4]]])[0]).all()
+    ask = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match="chat_template_kwargs"):
+        llm.chat(ask, chat_template_kwargs="x")
+    with pytest.raises(ValueError, match="tools"):
+        llm.chat(ask, tools="get_weather")
+    with pytest.raises(ValueError, match="saved"):
+        llm.evict(["a document"], saved=3)
 
 
 def test_evicted_documents_miss_and_leave_other_tenants_and_documents_alone(llm) -> None:

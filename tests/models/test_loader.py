@@ -89,6 +89,9 @@ def test_bad_config_index_tensor_and_device_are_value_errors(checkpoint, tmp_pat
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
     with pytest.raises(ValueError, match="weight_map"):
         load_model(path, device="cpu")
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../model.safetensors"}}))
+    with pytest.raises(ValueError, match="not a file of this folder"):  # never a file outside the model
+        load_model(path, device="cpu")
     (path / "model.safetensors.index.json").unlink()
     tensors = load_file(path / "model.safetensors")
     tensors["model.norm.weight"] = torch.ones_like(tensors["model.norm.weight"], dtype=torch.int32)
