@@ -23,7 +23,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from hypic.engine.request import SamplingParams
 from hypic.engine.scheduler import QueueFull, Scheduler
 from hypic.eval.trace import Trace
 from hypic.models.decode_batch import DecodeStats
+from hypic.models.step_graph import pool_bytes
 
 
 @dataclass(frozen=True)
@@ -210,11 +210,7 @@ class EngineTarget:
 def _graph_pools(engine) -> str:
     """A note's line on the device memory CUDA graphs' private pools hold (a pool's memory serves
     only captures into it), and how much of it is the cold graphs' pool (``ColdGraphs.pool``)."""
-    pools: dict[tuple[int, int], int] = defaultdict(int)
-    for seg in torch.cuda.memory_snapshot():
-        pool = tuple(seg.get("segment_pool_id", (0, 0)))
-        if pool != (0, 0) and seg.get("device", engine.device.index or 0) == (engine.device.index or 0):
-            pools[pool] += seg["total_size"]
+    pools = pool_bytes(engine.device)
     runner = engine._graphs.get("1")
     cold = pools.get(tuple(runner.pool.id), 0) if runner is not None and runner.pool is not None else 0
     return (f"graph pools: {sum(pools.values()) / 2**30:.1f} GiB in {len(pools)}, "

@@ -36,7 +36,7 @@ from hypic.engine.sampling import sample
 from hypic.engine.scoring import score_prompt
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
-from hypic.models.decode_batch import DecodeStats, gather
+from hypic.models.decode_batch import DecodeBatch, DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
 from hypic.models.layers.fused import fuse_projections
 from hypic.models.loader import LoadedModel
@@ -427,26 +427,28 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not active:
             return
         with self._lock:
+            def pack() -> tuple[DecodeBatch, list[int]]:
+                # the runs decoding together keep their state stacked between steps (DecodeBatch): a
+                # step's work per layer does not grow with the number of runs. Packing newcomers in
+                # and the arenas' growth may run out of memory; that changes nothing (the new arenas
+                # are swapped in only once all are made), so it is retried
+                batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
+                                      stats=self.decode_stats)
+                batch.reserve()
+                return batch, slots
+
             spared, failed = False, None
             try:
-                grew = True
                 try:
-                    # the runs decoding together keep their state stacked between steps (DecodeBatch):
-                    # a step's work per layer does not grow with the number of runs. Packing newcomers
-                    # in and the arenas' growth may run out of memory; that changes nothing (the new
-                    # arenas are swapped in only once all are made), so it is retried
-                    batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
-                                          stats=self.decode_stats)
-                    batch.reserve()
+                    batch, slots = pack()
+                    grew = True
                 except torch.OutOfMemoryError:
                     grew = False  # retried outside the handler: its traceback holds the half-grown arenas
                 if not grew:
                     self.decode_stats.regrow_oom_retries += 1
                     self._spare_memory()
                     spared = True
-                    batch, slots = gather([r.state for r in active], self.device, graphs=self.decode_graphs,
-                                          stats=self.decode_stats)
-                    batch.reserve()  # out of memory again: these runs fail, as any step's error fails them
+                    batch, slots = pack()  # out of memory again: these runs fail, as any step's error fails them
                 by_slot = [0] * len(slots)
                 for r, i in zip(active, slots, strict=True):
                     by_slot[i] = r.output.token_ids[-1]

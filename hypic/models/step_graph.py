@@ -63,20 +63,29 @@ class GraphPool:
     @property
     def nbytes(self) -> int:
         """The device memory the pool holds now (the allocator's segments of it)."""
-        index = self._device.index if self._device.index is not None else torch.cuda.current_device()
-        return sum(seg["total_size"] for seg in torch.cuda.memory_snapshot()
-                   if tuple(seg.get("segment_pool_id", ())) == tuple(self.id) and seg.get("device", index) == index)
+        return pool_bytes(self._device).get(tuple(self.id), 0)
 
 
-_pools: dict[tuple[torch.device, str], GraphPool] = {}
+def pool_bytes(device: torch.device) -> dict[tuple[int, int], int]:
+    """The device memory each graph pool on ``device`` holds now: pool id → bytes of its segments."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pools: dict[tuple[int, int], int] = {}
+    for seg in torch.cuda.memory_snapshot():
+        pool = tuple(seg.get("segment_pool_id", (0, 0)))
+        if pool != (0, 0) and seg.get("device", index) == index:
+            pools[pool] = pools.get(pool, 0) + seg["total_size"]
+    return pools
 
 
-def shared_pool(device: torch.device, purpose: str = "decode") -> tuple[int, int]:
-    """The id of this device's pool for ``purpose``, kept for the process's life (decode steps under
-    ``HYPIC_GRAPH_POOL=shared``). Call on a side stream: it captures its anchor."""
-    if (device, purpose) not in _pools:
-        _pools[device, purpose] = GraphPool(device)
-    return _pools[device, purpose].id
+_pools: dict[torch.device, GraphPool] = {}
+
+
+def shared_pool(device: torch.device) -> tuple[int, int]:
+    """The id of this device's decode-step pool, kept for the process's life (``HYPIC_GRAPH_POOL=shared``).
+    Call on a side stream: it captures its anchor."""
+    if device not in _pools:
+        _pools[device] = GraphPool(device)
+    return _pools[device].id
 
 
 class StepGraph:
