@@ -111,6 +111,7 @@ class EngineTarget:
         self._graph_counts: dict[str, int] = {}
         self._retries = 0  # the allocator's retries as of the last note
         self._oom = dict(engine.out_of_memory)  # prefill calls that ran out of memory, as of the last note
+        self._shed = dict(engine.cache_shed)  # the device tier's sheds, as of the last note
 
     def begin(self, mode: str) -> None:
         self.close()
@@ -157,6 +158,13 @@ class EngineTarget:
             line += "; out of memory: " + ", ".join(f"{oom[k] - self._oom[k]} {k}" for k in oom)
             line += " (cold graphs released)" if self.engine._graphs_released else ""
             self._oom = oom
+        shed = dict(self.engine.cache_shed)
+        if shed != self._shed:  # the device tier gave up part of itself (a budget set too large settles)
+            budget = self.engine.store.budgets["device"]
+            line += (f"; the cache shed {shed['times'] - self._shed['times']} times, "
+                     f"{(shed['bytes'] - self._shed['bytes']) / 2**30:.1f} GiB, device budget now "
+                     + ("none" if budget is None else f"{budget / 2**30:.1f} GiB"))
+            self._shed = shed
         if self.engine.device.type == "cuda":
             # an allocation that found no room makes the allocator free every cached block (a device
             # sync) and retry: the count says whether memory pressure stalled the block
