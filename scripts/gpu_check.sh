@@ -32,6 +32,8 @@
 #                        "1 0 1 0": alternating), GPU_TRACE_AB_RATES (default 16,24,32,48), GPU_TRACE_AB_SECONDS
 #                        each (default 140); after a short unmeasured trace that compiles the Triton kernels
 #                        (GPU_TRACE_AB_PRIME=0 skips it); GPU_TRACE_AB_ENV="NAME=VALUE ..." holds for every arm
+#   GPU_BUDGET_AB=1      the same trace (cold graphs off) at each device budget of GPU_BUDGET_AB_VALUES (GiB or
+#                        auto; default "74 auto 74"), GPU_BUDGET_AB_RATES (default 24,32), one process each
 #   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
 #                        under cProfile (bench trace --profile): where the host time of a block goes
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all;
@@ -111,6 +113,15 @@ if [ "${GPU_TRACE_AB:-0}" = 1 ]; then
       --rates "${GPU_TRACE_AB_RATES:-16,24,32,48}" --out "$OUT/$name.md"
   done
 fi
+if [ "${GPU_BUDGET_AB:-0}" = 1 ]; then
+  k=0
+  for b in ${GPU_BUDGET_AB_VALUES:-74 auto 74}; do
+    k=$((k + 1)) extra=""
+    [ "$b" != auto ] && extra="--cache-gib $b"
+    section "budget_ab_${k}_$b" "${GPU_BUDGET_AB_SECONDS:-150}" env HYPIC_COLD_GRAPHS=0 $TRACE1024 $extra \
+      --rates "${GPU_BUDGET_AB_RATES:-24,32}" --out "$OUT/budget_ab_${k}_$b.md"
+  done
+fi
 [ "${GPU_LOOP_PROFILE:-0}" = 1 ] && section loop_profile "${GPU_LOOP_PROFILE_SECONDS:-200}" $TRACE1024 \
   --rates "${GPU_LOOP_PROFILE_RATES:-32}" --profile "$OUT/loop.prof" --out "$OUT/loop_profile.md"
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
@@ -125,7 +136,7 @@ done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/cold_ab.txt" ] && cat "$OUT/cold_ab.txt"
-for f in "$OUT"/trace_host_*.log "$OUT"/trace_ab_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
+for f in "$OUT"/trace_host_*.log "$OUT"/trace_ab_*.log "$OUT"/budget_ab_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
 [ -f "$OUT/loop_profile.log" ] && grep -E -A 40 "^the serving loop's profile" "$OUT/loop_profile.log" | head -n 45
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
 [ -f "$OUT/quality.log" ] && grep -E 'Error' "$OUT/quality.log" | tail -n 5
