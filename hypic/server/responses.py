@@ -207,6 +207,11 @@ def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
             "name": fmt.name, **({} if fmt.schema_ is None else {"schema": fmt.schema_}),
             **({} if fmt.strict is None else {"strict": fmt.strict})}}
     elif fmt is not None:
+        for field, value in (("schema", fmt.schema_), ("name", fmt.name), ("strict", fmt.strict),
+                             ("description", fmt.description)):
+            if value is not None:  # dropped, the answer would not be held to the schema the client sent
+                raise bad_request(f"text.format.{field}: only with type json_schema, not {fmt.type}",
+                                  f"text.format.{field}")
         response_format = {"type": fmt.type}
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
     if isinstance(choice, dict):

@@ -97,19 +97,70 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
         name = choice["function"]["name"]
         if name not in names:
             raise ValueError(f"tool_choice: no tool is named {name!r}")
-    options = []
+    options, defs = [], {}
     for k, t in enumerate(tools):  # "required": every tool; a named one: that one
         f = t["function"]
         if isinstance(choice, dict) and f["name"] != choice["function"]["name"]:
             continue
         schema = f.get("parameters") or {"type": "object", "properties": {}}
-        try:
+        option = {"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": schema},
+                  "required": ["name", "arguments"], "additionalProperties": False}
+        try:  # named where the request holds it
             compile_schema(schema)
-        except ValueError as e:  # named where the request holds it
+            option, own = _hoisted(option, f"tools.{k}.")
+            compile_schema({**option, "$defs": own})  # the call around the arguments nests them one deeper
+        except ValueError as e:
             raise ValueError(f"tools[{k}].function.parameters{str(e).removeprefix('json_schema')}") from None
-        options.append({"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": schema},
-                        "required": ["name", "arguments"], "additionalProperties": False})
-    return ToolCalling(True, names, options[0] if len(options) == 1 else {"anyOf": options}, parameters)
+        options.append(option)
+        defs |= own
+    forced = options[0] if len(options) == 1 else {"anyOf": options}
+    return ToolCalling(True, names, {**forced, "$defs": defs} if defs else forced, parameters)
+
+
+# where a JSON Schema holds schemas (the rest — enum, const, default, examples … — is data)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "not", "contains", "propertyNames", "if", "then", "else")
+
+
+def _hoisted(schema: dict, prefix: str) -> tuple[dict, dict]:
+    """A tool's schema made to stand inside the forced call's: a ``$ref`` names the root of the
+    document it is in, and the call's root is not the parameters' any more. So the parameters'
+    definitions move up under names of their own (``prefix`` + section + name: two tools' ``Address``
+    stay apart) and every reference is rewritten → (the schema without them, the definitions)."""
+    defs: dict = {}
+    args = schema["properties"]["arguments"]
+    for section in ("$defs", "definitions"):
+        for name, sub in (args.get(section) or {}).items() if isinstance(args, dict) else ():
+            defs[f"{prefix}{section.lstrip('$')}.{name}"] = sub
+
+    def rename(ref: str) -> str:
+        for section in ("$defs", "definitions"):
+            head = f"#/{section}/"
+            if ref.startswith(head):
+                return f"#/$defs/{prefix}{section.lstrip('$')}.{ref[len(head):]}"
+        return ref
+
+    def walk(node: object) -> object:
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                out[key] = rename(value)
+            elif key in ("$defs", "definitions") and node is args:
+                continue  # moved up
+            elif key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub) for name, sub in value.items()}
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [walk(sub) for sub in value]
+            elif key in _SCHEMA_ONES:
+                out[key] = walk(value)
+            else:
+                out[key] = value
+        return out
+
+    return walk(schema), {name: walk(sub) for name, sub in defs.items()}
 
 
 def parse_calls(text: str, names: tuple[str, ...], parameters: dict[str, dict] | None = None

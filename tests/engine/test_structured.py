@@ -52,6 +52,27 @@ SCHEMAS = {
         "required": ["code", "when", "id", "ip", "tag"]},
 }
 
+# Dead ends, silent drops and refusals (session 24's review): a schema is either enforced, every
+# draw ending in a value it accepts, or refused by name — never a generation that stops half-way.
+DEAD_ENDS = {  # each dead-ended (no token allowed, the value unfinished) or wrote a value it refuses
+    "pattern_and_min_length": {"type": "string", "pattern": "^(no|yes|maybe)$", "minLength": 3},
+    "key_with_two_spaces": {"type": "object", "properties": {"first  name": {"type": "string", "maxLength": 4}},
+                            "required": ["first  name"]},
+    "tiny_bound": {"type": "number", "exclusiveMinimum": 0, "maximum": 1e-16},
+    "enum_beside_min_length": {"type": "string", "enum": ["x", "abc", "de"], "minLength": 2},
+    "enum_beside_any_of": {"enum": ["a", "b", 3], "anyOf": [{"const": "a"}, {"type": "integer"}]},
+    "discriminated": {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+         "required": ["kind", "lives"]},
+        {"type": "object", "properties": {"kind": {"enum": ["dog"]}, "lives": {"type": "string", "maxLength": 3}},
+         "required": ["kind"]}], "discriminator": {"propertyName": "kind"}},
+    "one_of_types": {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}, {"type": "null"}]},
+    "deep_but_allowed": {"$ref": "#/$defs/L", "$defs": {"L": {"type": "array", "minItems": 1, "maxItems": 1,
+                                                              "items": {"anyOf": [{"$ref": "#/$defs/L"},
+                                                                                  {"type": "integer"}]}}}},
+    "date": {"type": "string", "format": "date"},
+}
+
 
 def ecma_search(pattern: str, text: str) -> bool:
     """JSON Schema's (ECMA-262's) search with Python's ``re``: ``$`` only at the very end (Python's
@@ -77,17 +98,25 @@ def valid(value: object, schema: object, root: dict | None = None) -> bool:
     if "$ref" in schema:
         section, _, key = schema["$ref"].removeprefix("#/").partition("/")
         return valid(value, root[section][key], root)
-    if "const" in schema:
-        return json.dumps(value, sort_keys=True) == json.dumps(schema["const"], sort_keys=True)
-    if "enum" in schema:
-        return any(json.dumps(value) == json.dumps(v) for v in schema["enum"])
+    if "const" in schema and json.dumps(value, sort_keys=True) != json.dumps(schema["const"], sort_keys=True):
+        return False
+    if "enum" in schema and not any(json.dumps(value) == json.dumps(v) for v in schema["enum"]):
+        return False
+    rest = {k: v for k, v in schema.items() if k not in ("const", "enum")}  # every other keyword holds too
+    if rest != schema:
+        return valid(value, rest, root)
     if "anyOf" in schema:
         return any(valid(value, s, root) for s in schema["anyOf"])
+    if "oneOf" in schema:
+        return sum(valid(value, s, root) for s in schema["oneOf"]) == 1
     kind = schema.get("type")
     if isinstance(kind, list):
         return any(valid(value, {**schema, "type": k}, root) for k in kind)
-    if kind is None:
-        return True
+    if kind is None:  # each keyword holds for the values of its own type (pattern for strings …)
+        own = ("object" if isinstance(value, dict) else "array" if isinstance(value, list) else
+               "string" if isinstance(value, str) else "boolean" if isinstance(value, bool) else
+               "number" if isinstance(value, (int, float, Decimal)) else "null")
+        return own in ("boolean", "null") or valid(value, {**schema, "type": own}, root)
     if kind == "object":
         if not isinstance(value, dict):
             return False
@@ -156,9 +185,9 @@ def _written(vocab: TokenVocab, schema: object, rng: random.Random, steps: int, 
     raise AssertionError(f"no end in {steps} tokens: {schema} {text[:200]!r}")
 
 
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@pytest.mark.parametrize("name", sorted(SCHEMAS) + sorted(DEAD_ENDS))
 def test_every_draw_the_mask_allows_ends_in_json_the_schema_accepts(vocab, name: str) -> None:
-    schema = SCHEMAS[name]
+    schema = {**SCHEMAS, **DEAD_ENDS}[name]
     for seed in range(6):
         text = _written(vocab, schema, random.Random(seed), 400)
         value = json.loads(text.decode(), parse_float=Decimal)
@@ -440,3 +469,115 @@ def test_bounded_numbers_are_read_as_their_exact_values_say(text: str, integer: 
     want = (within(Decimal(text), schema) and not (integer and ("." in text or "e" in text.lower()))
             and not (bounded and "e" in text.lower()))
     assert (state is not None and accepting(state)) == want, (schema, text)
+
+
+def test_the_matcher_refuses_a_start_it_cannot_finish() -> None:
+    """Prefixes that were let through and then allowed nothing: refused at the byte that makes them hopeless."""
+    for schema, prefix in ((DEAD_ENDS["pattern_and_min_length"], b'"n'),  # "no" is too short for minLength 3
+                           (DEAD_ENDS["tiny_bound"], b"0.00000000000000000"),  # a 17th fraction digit
+                           ({"type": "string", "pattern": "^ab?$", "maxLength": 1}, b'"ab')):
+        assert advance_bytes(start(compile_schema(schema)), prefix) is None, (schema, prefix)
+    state = advance_bytes(start(compile_schema(DEAD_ENDS["key_with_two_spaces"])), b'{"first  name":"ab"}')
+    assert state is not None and accepting(state)
+
+
+def _matches(schema: object, text: str) -> bool:
+    state = advance_bytes(start(compile_schema(schema)), text.encode())
+    return state is not None and accepting(state)
+
+
+def test_an_enum_keeps_only_the_values_the_keywords_beside_it_accept() -> None:
+    for schema, texts in (
+            ({"type": "integer", "enum": [1, 50, 7], "minimum": 5}, {"1": False, "50": True, "7": True}),
+            ({"enum": ["ab", "x1", "cd"], "pattern": "^[a-z]+$"}, {'"ab"': True, '"x1"': False, '"cd"': True}),
+            ({"enum": [{"a": 1}, {"b": 2}], "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+             {'{"a":1}': True, '{"b":2}': False}),
+            ({"const": "a", "enum": ["a", "b"]}, {'"a"': True, '"b"': False})):
+        for text, ok in texts.items():
+            assert valid(json.loads(text), schema) == ok, (schema, text)  # the reference agrees first
+            assert _matches(schema, text) == ok, (schema, text)
+    with pytest.raises(ValueError, match=r"no enum value satisfies the keywords beside it \(const\)"):
+        compile_schema({"const": "a", "enum": ["b"]})
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"enum": [float("nan")]}, "not JSON"),
+    ({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, "no string of 0 to 3 characters matches its pattern"),
+    ({"type": "string", "pattern": "^$", "minLength": 1}, "no string of 1 to any characters"),
+    ({"$ref": "#/$defs/A", "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"}]}}},
+     "no finite value satisfies it"),
+    ({"$ref": "#/$defs/O", "$defs": {"O": {"type": "object", "properties": {"o": {"$ref": "#/$defs/O"}},
+                                           "required": ["o"]}}}, "no finite value"),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf whose options 0 and 1 may both accept"),
+    ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "oneOf whose options"),
+    ({"type": "string", "pattern": "^(((a{64}){64}){64}){2}$"}, "more than 20000 states"),
+])
+def test_schemas_that_would_dead_end_or_break_oneof_are_refused_by_name(schema, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        compile_schema(schema)
+
+
+def test_nesting_past_the_matchers_depth_is_refused_and_a_deep_schema_is_a_value_error() -> None:
+    deep = {"type": "integer"}
+    for _ in range(40):
+        deep = {"type": "array", "items": deep, "minItems": 1}
+    with pytest.raises(ValueError, match="its least value nests 41 levels deep; structured output allows 32"):
+        compile_schema(deep)
+    optional = {"type": "integer"}
+    for _ in range(40):  # as deep, but a value may stop early: allowed, and deep items are not offered
+        optional = {"anyOf": [{"type": "array", "items": optional, "maxItems": 1}, {"type": "null"}]}
+    assert _matches(optional, "[[null]]")
+    very = True
+    for _ in range(600):  # json.loads reads it; compiling it once ended in a RecursionError (a 500)
+        very = {"type": "array", "items": very}
+    with pytest.raises(ValueError, match="nested deeper than"):
+        compile_schema(very)
+
+
+def test_a_union_reaching_one_definition_many_ways_reads_each_byte_once(monkeypatch) -> None:
+    """anyOf: [A, A] over itself doubled the ways at every hop: hours per byte at 64 hops."""
+    from hypic.engine.structured import matcher
+
+    schema = {"$ref": "#/$defs/A", "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"},
+                                                             {"type": "string"}]}}}
+    calls = 0
+    real = matcher._handle
+
+    def counted(*args):
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    monkeypatch.setattr(matcher, "_handle", counted)
+    assert _matches(schema, '"hi"')
+    assert calls < 200, calls
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('"\\u00e9"', True), ('"\\uFFFD"', True), ('"😀"', True),
+    ('"\\ud83d\\ude00"', False),  # a surrogate pair: one character spelled as two escapes
+    ('"\\ud800"', False), ('"\\uDC00"', False),  # lone surrogates: no character at all
+])
+def test_escapes_never_spell_a_surrogate(text: str, ok: bool) -> None:
+    for schema in ({"type": "string"}, {"type": "string", "minLength": 1, "maxLength": 1},
+                   {"type": "string", "pattern": "^.$"}):
+        assert _matches(schema, text) == ok, (schema, text)
+
+
+def test_every_date_the_format_accepts_is_a_real_one() -> None:
+    """Against Python's calendar, every day of every month in years around the leap rules."""
+    import datetime
+
+    for year in (1, 4, 100, 400, 1900, 2000, 2023, 2024, 2100, 9999):
+        for month in range(1, 13):
+            for day in range(1, 32):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    datetime.date(year, month, day)
+                    real = True
+                except ValueError:
+                    real = False
+                assert _matches({"type": "string", "format": "date"}, json.dumps(text)) == real, text
+    assert not _matches({"type": "string", "format": "date"}, '"0000-01-01"')  # no year 0 in Python or pydantic
+    assert not _matches({"type": "string", "format": "time"}, '"23:59:60Z"')  # nor a leap second
+    assert _matches({"type": "string", "format": "date-time"}, '"2024-02-29T23:59:59.5+01:00"')

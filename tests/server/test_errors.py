@@ -18,6 +18,9 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 OK_CHAT = [{"role": "user", "content": "Question: who?"}]
 LONG = "word " * 2000  # over the server's 1024-token prompt limit
 
+DEEP_SCHEMA: object = True
+for _ in range(600):  # a schema compiled recursively: it ended in a RecursionError, a 500
+    DEEP_SCHEMA = {"type": "array", "items": DEEP_SCHEMA}
 CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/completions", b"{bad", 400, None),
     ("/v1/completions", b"", 400, None),
@@ -25,6 +28,12 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/completions", b"[]", 400, None),
     ("/v1/completions", b'"a prompt"', 400, None),
     ("/v1/completions", b"[" * 100_000, 400, None),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, None),  # Python reads NaN; JSON has none
+    ("/v1/chat/completions", {"messages": OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}}, 400,
+     "response_format.json_schema.schema"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": DEEP_SCHEMA}}}, 400, "response_format.json_schema.schema"),
     ("/v1/completions", {}, 400, "prompt"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, -3]}, 400, "prompt[2]"),

@@ -87,6 +87,32 @@ def test_a_forced_call_is_a_listed_function_with_arguments_its_schema_accepts(cl
         ["tool_calls"]
 
 
+# pydantic's shape for a model holding another: the nested one in $defs, named by $ref from the root
+SAVE = {"type": "function", "function": {"name": "save", "parameters": {
+    "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                          "required": ["city"], "title": "Address"}},
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "home": {"$ref": "#/$defs/Address"}},
+    "required": ["name", "home"], "title": "Person"}}}
+# another tool with a definition of the same name and another shape: each call keeps its own
+MOVE = {"type": "function", "function": {"name": "move", "parameters": {
+    "definitions": {"Address": {"type": "object", "properties": {"zip": {"type": "integer"}}, "required": ["zip"]}},
+    "type": "object", "properties": {"to": {"$ref": "#/definitions/Address"}}, "required": ["to"]}}}
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "save"}}])
+def test_a_forced_call_s_arguments_may_refer_to_their_own_definitions(client: OpenAI, choice) -> None:
+    """A $ref names the root of its document: inside the forced call's schema the parameters' root
+    is not the root any more (a 400 blaming response_format, which the request did not have)."""
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[SAVE, MOVE], tool_choice=choice,
+                                         max_tokens=64, temperature=0)
+    call = out.choices[0].message.tool_calls[0]
+    args = json.loads(call.function.arguments)
+    if call.function.name == "save":
+        assert set(args) == {"name", "home"} and set(args["home"]) == {"city"} and len(args["home"]["city"]) <= 8
+    else:
+        assert call.function.name == "move" and set(args) == {"to"} and isinstance(args["to"]["zip"], int)
+
+
 def test_the_tools_and_earlier_calls_reach_the_template_and_the_conversation_goes_on(client: OpenAI) -> None:
     turn = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                           max_tokens=64, temperature=0)

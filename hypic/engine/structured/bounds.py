@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from decimal import Decimal, getcontext
 
 getcontext().prec = 80  # far past any number MAX_DIGITS lets through: sums and products stay exact
+MAX_DIGITS = 16  # per part of a number (the matcher's bound): a fraction ends by its 16th digit ...
+GRID = Decimal(1).scaleb(-MAX_DIGITS)  # ... so a number without an exponent is a multiple of this
 
 
 @dataclass(frozen=True)
@@ -34,21 +36,26 @@ class Bounds:
                       self.high_open, self.low_open)
 
     def meets(self, a: Decimal, b: Decimal, integer: bool) -> bool:
-        """Whether [a, b) — integers: [a, b] — holds a value inside the bounds."""
+        """Whether [a, b) — integers: [a, b] — holds a value inside the bounds that can be written:
+        an integer, or a number on ``GRID`` (at most MAX_DIGITS fraction digits; ``a`` and ``b`` on
+        it). Numbers are integers counted in grid steps: (0, 1e-17] holds no writable number."""
         if integer:
-            lo, hi = a, b
-            if self.low is not None:
-                first = self.low.to_integral_value(rounding="ROUND_CEILING")
-                lo = max(lo, first + 1 if self.low_open and first == self.low else first)
-            if self.high is not None:
-                last = self.high.to_integral_value(rounding="ROUND_FLOOR")
-                hi = min(hi, last - 1 if self.high_open and last == self.high else last)
-            return lo <= hi
-        lo = a if self.low is None else max(a, self.low)
-        hi = b if self.high is None else min(b, self.high)
-        if lo < hi:  # an open stretch: finite decimals inside it
-            return True
-        return lo == hi and lo < b and self.contains(lo)  # one point: a itself, or a closed bound
+            return self._integers_meet(a, b)
+        return self.scaled(1 / GRID)._integers_meet(a / GRID, b / GRID - 1)
+
+    def scaled(self, k: Decimal) -> Bounds:
+        return Bounds(None if self.low is None else self.low * k, None if self.high is None else self.high * k,
+                      self.low_open, self.high_open)
+
+    def _integers_meet(self, lo: Decimal, hi: Decimal) -> bool:
+        """Whether an integer in [lo, hi] lies inside the bounds."""
+        if self.low is not None:
+            first = self.low.to_integral_value(rounding="ROUND_CEILING")
+            lo = max(lo, first + 1 if self.low_open and first == self.low else first)
+        if self.high is not None:
+            last = self.high.to_integral_value(rounding="ROUND_FLOOR")
+            hi = min(hi, last - 1 if self.high_open and last == self.high else last)
+        return lo <= hi
 
 
 def feasible(prefix: str, integer: bool, bounds: Bounds, digits_left: int) -> bool:

@@ -31,6 +31,7 @@ from hypic.engine.structured.schema import (
     ANY_OBJ,
     ANY_STR,
     BOOL,
+    MAX_DEPTH,
     NULL,
     NUMBER,
     Alt,
@@ -42,12 +43,12 @@ from hypic.engine.structured.schema import (
     Obj,
     Ref,
     Str,
+    needs,
 )
 from hypic.engine.structured.strings import string
 
 WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
 MAX_WS = 1
-MAX_DEPTH = 32
 MAX_HOPS = 64  # bytes read again without being consumed, per byte: a schema that only refers to itself ends
 
 
@@ -98,10 +99,13 @@ def in_free_string(state: State) -> bool:
 
 
 def _between_tokens(stack: Stack) -> bool:
-    """Whether the next byte falls between tokens, not inside a string or a literal (whose spaces are text)."""
+    """Whether the next byte falls between tokens, not inside a string, a declared key or a literal
+    (whose spaces are text)."""
     node, local = stack[0], stack[1]
     if isinstance(node, Str):
         return local == ("open",)
+    if isinstance(node, Obj):
+        return local[0] != "key"
     return not isinstance(node, Lit) or local == b""
 
 
@@ -111,6 +115,12 @@ def advance_bytes(state: State, data: bytes) -> State | None:
         if state is None:
             return None
     return state
+
+
+def accepts(node: Node, text: bytes) -> bool:
+    """Whether ``text`` is a whole value ``node`` accepts, as generated (compact, no exponent where bounded)."""
+    state = advance_bytes(start(node), text)
+    return state is not None and accepting(state)
 
 
 def accepting(state: State) -> bool:
@@ -123,9 +133,13 @@ def finished(state: State) -> bool:
     return accepting(state) and not any(advance(state, b) is not None for b in range(256))
 
 
-def _feed(stack: Stack, byte: int, hops: int) -> list[Stack]:
+def _feed(stack: Stack, byte: int, hops: int, fed: set | None = None) -> list[Stack]:
+    """The stacks after ``byte``; ``fed``: the stacks this byte was already handed to, unconsumed
+    (a union whose options refer to one definition reaches it many ways: once is enough, or the
+    ways multiply with every hop)."""
     node, local, parent, depth = stack
     found: list[Stack] = []
+    fed = set() if fed is None else fed
     for local2, child, consumed in _handle(node, local, byte):
         if local2 is POP:
             if parent is None:
@@ -134,13 +148,14 @@ def _feed(stack: Stack, byte: int, hops: int) -> list[Stack]:
         else:
             s = (node, local2, parent, depth)
         if child is not None:
-            if s[3] + 1 > MAX_DEPTH:
+            if s[3] + needs(child) > MAX_DEPTH:  # a value that could not be finished within the nesting allowed
                 continue
             s = (child, _initial(child), s, s[3] + 1)
         if consumed:
             found.append(s)
-        elif hops > 0:
-            found += _feed(s, byte, hops - 1)
+        elif hops > 0 and s not in fed:
+            fed.add(s)
+            found += _feed(s, byte, hops - 1, fed)
     return found
 
 

@@ -13,11 +13,11 @@ frozenset of NFA states reached, its ε-closure taken, so it hashes and steps ar
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 MAX_CODE = 0x10FFFF
-MAX_REPEAT = 64  # {n,m} copies the repeated part: bounded, so a pattern cannot blow up the automaton
+MAX_REPEAT = 64  # {n,m} copies the repeated part: bounded, so a pattern cannot blow up the automaton ...
+MAX_STATES = 20_000  # ... nor can nested repetitions, which multiply: (a{64}){64} is 8 200 states
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code-point ranges
 
 ANY: Ranges = ((0, MAX_CODE),)
@@ -52,6 +52,24 @@ def _has(ranges: Ranges, c: int) -> bool:
     return any(lo <= c <= hi for lo, hi in ranges)
 
 
+@dataclass(frozen=True)
+class Window:
+    """How many more characters a string may take: ``bits`` the lengths allowed, as a mask over
+    ``Regex.lengths(cap)``'s bits (bit ``cap``: ``cap`` or more)."""
+
+    cap: int
+    bits: int
+
+    @staticmethod
+    def between(low: int, high: int | None, cap: int | None = None) -> Window:
+        """Lengths in [low, high] (high None: no maximum); ``cap`` past every bound that matters
+        (default: high + 1, or low without a maximum), kept equal for one string so masks are shared."""
+        cap = (low if high is None else high + 1) if cap is None else cap
+        top = cap if high is None else min(high, cap)
+        bits = ((1 << (top + 1)) - 1) & ~((1 << low) - 1) if low <= top else 0
+        return Window(cap, bits)
+
+
 @dataclass
 class Regex:
     """The automaton: ``edges[s]`` the (class, target) pairs of state s, ``eps[s]`` its ε targets."""
@@ -61,10 +79,13 @@ class Regex:
     eps: list[list[int]] = field(default_factory=list)
     start: frozenset[int] = frozenset()
     accept: int = 0
-    dist: list[float] = field(default_factory=list)  # per state: the fewest characters to the accept state
+    _lengths: dict[int, list[int]] = field(default_factory=dict)  # ``lengths`` per cap
     _steps: dict[tuple[frozenset[int], int], frozenset[int]] = field(default_factory=dict)
 
     def new(self) -> int:
+        if len(self.edges) >= MAX_STATES:
+            raise ValueError(f"pattern {self.pattern!r}: its automaton needs more than {MAX_STATES} states "
+                             "(nested repetitions multiply)")
         self.edges.append([])
         self.eps.append([])
         return len(self.edges) - 1
@@ -89,41 +110,51 @@ class Regex:
             self._steps[key] = got
         return got
 
-    def can_step(self, states: frozenset[int], lo: int, hi: int, budget: float = float("inf")) -> bool:
-        """Whether some character in [lo, hi] keeps the text matchable (a character still being
-        decoded) within ``budget`` more characters after it (a maximum length)."""
-        return any(a <= hi and lo <= b and self.dist[t] <= budget
+    def can_step(self, states: frozenset[int], lo: int, hi: int, window: Window) -> bool:
+        """Whether some character in [lo, hi] (one still being decoded) keeps the text matchable
+        with a number of characters after it that ``window`` allows (``Window``)."""
+        masks = self.lengths(window.cap)
+        return any(a <= hi and lo <= b and masks[t] & window.bits
                    for s in states for r, t in self.edges[s] for a, b in r)
+
+    def finishes(self, states: frozenset[int], window: Window) -> bool:
+        """Whether the text can be completed into a match with a number of characters ``window`` allows."""
+        masks = self.lengths(window.cap)
+        return any(masks[s] & window.bits for s in states)
 
     def accepts(self, states: frozenset[int]) -> bool:
         return self.accept in states
 
-    def distance(self, states: frozenset[int]) -> float:
-        """The fewest characters that complete a match from ``states`` (inf: none can)."""
-        return min((self.dist[s] for s in states), default=float("inf"))
-
-    def measure(self) -> None:
-        """``dist``: a 0-1 breadth-first search back from the accept state (ε edges cost nothing)."""
-        back_eps: list[list[int]] = [[] for _ in self.eps]
-        back_char: list[list[int]] = [[] for _ in self.eps]
+    def lengths(self, cap: int) -> list[int]:
+        """Per state, a bit mask of the numbers of characters that complete a match from it: bit n
+        for n < ``cap``, bit ``cap`` for ``cap`` or more (saturating, so loops end). Exact for any
+        window of lengths inside [0, cap) and for "at least n" windows: what a minLength and a
+        maxLength ask together (``Window``). A fixed point from the accept state backwards."""
+        got = self._lengths.get(cap)
+        if got is not None:
+            return got
+        top = 1 << cap
+        full = (top << 1) - 1
+        back: list[list[tuple[int, bool]]] = [[] for _ in self.eps]  # (predecessor, over a character)
         for s in range(len(self.eps)):
             for t in self.eps[s]:
-                back_eps[t].append(s)
+                back[t].append((s, False))
             for _, t in self.edges[s]:
-                back_char[t].append(s)
-        self.dist = [float("inf")] * len(self.eps)
-        self.dist[self.accept] = 0
-        todo = deque([self.accept])
+                back[t].append((s, True))
+        masks = [0] * len(self.eps)
+        masks[self.accept] = 1
+        todo = [self.accept]
         while todo:
-            t = todo.popleft()
-            for s in back_eps[t]:
-                if self.dist[t] < self.dist[s]:
-                    self.dist[s] = self.dist[t]
-                    todo.appendleft(s)
-            for s in back_char[t]:
-                if self.dist[t] + 1 < self.dist[s]:
-                    self.dist[s] = self.dist[t] + 1
+            t = todo.pop()
+            m = masks[t]
+            shifted = ((m << 1) | (m & top)) & full
+            for s, char in back[t]:
+                grown = masks[s] | (shifted if char else m)
+                if grown != masks[s]:
+                    masks[s] = grown
                     todo.append(s)
+        self._lengths[cap] = masks
+        return masks
 
 
 Node = tuple  # ("char", Ranges) | ("cat", [Node]) | ("alt", [Node]) | ("rep", Node, low, high | None)
@@ -136,8 +167,7 @@ def compile_regex(pattern: str) -> Regex:
     begin, end = _build(rx, tree)
     rx.accept = end
     rx.start = rx.closure({begin})
-    rx.measure()
-    if rx.distance(rx.start) == float("inf"):
+    if not rx.finishes(rx.start, Window.between(0, None)):
         raise ValueError(f"pattern {pattern!r}: matches no text")
     return rx
 

@@ -5,17 +5,23 @@ text generated *is* a JSON value the schema accepts. The subset here is what gen
 enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
 ``additionalProperties``, ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
-date-time, uuid, ipv4, email — as patterns), ``enum``, ``const``, ``anyOf`` / ``oneOf``, a
+date-time, uuid, ipv4, email — as patterns), ``enum`` and ``const`` (with any keyword beside them:
+the values it refuses are dropped), ``anyOf``, ``oneOf`` whose options no value can satisfy two
+of (different types; objects told apart by a required property's constants: pydantic's
+discriminated unions — it is generated as ``anyOf``, so overlapping options are refused), a
 one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (``bounds``; a bounded
 number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. Any other keyword (``multipleOf``, ``uniqueItems`` …) or format is refused by name rather
-than silently not enforced: an output the caller's validator then rejects is worse than a 400.
+than silently not enforced: an output the caller's validator then rejects is worse than a 400. So
+is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
+lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
 
 Choices of the generator, not of JSON Schema: an object with declared ``properties`` gets only
 those keys (each at most once, ``required`` ones before ``}``; an undeclared key would be allowed
-by default ``additionalProperties``, never needed); ``oneOf`` is generated as ``anyOf`` (a value
-matching two options is not excluded); enum and const values are written in compact JSON.
+by default ``additionalProperties``, never needed); enum and const values are written in compact
+JSON; a ``\\u`` escape never spells a UTF-16 surrogate (a character past U+FFFF is written as
+UTF-8).
 
 Nodes compare by identity (``eq=False``): the matcher's states hold them and are hashed every step,
 and the same schema text compiles to the same nodes (``compile_schema`` is cached), so requests
@@ -25,21 +31,30 @@ with one schema share the vocabulary's memo of allowed tokens.
 from __future__ import annotations
 
 import json
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 
-from hypic.engine.structured.bounds import Bounds, feasible
-from hypic.engine.structured.regex import Regex, compile_regex
+from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible
+from hypic.engine.structured.regex import Regex, Window, compile_regex
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                         "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
+                         "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                         "discriminator"})  # OpenAPI's, beside pydantic's oneOf: its options are disjoint anyway
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
                       "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems"})
-# the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail shape)
-_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
-_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+# the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail
+# shape). Dates are real ones (30 days in April, 29 February in leap years only) and the year and
+# seconds are what Python's datetime and pydantic read (no year 0000, no leap second 60), so the
+# caller's validator never refuses a value the grammar let through.
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:[0-5]\d(\.\d{1,9})?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_YEAR = r"([1-9]\d{3}|0[1-9]\d\d|00[1-9]\d|000[1-9])"
+_LEAP = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)"
+         rf"|02-(0[1-9]|1\d|2[0-8]))|{_LEAP}-02-29)")
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 FORMATS = {
     "date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[Tt]{_TIME}$",
@@ -47,7 +62,6 @@ FORMATS = {
     "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
     "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
 }
-MAX_DIGITS = 16  # per part of a number (the matcher's bound)
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
@@ -116,17 +130,36 @@ NULL = Lit(frozenset({b"null"}))
 
 
 def compact(value: object) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    """A value's text as generated; NaN and the infinities are no JSON (ValueError)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
 def compile_schema(schema: object) -> Node:
     """The node tree of a JSON Schema (a dict, or True for any value); ValueError naming what is
     wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
     try:
-        text = json.dumps(schema, sort_keys=True)
+        text = json.dumps(schema, sort_keys=True, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"json_schema: nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
     return _compile_text(text)
+
+
+MAX_DEPTH = 32  # nested values the matcher lets a text hold (matcher.py: a runaway model cannot nest forever)
+MAX_SCHEMA_DEPTH = 4 * MAX_DEPTH  # nested schemas (properties, items, anyOf …): past it, no value fits anyway
+
+
+@dataclass
+class _Compiling:
+    """One schema being compiled: its root (where ``$ref`` points), the references met, and what
+    reads through references, run once every one has its target: the enums beside other keywords
+    (the node of those keywords, and what filters the values through it), then the checks."""
+
+    root: dict
+    refs: dict[str, Ref]
+    literals: list[tuple[Node, Callable[[], None]]]
+    checks: list[Callable[[], None]]
 
 
 @lru_cache(maxsize=64)
@@ -136,19 +169,33 @@ def _compile_text(text: str) -> Node:
         return ANY
     if not isinstance(schema, dict):
         raise ValueError(f"json_schema: expected an object (or true), got {text[:80]}")
-    refs: dict[str, Ref] = {}
-    node = _node(schema, "json_schema", refs)
-    while pending := [r for r in refs.values() if r.target is None]:  # definitions may name more
+    cx = _Compiling(schema, {}, [], [])
+    node = _node(schema, "json_schema", cx, 0)
+    while pending := [r for r in cx.refs.values() if r.target is None]:  # definitions may name more
         for ref in pending:
             section, _, key = ref.name.removeprefix("#/").partition("/")
             defs = schema.get(section)
             if not isinstance(defs, dict) or key not in defs:
                 raise ValueError(f"json_schema: $ref {ref.name!r} names no definition in this schema")
-            ref.target = _node(defs[key], f"json_schema.{section}.{key}", refs)
+            ref.target = _node(defs[key], f"json_schema.{section}.{key}", cx, 0)
+    pending = list(cx.literals)
+    while pending:  # an enum's filter once the keywords beside it reach no other enum still unfiltered
+        ready = [p for p in pending if not _reaches_unset(p[0])]
+        if not ready:
+            raise ValueError("json_schema: an enum or const beside keywords that refer back to it is not supported")
+        for p in ready:
+            p[1]()
+            pending.remove(p)
+    for check in cx.checks:
+        check()
+    _check_depth(node)
     return node
 
 
-def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
+def _node(schema: object, where: str, cx: _Compiling, depth: int) -> Node:
+    if depth > MAX_SCHEMA_DEPTH:  # named at the top: the path down is as long as the schema is deep
+        raise ValueError(f"json_schema: nested deeper than {MAX_SCHEMA_DEPTH} levels")
+    depth += 1
     if schema is True:
         return ANY
     if schema is False:
@@ -165,18 +212,9 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
         name = schema["$ref"]
         if not isinstance(name, str) or not name.startswith(("#/$defs/", "#/definitions/")):
             raise ValueError(f"{where}: $ref {name!r}: only local references into $defs or definitions are supported")
-        return refs.setdefault(name, Ref(name))
+        return cx.refs.setdefault(name, Ref(name))
     if "enum" in schema or "const" in schema:
-        values = schema["enum"] if "enum" in schema else [schema["const"]]
-        if not isinstance(values, list) or not values:
-            raise ValueError(f"{where}: enum must be a non-empty list")
-        kinds = schema.get("type")
-        if kinds is not None:  # both given: the values of those types only
-            kinds = kinds if isinstance(kinds, list) else [kinds]
-            values = [v for v in values if any(_is(v, k) for k in kinds)]
-            if not values:
-                raise ValueError(f"{where}: no enum value is of type {schema['type']}")
-        return Lit(frozenset(compact(v) for v in values))
+        return _literals(schema, where, cx, depth)
     for word in ("anyOf", "oneOf", "allOf"):
         if word in schema:
             _alone(schema, word, where)
@@ -185,7 +223,9 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
                 raise ValueError(f"{where}: {word} must be a non-empty list of schemas")
             if word == "allOf" and len(options) != 1:
                 raise ValueError(f"{where}: allOf with more than one schema is not supported in structured output")
-            nodes = tuple(_node(o, f"{where}.{word}[{i}]", refs) for i, o in enumerate(options))
+            nodes = tuple(_node(o, f"{where}.{word}[{i}]", cx, depth) for i, o in enumerate(options))
+            if word == "oneOf" and len(nodes) > 1:
+                cx.checks.append(lambda: _check_one_of(nodes, where))
             return nodes[0] if len(nodes) == 1 else Alt(nodes)
     kind = schema.get("type")
     if kind is None:
@@ -198,11 +238,11 @@ def _node(schema: object, where: str, refs: dict[str, Ref]) -> Node:
     if isinstance(kind, list):
         if not kind or any(k not in TYPES for k in kind):
             raise ValueError(f"{where}: type must be one of {list(TYPES)} or a non-empty list of them")
-        return Alt(tuple(_typed(schema, k, where, refs) for k in dict.fromkeys(kind))) if len(kind) > 1 \
-            else _typed(schema, kind[0], where, refs)
+        return Alt(tuple(_typed(schema, k, where, cx, depth) for k in dict.fromkeys(kind))) if len(kind) > 1 \
+            else _typed(schema, kind[0], where, cx, depth)
     if kind not in TYPES:
         raise ValueError(f"{where}: type must be one of {list(TYPES)}, got {kind!r}")
-    return _typed(schema, kind, where, refs)
+    return _typed(schema, kind, where, cx, depth)
 
 
 _PYTHON_TYPES = {"object": dict, "array": list, "string": str, "null": type(None), "integer": int,
@@ -217,6 +257,198 @@ def _is(value: object, kind: object) -> bool:
         return value.is_integer()
     python = _PYTHON_TYPES.get(kind) if isinstance(kind, str) else None
     return python is not None and isinstance(value, python)
+
+
+def _literals(schema: dict, where: str, cx: _Compiling, depth: int) -> Node:
+    """``enum`` or ``const``: the values, less those the keywords beside them refuse (``type``
+    read here; any other keyword compiled and each value's text run through it once every
+    ``$ref`` is resolved, so none is silently dropped)."""
+    word = "enum" if "enum" in schema else "const"
+    values = schema["enum"] if word == "enum" else [schema["const"]]
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{where}: enum must be a non-empty list")
+    try:
+        texts = {compact(v): v for v in values}
+    except ValueError:
+        raise ValueError(f"{where}: {word} holds NaN or an infinity, which JSON cannot write") from None
+    kinds = schema.get("type")
+    if kinds is not None:  # both given: the values of those types only
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        texts = {t: v for t, v in texts.items() if any(_is(v, k) for k in kinds)}
+        if not texts:
+            raise ValueError(f"{where}: no {word} value is of type {schema['type']}")
+    rest = {k: v for k, v in schema.items() if k not in ANNOTATIONS and k not in (word, "type")}
+    if not rest:
+        return Lit(frozenset(texts))
+    if kinds is not None:
+        rest["type"] = schema["type"]
+    others = _node(rest, where, cx, depth)
+    holder = Ref(f"{where}.{word}")  # its target set by the check: the values the other keywords accept
+
+    def keep() -> None:
+        from hypic.engine.structured.matcher import accepts  # the matcher imports this module
+        kept = frozenset(t for t in texts if accepts(others, t))
+        if not kept:
+            raise ValueError(f"{where}: no {word} value satisfies the keywords beside it ({', '.join(sorted(rest))})")
+        holder.target = Lit(kept)
+
+    cx.literals.append((others, keep))
+    return holder
+
+
+def _kinds(node: Node, seen: frozenset = frozenset()) -> frozenset[str] | None:
+    """The JSON types a node's values can have (None: any); "integer" apart from other numbers."""
+    if isinstance(node, Ref):
+        return None if node in seen or node.target is None else _kinds(node.target, seen | {node})
+    if isinstance(node, Alt):
+        out: set[str] = set()
+        for o in node.options:
+            k = _kinds(o, seen)
+            if k is None:
+                return None
+            out |= k
+        return frozenset(out)
+    if isinstance(node, Lit):
+        return frozenset(_kind_of(json.loads(v)) for v in node.values)
+    if isinstance(node, Num):
+        return frozenset({"integer"} if node.integer else {"integer", "fraction"})
+    kind = {Obj: "object", Arr: "array", Str: "string"}.get(type(node))
+    return None if kind is None else frozenset({kind})
+
+
+def _kind_of(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "integer" if isinstance(value, int) or value.is_integer() else "fraction"
+    return {str: "string", dict: "object", list: "array"}.get(type(value), "null")
+
+
+def _resolved(node: Node) -> Node:
+    for _ in range(64):  # a chain of references (a cycle of them is refused by _check_depth)
+        if not isinstance(node, Ref) or node.target is None:
+            return node
+        node = node.target
+    return node
+
+
+def _disjoint(a: Node, b: Node, hops: int = 8) -> bool:
+    """Whether no JSON value can satisfy both nodes' schemas, as far as can be shown cheaply:
+    different types; literals apart (a string literal checked against a string's rules); objects
+    whose required property's values are disjoint (pydantic's discriminated unions). False when unsure."""
+    a, b = _resolved(a), _resolved(b)
+    ka, kb = _kinds(a), _kinds(b)
+    if ka is not None and kb is not None and not ka & kb:
+        return True
+    if hops == 0:
+        return False
+    if isinstance(a, Alt):
+        return all(_disjoint(o, b, hops - 1) for o in a.options)
+    if isinstance(b, Alt):
+        return all(_disjoint(a, o, hops - 1) for o in b.options)
+    if isinstance(b, Lit) and not isinstance(a, Lit):
+        a, b = b, a
+    if isinstance(a, Lit):
+        values = [json.loads(v) for v in a.values]
+        if isinstance(b, Lit):  # JSON equality: 1 and 1.0 are one value
+            others = [json.loads(v) for v in b.values]
+            return not any(_kind_of(x) == _kind_of(y) and x == y for x in values for y in others)
+        if isinstance(b, Str):  # strings as written: the matcher reads them as a validator does
+            from hypic.engine.structured.matcher import accepts  # the matcher imports this module
+            return all(isinstance(v, str) and not accepts(b, compact(v)) for v in values if _kind_of(v) == "string")
+        return False
+    if isinstance(a, Obj) and isinstance(b, Obj):
+        return any(k in b.required and k in b.props and _disjoint(a.props[k], b.props[k], hops - 1)
+                   for k in a.required if k in a.props)
+    return False
+
+
+def _check_one_of(options: tuple[Node, ...], where: str) -> None:
+    """``oneOf`` is generated as ``anyOf``, right only when no value satisfies two options."""
+    for i, a in enumerate(options):
+        for j in range(i + 1, len(options)):
+            if not _disjoint(a, options[j]):
+                raise ValueError(f"{where}: oneOf whose options {i} and {j} may both accept a value is not supported "
+                                 "in structured output (one value must satisfy exactly one); use anyOf, or options "
+                                 "of different types or with a required property of different const values")
+
+
+NEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node → the nesting its least value needs
+
+
+def needs(node: Node) -> int:
+    """How deeply the least value of ``node`` nests (a string: 1; ``{"a": [1]}``: 3); the matcher
+    opens no value it could not finish within ``MAX_DEPTH``."""
+    return NEEDS.get(node, 1)
+
+
+def _check_depth(root: Node) -> None:
+    """Every node's ``needs``, as a fixed point (references may recurse); a schema whose least value
+    is infinite (a ``$ref`` cycle with no way out) or nests past ``MAX_DEPTH`` is refused, since
+    generation would dead-end in it."""
+    nodes, todo, seen = [], [root], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        nodes.append(n)
+        todo += _children(n)
+    inf = float("inf")
+    depth: dict[int, float] = {id(n): inf for n in nodes}
+    changed = True
+    while changed:
+        changed = False
+        for n in nodes:
+            d = _least(n, depth)
+            if d < depth[id(n)]:
+                depth[id(n)], changed = d, True
+    need = depth[id(root)]
+    if need == inf:
+        raise ValueError("json_schema: no finite value satisfies it (a $ref cycle with no way out)")
+    if need > MAX_DEPTH:
+        raise ValueError(f"json_schema: its least value nests {int(need)} levels deep; structured output "
+                         f"allows {MAX_DEPTH}")
+    for n in nodes:
+        if depth[id(n)] != 1 and depth[id(n)] != inf:
+            NEEDS[n] = int(depth[id(n)])
+
+
+def _reaches_unset(root: Node) -> bool:
+    """Whether a reference without its target yet (an enum's, still to be filtered) is reachable."""
+    todo, seen = [root], set()
+    while todo:
+        n = todo.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, Ref) and n.target is None:
+            return True
+        todo += _children(n)
+    return False
+
+
+def _children(n: Node) -> list[Node]:
+    if isinstance(n, Obj):
+        return [*n.props.values(), *([] if n.extra is None else [n.extra])]
+    if isinstance(n, Arr):
+        return [*n.prefix, *([] if n.items is None else [n.items])]
+    if isinstance(n, Alt):
+        return list(n.options)
+    return [] if not isinstance(n, Ref) or n.target is None else [n.target]
+
+
+def _least(n: Node, depth: dict[int, float]) -> float:
+    if isinstance(n, Obj):
+        return 1 + max((depth[id(n.props[k])] for k in n.required), default=0)
+    if isinstance(n, Arr):
+        due = [n.prefix[i] if i < len(n.prefix) else n.items for i in range(min(n.min_items, len(n.prefix) + 1))]
+        return 1 + max((depth[id(c)] for c in due if c is not None), default=0)
+    if isinstance(n, Alt):
+        return min(depth[id(o)] for o in n.options)
+    if isinstance(n, Ref):
+        return float("inf") if n.target is None else depth[id(n.target)]
+    return 1
 
 
 def _alone(schema: dict, word: str, where: str) -> None:
@@ -284,7 +516,7 @@ def _regex(pattern: str) -> Regex:
     return compile_regex(pattern)
 
 
-def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
+def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> Node:
     if kind == "object":
         props = schema.get("properties", {})
         if not isinstance(props, dict):
@@ -296,8 +528,8 @@ def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
         if missing:
             raise ValueError(f"{where}: required property {missing[0]!r} is not among the properties")
         extra = schema.get("additionalProperties", True)
-        nodes = {compact(k)[1:-1]: _node(v, f"{where}.properties.{k}", refs) for k, v in props.items()}
-        free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", refs)
+        nodes = {compact(k)[1:-1]: _node(v, f"{where}.properties.{k}", cx, depth) for k, v in props.items()}
+        free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", cx, depth)
         return Obj(nodes, frozenset(compact(r)[1:-1] for r in required), free)
     if kind == "array":
         items = schema.get("items", True)
@@ -312,13 +544,17 @@ def _typed(schema: dict, kind: str, where: str, refs: dict[str, Ref]) -> Node:
             high = len(prefix) if high is None else min(high, len(prefix))
         if high is not None and high < low:
             raise ValueError(f"{where}: maxItems {high} is below minItems {low}")
-        return Arr(None if items is False else _node(items, f"{where}.items", refs), low, high,
-                   tuple(_node(p, f"{where}.prefixItems[{i}]", refs) for i, p in enumerate(prefix)))
+        return Arr(None if items is False else _node(items, f"{where}.items", cx, depth), low, high,
+                   tuple(_node(p, f"{where}.prefixItems[{i}]", cx, depth) for i, p in enumerate(prefix)))
     if kind == "string":
         low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
         if high is not None and high < low:
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
-        return Str(low, high, _pattern(schema, where))
+        node = Str(low, high, _pattern(schema, where))
+        if node.pattern is not None and not node.pattern.finishes(node.pattern.start, Window.between(low, high)):
+            raise ValueError(f"{where}: no string of {low} to {'any' if high is None else high} characters "
+                             f"matches its {'pattern' if 'pattern' in schema else 'format'}")
+        return node
     if kind in ("integer", "number"):
         return Num(kind == "integer", _bounds(schema, kind == "integer", where))
     return BOOL if kind == "boolean" else NULL

@@ -4,12 +4,14 @@ automaton fed each character once it is decoded (``hypic.engine.structured.regex
 from __future__ import annotations
 
 from hypic.engine.structured.frames import END, HEX, POP, Outcome
+from hypic.engine.structured.regex import Window
 from hypic.engine.structured.schema import Str
 
 
 def string(node: Str, local: tuple, b: int) -> list[Outcome]:
     """A string frame reads byte ``b``. Locals: ("open",), ("in", count, need, low, high) — ``need``
-    continuation bytes still due, the next one in [low, high] — ("esc", count), ("hex", count, left)."""
+    continuation bytes still due, the next one in [low, high] — ("esc", count), ("hex", count, left,
+    value): the digits of \\uXXXX read so far."""
     if node.pattern is not None:
         return _pattern_string(node, local, b)
     kind = local[0]
@@ -37,11 +39,21 @@ def string(node: Str, local: tuple, b: int) -> list[Outcome]:
     if kind == "esc":
         if b in _JSON_ESCAPES:
             return [Outcome(_in_string(grown), None, True)]
-        return [Outcome(("hex", count, 4), None, True)] if b == ord("u") else []
+        return [Outcome(("hex", count, 4, 0), None, True)] if b == ord("u") else []
     if b not in HEX:  # "hex": the digits of \uXXXX
         return []
-    left = local[2] - 1
-    return [Outcome(_in_string(grown) if left == 0 else ("hex", count, left), None, True)]
+    value, left = local[3] * 16 + int(chr(b), 16), local[2] - 1
+    if _surrogate(value, left):
+        return []
+    return [Outcome(_in_string(grown) if left == 0 else ("hex", count, left, value), None, True)]
+
+
+def _surrogate(value: int, left: int) -> bool:
+    """Whether \\uXXXX's digits so far can only end in a UTF-16 surrogate (D800–DFFF). Such escapes
+    are refused: a lone one is no character (Python's json reads it, then cannot encode it: a
+    tool call holding one failed as a 500), and a pair would be two escapes for one character,
+    which minLength, maxLength and a pattern count as one — raw UTF-8 spells every character."""
+    return 0xD800 <= value << (4 * left) and (value << (4 * left)) | ((1 << (4 * left)) - 1) <= 0xDFFF
 
 
 def _in_string(count: int) -> tuple:
@@ -57,19 +69,20 @@ _JSON_ESCAPES = {ord('"'): 34, ord("\\"): 92, ord("/"): 47, ord("b"): 8, ord("f"
 def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
     """A string its pattern must match: characters are decoded (UTF-8, JSON escapes) and fed to the
     pattern's automaton; a character still being decoded is let through only if some character it
-    may become keeps the pattern matchable. Locals: ("in", count, states, need, value, low, high)."""
+    may become keeps the pattern matchable — within minLength and maxLength, counted after that
+    character (``Window``: a pattern that can end only too early or too late is refused as soon as
+    it is). Locals: ("in", count, states, need, value, low, high)."""
     rx, kind = node.pattern, local[0]
     assert rx is not None
     if kind == "open":
         return [Outcome(("in", 0, rx.start, 0, 0, 0, 0), None, True)] if b == ord('"') else []
     count, states = local[1], local[2]
     room = node.max_len is None or count < node.max_len
-    # characters left after the one being read: a match must still fit in them (maxLength)
-    budget = float("inf") if node.max_len is None else node.max_len - count - 1
+    after = _window(node, count + 1)  # the characters the string may still take after the one being read
 
     def char(c: int) -> list[Outcome]:  # a whole character read: the automaton steps
         nxt = rx.step(states, c)
-        ok = nxt and rx.distance(nxt) <= budget
+        ok = nxt and rx.finishes(nxt, after)
         return [Outcome(("in", count + 1, nxt, 0, 0, 0, 0), None, True)] if ok else []
 
     if kind == "in":
@@ -81,15 +94,16 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
             if need == 0:
                 return char(value)
             lo = value << (6 * need)
-            if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), budget):
+            if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), after):
                 return []
             return [Outcome(("in", count, states, need, value, 0x80, 0xBF), None, True)]
         if b == ord('"'):
             return [Outcome(POP, None, True)] if count >= node.min_len and rx.accepts(states) else []
         if not room or b == END or b < 0x20:
             return []
-        if b == ord("\\"):  # an escape can spell any character of the basic plane (\\uXXXX)
-            return [Outcome(("esc", count, states), None, True)] if rx.can_step(states, 0, 0xFFFF, budget) else []
+        if b == ord("\\"):  # an escape can spell any character of the basic plane but a surrogate
+            ok = rx.can_step(states, 0, 0xD7FF, after) or rx.can_step(states, 0xE000, 0xFFFF, after)
+            return [Outcome(("esc", count, states), None, True)] if ok else []
         if b < 0x80:
             return char(b)
         need = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
@@ -102,7 +116,7 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
         shift = 6 * (need - 1)
         lo = (value << (6 * need)) | ((low & 0x3F) << shift)
         hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
-        if not rx.can_step(states, lo, hi, budget):
+        if not rx.can_step(states, lo, hi, after):
             return []
         return [Outcome(("in", count, states, need, value, low, high), None, True)]
     if kind == "esc":
@@ -112,11 +126,19 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
     if b not in HEX:  # "hex": the digits of \uXXXX, each only if some character it may end in fits
         return []
     value, left = local[4] * 16 + int(chr(b), 16), local[3] - 1
+    if _surrogate(value, left):
+        return []
     if left == 0:
         return char(value)
     lo = value << (4 * left)
-    if not rx.can_step(states, lo, lo | ((1 << (4 * left)) - 1), budget):
+    hi = lo | ((1 << (4 * left)) - 1)
+    if not (rx.can_step(states, lo, min(hi, 0xD7FF), after) or rx.can_step(states, max(lo, 0xE000), hi, after)):
         return []
     return [Outcome(("hex", count, states, left, value), None, True)]
 
 
+def _window(node: Str, count: int) -> Window:
+    """The lengths a string of ``node`` may still take once ``count`` characters are read."""
+    high = None if node.max_len is None else node.max_len - count
+    cap = node.min_len if node.max_len is None else node.max_len + 1  # one cap per string: its masks shared
+    return Window.between(max(0, node.min_len - count), high, cap) if high is None or high >= 0 else Window(cap, 0)
