@@ -307,8 +307,10 @@ class SegmentStore:
                             self.evictions += 1
                         raise
                     entry = moved
-                if entry.tier == "host" and self._half(entry) is not None:
-                    # served from the host tier in place: this request gets its own fp32 copy
+                if entry.tier == "host" and (self.device.type != "cpu" or self._half(entry) is not None):
+                    # served from the host tier in place: this request gets its own device copy, in
+                    # fp32 (the combine pass reads every entry on the engine's device: an fp32 host
+                    # entry handed over as it lay, in pinned memory, failed the request)
                     entry = self._to_device(entry, keep=True)
                 return entry
             self.misses += 1

@@ -21,7 +21,7 @@ import torch
 
 from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve, resolve_host_dtype
-from hypic.cache.keys import segment_key
+from hypic.cache.keys import SegmentKey, segment_key
 from hypic.cache.store import SegmentStore
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
@@ -181,13 +181,21 @@ class Engine(ColdPrefill, PrefixPrefill):
         if devices:
             self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route)
 
+    def _key(self, ids: list[int], seam: int, salt: str | None, mode: str) -> SegmentKey:
+        """A document's key. A standalone entry is the document's alone, whatever mode reads it; an
+        in-context one comes out of its first request's forward, which each mode assembles its own
+        way (``ASSEMBLY``), so it is keyed by the mode: a ``naive`` request's entries, carrying
+        naive's error, once served later ``transition`` requests."""
+        tag = mode if self.cold == "in_context" else "hypic"
+        return segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name, salt=salt,
+                           mode=tag)
+
     def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
         for i, ids in enumerate(segments):
             in_context = i == len(segments) - 1 or all_seam(seam, len(ids))  # the query is never cached
-            key = None if in_context else segment_key(ids, model_fingerprint=self.fingerprint, seam=seam,
-                                                      dtype=self.dtype_name, salt=salt)
+            key = None if in_context else self._key(ids, seam, salt, mode)
             plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))
             start += len(ids)
         plan = RequestPlan(plans, salt)
@@ -286,7 +294,6 @@ class Engine(ColdPrefill, PrefixPrefill):
             self.prefill_calls["with_cold"] += bool(built)
             for e in built:
                 self.store.insert(e)
-            cold_tokens = sum(e.length for e in built)
             for p in plans:
                 for s in p.segments:
                     if s.in_context and s.key is not None:
@@ -296,7 +303,9 @@ class Engine(ColdPrefill, PrefixPrefill):
                 m.segment_hits = sum(s.hit for s in cached)
                 m.segment_misses = len(cached) - m.segment_hits
                 m.cached_tokens = sum(s.length - s.seam for s in cached if s.hit)
-                m.recomputed_tokens = p.recompute_tokens + (cold_tokens if m.segment_misses else 0)
+                # its own misses prefilled apart (once each, however many prompts of the call share one)
+                cold = {s.key: s.length for s in cached if not s.hit and not s.in_context}
+                m.recomputed_tokens = p.recompute_tokens + sum(cold.values())
             return logits, ctx.decode_states
         finally:
             for p in plans:
@@ -307,6 +316,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                        salts: list[str | None] | None = None) -> tuple[torch.Tensor, list[RequestMetrics]]:
         """First-token logits [N, vocab] (fp32) of each prompt under ``mode``; no decoding."""
         mode = check_mode(mode)
+        _check_prompts(prompts)
         metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
         with self._lock:
             logits, _ = self._assemble_in_memory(prompts, mode, salts or [None] * len(prompts), metrics)
@@ -317,6 +327,7 @@ class Engine(ColdPrefill, PrefixPrefill):
               salts: list[str | None] | None = None) -> list[Running]:
         """Prefill prompts (tokenized by segment, the query last) and sample their first tokens."""
         mode = check_mode(mode)
+        _check_prompts(prompts)
         salts = salts or [None] * len(prompts)
         vocab = self.model.vocab_size
         for p in params:
@@ -378,8 +389,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         out, digests = [], []
         with self._lock:
             for ids in segments:
-                keys = {segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name,
-                                    salt=salt) for seam in {self.seam, 0}}
+                keys = {self._key(ids, self.seam if ASSEMBLY[m].seam else 0, salt, m) for m in ASSEMBLY}
                 digests.append({k.digest for k in keys})
                 status = [self.store.discard(k, tuple(ids)) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
@@ -504,3 +514,14 @@ class Engine(ColdPrefill, PrefixPrefill):
         """Decode every run of ``runs`` to its end."""
         while not all(r.done for r in runs):
             self.step(runs)
+
+
+def _check_prompts(prompts: list[list[list[int]]]) -> None:
+    """Every prompt a non-empty list of non-empty segments (ValueError naming the first that is not):
+    an empty query left the logits and the decode state at the last cached segment's seam."""
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"prompts[{i}]: no segments")
+        for j, seg in enumerate(prompt):
+            if not seg:
+                raise ValueError(f"prompts[{i}][{j}]: an empty segment (the query included)")

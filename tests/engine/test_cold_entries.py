@@ -107,3 +107,62 @@ def test_a_half_precision_host_tier_moves_answers_by_rounding_only(model_paths) 
     assert small.store.check_integrity()
     with pytest.raises(ValueError, match="cache_host_dtype"):
         Engine(loaded, cache_host_dtype="int8")
+
+
+def _docs(seed: int, lengths: list[int]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 500, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("first", ["naive", "zero_state", "addition"])
+def test_in_context_entries_serve_only_the_mode_that_built_them(model_paths, first: str) -> None:
+    """An in-context entry is cut out of its first request's forward, which each mode assembles its
+    own way: after a ``first`` request built them, a ``transition`` request answers as on an engine
+    that served ``transition`` alone (they shared keys, and transition got naive's error: ≈ 1e-3 on
+    MiniMax, where transition is exact to 1e-7)."""
+    from hypic import LLM
+
+    prompt = _docs(51, [30, 64, 50, 9])
+
+    def logits(llm, mode: str) -> torch.Tensor:
+        return llm.engine.prefill_logits([prompt], mode=mode)[0][0]
+
+    clean = LLM(str(model_paths["minimax"]), device="cpu", cold="in_context")
+    logits(clean, "transition")
+    want = logits(clean, "transition")  # warm: its own entries
+    mixed = LLM(str(model_paths["minimax"]), device="cpu", cold="in_context")
+    logits(mixed, first)
+    _, metrics = mixed.engine.prefill_logits([prompt], mode="transition")
+    assert metrics[0].segment_misses == 3  # the first mode's entries are not transition's
+    assert torch.allclose(logits(mixed, "transition"), want, atol=1e-6, rtol=0)
+    assert mixed.evict(prompt[:3]) == [True] * 3  # eviction finds every mode's entries
+    assert mixed.engine.store.stats().entries["device"] == 0
+
+
+def test_a_request_is_charged_the_cold_tokens_of_its_own_misses(qwen3_5_path) -> None:
+    """``recomputed_tokens`` per request: a call of three prompts charged each one every entry the
+    call built (a 105-token prompt reported 463)."""
+    from hypic import LLM
+
+    a, b, c, q = _docs(131, [100, 300, 50, 5])
+    prompts = [[a, q], [b, q], [c, a, [7]]]
+    together = LLM(str(qwen3_5_path), device="cpu").engine.prefill_logits(prompts, mode="hypic")[1]
+    alone = LLM(str(qwen3_5_path), device="cpu")
+    single = [alone.engine.prefill_logits([p], mode="hypic")[1][0] for p in prompts[:2]]
+    # a document built (100), its seam recomputed in context (8), the query (5)
+    assert [m.recomputed_tokens for m in together[:2]] == [m.recomputed_tokens for m in single] == [113, 313]
+    assert together[2].recomputed_tokens == 50 + 100 + 2 * 8 + 1  # c and a missed here (a built once, for the call)
+
+
+@pytest.mark.parametrize("prompt, where", [([[1, 2], []], r"prompts\[0\]\[1\]"), ([], r"prompts\[0\]: no segments"),
+                                           ([[1, 2], [], [3]], r"prompts\[0\]\[1\]")])
+def test_the_engine_refuses_an_empty_segment_or_query(qwen3_5_path, prompt, where: str) -> None:
+    """An empty query left the logits and decode state at the last cached segment's seam, silently."""
+    from hypic import LLM, SamplingParams
+
+    engine = LLM(str(qwen3_5_path), device="cpu").engine
+    with pytest.raises(ValueError, match=where):
+        engine.prefill_logits([prompt])
+    with pytest.raises(ValueError, match=where):
+        engine.start([prompt], [SamplingParams(max_tokens=2)])
+    assert engine.prefill_logits([[[1, 2], [3]]])[0].shape[0] == 1
