@@ -124,9 +124,11 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, mode: str = "hypic",
                cache_salt: str | None = None) -> Iterator[Delta]:
-        """One prompt's answer as it is generated: a ``Delta`` per decode step that adds text (and a
-        last one when it ends), whose texts joined equal ``generate``'s text. Leaving the loop early
-        (``break``) lets go of the request's decode state."""
+        """One prompt's answer as it is generated: a ``Delta`` per decode step that adds tokens (and a
+        last one when it ends), whose texts joined equal ``generate``'s text and whose token ids joined
+        equal the output's. A step's text may be empty — a special token, or the first bytes of a
+        character split across tokens (its text comes with the token that completes it) — but its ids
+        are never held back. Leaving the loop early (``break``) lets go of the request's decode state."""
         from hypic.server.text import TextStream  # no server dependency: incremental detokenization
 
         if self.tokenizer is None:
@@ -147,7 +149,7 @@ class LLM:
                     run.output.text = text.text  # all of it, now that it is complete
                     yield Delta(piece, new, run.output, done=True)
                     return
-                if piece:
+                if new:
                     yield Delta(piece, new, run.output)
                 self.engine.step(runs)
         finally:
