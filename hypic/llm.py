@@ -96,6 +96,14 @@ class LLM:
             raise ValueError(f"{where}: {total} tokens exceed the model's limit of {self.max_positions - 1}")
         return segments
 
+    def check_context(self, prompt_tokens: int, max_tokens: int, prompt: str = "the prompt") -> None:
+        """Refuse a prompt whose tokens plus ``max_tokens`` exceed the model's context: decoding would
+        run on at positions the model was never trained on (RoPE is computed on the fly, so nothing
+        else stops it). The server's ``prompts.token_budget`` asks the same, so both refuse alike."""
+        if prompt_tokens + max_tokens > self.max_positions:
+            raise ValueError(f"max_tokens: {prompt}'s {prompt_tokens} tokens plus {max_tokens} to generate exceed "
+                             f"the model's context of {self.max_positions} tokens")
+
     def _normalize(self, prompts: Prompt | list[Prompt]) -> list[Prompt]:
         if isinstance(prompts, str):
             return [prompts]
@@ -113,6 +121,9 @@ class LLM:
         params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
         if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
+        for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
+            self.check_context(sum(len(s) for s in segments), p.max_tokens,
+                               "the prompt" if len(ids) == 1 else f"prompts[{i}]")
         outs = self.engine.generate(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
         if self.tokenizer is not None:
             for o, p in zip(outs, params, strict=True):
@@ -137,6 +148,7 @@ class LLM:
         params = sampling or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
+        self.check_context(sum(len(s) for s in ids), params.max_tokens)
         runs = self.engine.start([ids], [params], mode=mode, salts=[self._salt(cache_salt)])
         run, text, sent = runs[0], TextStream(self.tokenizer, stop_ids=params.stop_token_ids), 0
         try:

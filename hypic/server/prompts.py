@@ -88,9 +88,10 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
     if requested > settings.max_completion_tokens:
         raise bad_request(f"max_tokens: {requested} exceeds this server's limit of {settings.max_completion_tokens}",
                           "max_tokens")
-    if requested > room:
-        raise bad_request(f"max_tokens: the prompt's {n} tokens plus {requested} to generate exceed the model's "
-                          f"context of {llm.max_positions} tokens", "max_tokens")
+    try:
+        llm.check_context(n, requested)
+    except ValueError as e:
+        raise from_value_error(e, "max_tokens") from None
     return requested
 
 
