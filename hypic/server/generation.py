@@ -116,7 +116,7 @@ class Responder:
         self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
         special = gen.tools is not None and gen.tools.special_text
         self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids + (gen.eos if special else ()),
-                               keep_special=special)
+                               keep_special=special, min_tokens=gen.params.min_tokens)
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
