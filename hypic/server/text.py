@@ -75,6 +75,16 @@ class TextStream:
         return self._release(final=True)
 
 
+def text_offsets(tokenizer: Any, ids: list[int]) -> list[int]:
+    """Where each token's text starts in the decoding of ``ids`` (special tokens kept): where the
+    incrementally decoded text stood before it, so the parts of a split character start where it does."""
+    stream, out = TextStream(tokenizer, keep_special=True), []
+    for t in ids:
+        out.append(len(stream.text))
+        stream.push(t)
+    return out
+
+
 def partial_tag(text: str, tag: str) -> int:
     """The length of the longest suffix of ``text`` that is a proper prefix of ``tag``: what a stream
     holds back while it could still become the tag (a reasoning block's end, a tool call's start)."""
