@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from hypic import LLM
+from hypic.server.logprobs import token_texts
 from tests.server.conftest import http_client, serve
 
 # 0xC3 first, then the penalties make 0xA9 and 0xC3 take turns: "éé…"
@@ -21,8 +22,13 @@ C3, A9 = "bytes:\\xc3", "bytes:\\xa9"  # OpenAI's name for a token that is not U
 
 
 @pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    live = serve(LLM())
+def llm() -> LLM:
+    return LLM()
+
+
+@pytest.fixture(scope="module")
+def http(llm: LLM) -> Iterator[httpx.Client]:
+    live = serve(llm)
     yield http_client(live)
     live.stop()
 
@@ -69,3 +75,19 @@ def test_echoed_prompt_offsets_index_the_prompt_as_sent(http: httpx.Client) -> N
     generated = list(zip(lp["tokens"][n:], lp["text_offset"][n:], strict=True))
     assert generated and all(text.startswith(t, o) and o >= len(prompt) for t, o in generated)
     assert _streamed_offsets(http, body) == lp["text_offset"]
+
+
+def test_token_id_prompts_are_placed_in_their_decoding(http: httpx.Client) -> None:
+    ids = http.post("/tokenize", json={"prompt": "Mira drinks café.", "add_special_tokens": False}).json()["tokens"]
+    choice = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 0, "logprobs": 0,
+                                                "echo": True}).json()["choices"][0]
+    text, lp = choice["text"], choice["logprobs"]
+    assert text == " Mira drinks café." and lp["tokens"].count(C3) == 1
+    assert all(text[o] == "é" if t in (C3, A9) else text.startswith(t, o)
+               for t, o in zip(lp["tokens"], lp["text_offset"], strict=True))
+
+
+def test_tokens_with_one_name_keep_keys_of_their_own(llm: LLM) -> None:
+    texts = token_texts(llm.tokenizer)  # ids past the tokenizer's 1 860 (the model has 1 920) decode to ""
+    assert texts.name(1900) == texts.name(1901) == ""
+    assert texts.keyed([(1900, -1.0), (1901, -2.0), (129, -3.0)]) == {"": -1.0, "token_id:1901": -2.0, C3: -3.0}
