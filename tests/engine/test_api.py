@@ -72,6 +72,12 @@ def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
         assert tok in lp and all(v <= 0 for v in lp.values())
     greedy = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=1))[0]
     assert max(greedy.logprobs[0], key=greedy.logprobs[0].get) == greedy.token_ids[0]
+    # what is reported: log_softmax of the adjusted logits at temperature 1, before top-k/top-p/min-p
+    # (vLLM's raw logprobs), whatever the draw's temperature and truncation
+    raw = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=3))[0].logprobs[0]
+    drawn = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.5, top_k=2, top_p=0.5, min_p=0.5,
+                                                  seed=1, logprobs=3))[0]
+    assert drawn.logprobs[0] == pytest.approx(raw)
 
 
 @pytest.mark.parametrize(("presence", "frequency", "bias"), [(1.5, 0.7, None), (-2.0, -0.5, None),
