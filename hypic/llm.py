@@ -96,6 +96,14 @@ class LLM:
             raise ValueError(f"{where}: {total} tokens exceed the model's limit of {self.max_positions - 1}")
         return segments
 
+    def check_context(self, prompt_tokens: int, max_tokens: int, prompt: str = "the prompt") -> None:
+        """Refuse a prompt whose tokens plus ``max_tokens`` exceed the model's context: decoding would
+        run on at positions the model was never trained on (RoPE is computed on the fly, so nothing
+        else stops it). The server's ``prompts.token_budget`` asks the same, so both refuse alike."""
+        if prompt_tokens + max_tokens > self.max_positions:
+            raise ValueError(f"max_tokens: {prompt}'s {prompt_tokens} tokens plus {max_tokens} to generate exceed "
+                             f"the model's context of {self.max_positions} tokens")
+
     def _normalize(self, prompts: Prompt | list[Prompt]) -> list[Prompt]:
         if isinstance(prompts, str):
             return [prompts]
@@ -113,6 +121,9 @@ class LLM:
         params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
         if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
+        for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
+            self.check_context(sum(len(s) for s in segments), p.max_tokens,
+                               "the prompt" if len(ids) == 1 else f"prompts[{i}]")
         outs = self.engine.generate(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
         if self.tokenizer is not None:
             for o, p in zip(outs, params, strict=True):
@@ -124,9 +135,11 @@ class LLM:
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, mode: str = "hypic",
                cache_salt: str | None = None) -> Iterator[Delta]:
-        """One prompt's answer as it is generated: a ``Delta`` per decode step that adds text (and a
-        last one when it ends), whose texts joined equal ``generate``'s text. Leaving the loop early
-        (``break``) lets go of the request's decode state."""
+        """One prompt's answer as it is generated: a ``Delta`` per decode step that adds tokens (and a
+        last one when it ends), whose texts joined equal ``generate``'s text and whose token ids joined
+        equal the output's. A step's text may be empty — a special token, or the first bytes of a
+        character split across tokens (its text comes with the token that completes it) — but its ids
+        are never held back. Leaving the loop early (``break``) lets go of the request's decode state."""
         from hypic.server.text import TextStream  # no server dependency: incremental detokenization
 
         if self.tokenizer is None:
@@ -135,6 +148,7 @@ class LLM:
         params = sampling or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
+        self.check_context(sum(len(s) for s in ids), params.max_tokens)
         runs = self.engine.start([ids], [params], mode=mode, salts=[self._salt(cache_salt)])
         run, text, sent = runs[0], TextStream(self.tokenizer, stop_ids=params.stop_token_ids), 0
         try:
@@ -147,7 +161,7 @@ class LLM:
                     run.output.text = text.text  # all of it, now that it is complete
                     yield Delta(piece, new, run.output, done=True)
                     return
-                if piece:
+                if new:
                     yield Delta(piece, new, run.output)
                 self.engine.step(runs)
         finally:

@@ -1,6 +1,7 @@
 """Choosing the next token: greedy, or temperature with top-k, nucleus (top-p) and min-p sampling,
 seeded per request, after the logit adjustments a request asked for; plus the top-n
-log-probabilities (of the adjusted distribution, the one the token is drawn from).
+log-probabilities: ``log_softmax`` of the adjusted logits at temperature 1, before top-k, top-p and
+min-p (vLLM's raw logprobs) — not of the tempered, truncated distribution the token is drawn from.
 
 Adjustments, in order (vLLM's meanings): the logit bias; the repetition penalty over the prompt's
 and the generated tokens; the presence and frequency penalties over the generated tokens; and,

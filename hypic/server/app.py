@@ -32,6 +32,7 @@ from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from hypic.server.generation import Echo, Generation, echo_only, respond
+from hypic.server.logprobs import token_texts
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
@@ -153,6 +154,12 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if forced_call or (req.response_format is not None and req.response_format.constraint is not None):
             await asyncio.to_thread(prompts.check_structured, llm)
 
+    async def names_ready(top: int | None) -> None:
+        """Log-probabilities' token names (``hypic.server.logprobs``), read from the vocabulary once and
+        off the event loop."""
+        if top is not None:
+            await asyncio.to_thread(token_texts, llm.tokenizer)
+
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
         arrival = time.monotonic()
@@ -160,6 +167,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         check_model(req.model)
         batch = prompts.completion_segments(llm, req, settings)
         await structured_ready(req)
+        await names_ready(req.logprobs)
         n, gens = choices(req.n), []
         for k, segments in enumerate(batch):
             field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
@@ -171,8 +179,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             state.live_runner()  # a stopping server scores nothing either
             for k, gen in enumerate(gens):
                 scores = None if req.logprobs is None else await score(gen.prompt, req.logprobs)
-                gen.echo = Echo(prompts.echo_text(llm, req, k, gen.prompt), [t for s in gen.prompt for t in s],
-                                scores)
+                echoed = prompts.echo_text(llm, req, k, gen.prompt)
+                gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scores)
             if req.max_tokens == 0:
                 return echo_only(gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
@@ -196,6 +204,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
                                           settings.max_completion_tokens, settings)
         top = (req.top_logprobs or 0) if req.logprobs else None
+        await names_ready(top)
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)
         think = None
         # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)

@@ -15,7 +15,6 @@ the ``http.disconnect``.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
@@ -28,6 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hypic.engine.request import SamplingParams
 from hypic.server.errors import APIError
+from hypic.server.logprobs import Scored, chat_logprobs, completion_logprobs, joined, prompt_logprobs, token_texts
 from hypic.server.metrics import Metrics
 from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
@@ -42,38 +42,13 @@ class Echo:
 
     text: str
     tokens: list[int]
+    offsets: list[int]  # per token, where it starts in ``text`` (``prompts.echo_text``)
     logprobs: list[dict[int, float] | None] | None  # None: no log-probabilities asked for
 
 
-def _token_text(tokenizer: Any, t: int) -> str:
-    return tokenizer.decode([t], skip_special_tokens=False)
-
-
-def _offsets(strings: list[str]) -> list[int]:
-    """Where each token's text starts in theirs joined (``text_offset``)."""
-    return [0, *itertools.accumulate(len(x) for x in strings[:-1])] if strings else []
-
-
 def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
-    """The prompt's part of a completion's ``logprobs``: the first token has none (null), as in OpenAI's."""
     assert echo.logprobs is not None
-    strings = [_token_text(tokenizer, t) for t in echo.tokens]
-    return {"tokens": strings,
-            "token_logprobs": [None if lp is None else lp[t] for t, lp in zip(echo.tokens, echo.logprobs, strict=True)],
-            "top_logprobs": [None if lp is None else {_token_text(tokenizer, a): b
-                                                      for a, b in sorted(lp.items(), key=lambda kv: -kv[1])}
-                             for lp in echo.logprobs],
-            "text_offset": _offsets(strings)}
-
-
-def _joined(head: dict, tail: dict | None, shift: int) -> dict:
-    """Two completions ``logprobs`` objects as one, ``tail``'s text offsets moved past ``shift`` characters."""
-    if tail is None:
-        return head
-    return {"tokens": head["tokens"] + tail["tokens"],
-            "token_logprobs": head["token_logprobs"] + tail["token_logprobs"],
-            "top_logprobs": head["top_logprobs"] + tail["top_logprobs"],
-            "text_offset": head["text_offset"] + [o + shift for o in tail["text_offset"]]}
+    return prompt_logprobs(token_texts(tokenizer), echo.tokens, echo.logprobs, echo.offsets)
 
 
 @dataclass
@@ -104,7 +79,7 @@ class Generation:
 @dataclass
 class Piece:
     text: str
-    tokens: list[tuple[int, dict[int, float] | None]]
+    tokens: list[Scored]
     finish: str | None = None
 
 
@@ -116,7 +91,7 @@ class Responder:
         self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
         special = gen.tools is not None and gen.tools.special_text
         self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids + (gen.eos if special else ()),
-                               keep_special=special)
+                               keep_special=special, min_tokens=gen.params.min_tokens)
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
@@ -141,33 +116,27 @@ class Responder:
                 self.metrics.inter_token.observe(event.at - self.last_token_at)
             self.last_token_at = event.at
             self.metrics.generated_tokens.inc()
+            scored = [Scored(event.token, event.logprobs, len(self.text.text))]  # its text starts where the text is
             text = self.text.push(event.token)
             if self.text.stopped:  # a stop string: the engine need not go on
                 self.job.cancel()
                 self.ended = True
                 self.metrics.request_seconds.observe(event.at - self.job.arrival)
-                yield Piece(text, [(event.token, event.logprobs)], "stop")
+                yield Piece(text, scored, "stop")
                 return
-            yield Piece(text, [(event.token, event.logprobs)])
+            yield Piece(text, scored)
 
-    def _token(self, t: int) -> str:
-        return _token_text(self.tokenizer, t)
-
-    def logprobs(self, tokens: list[tuple[int, dict[int, float] | None]]) -> dict | None:
+    def logprobs(self, tokens: list[Scored]) -> dict | None:
+        """``tokens``' log-probabilities; a completion's ``text_offset`` indexes the choice's text (a
+        stream's chunks joined, the echoed prompt first), as vLLM's do."""
         n = self.gen.top_logprobs
         if n is None or not tokens:
             return None
-        tops = [sorted((lp or {}).items(), key=lambda kv: -kv[1])[:n] for _, lp in tokens]
+        texts = token_texts(self.tokenizer)
         if self.gen.chat:
-            def entry(t: int, lp: float) -> dict:
-                s = self._token(t)
-                return {"token": s, "logprob": lp, "bytes": list(s.encode())}
-            return {"content": [{**entry(t, (lp or {}).get(t, 0.0)), "top_logprobs": [entry(a, b) for a, b in top]}
-                                for (t, lp), top in zip(tokens, tops, strict=True)]}
-        strings = [self._token(t) for t, _ in tokens]
-        return {"tokens": strings, "token_logprobs": [(lp or {}).get(t, 0.0) for t, lp in tokens],
-                "top_logprobs": [{self._token(a): b for a, b in top} for top in tops],
-                "text_offset": _offsets(strings)}  # within this piece
+            return chat_logprobs(texts, tokens, n)
+        shift = 0 if self.gen.echo is None else len(self.gen.echo.text)
+        return completion_logprobs(texts, tokens, n, shift, len(self.text.text))
 
     def usage(self) -> dict:
         m = self.job.metrics
@@ -217,7 +186,7 @@ class Responder:
             delta = {"reasoning_content": reasoning, **delta}
         return delta, finish
 
-    def choice(self, text: str, tokens: list, finish: str) -> dict:
+    def choice(self, text: str, tokens: list[Scored], finish: str) -> dict:
         body: dict[str, Any] = ({"message": {"role": "assistant", "content": text}} if self.gen.chat
                                 else {"text": text})
         reasoning = None
@@ -232,7 +201,7 @@ class Responder:
         if self.gen.echo is not None:
             body["text"] = self.gen.echo.text + text
             if self.gen.echo.logprobs is not None:
-                logprobs = _joined(echo_logprobs(self.tokenizer, self.gen.echo), logprobs, len(self.gen.echo.text))
+                logprobs = joined(echo_logprobs(self.tokenizer, self.gen.echo), logprobs)
         return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish}
 
     def echo_chunk(self, finish: str | None = None) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR
@@ -15,6 +16,7 @@ from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, NamedToolChoice
 from hypic.server.settings import ServerSettings
+from hypic.server.text import text_offsets
 from hypic.server.tools import ToolCalling, plan
 
 _SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
@@ -88,9 +90,10 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
     if requested > settings.max_completion_tokens:
         raise bad_request(f"max_tokens: {requested} exceeds this server's limit of {settings.max_completion_tokens}",
                           "max_tokens")
-    if requested > room:
-        raise bad_request(f"max_tokens: the prompt's {n} tokens plus {requested} to generate exceed the model's "
-                          f"context of {llm.max_positions} tokens", "max_tokens")
+    try:
+        llm.check_context(n, requested)
+    except ValueError as e:
+        raise from_value_error(e, "max_tokens") from None
     return requested
 
 
@@ -160,10 +163,33 @@ def _in_response_format(e: ValueError) -> ValueError:
                       if text.startswith("json_schema") else text)
 
 
-def echo_text(llm: LLM, req: CompletionRequest, k: int, segments: list[list[int]]) -> str:
-    """What ``echo`` puts ahead of prompt ``k``'s text: the prompt as sent — segments back to back,
-    as the model reads them — or, for token ids, their decoding."""
+class EchoText(NamedTuple):
+    text: str
+    offsets: list[int]  # per prompt token, where it starts in ``text`` (its ``text_offset``)
+
+
+def echo_text(llm: LLM, req: CompletionRequest, k: int, segments: list[list[int]]) -> EchoText:
+    """What ``echo`` puts ahead of prompt ``k``'s text — the prompt as sent: its text (``<<PIC_SEP>>``
+    included), the ``segments`` extension's texts back to back, or token ids decoded — and where each
+    of its tokens starts there. A text's tokens are placed by the tokenizer's own offsets into it (a
+    leading space the tokenizer adds is not in the text; the parts of a split character start where
+    it does), decoded ids by their incremental decoding."""
     if req.segments is not None:
-        return "".join(req.segments)
+        return _placed(llm, list(req.segments), segments, "")
     item = req.prompt_items[k]
-    return item if isinstance(item, str) else llm.tokenizer.decode(segments[0], skip_special_tokens=False)
+    if isinstance(item, str):
+        return _placed(llm, item.split(SEPARATOR), segments, SEPARATOR)
+    return EchoText(llm.tokenizer.decode(segments[0], skip_special_tokens=False),
+                    text_offsets(llm.tokenizer, segments[0]))
+
+
+def _placed(llm: LLM, texts: list[str], segments: list[list[int]], separator: str) -> EchoText:
+    """Segment texts joined by ``separator``, each token placed in them (``LLM.tokenize`` encoded each
+    text alone, as here, so the encodings are the segments' tokens)."""
+    offsets, start = [], 0
+    for text, ids in zip(texts, segments, strict=True):
+        spans = llm.tokenizer.encode(text, add_special_tokens=False).offsets
+        assert len(spans) == len(ids)
+        offsets += [start + a for a, _ in spans]
+        start += len(text) + len(separator)
+    return EchoText(separator.join(texts), offsets)

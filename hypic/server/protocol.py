@@ -27,7 +27,26 @@ def _utf8(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
-Stop = Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]], Field(min_length=1, max_length=8)]
+MAX_STOPS = 8  # stop strings a request may give (OpenAI allows 4)
+
+
+def _at_most_max_stops(stops: list[str]) -> list[str]:
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"at most {MAX_STOPS} stop strings, got {len(stops)}")
+    return stops
+
+
+def _stop_shape(value: object) -> str | None:
+    """``stop``'s shape: a list is checked as a list only (a union would report the string member's
+    error for a list too long, not the length)."""
+    return "str" if isinstance(value, str) else "list[str]" if isinstance(value, list) else None
+
+
+Stop = Annotated[Annotated[Text, Tag("str")]
+                 | Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]], Field(min_length=1),
+                             AfterValidator(_at_most_max_stops), Tag("list[str]")],
+                 Discriminator(_stop_shape, custom_error_type="stop_shape",
+                               custom_error_message="expected a string or a list of strings")]
 INT64 = dict(ge=-(2**63), le=2**63 - 1)
 
 
@@ -75,7 +94,7 @@ class Common(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1)  # choices (at most the server's max_choices)
     seed: int | None = Field(None, **INT64)
-    stop: Text | Stop | None = None
+    stop: Stop | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)  # over the generated tokens

@@ -7,6 +7,8 @@ tokens — and emits the difference, waiting while the window ends in an incompl
 (U+FFFD). Concatenated, the pieces equal decoding the whole output at once, which is what the
 offline ``LLM.generate`` returns. Stop strings are searched in the text; the last
 ``len(longest stop) − 1`` characters are held back so a stop split across tokens is never sent.
+With ``min_tokens`` (vLLM's meaning) a stop string counts only once it ends in the text of a token
+after the first ``min_tokens``: as EOS and the stop tokens, it cannot end a shorter output.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from typing import Any
 
 class TextStream:
     def __init__(self, tokenizer: Any, stops: list[str] | None = None, stop_ids: tuple[int, ...] = (), *,
-                 keep_special: bool = False) -> None:
+                 keep_special: bool = False, min_tokens: int = 0) -> None:
         self.tokenizer = tokenizer
         self.keep_special = keep_special  # special tokens in the text (Kimi's tool-call markers are ones)
         self.stops = [s for s in (stops or []) if s]
         self.stop_ids = set(stop_ids)  # stop tokens: they end the output and are not part of its text
         self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.min_tokens = min_tokens
+        self.pushed = 0  # generated tokens seen, stop tokens included
         self.tokens: list[int] = []
         self.text = ""  # decoded so far (complete characters)
+        self.exempt = 0  # characters of ``text`` (the first min_tokens tokens') in which no stop string may end
         self.sent = 0  # characters of ``text`` handed out
         self.stopped = False  # a stop string was found: generation should end
         self._prefix = self._read = 0  # the decode window: tokens[_prefix:_read] were already read
@@ -42,7 +47,8 @@ class TextStream:
         if self.stopped:
             return ""
         if self.stops:
-            hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stops) if i >= 0]
+            hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold, self.exempt - len(s) + 1))
+                                for s in self.stops) if i >= 0]
             if hits:
                 self.stopped = True
                 self.text = self.text[:min(hits)]
@@ -53,10 +59,13 @@ class TextStream:
 
     def push(self, token: int) -> str:
         """Add a generated token; returns the text now safe to send (maybe empty)."""
+        self.pushed += 1
         if self.stopped or token in self.stop_ids:
             return ""
         self.tokens.append(token)
         self._advance(final=False)
+        if self.pushed <= self.min_tokens:
+            self.exempt = len(self.text)
         return self._release(final=False)
 
     def finish(self) -> str:
@@ -64,6 +73,16 @@ class TextStream:
         if len(self.tokens) > self._read:
             self._advance(final=True)
         return self._release(final=True)
+
+
+def text_offsets(tokenizer: Any, ids: list[int]) -> list[int]:
+    """Where each token's text starts in the decoding of ``ids`` (special tokens kept): where the
+    incrementally decoded text stood before it, so the parts of a split character start where it does."""
+    stream, out = TextStream(tokenizer, keep_special=True), []
+    for t in ids:
+        out.append(len(stream.text))
+        stream.push(t)
+    return out
 
 
 def partial_tag(text: str, tag: str) -> int:

@@ -1,5 +1,6 @@
 """The offline API: generation, sampling, logprobs, metrics, concurrency, and bad input."""
 
+import json
 import random
 import threading
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from hypic import LLM, SamplingParams
+from hypic.llm import bundled_model_path
 
 
 def _segments(seed: int, lengths: list[int]) -> list[list[int]]:
@@ -70,6 +72,12 @@ def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
         assert tok in lp and all(v <= 0 for v in lp.values())
     greedy = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=1))[0]
     assert max(greedy.logprobs[0], key=greedy.logprobs[0].get) == greedy.token_ids[0]
+    # what is reported: log_softmax of the adjusted logits at temperature 1, before top-k/top-p/min-p
+    # (vLLM's raw logprobs), whatever the draw's temperature and truncation
+    raw = llm.generate([prompt], SamplingParams(max_tokens=1, logprobs=3))[0].logprobs[0]
+    drawn = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.5, top_k=2, top_p=0.5, min_p=0.5,
+                                                  seed=1, logprobs=3))[0]
+    assert drawn.logprobs[0] == pytest.approx(raw)
 
 
 @pytest.mark.parametrize(("presence", "frequency", "bias"), [(1.5, 0.7, None), (-2.0, -0.5, None),
@@ -318,3 +326,30 @@ def test_evicting_with_a_saved_cache_keeps_the_document_from_coming_back(qwen3_5
     with pytest.raises(ValueError, match="unreadable manifest.json"):
         restarted.evict([doc, other], saved=tmp_path)
     assert restarted.prewarm([doc, other]) == [False, False]
+
+
+def test_a_prompt_and_max_tokens_beyond_the_context_are_refused(tmp_path) -> None:
+    """The bundled model with a 64-token context: prompt + max_tokens may fill it, not exceed it, in
+    generate, stream and chat alike (the server's 400 says the same)."""
+    bundled = bundled_model_path()
+    for f in bundled.iterdir():
+        (tmp_path / f.name).symlink_to(f)
+    config = json.loads((bundled / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    short = LLM(str(tmp_path))
+    prompt = "Profile of Mira. Mira lives in Quorvane and keeps bees on the roof."
+    n = sum(len(s) for s in short.tokenize(prompt))
+    fits = SamplingParams(max_tokens=64 - n, ignore_eos=True)
+    assert len(short.generate(prompt, fits)[0].token_ids) == 64 - n
+    assert len(list(short.stream(prompt, fits))[-1].output.token_ids) == 64 - n
+    over = SamplingParams(max_tokens=65 - n, ignore_eos=True)
+    needle = f"max_tokens: the prompt's {n} tokens plus {65 - n} to generate exceed the model's context of 64"
+    with pytest.raises(ValueError, match=needle):
+        short.generate(prompt, over)
+    with pytest.raises(ValueError, match=needle):
+        next(short.stream(prompt, over))
+    with pytest.raises(ValueError, match=rf"max_tokens: prompts\[1\]'s {n} tokens plus {65 - n}"):
+        short.generate([prompt, prompt], [fits, over])
+    with pytest.raises(ValueError, match="max_tokens: the prompt's"):
+        short.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=64))

@@ -29,6 +29,18 @@ def test_the_pieces_joined_are_generates_answer(llm: LLM) -> None:
     assert "".join(d.text for d in again) == want.text and again[-1].output.token_ids == want.token_ids
 
 
+@pytest.mark.parametrize("sp", [
+    SamplingParams(max_tokens=6, ignore_eos=True, logit_bias={1: 100}),  # EOS (<|end|>) again and again: no text
+    # "é" is two byte-level tokens (129, 104): the first adds no text until the second completes it
+    SamplingParams(max_tokens=6, logit_bias={129: 100, 104: 99}, frequency_penalty=2.0, presence_penalty=2.0)])
+def test_steps_without_text_keep_their_token_ids(llm: LLM, sp: SamplingParams) -> None:
+    deltas = list(llm.stream("Say café", sp))
+    out = deltas[-1].output
+    assert [t for d in deltas for t in d.token_ids] == out.token_ids and len(out.token_ids) == 6
+    assert "".join(d.text for d in deltas) == out.text == llm.generate("Say café", sp)[0].text
+    assert all(d.token_ids for d in deltas)  # a Delta per step that adds tokens, with or without text
+
+
 def test_leaving_early_frees_the_request(llm: LLM, monkeypatch) -> None:
     prompt = [*DOCS, "Tell me about Quorvane."]
     sp = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)

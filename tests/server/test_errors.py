@@ -132,6 +132,16 @@ def test_bad_input_is_a_4xx_naming_the_field(server: LiveServer, path: str, body
         assert param.split(".")[0].split("[")[0] in err["message"], err
 
 
+def test_a_message_says_the_real_problem(server: LiveServer) -> None:
+    """A field with several shapes is reported in the shape it was sent in: too many stop strings is
+    their count, not "should be a valid string" (the string shape's complaint)."""
+    for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": OK_CHAT})):
+        r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": ["a"] * 9})
+        assert r.status_code == 400 and _error_shape(r)["message"] == "stop: at most 8 stop strings, got 9"
+        r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": 5})
+        assert r.status_code == 400 and _error_shape(r)["message"] == "stop: expected a string or a list of strings"
+
+
 def test_routes_methods_auth_and_still_serving(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/v1/nowhere", headers=AUTH).status_code == 404
     r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)

@@ -233,6 +233,24 @@ def test_logprobs_and_stop_strings(client: OpenAI) -> None:
     assert len(content) == 3 and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
 
 
+def test_stop_strings_wait_for_min_tokens(client: OpenAI, llm: LLM) -> None:
+    """vLLM's ``min_tokens``: a stop string ending in the first ``min_tokens`` tokens' text does not end
+    the output (as EOS cannot); the first one after does, whole and streamed alike."""
+    segments = rag(5)
+    ids = llm.generate([segments], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    text, early = (llm.tokenizer.decode(x, skip_special_tokens=True) for x in (ids, ids[:5]))
+    assert " " in early and " " in text[len(early):]  # a stop string within the first 5 tokens and one after
+    want = text[:text.index(" ", len(early))]
+    kw = dict(max_tokens=12, stop=" ", extra_body={"ignore_eos": True, "min_tokens": 5})
+    whole = complete(client, segments, **kw)
+    assert whole.choices[0].text == want and whole.choices[0].finish_reason == "stop"
+    assert whole.usage.completion_tokens > 5
+    streamed = list(complete(client, segments, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed) == want and streamed[-1].choices[0].finish_reason == "stop"
+    assert complete(client, segments, **{**kw, "extra_body": {"ignore_eos": True}}).choices[0].text \
+        == text[:text.index(" ")]  # without min_tokens, the first stop string ends it
+
+
 def test_echo_scores_the_prompt_as_a_harness_asks_and_prepends_it(client: OpenAI, http: httpx.Client,
                                                                    llm: LLM) -> None:
     """``echo`` + ``logprobs`` + ``max_tokens: 0`` (lm-eval's loglikelihood request): the prompt's own
