@@ -76,7 +76,7 @@ async def read_body(request: Request, model: type[M], limit: int) -> M:
         if len(body) > limit:
             raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
     try:
-        data = json.loads(bytes(body), parse_constant=_not_json)
+        data = json.loads(bytes(body))
     except (ValueError, RecursionError) as e:
         raise APIError(400, f"malformed JSON: {e}", code="invalid_json") from None
     try:
@@ -85,12 +85,6 @@ async def read_body(request: Request, model: type[M], limit: int) -> M:
         raise from_validation_error(e) from None
     except RecursionError:
         raise bad_request("the body is nested too deeply") from None
-
-
-def _not_json(name: str) -> None:
-    """Python's json reads NaN and ±Infinity; JSON has none of them (a NaN in a schema's enum was
-    generated as the text NaN)."""
-    raise ValueError(f"{name} is not JSON")
 
 
 def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:

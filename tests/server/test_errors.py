@@ -28,7 +28,10 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/completions", b"[]", 400, None),
     ("/v1/completions", b'"a prompt"', 400, None),
     ("/v1/completions", b"[" * 100_000, 400, None),
-    ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, None),  # Python reads NaN; JSON has none
+    ("/v1/completions", b'{"prompt": "hi", "temperature": NaN}', 400, "temperature"),  # Python reads NaN
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": '
+     b'"json_schema", "json_schema": {"name": "n", "schema": {"enum": [NaN]}}}}', 400,
+     "response_format.json_schema.schema"),  # once generated as the text NaN, which is no JSON
     ("/v1/chat/completions", {"messages": OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
         "name": "n", "schema": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}}}, 400,
      "response_format.json_schema.schema"),
