@@ -32,6 +32,7 @@ issued can take the next demotion's copy without an event: the device runs them 
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import logging
@@ -192,11 +193,30 @@ class HostArena:
             self._thread = threading.Thread(target=_grow_ahead, args=(weakref.ref(self),), daemon=True,
                                             name="hypic-host-arena")
             self._thread.start()
+            _RUNNING.add(self)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+_RUNNING: weakref.WeakSet[HostArena] = weakref.WeakSet()  # arenas whose thread was started
+EXIT_WAIT_S = 30.0  # a slab's pinning is ≈ 0.5 s per GiB (docs/benchmarks.md)
+
+
+@atexit.register
+def close_all(arenas: list[HostArena] | None = None, wait_s: float = EXIT_WAIT_S) -> None:
+    """Close the arenas (default: every one whose thread started) and wait for each thread to
+    finish the slab it is pinning. At interpreter exit a daemon thread left inside CUDA's host
+    allocation runs on while CUDA is torn down, and the process can abort (a GPU run ended
+    "terminate called without an active exception", rc 134)."""
+    arenas = list(_RUNNING) if arenas is None else arenas
+    for arena in arenas:
+        arena.close()
+    for arena in arenas:
+        if arena._thread is not None:
+            arena._thread.join(timeout=wait_s)
 
 
 def _grow_ahead(ref: weakref.ref[HostArena]) -> None:

@@ -117,6 +117,19 @@ def test_the_background_thread_pins_capacity_once_and_ends_with_the_arena() -> N
     assert not thread.is_alive()
 
 
+def test_at_exit_every_arena_is_closed_and_its_thread_waited_for() -> None:
+    """``close_all`` runs at interpreter exit: no pinning thread is left inside CUDA as it is torn down."""
+    from hypic.cache.host_arena import _RUNNING, close_all
+
+    arenas = [HostArena(None, slab_bytes=4096, ahead_bytes=8 * 4096, pin=False) for _ in range(2)]
+    for a in arenas:
+        a.pin_ahead()
+    threads = [a._thread for a in arenas]
+    assert all(t is not None and t.is_alive() for t in threads) and all(a in _RUNNING for a in arenas)
+    close_all(arenas, wait_s=10)  # at exit: every arena in _RUNNING (here only these: others live on)
+    assert not any(t.is_alive() for t in threads) and all(a._closed for a in arenas)
+
+
 def test_pin_ahead_starts_the_thread_without_waiting_and_it_pins_capacity() -> None:
     """A server's startup: pinning starts before any demotion and the caller does not wait for it."""
     gate = threading.Lock()
