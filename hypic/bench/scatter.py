@@ -91,16 +91,19 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
     for i, prompt in enumerate(batch):
         ref = None
         for row, how in rows.items():
+            if pool.closed:  # a worker was lost during the run: every later row would be one device's
+                raise RuntimeError("bench scatter: the cold pool closed during the run (a worker was lost)")
             engine.pool = None if how is None else pool
             if how is not None:
                 pool.policy = how
+                pool.timeline = {}  # this call's, or none when the router kept every miss on one device
             t, logits = _cold(engine, prompt)
             ref = logits if ref is None else ref
             diff[row] = max(diff[row], (logits - ref).abs().max().item())
             if i:  # prompt 0 warms kernels and links up
                 times[row].append(t)
             if how is not None and i == len(batch) - 1:
-                lines[row] = timeline(pool.timeline, t)
+                lines[row] = timeline(pool.timeline, t) if pool.timeline else "not scattered (all on one device)"
         print(f"scatter {kind} prompt {i}: " + ", ".join(f"{r} {1000 * v[-1]:.1f} ms" for r, v in times.items() if v),
               file=sys.stderr, flush=True)
     engine.pool, pool.policy = pool, "lpt"

@@ -167,6 +167,8 @@ class ColdPrefill:
             return []
         try:
             entries = self.pool.prefill(segments, owner, self._prefill_alone)
+        except torch.OutOfMemoryError:  # this device's own share: no worker's fault (within_memory's)
+            raise
         except RuntimeError as e:  # a worker failed: this request is answered on the engine's device alone
             lost = isinstance(e, WorkerLost)
             self.cold_failures["lost" if lost else "request"] += 1

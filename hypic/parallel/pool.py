@@ -51,16 +51,17 @@ class WorkerLost(RuntimeError):
     """A worker process exited or stopped answering: the pool cannot be used any more."""
 
 
-def _accept(listener: Listener, procs: list[subprocess.Popen], timeout_s: float) -> Connection:
+def _accept(listener: Listener, procs: dict[int, subprocess.Popen], timeout_s: float) -> Connection:
     """The next worker's connection, or a clear error if a worker exits or none connects (accept()
-    itself has no timeout, so it waits in a thread)."""
+    itself has no timeout, so it waits in a thread). ``procs``: the workers not connected yet, by
+    rank — one that connected and then exited (failing to load) says why in its pipe instead."""
     got: list[Connection] = []
     waiter = threading.Thread(target=lambda: got.append(listener.accept()), daemon=True)
     waiter.start()
     deadline = time.monotonic() + timeout_s
     while waiter.is_alive():
         waiter.join(0.05)
-        dead = [(rank, p.returncode) for rank, p in enumerate(procs, start=1) if p.poll() is not None]
+        dead = [(rank, p.returncode) for rank, p in procs.items() if p.poll() is not None]
         if dead and not got:
             raise WorkerLost(f"cold worker {dead[0][0]} exited (code {dead[0][1]}) before connecting")
         if time.monotonic() > deadline:
@@ -124,6 +125,7 @@ class ColdPool:
             raise ValueError("cold_workers: this process already has a torch.distributed group (one pool per process)")
         assign([], 1, policy)  # validates the policy name
         self.local, self.policy, self.workers = local, policy, 1 + len(devices)
+        self.timeout_s = timeout_s  # for every answer a worker owes (a hung one is lost after it)
         self.timeline: dict[str, object] = {}
         self.handicap = [0.0] * self.workers  # tokens each worker starts behind in LPT (rank 0: none)
         backend = "nccl" if local.type == "cuda" else "gloo"
@@ -151,7 +153,8 @@ class ColdPool:
                                                      str(rank)], env=env))
             conns: dict[int, Connection] = {}
             for _ in devices:
-                conn = _accept(listener, self._procs, timeout_s)
+                waiting = {r: p for r, p in enumerate(self._procs, start=1) if r not in conns}
+                conn = _accept(listener, waiting, timeout_s)
                 rank = conn.recv()  # a worker says which it is: they connect in any order
                 conn.send((rank, self.workers, init, backend, str(devices[rank - 1]), spec, threads, timeout_s))
                 conns[rank] = conn
@@ -169,19 +172,30 @@ class ColdPool:
         for rank in range(1, self.workers):
             dist.recv(torch.zeros(1, device=self.local), src=rank)  # warm-up: the links exist from here on
 
-    def _recv(self, rank: int, timeout_s: float) -> tuple[str, object]:
+    def _recv(self, rank: int, timeout_s: float, kinds: tuple[str, ...] | None = None) -> tuple[str, object]:
+        """Worker ``rank``'s next message, one of ``kinds`` (None: any). Any other is a pool out of
+        step with its worker — a message left unread by an earlier call — which it cannot get back
+        into: WorkerLost, never a message read as another call's answer."""
         conn = self._conns[rank - 1]
         try:
             if not conn.poll(timeout_s):
                 raise WorkerLost(f"cold worker {rank} did not answer within {timeout_s:.0f} s")
-            return conn.recv()
+            msg = conn.recv()
         except (EOFError, OSError) as e:
             raise WorkerLost(f"cold worker {rank} exited (code {self._procs[rank - 1].poll()})") from e
+        if kinds is not None and msg[0] not in kinds:
+            raise WorkerLost(f"cold worker {rank} answered {msg[0]!r} where {' or '.join(kinds)} was due: out of step")
+        return msg
 
     def route(self, segments: list[ColdSegment]) -> list[int]:
         """Each segment's rank under the pool's policy (LPT starts each worker at its handicap)."""
         loads = self.handicap if self.policy == "lpt" else None
-        return assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
+        owner = assign([len(ids) for ids, _, _ in segments], self.workers, self.policy, loads)
+        for rank in set(range(1, self.workers)) - set(owner):
+            # learned only from calls it takes part in: one late answer could otherwise shut a worker
+            # out for good (its handicap past every request's cold tokens); halved per call it sits out
+            self.handicap[rank] *= 0.5
+        return owner
 
     def _learn(self, workers: dict[int, dict[str, float]]) -> None:
         """Update each worker's handicap from one call: the seconds between its finishing (or the
@@ -206,7 +220,7 @@ class ColdPool:
         """Take the "computed" stamp each worker of this call owes and learn the handicap from them."""
         for rank, w in timeline["workers"].items():
             w["waited_from"] = time.time()  # the engine's host is free for this worker from here
-            msg = self._recv(rank, 600.0)
+            msg = self._recv(rank, self.timeout_s, ("computed",))
             w["computed"], w["answered"] = msg[1], time.time()
         self._learn(timeline["workers"])
 
@@ -244,26 +258,46 @@ class ColdPool:
                     events[1].record()
                     timeline["local_events"] = events  # rank 0's device time, for the bench's timelines
             timeline["local"] = {"documents": len(shares[0]), "tokens": sum(len(segments[i][0]) for i in shares[0])}
-        finally:  # every worker's answer is taken, even after a failure: the links stay in step
-            for rank in range(1, self.workers):
-                if not shares[rank]:
-                    continue
-                msg = self._recv(rank, 600.0)
-                if msg[0] == "error":
-                    errors.append(f"cold worker {rank}:\n{msg[1]}")
-                    continue
-                _, headers, stamps = msg
-                buf = torch.empty(sum(h.nbytes for h in headers), dtype=torch.uint8, device=self.local)
-                dist.recv(buf, src=rank)  # NCCL: queued after rank 0's own work; the host goes on
-                for i, e in zip(shares[rank], split(headers, buf), strict=True):
-                    out[i] = e
-                timeline["workers"][rank] = {**stamps, "documents": len(headers), "bytes": buf.numel(),
-                                             "tokens": sum(len(h.token_ids) for h in headers)}
-        self.timeline = timeline
-        self._settle(timeline)
+        finally:  # every answer a worker owes is taken, even after rank 0's own share failed (an
+            # unread one put every later call one message behind): the links stay in step
+            try:
+                self._collect(shares, out, errors, timeline)
+                self.timeline = timeline
+                self._settle(timeline)
+            except WorkerLost:
+                self._abandon()
+                raise
         if errors:
             raise RuntimeError("\n".join(errors))
         return out  # type: ignore[return-value]
+
+    def _collect(self, shares: list[list[int]], out: list[Entry | None], errors: list[str], timeline: dict) -> None:
+        """Each worker's "done" (or "error") and its entries' bytes, into ``out``."""
+        for rank in range(1, self.workers):
+            if not shares[rank]:
+                continue
+            msg = self._recv(rank, self.timeout_s, ("done", "error"))
+            if msg[0] == "error":
+                errors.append(f"cold worker {rank}:\n{msg[1]}")
+                continue
+            _, headers, stamps = msg
+            buf = torch.empty(sum(h.nbytes for h in headers), dtype=torch.uint8, device=self.local)
+            try:
+                dist.recv(buf, src=rank)  # NCCL: queued after rank 0's own work; the host goes on
+            except RuntimeError as e:  # the backend's error: the peer is gone, the group is broken
+                raise WorkerLost(f"cold worker {rank}: its entries did not arrive ({str(e)[:200]})") from e
+            for i, e in zip(shares[rank], split(headers, buf), strict=True):
+                out[i] = e
+            timeline["workers"][rank] = {**stamps, "documents": len(headers), "bytes": buf.numel(),
+                                         "tokens": sum(len(h.token_ids) for h in headers)}
+
+    def _abandon(self) -> None:
+        """A worker is lost: the pool is over. The others may be blocked mid-transfer, unable to read
+        a stop (each would cost ``_stop``'s 30 s grace, under the engine's lock): killed now."""
+        self.closed = True
+        for p in self._procs:
+            if p.poll() is None:
+                p.kill()
 
     def close(self) -> None:
         """Stop the workers and leave the process group (also run when the pool is garbage-collected

@@ -160,3 +160,69 @@ _TINY = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, full_attention_
              linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
              rms_norm_eps=1e-6, max_position_embeddings=4096,
              rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})
+
+
+def test_a_failure_of_the_engines_own_share_leaves_the_workers_in_step(pair, monkeypatch):
+    """Rank 0's own share out of memory once: the workers' answers are still all taken, so the
+    retried call and the ones after it are served with the workers (their "computed" message,
+    once left unread, made every later call read the call before's answer: failures, stale entries)."""
+    pooled, alone = pair
+    pooled.close()
+    llm = LLM(cold_workers=1)
+    try:
+        engine, real = llm.engine, llm.engine._prefill_alone
+        failed = []
+
+        def once(segments):
+            if not failed:
+                failed.append(True)
+                raise torch.OutOfMemoryError("simulated: this device out of memory in its own share")
+            return real(segments)
+
+        monkeypatch.setattr(engine, "_prefill_alone", once)
+        for seed in (21, 22, 23):
+            prompts = _prompts(1, seed=seed)
+            got = llm.generate(prompts, SamplingParams(max_tokens=4))
+            assert got[0].token_ids == alone.generate(prompts, SamplingParams(max_tokens=4))[0].token_ids
+        assert failed and engine.pool is not None and engine.cold_failures == {"request": 0, "lost": 0}
+        assert engine.cold_counts[1][0] >= 3 and engine.store.check_integrity()  # the worker took part throughout
+    finally:
+        llm.close()
+
+
+def test_one_lost_worker_of_two_ends_the_pool_at_once(pair):
+    """The other worker, blocked mid-transfer, could not read a stop: it cost 30 s under the engine's
+    lock before it was killed. Now the pool is ended at once and the request served on this device."""
+    import time
+
+    pooled, alone = pair
+    pooled.close()
+    llm = LLM(cold_workers=2)
+    try:
+        prompts = _prompts(1, seed=24)
+        llm.generate(prompts, SamplingParams(max_tokens=2))  # both workers have carried a share
+        llm.engine.store.clear()
+        llm.engine.pool._procs[0].kill()
+        llm.engine.pool._procs[0].wait()
+        others = llm.engine.pool._procs[1:]
+        t0 = time.monotonic()
+        with pytest.warns(RuntimeWarning, match="cold worker 1"):
+            got = llm.generate(prompts, SamplingParams(max_tokens=2))
+        assert time.monotonic() - t0 < 25  # no 30 s wait for the blocked survivor
+        assert llm.engine.pool is None and all(p.poll() is not None for p in others)
+        assert got[0].token_ids == alone.generate(prompts, SamplingParams(max_tokens=2))[0].token_ids
+    finally:
+        llm.close()
+
+
+def test_a_worker_sitting_out_calls_wins_its_handicap_back():
+    """The handicap is learned only from calls a worker takes part in: one late answer put it past
+    every request's cold tokens, and the router never gave that worker anything again."""
+    pool = ColdPool.__new__(ColdPool)  # routing alone: no processes
+    pool.policy, pool.workers, pool.handicap = "lpt", 2, [0.0, 1e6]
+    segments = [([1] * 100, 0, None)] * 4
+    rounds = 0
+    while not any(pool.route(segments)):
+        rounds += 1
+        assert rounds < 40
+    assert pool.handicap[1] < 400
