@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -167,9 +168,21 @@ def parse_bytes(text: str) -> int:
         value = float(number)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a byte count such as 4GiB, got {text!r}") from None
-    if unit not in units or value < 0:
+    if unit == "b":  # 512B
+        unit = ""
+    if unit not in units or not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a byte count such as 4GiB, got {text!r}")
     return int(value * units[unit])
+
+
+def parse_port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0–65535, got {text!r}")
+    return port
 
 
 def parse_budget(text: str) -> int | str | None:
@@ -188,9 +201,8 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     from hypic.llm import LLM
     from hypic.server import ServerSettings
 
-    llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
-              cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
-              cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
+    # everything that can be checked without the model is, first: loading it (and starting cold
+    # workers) takes minutes on a GPU before a typo in a limit or an unusable --cache-dir would show
     settings = ServerSettings(
         model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
                                               else "hypic"),
@@ -201,10 +213,26 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
         shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
         cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
         max_stored_responses=args.max_stored_responses)
+    if args.cache_dir:
+        _check_writable(args.cache_dir)
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
+              cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
+              cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
     loaded = _load_saved_cache(llm, args.cache_dir)
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     return llm, settings
+
+
+def _check_writable(folder: str) -> None:
+    """``--cache-dir`` made if missing and able to take files now (ValueError): found at shutdown, an
+    unusable folder lost everything the server had cached."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--cache-dir {folder}: {e.strerror or e}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"--cache-dir {folder}: not writable")
 
 
 def _close(llm: LLM, command: str, cache_dir: str | None) -> int:
@@ -228,6 +256,7 @@ def run_batch(args: argparse.Namespace) -> int:
 
     try:
         lines = Path(args.input).read_text().splitlines()
+        Path(args.output).open("a").close()  # the output can be written: found after the batch, it lost every result
         llm, settings = _served(args, "run-batch", None)  # in process: no key
     except (ValueError, OSError) as e:
         print(f"hypic run-batch: {e}", file=sys.stderr)
@@ -260,7 +289,12 @@ def serve(args: argparse.Namespace) -> int:
     auth = "API key required" if settings.api_key else "no API key"
     print(f"hypic serve: {settings.model_name} on http://{args.host}:{args.port} ({llm.engine.device}, {auth})",
           flush=True)
-    try:  # Ctrl-C: uvicorn shuts down gracefully (the app finishes or cancels in-flight requests), then re-raises
+    # uvicorn shuts down gracefully on SIGINT and SIGTERM (the app finishes or cancels in-flight
+    # requests), then raises the signal again under the handler it found: SIGINT's is Python's
+    # KeyboardInterrupt, SIGTERM's the default, which killed the process before the cache was saved
+    # (SIGTERM is what systemd, docker stop and Kubernetes send). So SIGTERM interrupts like Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                     timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
     except KeyboardInterrupt:
@@ -289,7 +323,7 @@ def parse_workers(text: str) -> int | list[str]:
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="the OpenAI-compatible server (completions, chat, segment pre-warming)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=parse_port, default=8000)
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _served_options(p)

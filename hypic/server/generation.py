@@ -333,6 +333,14 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     chat or completions one; ``endpoint``: the label it is counted under."""
     jobs: list[Job] = []
     owners: list[Generation] = []
+    places = sum(g.n for g in gens)
+    room = runner.settings.max_queue + runner.settings.max_concurrent  # all choices are queued at once; at
+    # best the running ones have left the queue by then: a request needing more could never be taken,
+    # and a 429 tells the client to retry it for ever (run-batch did)
+    if places > room:
+        param = "n" if len(gens) == 1 else "prompt"
+        raise APIError(400, f"{param}: this request's {places} choices need {places} places, more than the server "
+                       f"ever has ({room}: max_queue + max_concurrent)", param=param)
     try:  # all choices or none: a choice refused (429/503) takes back the ones already queued
         for gen in gens:
             for i in range(gen.n):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_WAIT_S = 86_400.0  # a timeout longer than a day is a typo (inf crashed uvicorn's graceful shutdown)
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -32,8 +34,10 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError("model_name: expected a non-empty string")
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key: expected a non-empty string or None")
+        if self.api_key is not None:  # as clients' tokens are read: a key from a file keeps its newline
+            object.__setattr__(self, "api_key", self.api_key.strip())
         for name in ("max_segments", "max_completion_tokens", "max_concurrent", "max_body_bytes", "retry_after_s",
                      "max_choices", "max_prompts", "max_queue"):
             value = getattr(self, name)
@@ -52,5 +56,5 @@ class ServerSettings:
             raise ValueError("cache_dir: expected a non-empty folder path or None")
         for name in ("request_timeout_s", "shutdown_timeout_s"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_WAIT_S:
+                raise ValueError(f"{name}: expected a positive number of seconds up to {MAX_WAIT_S:g}, got {value!r}")

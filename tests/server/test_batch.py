@@ -88,3 +88,20 @@ def test_a_batch_larger_than_the_queue_waits_for_room_instead_of_being_refused(l
     results, totals = asyncio.run(run_batch(app, lines, 4))
     assert [r["response"]["status_code"] for r in results] == [200] * 8 and totals.by_status == {200: 8}
     assert totals.requeued > 0 and all(len(r["response"]["body"]["choices"]) == 3 for r in results)
+
+
+def test_a_request_larger_than_the_server_can_ever_hold_is_a_400_not_endless_429s(llm) -> None:
+    """Eight choices at once on a server of one running and four waiting places: refused with a
+    429 at every retry, and run-batch retried for ever."""
+    import asyncio
+
+    from hypic.server import ServerSettings, create_app
+    from hypic.server.batch import run_batch
+
+    body = {"model": MODEL, "prompt": "Who keeps bees?", "max_tokens": 2, "n": 8}
+    lines = [json.dumps({"custom_id": "big", "method": "POST", "url": "/v1/completions", "body": body}),
+             json.dumps({"custom_id": "fits", "method": "POST", "url": "/v1/completions", "body": {**body, "n": 5}})]
+    app = create_app(llm, ServerSettings(model_name=MODEL, max_concurrent=1, max_queue=4))
+    results, totals = asyncio.run(asyncio.wait_for(run_batch(app, lines, 2), timeout=120))
+    assert [r["response"]["status_code"] for r in results] == [400, 200]
+    assert results[0]["response"]["body"]["error"]["param"] == "n"

@@ -196,9 +196,10 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
         scraped = httpx.get(f"{url}/metrics").text
         assert re.search(r'^hypic_cold_segments_total\{rank="1"\} [1-9]', scraped, re.M)
         assert re.search(r"^hypic_cold_devices 2", scraped, re.M)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # what systemd, docker stop and Kubernetes send (Ctrl-C: SIGINT, alike)
         assert proc.wait(60) == 0
-        # the cache was saved at shutdown (the three documents); the next start loads it
+        # the cache was saved at shutdown (the three documents; under SIGTERM the process once died
+        # before saving, rc 143); the next start loads it
         saved = re.search(r"(\d+) cached segments saved", proc.stdout.read())
         assert saved and int(saved.group(1)) >= 3 and (cache / "manifest.json").exists()
     finally:
@@ -215,6 +216,23 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
                             "--dtype", "bfloat16", "--cache-dir", str(cache)], capture_output=True, text=True,
                            timeout=120)
     assert other.returncode == 2 and "saved for another model, model folder or dtype" in other.stderr
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for args, needle in ((["--port", "70000"], "port number 0–65535"),
+                         (["--cache-dir", str(afile)], f"--cache-dir {afile}"),  # found at shutdown, it lost the cache
+                         (["--shutdown-timeout", "inf"], "shutdown_timeout_s"),
+                         (["--cache-device-bytes", "inf"], "byte count")):
+        refused = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir / "nope"),
+                                  *args], capture_output=True, text=True, timeout=120)
+        # refused before the model is loaded: the folder does not exist, and that is not what is said
+        assert refused.returncode == 2 and needle in refused.stderr and "not a directory" not in refused.stderr, \
+            (args, refused.stderr[-300:])
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("")
+    out = subprocess.run([sys.executable, "-m", "hypic.cli", "run-batch", "--model", str(model_dir), "--device",
+                          "cpu", "-i", str(requests), "-o", str(tmp_path / "no" / "out.jsonl")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "out.jsonl" in out.stderr  # before the batch runs, not after it
 
 
 def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
