@@ -93,7 +93,9 @@ def eval_quality(args: argparse.Namespace) -> int:
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
     shown = os.path.relpath(path)
     shown = path if shown.startswith("..") else shown  # inside the checkout: no machine-specific path
-    n = args.n or (4 if args.quick else 200)
+    n = args.n if args.n is not None else (4 if args.quick else 200)
+    if n < 1:
+        raise ValueError(f"--n: expected at least 1 example per family, got {n}")
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
     labels = args.labels.split(",") if args.labels else None
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -204,8 +206,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     # everything that can be checked without the model is, first: loading it (and starting cold
     # workers) takes minutes on a GPU before a typo in a limit or an unusable --cache-dir would show
     settings = ServerSettings(
-        model_name=args.served_model_name or (os.path.basename(os.path.normpath(args.model)) if args.model
-                                              else "hypic"),
+        model_name=args.served_model_name or (Path(args.model).resolve().name if args.model else "hypic"),
         api_key=api_key, max_segments=args.max_segments,
         max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
@@ -468,7 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     _serve_parser(sub)
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv  # the command line, for the tables' footers
-    return args.func(args)
+    out = getattr(args, "out", None)
+    try:
+        if out and not Path(out).resolve().parent.is_dir():  # found after the run, it lost the run
+            raise ValueError(f"--out {out}: its folder does not exist")
+        return args.func(args)
+    except ValueError as e:  # the library's checks name what is wrong: one line, not a traceback
+        print(f"hypic {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -257,3 +257,13 @@ def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
         assert httpx.get(f"{live.url}/health").status_code == 200 and idle_arena._thread is None
     finally:
         live.stop()
+
+
+def test_the_command_line_names_bad_values_in_one_line(tmp_path: Path) -> None:
+    """demo, eval and bench let the library's ValueErrors out as tracebacks, some after a whole run."""
+    for args, needle in ((["demo", "--model", str(tmp_path / "nope")], "hypic demo: model:"),
+                         (["eval", "quality", "--n", "0"], "hypic eval: --n: expected at least 1"),
+                         (["eval", "deviation", "--out", str(tmp_path / "no" / "dev.md")], "its folder does not exist"),
+                         (["bench", "ttft", "--model", str(tmp_path / "nope")], "hypic bench:")):
+        r = subprocess.run([sys.executable, "-m", "hypic.cli", *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-400:])
