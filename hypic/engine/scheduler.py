@@ -160,30 +160,49 @@ class Scheduler:
                 if self._stopping and not self._running and not self._waiting:
                     return
                 self._drop_cancelled_waiting()
-            self._admit()
-            with self._cv:
-                running = list(self._running)
-            cancelled = [s for s in running if s.cancelled.is_set() and not s.run.done]
-            if cancelled:
-                self.engine.forget([s.run for s in cancelled])  # their decode state goes now
-            for s in cancelled:
-                s.run.output.finish_reason = "cancelled"
-                s.events.put(Event("error", error=RuntimeError("cancelled")))
-            live = [s for s in running if not s.run.done]
-            if live:
-                try:
-                    self.engine.step([s.run for s in live])
-                except Exception as e:
-                    # whatever failed (the step, or sampling after it), their decode state goes now:
-                    # left packed, a state and its batch keep the arenas until the cycle collector runs
-                    self.engine.forget([s.run for s in live])
-                    for s in live:
-                        s.events.put(Event("error", error=e))
-                else:
-                    for s in live:
-                        self._emit(s)
-            with self._cv:
-                self._running = [s for s in self._running if not s.run.done]
+            try:
+                self._iterate()
+            except Exception as e:  # noqa: BLE001 — a failure outside the step's own handling (a bug):
+                # the thread dying would leave every request hanging to its timeout and the server
+                # looking healthy; the running requests fail with it, and serving goes on
+                self._fail_running(e)
+
+    def _fail_running(self, error: Exception) -> None:
+        with self._cv:
+            failed, self._running = [s for s in self._running if not s.run.done], []
+        try:
+            self.engine.forget([s.run for s in failed])
+        except Exception:  # noqa: BLE001 — their states go with the cycle collector instead
+            pass
+        for s in failed:
+            s.events.put(Event("error", error=error))
+
+    def _iterate(self) -> None:
+        """One turn of the loop: admit what fits, drop the cancelled, one decode step of the rest."""
+        self._admit()
+        with self._cv:
+            running = list(self._running)
+        cancelled = [s for s in running if s.cancelled.is_set() and not s.run.done]
+        if cancelled:
+            self.engine.forget([s.run for s in cancelled])  # their decode state goes now
+        for s in cancelled:
+            s.run.output.finish_reason = "cancelled"
+            s.events.put(Event("error", error=RuntimeError("cancelled")))
+        live = [s for s in running if not s.run.done]
+        if live:
+            try:
+                self.engine.step([s.run for s in live])
+            except Exception as e:
+                # whatever failed (the step, or sampling after it), their decode state goes now:
+                # left packed, a state and its batch keep the arenas until the cycle collector runs
+                self.engine.forget([s.run for s in live])
+                for s in live:
+                    s.events.put(Event("error", error=e))
+            else:
+                for s in live:
+                    self._emit(s)
+        with self._cv:
+            self._running = [s for s in self._running if not s.run.done]
 
     def shutdown(self, timeout: float | None = 30.0) -> None:
         """Stop admitting; let running requests finish (cancel them after ``timeout`` seconds)."""

@@ -207,3 +207,26 @@ def test_forgetting_the_last_live_run_frees_the_batch(llm) -> None:
     assert batch is not None and short.state in batch.members
     engine.forget([long])
     assert not batch.members and not batch.keys and short.state.batch is None
+
+
+def test_a_failure_outside_the_step_fails_its_requests_and_the_loop_serves_on(llm, monkeypatch) -> None:
+    """Emitting a token raising (a bug, simulated) killed the loop's thread: every later request
+    waited for its timeout while the server looked healthy."""
+    sched = Scheduler(llm.engine, max_running=2)
+    want = llm.generate([_prompt(7)], SamplingParams(max_tokens=4))[0].token_ids
+    real, calls = Scheduler._emit, []
+
+    def once(self, s) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the first decode step's emit (the first was the prefill's)
+            raise RuntimeError("simulated: a bug after the step")
+        real(self, s)
+
+    monkeypatch.setattr(Scheduler, "_emit", once)
+    events = list(sched.submit(_prompt(6), SamplingParams(max_tokens=4)).stream(timeout=60))
+    assert events[-1].kind == "error" and "simulated" in str(events[-1].error)
+    assert sched._thread.is_alive()
+    events = list(sched.submit(_prompt(7), SamplingParams(max_tokens=4)).stream(timeout=60))
+    assert events[-1].kind == "done" and events[-1].output.token_ids == want  # the loop decodes on
+    sched.shutdown()
+    assert llm.engine.store.check_integrity()
