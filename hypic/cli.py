@@ -282,6 +282,8 @@ def serve(args: argparse.Namespace) -> int:
     from hypic.server import create_app
 
     try:
+        if args.api_key is not None and not args.api_key.strip():  # "$UNSET_VAR": no key is not what was meant
+            raise ValueError("--api-key: empty (leave it out to serve without a key)")
         llm, settings = _served(args, "serve", args.api_key or os.environ.get("HYPIC_API_KEY") or None)
         app = create_app(llm, settings)
     except ValueError as e:

@@ -221,7 +221,8 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
     for args, needle in ((["--port", "70000"], "port number 0–65535"),
                          (["--cache-dir", str(afile)], f"--cache-dir {afile}"),  # found at shutdown, it lost the cache
                          (["--shutdown-timeout", "inf"], "shutdown_timeout_s"),
-                         (["--cache-device-bytes", "inf"], "byte count")):
+                         (["--cache-device-bytes", "inf"], "byte count"),
+                         (["--api-key", ""], "--api-key: empty")):  # "$UNSET_VAR" served with no key
         refused = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir / "nope"),
                                   *args], capture_output=True, text=True, timeout=120)
         # refused before the model is loaded: the folder does not exist, and that is not what is said
