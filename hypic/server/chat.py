@@ -53,14 +53,19 @@ def _token_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """transformers' ``tojson`` filter, its arguments all (Kimi's templates pass ``separators``)."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 class ChatTemplate:
     def __init__(self, template: str | None = None, *, bos_token: str = "", eos_token: str = "") -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent,
-                                                                                      ensure_ascii=ensure_ascii)
+        env.filters["tojson"] = _tojson
         self.source = template or CHATML
         self._template = env.from_string(self.source)
         self._extra = {"bos_token": bos_token, "eos_token": eos_token}
@@ -87,8 +92,10 @@ class ChatTemplate:
         try:
             return self._template.render(**{"tools": None, **self._extra, **(context or {})}, messages=messages,
                                          add_generation_prompt=add_generation_prompt)
-        except jinja2.TemplateError as e:
-            raise ValueError(f"messages: the chat template refused them: {e}") from None
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+            # a template's own error on these messages (a filter's arguments, a missing field): the
+            # request's, a 400 — it was a 500 when it was not one of jinja's
+            raise ValueError(f"messages: the chat template refused them: {type(e).__name__}: {e}") from None
 
     def _message_start(self, marked: list[dict[str, Any]], i: int, full: str, lo: int, hi: int,
                        context: dict[str, Any] | None) -> int:
@@ -110,10 +117,15 @@ class ChatTemplate:
         extras = extras or [{} for _ in messages]
         marked = [{**extra, "role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)}
                   for (role, parts), extra in zip(messages, extras, strict=True)]
+        plain_messages = [{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}
+                          for (role, parts), extra in zip(messages, extras, strict=True)]
+        plain = self.render(plain_messages, add_generation_prompt=True, context=context)
         full = self.render(marked, add_generation_prompt=True, context=context)
         marks = [m.start() for m in re.finditer(re.escape(mark), full)]
         if len(marks) != sum(len(parts) for _, parts in messages):
-            raise ValueError("messages: the chat template does not render each message's content exactly once")
+            # the template cuts or repeats content (Qwen3 keeps an assistant's text after </think>
+            # only, dropping the mark): cut where the plain render's message prefixes end instead
+            return self._by_message(plain_messages, plain, context)
         cuts: dict[int, int] = {0: 0}  # position in ``full`` → message index
         first = 0
         for i, (_, parts) in enumerate(messages):
@@ -128,13 +140,29 @@ class ChatTemplate:
         # Positions without the marks, then in the plain render (a template that trims content
         # trims nothing behind a mark: ``_align`` maps across the whitespace it would have removed).
         bounds = sorted((c - len(mark) * sum(m < c for m in marks), cuts[c]) for c in cuts)
-        plain = self.render([{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}
-                             for (role, parts), extra in zip(messages, extras, strict=True)],
-                            add_generation_prompt=True, context=context)
         text = full.replace(mark, "")
-        positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
+        try:
+            positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
+        except ValueError:  # the template changes content beyond whitespace
+            return self._by_message(plain_messages, plain, context)
         ends = [*positions[1:], len(plain)]
         return [ChatSegment(plain[a:b], m) for a, b, (_, m) in zip(positions, ends, bounds, strict=True) if b > a]
+
+    def _by_message(self, plain_messages: list[dict[str, Any]], plain: str,
+                    context: dict[str, Any] | None) -> list[ChatSegment]:
+        """Segments of the plain render cut where the render of each leading run of messages ends,
+        when that is a prefix of it (a message's parts are not told apart): what can still be cached
+        when the template rewrites content; the prompt as one segment when nothing lines up."""
+        cuts = [(0, 0)]
+        for i in range(1, len(plain_messages)):
+            try:
+                prefix = self.render(plain_messages[:i], add_generation_prompt=False, context=context)
+            except ValueError:
+                continue
+            if cuts[-1][0] < len(prefix) < len(plain) and plain.startswith(prefix):
+                cuts.append((len(prefix), i))
+        ends = [c for c, _ in cuts[1:]] + [len(plain)]
+        return [ChatSegment(plain[a:b], m) for (a, m), b in zip(cuts, ends, strict=True) if b > a]
 
 
 def _align(marked: str, plain: str, cuts: list[int]) -> list[int]:

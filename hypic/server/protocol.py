@@ -200,11 +200,18 @@ class Message(Strict):
     name: str | None = None
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=64)] | None = None  # an assistant's calls
     tool_call_id: str | None = Field(None, max_length=128)  # a tool's answer: to which call
+    # an assistant's reasoning as the server answered it (``--reasoning-parser``; vLLM's ``reasoning``
+    # too): a client sending the answer back as it came was refused; templates that read it get it
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
 
     @property
     def extras(self) -> dict[str, Any]:
         """What the chat template reads besides role and content (transformers' message shape)."""
         out: dict[str, Any] = {}
+        thought = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if thought is not None:
+            out["reasoning_content"] = thought
         if self.tool_calls is not None:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
         if self.tool_call_id is not None:

@@ -62,11 +62,40 @@ def test_a_template_refusing_partial_conversations_falls_back_to_content_starts(
         t.segments([("user", ["A"]), ("assistant", ["B"])])
 
 
-def test_templates_that_drop_or_repeat_content_are_refused() -> None:
-    for source in ("{% for m in messages %}{{ m['role'] }}{% endfor %}",
-                   "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}"):
-        with pytest.raises(ValueError, match="exactly once"):
-            ChatTemplate(source).segments([("user", ["A"])])
+# Qwen3's way with an assistant's earlier answer: only the text after </think> is kept
+CUTS_THINKING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['role'] == 'assistant' %}"
+                 "{{ m['content'].split('</think>')[-1].lstrip('\n') }}{% else %}{{ m['content'] }}{% endif %}"
+                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("source", [
+    CUTS_THINKING,
+    "{% for m in messages %}{{ m['role'] }};{% endfor %}",  # drops content
+    "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}|{% endfor %}",  # repeats it
+])
+def test_templates_that_rewrite_content_are_cut_where_messages_end(source: str) -> None:
+    """Where the content cannot be found once as sent (Qwen3 keeps what follows </think>), the
+    prompt is cut where the render of each leading run of messages ends: it was refused (a 400 for
+    a client sending the server's own answer back)."""
+    t = ChatTemplate(source)
+    messages = [("user", ["hi"]), ("assistant", ["<think>\nhm\n</think>\n\nHello"]), ("user", ["again"])]
+    got = t.segments(messages)
+    plain = t.render([{"role": r, "content": p[0]} for r, p in messages], True)
+    assert "".join(s.text for s in got) == plain and len(got) == 3
+    assert [s.message for s in got] == [0, 1, 2]
+    assert got[0].text == t.render([{"role": "user", "content": "hi"}], False)
+
+
+def test_transformers_tojson_arguments_and_a_templates_own_errors() -> None:
+    """Kimi's templates write tools with tojson(separators=…): a TypeError, and any error that was
+    not jinja's was a 500 where it is the request's (a 400)."""
+    t = ChatTemplate("{{ tools | tojson(separators=(',', ':'), sort_keys=True) }}{% for m in messages %}"
+                     "{{ m['content'] }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": 2}}}]
+    assert t.render([{"role": "user", "content": "hi"}], True, {"tools": tools}).startswith(
+        '[{"function":{"name":"f","parameters":{"a":2,"b":1}},"type":"function"}]')
+    with pytest.raises(ValueError, match="messages: the chat template refused them: TypeError"):
+        ChatTemplate("{{ messages[0]['content'] + 1 }}").render([{"role": "user", "content": "x"}], True)
 
 
 def test_template_from_a_model_folder(tmp_path: Path) -> None:

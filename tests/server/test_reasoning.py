@@ -79,6 +79,20 @@ def test_a_thinking_template_answers_with_reasoning_content_whole_and_streamed(t
     assert "reasoning_content" not in (forced.choices[0].message.model_extra or {})
 
 
+def test_an_answer_sent_back_as_it_came_continues_the_conversation(think_server: LiveServer) -> None:
+    """The assistant message with its reasoning_content (vLLM's reasoning too), as clients append
+    it: it was a 400 (an unrecognized field)."""
+    client: OpenAI = openai_client(think_server)
+    ask = [{"role": "user", "content": "Who founded the mill?"}]
+    first = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=6, temperature=0).choices[0]
+    for field in ("reasoning_content", "reasoning"):
+        turn = {"role": "assistant", "content": first.message.content or "The Orrick family.",
+                field: first.message.model_extra.get("reasoning_content") or "thinking"}
+        nxt = client.chat.completions.create(model=MODEL, messages=[*ask, turn, {"role": "user", "content": "When?"}],
+                                             max_tokens=4, temperature=0)
+        assert nxt.choices[0].finish_reason in ("length", "stop")
+
+
 def test_a_responses_answers_reasoning_is_counted_in_its_usage(think_server: LiveServer) -> None:
     client: OpenAI = openai_client(think_server)
     ask = dict(model=MODEL, input="Who founded the mill?", max_output_tokens=12, temperature=0)
