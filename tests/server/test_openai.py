@@ -409,6 +409,11 @@ def test_the_tokenizer_over_http_as_vllm_serves_it(server: LiveServer, http: htt
     text = "Profile of Wrenna Jessop."
     got = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()
     assert got["tokens"] == llm.tokenize(text)[0] and got["count"] == len(got["tokens"])
+    segmented = "Profile of Wrenna Jessop.<<PIC_SEP>>Question: who?"  # read part by part, as a completion is
+    ids = http.post("/tokenize", json={"prompt": segmented, "add_special_tokens": False}).json()["tokens"]
+    assert ids == [t for s in llm.tokenize(segmented) for t in s]
+    usage = http.post("/v1/completions", json={"prompt": segmented, "max_tokens": 1}).json()["usage"]
+    assert usage["prompt_tokens"] == len(ids)
     back = http.post("/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
     assert back == llm.tokenizer.decode(got["tokens"], skip_special_tokens=False)
     for path, body, param in (("/detokenize", {"tokens": [1, llm.vocab_size]}, "tokens"),
