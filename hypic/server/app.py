@@ -32,7 +32,7 @@ from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from hypic.server.generation import Echo, Generation, echo_only, respond
-from hypic.server.logprobs import token_texts
+from hypic.server.logprobs import TokenTexts
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
@@ -152,7 +152,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         """Log-probabilities' token names (``hypic.server.logprobs``), read from the vocabulary once and
         off the event loop."""
         if top is not None:
-            await asyncio.to_thread(token_texts, llm.tokenizer)
+            await asyncio.to_thread(TokenTexts, llm.tokenizer)
 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:

@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hypic.engine.request import SamplingParams
 from hypic.server.errors import APIError
-from hypic.server.logprobs import Scored, chat_logprobs, completion_logprobs, joined, prompt_logprobs, token_texts
+from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs, completion_logprobs, joined, prompt_logprobs
 from hypic.server.metrics import Metrics
 from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
@@ -48,7 +48,7 @@ class Echo:
 
 def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
     assert echo.logprobs is not None
-    return prompt_logprobs(token_texts(tokenizer), echo.tokens, echo.logprobs, echo.offsets)
+    return prompt_logprobs(TokenTexts(tokenizer), echo.tokens, echo.logprobs, echo.offsets)
 
 
 @dataclass
@@ -132,7 +132,7 @@ class Responder:
         n = self.gen.top_logprobs
         if n is None or not tokens:
             return None
-        texts = token_texts(self.tokenizer)
+        texts = TokenTexts(self.tokenizer)
         if self.gen.chat:
             return chat_logprobs(texts, tokens, n)
         shift = 0 if self.gen.echo is None else len(self.gen.echo.text)

@@ -20,7 +20,6 @@ tokens, and each part decoded alone is U+FFFD. So:
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, NamedTuple
 
 from hypic.engine.structured import token_bytes
@@ -35,11 +34,12 @@ class Scored(NamedTuple):
 
 
 class TokenTexts:
-    """A tokenizer's tokens as bytes, and the names log-probabilities give them."""
+    """A tokenizer's tokens as bytes, and the names log-probabilities give them (the first made for a
+    tokenizer reads the whole vocabulary: make it off the event loop)."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.pieces = token_bytes(tokenizer)  # special tokens are not in it
+        self.pieces = token_bytes(tokenizer)  # read once per tokenizer; special tokens are not in it
 
     def bytes(self, t: int) -> bytes:
         data = self.pieces.get(t)
@@ -59,17 +59,6 @@ class TokenTexts:
             name = self.name(t)
             out[f"token_id:{t}" if name in out else name] = lp
         return out
-
-
-_TEXTS: weakref.WeakKeyDictionary[Any, TokenTexts] = weakref.WeakKeyDictionary()
-
-
-def token_texts(tokenizer: Any) -> TokenTexts:
-    """The tokenizer's ``TokenTexts``, read once (the whole vocabulary: call it off the event loop first)."""
-    texts = _TEXTS.get(tokenizer)
-    if texts is None:
-        texts = _TEXTS[tokenizer] = TokenTexts(tokenizer)
-    return texts
 
 
 def _likeliest(lp: dict[int, float] | None, n: int | None = None) -> list[tuple[int, float]]:

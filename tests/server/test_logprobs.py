@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from hypic import LLM
-from hypic.server.logprobs import token_texts
+from hypic.server.logprobs import TokenTexts
 from tests.server.conftest import http_client, serve
 
 # 0xC3 first, then the penalties make 0xA9 and 0xC3 take turns: "éé…"
@@ -88,6 +88,6 @@ def test_token_id_prompts_are_placed_in_their_decoding(http: httpx.Client) -> No
 
 
 def test_tokens_with_one_name_keep_keys_of_their_own(llm: LLM) -> None:
-    texts = token_texts(llm.tokenizer)  # ids past the tokenizer's 1 860 (the model has 1 920) decode to ""
+    texts = TokenTexts(llm.tokenizer)  # ids past the tokenizer's 1 860 (the model has 1 920) decode to ""
     assert texts.name(1900) == texts.name(1901) == ""
     assert texts.keyed([(1900, -1.0), (1901, -2.0), (129, -3.0)]) == {"": -1.0, "token_id:1901": -2.0, C3: -3.0}

@@ -386,14 +386,7 @@ def _check_depth(root: Node) -> None:
     """Every node's ``needs``, as a fixed point (references may recurse); a schema whose least value
     is infinite (a ``$ref`` cycle with no way out) or nests past ``MAX_DEPTH`` is refused, since
     generation would dead-end in it."""
-    nodes, todo, seen = [], [root], set()
-    while todo:
-        n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        nodes.append(n)
-        todo += _children(n)
+    nodes = _reachable(root)
     inf = float("inf")
     depth: dict[int, float] = {id(n): inf for n in nodes}
     changed = True
@@ -416,16 +409,19 @@ def _check_depth(root: Node) -> None:
 
 def _reaches_unset(root: Node) -> bool:
     """Whether a reference without its target yet (an enum's, still to be filtered) is reachable."""
-    todo, seen = [root], set()
+    return any(isinstance(n, Ref) and n.target is None for n in _reachable(root))
+
+
+def _reachable(root: Node) -> list[Node]:
+    """Every node reachable from ``root``, once each (references may recurse)."""
+    nodes, todo, seen = [], [root], set()
     while todo:
         n = todo.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if isinstance(n, Ref) and n.target is None:
-            return True
-        todo += _children(n)
-    return False
+        if id(n) not in seen:
+            seen.add(id(n))
+            nodes.append(n)
+            todo += _children(n)
+    return nodes
 
 
 def _children(n: Node) -> list[Node]:

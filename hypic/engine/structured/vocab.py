@@ -14,6 +14,7 @@ text; the end-of-sequence tokens are allowed by the constraint itself, once the 
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
 import torch
@@ -37,8 +38,20 @@ def _byte_stand_ins() -> dict[str, int]:
     return out
 
 
+_TOKEN_BYTES: weakref.WeakKeyDictionary[Any, dict[int, bytes]] = weakref.WeakKeyDictionary()
+
+
 def token_bytes(tokenizer: Any) -> dict[int, bytes]:
-    """Token id → the bytes it adds to the text, for every token that is not special."""
+    """Token id → the bytes it adds to the text, for every token that is not special. Read once per
+    tokenizer (the whole vocabulary): structured output's trie and log-probabilities' names share it.
+    Not to be changed by its readers."""
+    got = _TOKEN_BYTES.get(tokenizer)
+    if got is None:
+        got = _TOKEN_BYTES[tokenizer] = _read_token_bytes(tokenizer)
+    return got
+
+
+def _read_token_bytes(tokenizer: Any) -> dict[int, bytes]:
     decoder = json.loads(tokenizer.to_str()).get("decoder") or {}
     kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders", [])}
     special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
