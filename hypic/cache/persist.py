@@ -14,20 +14,25 @@ synced before the manifest is renamed in and again after it; files no manifest n
 after it. A save cut off midway — the process killed or the machine losing power — leaves the
 folder loadable (the previous manifest, whose files a save only ever replaces with the same
 content, or the new one). Each entry's header carries a CRC-32 of its bytes: a file damaged on
-disk is refused, never served. A load that meets a bad file stops with an error naming it; what
-it loaded before stays, consistent.
+disk is refused, never served. A load that meets a damaged entry file skips it with a warning that
+names it (the segment is a miss, computed again when a prompt needs it, and the next save drops the
+file): one bad file must not keep a server from starting warm. A manifest that cannot be trusted
+(another model, dtype or weights, unreadable, naming files outside its folder) stops the load with
+an error naming it; what it loaded before stays, consistent.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from hypic.cache.entry import Entry
 from hypic.cache.keys import SegmentKey
 from hypic.cache.layout import Header, header_of, pack_into, unpack
 from hypic.cache.store import SegmentStore
@@ -145,7 +150,7 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     """Insert the entries saved in ``folder`` into ``store``, least recently used first (a tier that
     cannot hold them all keeps the most recent); the number the store took. ValueError, naming the
     problem, when the folder holds no saved cache, one for another model, dtype or weights, or a
-    damaged file."""
+    manifest that names a file outside it; a damaged entry file is skipped with a warning."""
     folder = Path(folder)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -167,25 +172,37 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
             or not same_weights(weights, stamp.weights):
         raise ValueError(f"cache folder {folder}: computed by other weights than this model's (a checkpoint "
                          "changed in place?); remove it")
-    inserted = 0
+    inserted, skipped = 0, []
     for name in names:
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(SUFFIX):
             raise ValueError(f"cache folder {folder}: {MANIFEST} names {name!r}, not an entry file of this folder")
-        path = folder / name
         try:
-            with open(path, "rb") as f:
-                header, crc = _decode(f.readline(), path, fmt)
-                data = f.read()
-        except OSError as e:
-            raise ValueError(f"cache file {path}: unreadable ({e})") from None
-        if len(data) != header.nbytes:
-            raise ValueError(f"cache file {path}: {len(data)} bytes after its header, expected {header.nbytes}")
-        if crc is not None and zlib.crc32(data) != crc:
-            raise ValueError(f"cache file {path}: its bytes do not match their checksum (damaged on disk)")
-        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(store.device)
-        try:
-            entry = unpack(header, buf)
-        except (RuntimeError, ValueError, AttributeError, TypeError) as e:  # fields that do not fit
-            raise ValueError(f"cache file {path}: its layout does not fit its bytes ({e})") from None
+            entry = _read_entry(folder / name, fmt, store.device)
+        except ValueError as e:
+            skipped.append(str(e))
+            continue
         inserted += store.insert(entry)
+    if skipped:
+        warnings.warn(f"cache folder {folder}: {len(skipped)} damaged entry file(s) skipped, their segments "
+                      f"computed again when needed: {'; '.join(skipped[:3])}", stacklevel=2)
     return inserted
+
+
+def _read_entry(path: Path, fmt: int, device: torch.device) -> Entry:
+    """The entry saved in ``path``; ValueError naming the file when it is missing, unreadable, cut
+    short, damaged (its checksum) or its layout does not fit its bytes."""
+    try:
+        with open(path, "rb") as f:
+            header, crc = _decode(f.readline(), path, fmt)
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cache file {path}: unreadable ({e.strerror or e})") from None
+    if len(data) != header.nbytes:
+        raise ValueError(f"cache file {path}: {len(data)} bytes after its header, expected {header.nbytes}")
+    if crc is not None and zlib.crc32(data) != crc:
+        raise ValueError(f"cache file {path}: its bytes do not match their checksum (damaged on disk)")
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    try:
+        return unpack(header, buf)
+    except (RuntimeError, ValueError, AttributeError, TypeError) as e:  # fields that do not fit
+        raise ValueError(f"cache file {path}: its layout does not fit its bytes ({e})") from None
