@@ -226,14 +226,17 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
 
 
 def _check_writable(folder: str) -> None:
-    """``--cache-dir`` made if missing and able to take files now (ValueError): found at shutdown, an
-    unusable folder lost everything the server had cached."""
+    """``--cache-dir`` made if missing, able to take files now and held by no other process
+    (ValueError): found at shutdown, an unusable folder lost everything the server had cached."""
+    from hypic.cache import persist
+
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ValueError(f"--cache-dir {folder}: {e.strerror or e}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"--cache-dir {folder}: not writable")
+    persist.claim(folder)
 
 
 def _close(llm: LLM, command: str, cache_dir: str | None) -> int:
@@ -384,6 +387,8 @@ def generate(args: argparse.Namespace) -> int:
     from hypic.llm import LLM
 
     try:
+        if args.cache_dir:
+            _check_writable(args.cache_dir)
         llm = LLM(args.model, device=args.device, seam=args.seam)
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
         schema = None

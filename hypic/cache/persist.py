@@ -23,6 +23,7 @@ an error naming it; what it loaded before stays, consistent.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import warnings
@@ -98,6 +99,31 @@ def _sync(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+LOCK = ".hypic.lock"  # held by the process that owns a folder: its pid inside
+_CLAIMED: dict[str, int] = {}  # folder (real path) → the descriptor holding its lock, for the process's life
+
+
+def claim(folder: str | Path) -> None:
+    """Hold ``folder`` for this process's life (the lock goes with the process); ValueError when
+    another process holds it. Two servers saving into one folder would each remove the other's
+    entry files (a save removes the files its manifest does not name)."""
+    folder = Path(folder)
+    key = os.path.realpath(folder)
+    if key in _CLAIMED:
+        return
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"cache folder {folder}: in use by another hypic process (pid {holder}); give each "
+                         "server its own --cache-dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _CLAIMED[key] = fd
 
 
 def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:

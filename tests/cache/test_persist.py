@@ -213,3 +213,25 @@ def test_a_saved_file_is_on_disk_before_a_manifest_names_it(tmp_path, monkeypatc
     assert ("fsync", folder) in events[renames[-2]:renames[-1]]  # the entries' names before the manifest
     assert ("fsync", folder) in events[renames[-1]:]
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_folder_is_held_by_one_process_at_a_time(tmp_path) -> None:
+    """Two processes saving into one folder would remove each other's entry files: the second to
+    claim it is refused, naming the holder's pid, until the holder ends."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from hypic.cache import persist; "
+                               f"persist.claim({str(tmp_path)!r}); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"in use by another hypic process \\(pid {holder.pid}\\)"):
+            persist.claim(tmp_path)
+    finally:
+        holder.communicate("", timeout=60)
+    persist.claim(tmp_path)  # the holder ended: its lock went with it
+    persist.claim(tmp_path)  # this process holds it already: no conflict with itself
+    assert (tmp_path / persist.LOCK).read_text().strip() == str(os.getpid())
+    save(_small_store(), tmp_path, Stamp("m", "bfloat16", [1.0]))
+    assert (tmp_path / persist.LOCK).exists()  # a save leaves the lock file alone

@@ -196,6 +196,12 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
         scraped = httpx.get(f"{url}/metrics").text
         assert re.search(r'^hypic_cold_segments_total\{rank="1"\} [1-9]', scraped, re.M)
         assert re.search(r"^hypic_cold_devices 2", scraped, re.M)
+        # a second server on the same --cache-dir is refused before it loads a model: each would
+        # remove the other's saved entries
+        twin = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir / "nope"),
+                               "--cache-dir", str(cache)], capture_output=True, text=True, timeout=120)
+        assert twin.returncode == 2 and f"in use by another hypic process (pid {proc.pid})" in twin.stderr, \
+            twin.stderr[-300:]
         proc.send_signal(signal.SIGTERM)  # what systemd, docker stop and Kubernetes send (Ctrl-C: SIGINT, alike)
         assert proc.wait(60) == 0
         # the cache was saved at shutdown (the three documents; under SIGTERM the process once died
