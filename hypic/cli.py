@@ -89,6 +89,8 @@ def eval_quality(args: argparse.Namespace) -> int:
     from hypic.llm import bundled_model_path
     from hypic.models.loader import load_model
 
+    if args.out:
+        _check_report_out(args.out, sides=(".png", ".json"))
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
     shown = os.path.relpath(path)
@@ -113,7 +115,8 @@ def eval_quality(args: argparse.Namespace) -> int:
         out = Path(args.out)
         plot(results, out.with_suffix(".png"))
         out.with_suffix(".json").write_text(json.dumps(summary(results)) + "\n")
-        out.write_text(f"# Quality across the mode ladder\n\nCommand: `hypic eval quality {' '.join(sys.argv[3:])}` · "
+        out.write_text(f"{REPORT_MARK}\n# Quality across the mode ladder\n\nCommand: `hypic eval quality "
+                       f"{' '.join(args.argv[2:])}` · "
                        f"model {shown} · {n} examples per family, difficulty {difficulty} · {when}\n\n"
                        f"Scores 0–100: F1 for QA, ROUGE-L for summaries; KL and top-1 compare the first token "
                        f"with `full`.\n\n{table(results)}\n\n![score vs seam]({out.with_suffix('.png').name})\n"
@@ -141,6 +144,8 @@ def eval_deviation(args: argparse.Namespace) -> int:
     from hypic.llm import bundled_model_path
     from hypic.models.loader import load_model
 
+    if args.out:
+        _check_report_out(args.out)
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
     labels = args.labels.split(",") if args.labels else None
@@ -148,8 +153,8 @@ def eval_deviation(args: argparse.Namespace) -> int:
     text = tables(results, loaded.model.kinds.kinds)
     if args.out:
         when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        Path(args.out).write_text(f"# Deviation from `full`, layer by layer\n\nCommand: `hypic eval deviation "
-                                  f"{' '.join(sys.argv[3:])}` · {args.n} examples per family, difficulty "
+        Path(args.out).write_text(f"{REPORT_MARK}\n# Deviation from `full`, layer by layer\n\nCommand: `hypic eval "
+                                  f"deviation {' '.join(args.argv[2:])}` · {args.n} examples per family, difficulty "
                                   f"{args.difficulty} · {when}\n\n{text}\n")
     if args.json:
         print(json.dumps({"deviation": {k: asdict(r) for k, r in results.items()},
@@ -158,6 +163,34 @@ def eval_deviation(args: argparse.Namespace) -> int:
     else:
         print(text)
     return 0
+
+
+REPORT_MARK = "<!-- written by hypic eval: each run rewrites this file -->"
+
+
+def _check_report_out(out: str, sides: tuple[str, ...] = ()) -> None:
+    """An eval report's ``--out`` (ValueError, before the model loads): a ``.md`` path whose file, if
+    any, an earlier report wrote, and beside it no ``sides`` file (plot, JSON) of anything else. The
+    report rewrites its files whole after every label: ``--out docs/quality.md`` once replaced the
+    hand-written document (and its JSON record) after the first label of a mistyped run."""
+    path = Path(out)
+    if path.suffix != ".md" or path.is_dir():
+        raise ValueError(f"--out {out}: expected a .md file path (the report; its plot and JSON go beside it)")
+    ours = path.is_file() and path.read_text(errors="replace").startswith(REPORT_MARK)
+    for p in (path, *(path.with_suffix(x) for x in sides)):
+        if p.exists() and not ours:
+            raise ValueError(f"--out {out}: {p} exists and no earlier hypic eval report wrote {path}; "
+                             "choose another path or remove it")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
 
 
 def parse_bytes(text: str) -> int:
@@ -458,8 +491,9 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--labels", help="comma list of mode labels (default: all)")
     p_q.add_argument("--device")
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p_q.add_argument("--batch", type=int, default=8, help="prompts per engine call")
-    p_q.add_argument("--out", help="write the markdown report here (and the plot beside it)")
+    p_q.add_argument("--batch", type=positive_int, default=8, help="prompts per engine call")
+    p_q.add_argument("--out", help="write the markdown report here (a .md path; the plot and the JSON summary "
+                                   "beside it), rewritten after every label")
     p_q.set_defaults(func=eval_quality)
     p_d = eval_sub.add_parser("deviation", help="per-layer deviation from full across the mode ladder")
     p_d.add_argument("--model", help="model folder (default: the bundled model)")
@@ -469,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "addition, transition, hypic_w0, hypic_w8)")
     p_d.add_argument("--device")
     p_d.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p_d.add_argument("--batch", type=int, default=8, help="prompts per engine call")
+    p_d.add_argument("--batch", type=positive_int, default=8, help="prompts per engine call")
     p_d.add_argument("--json", action="store_true", help="print one JSON object")
     p_d.add_argument("--out", help="write the markdown tables here")
     p_d.set_defaults(func=eval_deviation)

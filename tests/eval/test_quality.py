@@ -35,6 +35,35 @@ def test_cli_quick_json_and_report(model_dir, tmp_path, capsys) -> None:
     assert "Exact match per answered relation" in out.read_text()
     assert "| mode | " in out.read_text().split("by the number of documents")[1]
     assert set(json.loads(out.with_suffix(".json").read_text())["by_documents"]["naive"])
+    # the footer names the command as given to main (was sys.argv: pytest's own arguments here)
+    assert f"Command: `hypic eval quality --model {model_dir} --quick --n 2 --json --out {out}`" in out.read_text()
+    # a report it wrote is rewritten by the next run (checked before the model loads)
+    assert cli(["eval", "quality", "--model", str(tmp_path / "nope"), "--quick", "--out", str(out)]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_a_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys) -> None:
+    """The report rewrites its files whole after every label: a hand-written document (or a JSON
+    record, a folder) at --out is refused by name before the model loads (the model folder here
+    does not exist, and that is not what is said)."""
+    kept = tmp_path / "quality.md"
+    kept.write_text("# Quality\n\nhand-written\n")
+    (tmp_path / "run.md").mkdir()
+    (tmp_path / "other.json").write_text("{}")
+    cases = [("quality", str(kept), f"{kept} exists and no earlier hypic eval report wrote"),
+             ("deviation", str(kept), f"{kept} exists and no earlier hypic eval report wrote"),
+             ("quality", str(tmp_path / "other.md"), f"{tmp_path / 'other.json'} exists"),
+             ("quality", str(tmp_path / "run.md"), "expected a .md file path"),
+             ("quality", str(tmp_path / "run.json"), "expected a .md file path")]
+    for command, out, needle in cases:
+        assert cli(["eval", command, "--model", str(tmp_path / "nope"), "--out", out]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "not a directory" not in err, (command, out, err)
+    assert kept.read_text() == "# Quality\n\nhand-written\n"
+    for command in ("quality", "deviation"):
+        with pytest.raises(SystemExit):
+            cli(["eval", command, "--batch", "0"])
+        assert "--batch: expected a whole number of at least 1, got '0'" in capsys.readouterr().err
 
 
 def test_relation_em_averages_the_family_em(model_dir) -> None:
