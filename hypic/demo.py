@@ -30,7 +30,8 @@ def rag_session(llm: LLM, *, questions: int = 3, seed: int = 0) -> list[dict]:
             out = llm.generate([[head, *order, query]], sp, mode=mode, cache_salt=salt)[0]
             answer = out.text.strip()
             rows.append({"question": query.removeprefix("Question: ").split("\n")[0], "mode": label,
-                         "answer": answer, "reference": ex.answer, "correct": bool(exact_match(answer, ex.answer)),
+                         "answer": answer, "reference": ex.answer,
+                         "correct": any(exact_match(answer, r) for r in ex.references),
                          "ttft_ms": 1000 * out.metrics.ttft_s, "prompt": out.metrics.prompt_tokens,
                          "cached": out.metrics.cached_tokens, "recomputed": out.metrics.recomputed_tokens})
     return rows

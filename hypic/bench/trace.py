@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hypic.bench.trace_targets import Moves, Outcome
-from hypic.eval.metrics import score
+from hypic.eval.metrics import best_score
 from hypic.eval.trace import Trace, generate_trace
 
 QUANTILE = 0.9  # the SLO is on this quantile of a block's TTFT
@@ -160,7 +160,7 @@ def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: 
                     probe.missing += res.misses > 0
                     probe.prompt_tokens += res.prompt_tokens
                     if res.answer is not None:
-                        ems.append(score("em_f1", res.answer, trace.requests[i].answer)["em"])
+                        ems.append(best_score("em_f1", res.answer, trace.requests[i].references)["em"])
                 probe.em = 100 * sum(ems) / len(ems) if ems else None
                 probes.append(probe)
                 print(f"trace {mode} {rate:g} QPS: p50 {1e3 * probe.quantile(0.5):.0f} ms, "

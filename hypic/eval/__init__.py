@@ -5,8 +5,8 @@ worlds rendered as prompts of cacheable segments, scored like the published eval
 QA, ROUGE-L for summaries).
 """
 
-from hypic.eval.metrics import score
+from hypic.eval.metrics import best_score, score
 from hypic.eval.tasks import FAMILIES, Example, generate
 from hypic.eval.trace import Trace, TraceRequest, generate_trace
 
-__all__ = ["FAMILIES", "Example", "Trace", "TraceRequest", "generate", "generate_trace", "score"]
+__all__ = ["FAMILIES", "Example", "Trace", "TraceRequest", "best_score", "generate", "generate_trace", "score"]

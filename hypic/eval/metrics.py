@@ -62,3 +62,12 @@ def score(metric: str, prediction: str, reference: str) -> dict[str, float]:
     if metric == "rougeL":
         return {"rougeL": rouge_l(prediction, reference)}
     raise ValueError(f"unknown metric {metric!r}; choose 'em_f1' or 'rougeL'")
+
+
+def best_score(metric: str, prediction: str, references: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """``score`` against each reference, each number the best over them (SQuAD's rule for several
+    gold answers: a prediction is right if it matches any)."""
+    scores = [score(metric, prediction, r) for r in references]
+    if not scores:
+        raise ValueError("best_score: no reference")
+    return {k: max(s[k] for s in scores) for k in scores[0]}

@@ -17,7 +17,7 @@ import torch
 
 from hypic.engine.engine import Engine
 from hypic.engine.request import SamplingParams
-from hypic.eval.metrics import score
+from hypic.eval.metrics import best_score
 from hypic.eval.tasks import FAMILIES, generate
 from hypic.eval.tokenizer import encode_example
 from hypic.models.loader import LoadedModel
@@ -138,8 +138,8 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
         per_docs: dict[str, list[tuple[int, float]]] = {}
         for family in data:
             metric = FAMILIES[family].metric
-            scores = [score(metric, p, r) for p, r in zip(preds[family], (ex.answer for ex in examples[family]),
-                                                          strict=True)]
+            scores = [best_score(metric, p, ex.references) for p, ex in zip(preds[family], examples[family],
+                                                                            strict=True)]
             key = "f1" if metric == "em_f1" else "rougeL"
             res.family_scores[family] = 100 * sum(s[key] for s in scores) / len(scores)
             per_docs[family] = [(len(ex.segments) - 2, s[key]) for ex, s in zip(examples[family], scores, strict=True)]

@@ -32,6 +32,7 @@ from hypic.eval.world import (
     PERSON_RELATIONS,
     RELATIONS,
     Entity,
+    Relation,
     answer_phrase,
     sample_world,
     sentence,
@@ -58,6 +59,15 @@ class Example:
     # of A) leads to another profiled entity B, and the question asks a fact B's profile states.
     # Drawn after `extra`, so they leave it unchanged too.
     extra_multi: tuple[tuple[str, str], ...] = ()
+    # Other answers the documents support as well as `answer`, scored like it (SQuAD's max over
+    # references): the documents word a partnership as mutual ("X works closely with Y") though
+    # each organisation's profile states its own partner, so "the partner of Y" reads X too.
+    # Derived from the documents, no draw: the example is unchanged.
+    alternatives: tuple[str, ...] = ()
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return (self.answer, *self.alternatives)
 
     @property
     def head(self) -> str:
@@ -109,6 +119,21 @@ def _extra_multi(rng: random.Random, profiles: list[tuple[Entity, Doc]],
                   answer_phrase(RELATIONS[r], b.facts[r])) for a, link, b, r in chains[:EXTRA_QUESTIONS])
 
 
+def _readings(e: Entity, rel: Relation, profiles: list[tuple[Entity, Doc]]) -> set[str]:
+    """Every value of ``rel`` for ``e`` the prompt's documents support: its own value where a
+    document states it, and for a partnership (worded as mutual) each organisation whose document
+    names ``e`` as its partner."""
+    found = {e.facts[rel.name] for o, d in profiles if o is e and rel.name in d.stated}
+    if rel.name == "partner":
+        found |= {o.name for o, d in profiles if o.facts.get("partner") == e.name and "partner" in d.stated}
+    return found
+
+
+def _alternatives(rel: Relation, values: set[str], answer: str, exclude: frozenset[str] = frozenset()
+                  ) -> tuple[str, ...]:
+    return tuple(sorted({answer_phrase(rel, v) for v in values - exclude} - {answer}))
+
+
 def _place(rng: random.Random, docs: list[str], evidence: int) -> tuple[list[str], tuple[int, ...]]:
     """Shuffle documents; return them and the segment indices of the first `evidence` ones, in order."""
     order = list(range(len(docs)))
@@ -131,9 +156,10 @@ def _single_hop(rng: random.Random, k: Knobs) -> Example:
     docs, support = _place(rng, [d.text for _, d in profiles], 1)
     question = sentence(rng.choice(rel.questions), target.phrase)
     extra = _extra(rng, profiles, (target.name, rel.name))
-    return Example([HEAD_QA, *docs, _query(question)], answer_phrase(rel, target.facts[rel.name]), "single_hop",
-                   "em_f1", support,
-                   {"relation": rel.name, "subject": target.name}, extra, _extra_multi(rng, profiles, ("", "", "")))
+    answer = answer_phrase(rel, target.facts[rel.name])
+    return Example([HEAD_QA, *docs, _query(question)], answer, "single_hop", "em_f1", support,
+                   {"relation": rel.name, "subject": target.name}, extra, _extra_multi(rng, profiles, ("", "", "")),
+                   _alternatives(rel, _readings(target, rel, profiles), answer))
 
 
 def _multi_hop(rng: random.Random, k: Knobs) -> Example:
@@ -155,9 +181,16 @@ def _multi_hop(rng: random.Random, k: Knobs) -> Example:
     docs, support = _place(rng, [d.text for _, d in profiles], 2)
     question = sentence(rng.choice(second.questions), first.link.format(s=start.phrase))
     extra = _extra(rng, profiles, ("", ""))
-    return Example([HEAD_QA, *docs, _query(question)], answer_phrase(second, answer), "multi_hop", "em_f1", support,
+    # every bridge the first hop reads (the stated one; for a partnership, also each organisation
+    # naming the start as its partner), then every answer each bridge's documents give — never the
+    # start itself, which no question here asks for
+    bridges = [world.get(b) for b in _readings(start, first, profiles)]
+    values = set().union(*(_readings(b, second, profiles) for b in bridges if second.name in b.facts))
+    reference = answer_phrase(second, answer)
+    return Example([HEAD_QA, *docs, _query(question)], reference, "multi_hop", "em_f1", support,
                    {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name},
-                   extra, _extra_multi(rng, profiles, (start.name, first.name, second.name)))
+                   extra, _extra_multi(rng, profiles, (start.name, first.name, second.name)),
+                   _alternatives(second, values, reference, frozenset({start.name})))
 
 
 def _multi_doc_summary(rng: random.Random, k: Knobs) -> Example:

@@ -25,6 +25,13 @@ class TraceRequest:
     query: str
     answer: str
     support: int  # the doc id whose document answers the query
+    # other answers the request's documents support as well (a partnership worded as mutual:
+    # tasks.Example.alternatives); scored like `answer`
+    alternatives: tuple[str, ...] = ()
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        return (self.answer, *self.alternatives)
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,8 @@ class Trace:
     def example(self, request: TraceRequest) -> Example:
         """The request as a scored QA example."""
         support = (1 + request.doc_ids.index(request.support),)
-        return Example(self.segments(request), request.answer, "rag_trace", "em_f1", support)
+        return Example(self.segments(request), request.answer, "rag_trace", "em_f1", support,
+                       alternatives=request.alternatives)
 
 
 def generate_trace(seed: int, num_requests: int = 200, pool_size: int = 256, rate_qps: float = 2.0,
@@ -72,5 +80,8 @@ def generate_trace(seed: int, num_requests: int = 200, pool_size: int = 256, rat
         support = rng.choice(doc_ids)
         entity, rel = entities[support], RELATIONS[rng.choice(docs[support].stated)]
         query = f"Question: {sentence(rng.choice(rel.questions), entity.phrase)}\nAnswer:"
-        requests.append(TraceRequest(t, doc_ids, query, entity.facts[rel.name], support))
+        answer = entity.facts[rel.name]
+        others = sorted({entities[d].name for d in doc_ids if rel.name == "partner" and "partner" in docs[d].stated
+                         and entities[d].facts.get("partner") == entity.name} - {answer})
+        requests.append(TraceRequest(t, doc_ids, query, answer, support, tuple(others)))
     return Trace(HEAD_QA, tuple(d.text for d in docs), tuple(requests))

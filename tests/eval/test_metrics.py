@@ -2,7 +2,7 @@
 
 import pytest
 
-from hypic.eval.metrics import exact_match, f1, lcs_length, normalize_answer, rouge_l, score
+from hypic.eval.metrics import best_score, exact_match, f1, lcs_length, normalize_answer, rouge_l, score
 
 
 def test_normalize_answer_follows_squad() -> None:
@@ -47,3 +47,14 @@ def test_score_dispatches_on_the_metric() -> None:
     assert score("rougeL", "lives in Quorvane", "lives in Quorvane") == {"rougeL": 1.0}
     with pytest.raises(ValueError):
         score("bleu", "a", "b")
+
+
+def test_best_score_takes_each_number_at_its_best_reference() -> None:
+    """SQuAD's rule for several gold answers: each metric the maximum over them."""
+    got = best_score("em_f1", "the Moonwell Institute", ("Flintlock Guild", "Moonwell Institute"))
+    assert got == {"em": 1.0, "f1": 1.0}
+    got = best_score("em_f1", "Moonwell Guild", ("Flintlock Guild", "Moonwell Institute"))
+    assert got == {"em": 0.0, "f1": pytest.approx(0.5)}
+    assert best_score("rougeL", "a b c", ["a b c", "x"]) == {"rougeL": 1.0}
+    with pytest.raises(ValueError, match="no reference"):
+        best_score("em_f1", "x", ())

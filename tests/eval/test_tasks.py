@@ -77,6 +77,45 @@ def test_multi_hop_needs_two_documents() -> None:
         assert has(ex.query, ex.meta["subject"]) and not has(ex.query, ex.meta["bridge"])
 
 
+_PARTNER = re.compile(r"(?:^|\. )The ([A-Z]\w+ [A-Z]\w+) (?:works closely with|has a partnership with) the "
+                      r"([A-Z]\w+ [A-Z]\w+)\.")
+
+
+def _partners_stated(documents: list[str]) -> list[tuple[str, str]]:
+    """(X, Y) for every "The X works closely with the Y." in the documents, read off the text."""
+    return [m.groups() for d in documents for m in _PARTNER.finditer(d)]
+
+
+def test_a_partnership_stated_either_way_answers_who_the_partner_is() -> None:
+    """The documents word a partnership as mutual, so "Who is the partner of Y?" is answered by Y's
+    own partner and by every X whose document says it partners with Y: the references are exactly
+    those, read off the text here independently of the world the generator drew."""
+    checked = 0
+    for ex in generate("single_hop", 300, seed=1234, difficulty=1.0):
+        if ex.meta["relation"] != "partner":
+            assert ex.alternatives == ()
+            continue
+        y = ex.meta["subject"]
+        stated = _partners_stated(ex.documents)
+        want = {b for a, b in stated if a == y} | {a for a, b in stated if b == y}
+        assert set(ex.references) == want and ex.answer in want
+        checked += len(ex.alternatives)
+    assert checked >= 2  # the ambiguity is real in this set
+    for ex in generate("multi_hop", 200, seed=1234, difficulty=1.0):
+        assert ex.answer not in ex.alternatives and ex.meta["subject"] not in ex.alternatives
+        if "partner" not in ex.meta["relation"]:
+            assert ex.alternatives == ()
+        for alt in ex.alternatives:  # each one a value some document states
+            assert any(has(d, alt) for d in ex.documents)
+        if ex.meta["relation"].startswith("partner>"):  # every bridge the text allows is read
+            y = ex.meta["subject"]
+            bridges = {b for a, b in _partners_stated(ex.documents) if a == y} | \
+                      {a for a, b in _partners_stated(ex.documents) if b == y}
+            assert ex.meta["bridge"] in bridges
+            if len(bridges) == 1:
+                assert ex.alternatives == () or ex.meta["relation"] == "partner>partner"
+
+
 def test_multi_doc_summary_lists_one_fact_per_carrier_document() -> None:
     for ex in generate("multi_doc_summary", 60, seed=5, difficulty=0.4):
         subject = ex.meta["subject"]

@@ -53,3 +53,25 @@ def test_queries_are_answered_by_their_support_document() -> None:
         ex = trace.example(r)
         assert ex.segments[0] == trace.head and ex.segments[-1] == r.query
         assert ex.segments[ex.support[0]] == trace.documents[r.support]
+
+
+def test_a_partner_question_accepts_every_partnership_the_documents_state() -> None:
+    """As in the task suite: "the partner of Y" is Y's own partner or any X whose retrieved document
+    says it partners with Y (read off the text here), and scoring accepts each."""
+    from hypic.eval.metrics import best_score
+    from tests.eval.test_tasks import _partners_stated
+
+    trace = generate_trace(0, 2000, 256)
+    seen = 0
+    for r in trace.requests:
+        y = re.search(r"(?:works with|partner of) the (\w+ \w+)\?", r.query)
+        if y is None:
+            assert r.alternatives == ()
+            continue
+        stated = _partners_stated([trace.documents[d] for d in r.doc_ids])
+        want = {b for a, b in stated if a == y.group(1)} | {a for a, b in stated if b == y.group(1)}
+        assert set(r.references) == want
+        seen += len(r.alternatives)
+        for alt in r.alternatives:
+            assert best_score("em_f1", alt, trace.example(r).references)["em"] == 1.0
+    assert seen >= 2
