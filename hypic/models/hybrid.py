@@ -91,6 +91,17 @@ class HybridLM(nn.Module):
         if tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def cast(self, dtype: torch.dtype) -> HybridLM:
+        """Every parameter in ``dtype`` but those a module names in its ``KEEP_FP32`` (a router's
+        weights, KDA's dt_bias), which stay fp32. Meant on the meta device, before ``to_empty``."""
+        self.to(dtype)
+        for module in self.modules():
+            for name in getattr(module, "KEEP_FP32", ()):
+                p = getattr(module, name, None)
+                if isinstance(p, nn.Parameter):
+                    p.data = p.data.float()
+        return self
+
     def hidden_states(self, input_ids: Tensor, ctx: ForwardContext) -> Tensor:
         x = self.model.embed_tokens(input_ids)
         for layer in self.model.layers:

@@ -116,7 +116,7 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                     raise ValueError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, "
                                      f"the model expects {list(param.shape)}")
                 with torch.no_grad():
-                    param.copy_(tensor.to(device=device, dtype=dtype))
+                    param.copy_(tensor.to(device=device, dtype=param.dtype))  # fp32 where kept
                 loaded.add(target)
     for name, experts in stacked.items():  # a stacked parameter is loaded when every slice is
         if all(f"{name}[{e}]" in loaded for e in range(experts)):
@@ -165,7 +165,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"{path / 'config.json'}: missing key {e.args[0]!r}") from None
     except TypeError as e:  # a value of the wrong type (a string for a size, ...)
         raise ValueError(f"{path / 'config.json'}: a value has the wrong type ({e})") from None
-    model = model.to(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
+    model = model.cast(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, files, arch.checkpoint_name, device, dtype)

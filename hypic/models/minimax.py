@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from hypic.models.context import RopeSpec
+from hypic.models.context import RopeSpec, check_plain_rope
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds, Residual
 from hypic.models.layers.attention import AttentionConfig, GatedAttention
 from hypic.models.layers.lightning import MiniMaxLightningAttention
@@ -67,6 +67,7 @@ def residual(c: dict[str, Any], kind: str) -> Residual:
 
 
 def rope(c: dict[str, Any], head_dim: int) -> RopeSpec:
+    check_plain_rope(c)
     theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 1e6))
     return RopeSpec(int(c.get("rotary_dim") or head_dim), float(theta))
 

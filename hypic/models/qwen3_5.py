@@ -13,6 +13,7 @@ from typing import Any
 
 from torch import nn
 
+from hypic.models.context import check_plain_rope
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds
 from hypic.models.layers.attention import AttentionConfig, GatedAttention
 from hypic.models.layers.gdn import GatedDeltaNet, GDNConfig
@@ -37,6 +38,7 @@ def layer_kinds(c: dict[str, Any]) -> LayerKinds:
 
 
 def rope_params(c: dict[str, Any]) -> tuple[int, float]:
+    check_plain_rope(c)
     rp = c.get("rope_parameters") or {}
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     factor = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))

@@ -25,7 +25,7 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):  # storage only in the target dtype: a 48 B-parameter shape in fp32 would not fit
         model = resolve(config).build(config)
-    model = model.to(dtype).to_empty(device=device)  # every parameter is written below
+    model = model.cast(dtype).to_empty(device=device)  # every parameter is written below
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     zero_centred = {f"{n}.weight" for n, m in model.named_modules() if getattr(m, "zero_centred", False)}

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from hypic.models.context import ForwardContext, RopeSpec
+from hypic.models.context import ForwardContext, RopeSpec, check_plain_rope
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds
 from hypic.models.layers.lightning import LightningAttention, LightningConfig
 from hypic.models.layers.mlp import SwiGLU
@@ -24,10 +24,11 @@ from hypic.models.layers.norm import RMSNorm
 
 # Config switches the released checkpoints leave at these values; others would need code we lack.
 _FIXED = {"use_qk_norm": True, "use_qkv_bias": False, "use_bias": False, "linear_silu": False, "norm_head": False,
-          "linear_rope": True, "score_function": "sigmoid", "rope_scaling": None}
+          "linear_rope": True, "score_function": "sigmoid"}
 
 
 def _check_supported(c: dict[str, Any]) -> None:
+    check_plain_rope(c)
     for key, want in _FIXED.items():
         if key in c and c[key] != want:
             raise ValueError(f"config.{key}: hypic supports {want!r} for Ring-linear, got {c[key]!r}")

@@ -65,11 +65,14 @@ def _torch_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, init
     ext = x.new_empty(T + N * (W - 1), D)
     ext[ext_pos] = x
     ext[tail_pos] = initial_tail.to(x.dtype).reshape(-1, D)
-    y = torch.zeros_like(x) if bias is None else bias.to(x.dtype).expand(T, D).clone()
+    # taps summed and activated in fp32 (at least), rounded once, as the Triton conv and the decode step's conv
+    # do: summed in bf16 a prefill and the decode step disagreed on the same token (0.03)
+    acc = torch.promote_types(x.dtype, torch.float32)  # fp64 stays fp64 (the exactness references)
+    y = x.new_zeros(T, D, dtype=acc) if bias is None else bias.to(acc).expand(T, D).clone()
     for w in range(W):
-        y = y + weight[:, w].to(x.dtype) * ext[ext_pos - (W - 1) + w]
+        y = y + weight[:, w].to(acc) * ext[ext_pos - (W - 1) + w].to(acc)
     new_tail = ext[end_pos].reshape(N, W - 1, D)
-    return ConvOutput(F.silu(y) if activation == "silu" else y, new_tail)
+    return ConvOutput((F.silu(y) if activation == "silu" else y).to(x.dtype), new_tail)
 
 
 @device_cache(maxsize=16)

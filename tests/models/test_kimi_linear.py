@@ -76,3 +76,27 @@ def test_checkpoint_names_map_onto_the_shared_modules() -> None:
     assert checkpoint_name(moe + "shared_experts.up_proj.weight") == "model.layers.3.mlp.shared_expert.up_proj.weight"
     assert checkpoint_name(moe + "gate.e_score_correction_bias") == "model.layers.3.mlp.gate.e_score_correction_bias"
     assert checkpoint_name("model.layers.0.mlp.gate_proj.weight") == "model.layers.0.mlp.gate_proj.weight"
+
+
+def test_routers_and_dt_bias_stay_fp32_in_a_bf16_model(kimi) -> None:
+    """As transformers keeps them: a router's weights and selection bias and KDA's dt_bias are not
+    rounded to the serving dtype. Rounded, 20 of 20 000 tokens chose another expert set than the
+    fp32 router on the same bf16 inputs; kept, every choice is the same."""
+    from hypic.models.layers.kda import KimiDeltaAttention
+    from hypic.models.layers.moe import Router
+
+    _, full = kimi
+    half = load_model(full.path, device="cpu", dtype="bfloat16")
+
+    def kept(loaded):
+        return {n: p for n, p in loaded.model.named_parameters()
+                if n.endswith((".gate.weight", "e_score_correction_bias", ".dt_bias"))}
+
+    assert kept(half) and all(p.dtype == torch.float32 for p in kept(half).values())
+    assert all(torch.equal(p, kept(full)[n]) for n, p in kept(half).items())
+    assert half.model.lm_head.weight.dtype == torch.bfloat16
+    assert any(isinstance(m, KimiDeltaAttention) for m in half.model.modules())
+    routers = [(a, b) for a, b in zip(full.model.modules(), half.model.modules(), strict=True) if isinstance(a, Router)]
+    x = torch.randn(20000, TINY_KIMI["hidden_size"], generator=torch.Generator().manual_seed(1)).bfloat16()
+    for a, b in routers:
+        assert torch.equal(a(x)[1].sort(-1).values, b(x)[1].sort(-1).values)

@@ -101,3 +101,30 @@ def test_bad_config_index_tensor_and_device_are_value_errors(checkpoint, tmp_pat
     (path / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(ValueError, match="model.safetensors"):
         load_model(path, device="cpu")
+
+
+@pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "MiniMaxForCausalLM",
+                                  "BailingMoeLinearV2ForCausalLM"])
+def test_scaled_rope_is_refused_by_name(arch: str) -> None:
+    """hypic computes plain RoPE frequencies: a config asking for YaRN or linear scaling (in
+    ``rope_parameters`` or the older ``rope_scaling``) is refused, not served with wrong phases
+    (the logits were 0.1–0.2 off transformers' on a tiny model); plain and mrope configs build."""
+    from hypic.models.registry import resolve
+    from tests.models.harness import TINY_BASE, TINY_GDN, TINY_MOE
+    from tests.models.test_minimax import TINY_MINIMAX
+    from tests.models.test_ring_linear import CONFIG as RING
+
+    base = {"Qwen3_5ForCausalLM": {**TINY_BASE, **TINY_GDN, "intermediate_size": 64},
+            "Qwen3NextForCausalLM": {**TINY_BASE, **TINY_GDN, **TINY_MOE, "intermediate_size": 64},
+            "MiniMaxForCausalLM": dict(TINY_MINIMAX), "BailingMoeLinearV2ForCausalLM": dict(RING)}[arch]
+    base = {**base, "architectures": [arch]}
+    for key, spec in (("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
+                      ("rope_scaling", {"type": "linear", "factor": 4.0}),
+                      ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0})):
+        with pytest.raises(ValueError, match=f"config.{key}: rope_type '{spec.get('rope_type', spec.get('type'))}'"), \
+                torch.device("meta"):
+            resolve({**base, key: spec}).build({**base, key: spec})
+    for key, spec in (("rope_parameters", {"rope_type": "default", "rope_theta": 1e4}),
+                      ("rope_scaling", {"type": "mrope", "mrope_section": [2, 2, 4]})):
+        with torch.device("meta"):
+            assert resolve({**base, key: spec}).build({**base, key: spec}) is not None

@@ -34,6 +34,8 @@ class KDAConfig:
 
 
 class KimiDeltaAttention(nn.Module):
+    KEEP_FP32 = ("dt_bias",)  # as transformers keeps it: added to the fp32 decay logits (``HybridLM.cast``)
+
     def __init__(self, cfg: KDAConfig, layer: int) -> None:
         super().__init__()
         self.cfg, self.layer = cfg, layer

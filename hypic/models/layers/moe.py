@@ -51,6 +51,11 @@ class MoEConfig:
 
 
 class Router(nn.Module):
+    # kept in fp32 whatever the serving dtype (``HybridLM.cast``): expert choices are near ties often
+    # enough that rounding the weights and the selection bias to bf16 changed them (transformers
+    # keeps Kimi's in fp32; the checkpoints store the bias in fp32)
+    KEEP_FP32 = ("weight", "e_score_correction_bias")
+
     def __init__(self, cfg: MoEConfig) -> None:
         super().__init__()
         self.cfg = cfg
