@@ -21,6 +21,7 @@ the resolution of every ratio quoted from it.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -57,6 +58,16 @@ class TraceLoad:
             raise ValueError(f"bench trace: the SLO must be positive, got {self.slo_s} s")
 
 
+def nearest_rank(values: list[float], q: float) -> float:
+    """The ``q`` quantile by nearest rank: the ⌈q·n⌉-th smallest of n values, the smallest value
+    with at least ``q`` of them at or below it — so "p90 ≤ SLO" means at least 90% of requests
+    within the SLO. (Until 2026-12-01 the rank was rounded to the nearest instead: a block of 48
+    reported its 43rd value, 89.6%, as its p90.)"""
+    ordered = sorted(values)
+    rank = math.ceil(round(q * len(ordered), 9))  # round: 0.55 · 460 is 253.00000000000003 in floats
+    return ordered[min(len(ordered), max(1, rank)) - 1]
+
+
 @dataclass
 class Probe:
     """One block of requests replayed at one rate under one mode."""
@@ -74,10 +85,7 @@ class Probe:
     em: float | None = None  # exact match of the answers, when the model has a tokenizer of its own
 
     def quantile(self, q: float) -> float:
-        if not self.ttft:
-            return float("inf")
-        ordered = sorted(self.ttft)
-        return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+        return nearest_rank(self.ttft, q) if self.ttft else float("inf")
 
     def sustained(self, slo_s: float) -> bool:
         return not self.errors and self.quantile(QUANTILE) <= slo_s
@@ -211,7 +219,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
         if p.errors:
             verdict += f" ({len(p.errors)} errors)"
         answered = max(1, len(p.ttft))
-        prefill = sorted(p.engine_ttft)[len(p.engine_ttft) // 2] if p.engine_ttft else float("nan")
+        prefill = nearest_rank(p.engine_ttft, 0.5) if p.engine_ttft else float("nan")  # as TTFT's p50
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
                      f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
                      f"{100 * p.hits / seg if seg else 0:.0f}% ({100 * p.missing / answered:.0f}%) | "
@@ -224,7 +232,8 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
     for m in modes:
         rate, open_ended = best[m]
         cells = ["–" if base == m or base not in best else _ratio(best[m], best[base]) for base in ("prefix", "full")]
-        shown = f"< {rates[0]:g}" if rate is None else f"{'≥ ' if open_ended else ''}{rate:g}"
+        # none sustained: below the grid's lowest rate (``--rates`` may be given in any order)
+        shown = f"< {min(rates):g}" if rate is None else f"{'≥ ' if open_ended else ''}{rate:g}"
         lines.append(f"| {m} | {shown} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 

@@ -6,7 +6,7 @@ import torch
 
 from hypic import LLM
 from hypic.bench.shapes import SHAPES
-from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, report, run, sustainable
+from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, nearest_rank, report, run, sustainable
 from hypic.bench.trace_targets import EngineTarget
 from hypic.cli import main
 from hypic.engine.engine import Engine
@@ -88,6 +88,31 @@ def test_sustainable_rates_and_their_ratios() -> None:
     q = Probe("m", 1, ttft=[float(i) for i in range(1, 11)])
     assert (q.quantile(0.5), q.quantile(0.9), q.quantile(0.99)) == (5.0, 9.0, 10.0)
     assert Probe("m", 1).quantile(0.9) == float("inf")
+
+
+def test_quantiles_are_nearest_rank_so_a_p90_within_the_slo_means_90_percent_within() -> None:
+    """The rank rounded up, never to the nearest: a block of 16 with 2 requests (12.5%) over a 1 s
+    SLO reported its 14th value, 0.5 s, as its p90 and passed."""
+    block = Probe("hypic", 8, ttft=[0.5] * 14 + [5.0] * 2)
+    assert block.quantile(0.9) == 5.0 and not block.sustained(1.0)
+    for n in range(1, 250):  # the smallest value with at least q of the values at or below it
+        values = [float(i) for i in range(n, 0, -1)]
+        for q in (0.5, 0.9, 0.99):
+            v = nearest_rank(values, q)
+            assert sum(x <= v for x in values) >= q * n - 1e-9 > sum(x < v for x in values), (n, q)
+    rising = [float(i) for i in range(1, 65)]
+    assert nearest_rank(rising[:48], 0.9) == 44 and nearest_rank(rising, 0.99) == 64  # --requests 48, 64
+    # the prefill column ranks as the TTFT columns do (it took the upper median of an even count)
+    even = Probe("m", 1, ttft=[1.0, 2.0, 3.0, 4.0], engine_ttft=[1.0, 2.0, 3.0, 4.0])
+    assert "| m | 1 | 2000.0 | 4000.0 | 4000.0 | 2000.0 |" in report([even], TraceLoad(), [1.0], "t")
+
+
+def test_the_lower_bound_of_a_mode_that_sustained_nothing_is_the_lowest_rate() -> None:
+    """``--rates 8,4,2,1``: the sweep runs ascending, so a mode failing its first rate failed 1 QPS."""
+    probes = [Probe("full", 1.0, ttft=[3.0] * 4), Probe("hypic", 1.0, ttft=[0.1] * 4),
+              Probe("hypic", 2.0, ttft=[2.0] * 4)]
+    table = report(probes, TraceLoad(requests=4, warm=0), [8.0, 4.0, 2.0, 1.0], "t")
+    assert "| full | < 1 | – | – |" in table and "| hypic | 1 | – | – |" in table
 
 
 def test_bad_arguments_are_named() -> None:
