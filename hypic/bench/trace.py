@@ -37,6 +37,8 @@ QUANTILE = 0.9  # the SLO is on this quantile of a block's TTFT
 
 @dataclass(frozen=True)
 class TraceLoad:
+    """The load of a sweep; each field is ``hypic bench trace``'s option of that name (``slo_s``:
+    ``--slo-ms`` in seconds), and a bad value is refused naming the option, before any model is built."""
     requests: int = 64  # per rate of the grid
     warm: int = 64  # the unmeasured warm-up block
     pool: int = 256  # documents in the trace's pool
@@ -50,12 +52,19 @@ class TraceLoad:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.requests < 1 or self.warm < 0 or self.max_tokens < 1 or self.max_running < 1:
-            raise ValueError("bench trace: need requests >= 1, warm >= 0, max_tokens >= 1 and max_running >= 1")
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise ValueError(f"bench trace: max_prefill_tokens must be ≥ 1, got {self.max_prefill_tokens}")
-        if not self.slo_s > 0:
-            raise ValueError(f"bench trace: the SLO must be positive, got {self.slo_s} s")
+        for name, least in (("requests", 1), ("warm", 0), ("pool", 2), ("max_tokens", 1), ("max_running", 1),
+                            ("max_prefill_tokens", 1)):
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ValueError(f"--{name.replace('_', '-')}: expected at least {least}, got {value}")
+        for name in ("num_docs", "doc_tokens"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"--{name.replace('_', '-')}: expected lo,hi with 1 ≤ lo ≤ hi, got {lo},{hi}")
+        if not 0 <= self.zipf < math.inf:
+            raise ValueError(f"--zipf: expected a finite exponent ≥ 0, got {self.zipf}")
+        if not 0 < self.slo_s < math.inf:
+            raise ValueError(f"--slo-ms: expected a finite positive number, got {1e3 * self.slo_s:g}")
 
 
 def nearest_rank(values: list[float], q: float) -> float:
@@ -135,11 +144,11 @@ def make_trace(load: TraceLoad, rates: list[float]) -> Trace:
 def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: list[float]) -> list[Probe]:
     """Every mode's sweep over ``rates`` (ascending) on ``trace`` (``make_trace``)."""
     rates = sorted(rates)
-    if not rates or rates[0] <= 0:
-        raise ValueError(f"bench trace: rates must be positive, got {rates}")
+    if not rates or not all(0 < r < math.inf for r in rates):
+        raise ValueError(f"rates: expected finite positive numbers (QPS), got {rates}")
     n = load.requests
     if len(trace.requests) < load.warm + n * len(rates):
-        raise ValueError(f"bench trace: the trace has {len(trace.requests)} requests, the sweep needs "
+        raise ValueError(f"the trace has {len(trace.requests)} requests, the sweep needs "
                          f"{load.warm + n * len(rates)}")
     probes: list[Probe] = []
     try:

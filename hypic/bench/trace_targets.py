@@ -263,8 +263,8 @@ class HttpTarget:
             with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=self.headers),
                                         timeout=60) as r:
                 return r.read().decode()
-        except (urllib.error.URLError, OSError) as e:
-            raise ValueError(f"bench trace: cannot reach {self.url + path}: {e}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: not a URL at all
+            raise ValueError(f"cannot reach {self.url + path}: {e}") from None
 
     def begin(self, mode: str) -> None:
         self.mode, self.salt = mode, f"bench-trace-{mode}-{secrets.token_hex(8)}"  # the server's caches, empty
