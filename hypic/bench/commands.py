@@ -175,7 +175,7 @@ def bench_trace(args: argparse.Namespace) -> int:
     table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}{devices}",
                    budget)
     if engine.device.type == "cuda":  # what the store's budget left for the model and the requests
-        table += f"\n\nPeak device memory: {torch.cuda.max_memory_allocated(engine.device) / 2**30:.1f} GiB."
+        table += f"\n\nPeak device memory (allocated, over the run): {local.peak.bytes() / 2**30:.1f} GiB."
     _publish(table, machine, args)
     return 0
 

@@ -7,7 +7,7 @@ import torch
 from hypic import LLM
 from hypic.bench.shapes import SHAPES
 from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, nearest_rank, report, run, sustainable
-from hypic.bench.trace_targets import EngineTarget
+from hypic.bench.trace_targets import DevicePeak, EngineTarget
 from hypic.cli import main
 from hypic.engine.engine import Engine
 from hypic.models.random_init import random_model
@@ -127,6 +127,31 @@ def test_bad_arguments_are_named() -> None:
             run(None, trace, TraceLoad(**SMALL), ["hypic"], rates)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="the sweep needs"):
         run(None, trace, TraceLoad(**SMALL), ["hypic"], [1.0, 2.0])  # type: ignore[arg-type]
+
+
+def test_the_peak_device_memory_is_the_runs_across_the_blocks_resets(monkeypatch) -> None:
+    """Each block's note resets the allocator's peak (its line is its block's); the "peak" printed
+    after the sweep read the allocator after the last note, so it covered only the time since then.
+    CUDA's allocator simulated here: the bookkeeping only."""
+    allocator = {"now": 0, "peak": 0}
+
+    def allocate(nbytes: int) -> None:
+        allocator["now"] += nbytes
+        allocator["peak"] = max(allocator["peak"], allocator["now"])
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: allocator.update(peak=allocator["now"]))
+    peak = DevicePeak(torch.device("cuda"))
+    allocate(10)  # the first block's activations
+    allocate(-8)
+    peak.reset()
+    allocate(3)  # the last block's
+    allocate(-3)
+    peak.reset()
+    assert torch.cuda.max_memory_allocated() == 2 and peak.bytes() == 10
+    allocate(20)
+    assert peak.bytes() == 22
 
 
 def test_the_command_with_a_cold_worker_writes_its_table(tmp_path) -> None:
