@@ -8,6 +8,27 @@ def test_demo_self_check_passes(capsys) -> None:
     out = capsys.readouterr().out
     for family in ("linear", "scalar", "gla", "deltanet", "gdn", "kda", "dplr"):
         assert family in out
+    assert "no bundled model" not in out  # asked for, not a fallback: the bundled model is there
+
+
+def test_demo_self_check_fails_on_nan_states_and_refuses_empty_spans(monkeypatch, capsys) -> None:
+    """A kernel returning NaN states is what the check is for; it passed (rc 0), because max()
+    drops a NaN. An empty span passed trivially."""
+    import hypic.cli as cli
+
+    real = cli.linear_attention
+
+    def nan_states(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out.final_state.fill_(float("nan"))
+        return out
+
+    monkeypatch.setattr(cli, "linear_attention", nan_states)
+    assert main(["demo", "--self-check", "--length", "8"]) == 1
+    assert "nan" in capsys.readouterr().out
+    monkeypatch.setattr(cli, "linear_attention", real)
+    assert main(["demo", "--self-check", "--length", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "hypic demo: --length: expected at least 1 token per span, got 0"
 
 
 def test_demo_runs_the_rag_session_on_the_bundled_model(capsys) -> None:

@@ -1,9 +1,14 @@
 """The ``hypic bench`` commands: ``ttft``, ``scatter`` and ``trace``, each printing a table with the
-command, the machine and the date, and appending it to ``--out`` (docs/benchmarks.md)."""
+command, the machine and the date, and appending it to ``--out`` (docs/benchmarks.md).
+
+A bad option is a ``ValueError`` naming it, raised before the model is built (minutes on a GPU) and
+printed by ``hypic.cli.main`` as one line with exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 import torch
@@ -17,10 +22,10 @@ def _bench_model(args: argparse.Namespace) -> tuple[object, str, str]:
     machine's name for the table's footer."""
     import platform
 
-    from hypic.models.loader import load_model
+    from hypic.models.loader import load_model, resolve_device
     from hypic.models.random_init import random_model
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)  # an unknown device, or CUDA missing: a ValueError, as for `LLM`
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype or
                                                                    ("bfloat16" if device.type == "cuda" else "float32")]
     if args.model:
@@ -43,10 +48,27 @@ def _publish(table: str, machine: str, args: argparse.Namespace) -> None:
             f.write("\n" + text)
 
 
+def _at_least(args: argparse.Namespace, least: int, *options: str) -> None:
+    """Each of ``options`` (``--docs``: ``args.docs``) at least ``least``, else a ValueError naming it."""
+    for option in options:
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value < least:
+            raise ValueError(f"{option}: expected at least {least}, got {value}")
+
+
+def _rag_options(args: argparse.Namespace) -> None:
+    """The options ``ttft`` and ``scatter`` share: a prompt of no documents, or a p50 over no
+    repetitions, failed only after the model was built and warmed (or printed a table of nothing)."""
+    _at_least(args, 1, "--docs", "--doc-tokens", "--reps")
+    _at_least(args, 0, "--seam")
+
+
 def bench_ttft(args: argparse.Namespace) -> int:
     from hypic.bench.ttft import RagShape, report, run
     from hypic.engine.engine import Engine
 
+    _rag_options(args)
+    _at_least(args, 1, "--head-tokens", "--query-tokens")
     loaded, title, machine = _bench_model(args)
     device = loaded.device  # type: ignore[attr-defined]
     shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
@@ -69,13 +91,18 @@ def bench_ttft(args: argparse.Namespace) -> int:
 
 
 def bench_scatter(args: argparse.Namespace) -> int:
-    from hypic.bench.scatter import report, run
+    from hypic.bench.scatter import KINDS, report, run
     from hypic.engine.engine import Engine
 
+    _rag_options(args)
+    _at_least(args, 1, "--workers")  # the bench compares scattering with one device
+    kinds = args.kinds.split(",")
+    if not kinds or any(k not in KINDS for k in kinds):
+        raise ValueError(f"--kinds: expected a comma list of {', '.join(KINDS)}, got {args.kinds!r}")
     loaded, title, machine = _bench_model(args)
     engine = Engine(loaded, seam=args.seam, cold_workers=args.workers)
     try:
-        results = [run(engine, kind, args.docs, args.doc_tokens, args.reps) for kind in args.kinds.split(",")]
+        results = [run(engine, kind, args.docs, args.doc_tokens, args.reps) for kind in kinds]
     finally:
         engine.close()
     title = f"Cold TTFT, documents scattered over {1 + args.workers} devices: {title}, seam {args.seam}"
@@ -87,8 +114,19 @@ def _pair(text: str, name: str) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in text.split(","))
     except ValueError:
-        raise SystemExit(f"--{name}: expected lo,hi (two integers), got {text!r}") from None
+        raise ValueError(f"--{name}: expected lo,hi (two integers), got {text!r}") from None
     return lo, hi
+
+
+def _rates(text: str) -> list[float]:
+    """``--rates``: the grid, each a finite positive QPS (``nan`` ran a sweep and printed its table)."""
+    try:
+        rates = [float(r) for r in text.split(",")]
+    except ValueError:
+        rates = []
+    if not rates or not all(0 < r < math.inf for r in rates):
+        raise ValueError(f"--rates: expected a comma list of finite positive numbers (QPS), got {text!r}")
+    return rates
 
 
 def bench_trace(args: argparse.Namespace) -> int:
@@ -98,24 +136,23 @@ def bench_trace(args: argparse.Namespace) -> int:
     from hypic.engine.modes import check_mode
     from hypic.llm import bundled_model_path
 
-    try:
-        modes = [check_mode(m) for m in args.modes.split(",")]
-        rates = [float(r) for r in args.rates.split(",")]
-        load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
-                         num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),
-                         max_tokens=args.max_tokens, slo_s=args.slo_ms / 1000, max_running=args.max_running,
-                         max_prefill_tokens=args.max_prefill_tokens, seed=args.seed)
-        trace = make_trace(load, sorted(rates))
-        if args.url:  # a running server: its model, its device, its limits
-            target = HttpTarget(args.url, trace, api_key=args.api_key or os.environ.get("HYPIC_API_KEY"),
-                                answers=not args.no_answers)
-    except ValueError as e:
-        raise SystemExit(f"bench trace: {e}") from None
-    if args.url:
+    modes = [check_mode(m) for m in args.modes.split(",")]
+    rates = _rates(args.rates)
+    load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
+                     num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),
+                     max_tokens=args.max_tokens, slo_s=args.slo_ms / 1000, max_running=args.max_running,
+                     max_prefill_tokens=args.max_prefill_tokens, seed=args.seed)
+    trace = make_trace(load, sorted(rates))
+    if args.url:  # a running server: its model, its device, its limits
+        target = HttpTarget(args.url, trace, api_key=args.api_key or os.environ.get("HYPIC_API_KEY"),
+                            answers=not args.no_answers)
         probes = run(target, trace, load, modes, rates)
         title = f"A RAG trace served in real time: {target.model} at {args.url}"
         _publish(report(probes, load, rates, title, url=args.url), "the server's machine", args)
         return 0
+    _at_least(args, 0, "--seam", "--workers")
+    if args.cache_gib is not None and not 0 <= args.cache_gib < math.inf:  # 0: nothing kept on the device
+        raise ValueError(f"--cache-gib: expected a finite number ≥ 0, got {args.cache_gib}")
     loaded, title, machine = _bench_model(args)
     own = loaded.tokenizer  # type: ignore[attr-defined]  # None for random weights
     if own is None:  # … then the bundled tokenizer gives the documents their lengths
@@ -138,7 +175,7 @@ def bench_trace(args: argparse.Namespace) -> int:
     table = report(probes, load, rates, f"A RAG trace served in real time: {title}, seam {args.seam}{devices}",
                    budget)
     if engine.device.type == "cuda":  # what the store's budget left for the model and the requests
-        table += f"\n\nPeak device memory: {torch.cuda.max_memory_allocated(engine.device) / 2**30:.1f} GiB."
+        table += f"\n\nPeak device memory (allocated, over the run): {local.peak.bytes() / 2**30:.1f} GiB."
     _publish(table, machine, args)
     return 0
 

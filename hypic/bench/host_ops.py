@@ -16,6 +16,8 @@ from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hypic.bench.sites import package_path
+
 # (file, function) of the CPU-only fallbacks of *inference*; None: the whole file. (Training runs
 # the chunked torch kernels of ops/chunk.py on the GPU too: count its steps without this filter.)
 CPU_ONLY = {("ops/chunk.py", None), ("ops/recurrence.py", None), ("ops/scan.py", "chain_loop"),
@@ -35,8 +37,8 @@ class OpCounter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         site, cpu_only = "(outside hypic)", False
         for frame in reversed(traceback.extract_stack(limit=40)):
-            if "/hypic/" in frame.filename and not frame.filename.endswith(_PASS_THROUGH):
-                path = frame.filename.split("/hypic/")[-1]
+            path = package_path(frame.filename)
+            if path is not None and path not in _PASS_THROUGH:
                 site = f"{path}:{frame.lineno} {frame.line}"
                 cpu_only = (path, None) in CPU_ONLY or (path, frame.name) in CPU_ONLY
                 break

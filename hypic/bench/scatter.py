@@ -27,6 +27,7 @@ from hypic.engine.engine import Engine
 from hypic.parallel.router import assign, makespan
 
 SKEWED_LENGTHS = (4096, 2048, 1024, 512, 256, 128)  # drawn with weights 1, 2, 4, 8, 8, 8
+KINDS = ("uniform", "skewed")  # the prompt sets
 
 
 def prompts(kind: str, docs: int, doc_tokens: int, vocab: int, count: int, seed: int = 0,
@@ -40,7 +41,7 @@ def prompts(kind: str, docs: int, doc_tokens: int, vocab: int, count: int, seed:
         pick = random.Random(seed + 1).choices(SKEWED_LENGTHS, weights=(1, 2, 4, 8, 8, 8), k=docs)
         lengths = [max(8, n * doc_tokens // 1024) for n in pick]
     else:
-        raise ValueError(f"kind: expected uniform or skewed, got {kind!r}")
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]
@@ -80,7 +81,7 @@ def run(engine: Engine, kind: str, docs: int = 32, doc_tokens: int = 1024, reps:
     """p50 cold TTFT (s) per row, with min/max, the largest logit difference from one device, and
     each policy's planned makespan (tokens on the busiest device) for the prompt set."""
     if engine.pool is None:
-        raise ValueError("bench scatter: the engine has no cold workers (cold_workers=…)")
+        raise ValueError("the engine has no cold workers (cold_workers=…)")
     pool = engine.pool
     batch = prompts(kind, docs, doc_tokens, engine.model.vocab_size, reps + 1, seed)
     rows: dict[str, str | None] = {  # row → routing policy; None: the engine alone

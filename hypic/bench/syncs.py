@@ -14,16 +14,17 @@ import warnings
 
 import torch
 
+from hypic.bench.sites import package_path
 from hypic.engine.engine import Engine
 from hypic.engine.request import SamplingParams
 
 
 def _site() -> str:
-    frames = [f for f in traceback.extract_stack()[:-2] if "/hypic/" in f.filename and "/bench/" not in f.filename]
-    if not frames:
-        return "(outside hypic)"
-    f = frames[-1]
-    return f"{f.filename.split('/hypic/', 1)[1]}:{f.lineno} {f.line}"
+    for f in reversed(traceback.extract_stack()[:-2]):  # this function and its caller left out
+        path = package_path(f.filename)
+        if path is not None and not path.startswith("bench/"):
+            return f"{path}:{f.lineno} {f.line}"
+    return "(outside hypic)"
 
 
 def sync_sites(engine: Engine, prompt: list[list[int]], modes: tuple[str, ...]) -> dict[str, collections.Counter]:

@@ -21,6 +21,7 @@ the resolution of every ratio quoted from it.
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
@@ -36,6 +37,8 @@ QUANTILE = 0.9  # the SLO is on this quantile of a block's TTFT
 
 @dataclass(frozen=True)
 class TraceLoad:
+    """The load of a sweep; each field is ``hypic bench trace``'s option of that name (``slo_s``:
+    ``--slo-ms`` in seconds), and a bad value is refused naming the option, before any model is built."""
     requests: int = 64  # per rate of the grid
     warm: int = 64  # the unmeasured warm-up block
     pool: int = 256  # documents in the trace's pool
@@ -49,12 +52,29 @@ class TraceLoad:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.requests < 1 or self.warm < 0 or self.max_tokens < 1 or self.max_running < 1:
-            raise ValueError("bench trace: need requests >= 1, warm >= 0, max_tokens >= 1 and max_running >= 1")
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise ValueError(f"bench trace: max_prefill_tokens must be ≥ 1, got {self.max_prefill_tokens}")
-        if not self.slo_s > 0:
-            raise ValueError(f"bench trace: the SLO must be positive, got {self.slo_s} s")
+        for name, least in (("requests", 1), ("warm", 0), ("pool", 2), ("max_tokens", 1), ("max_running", 1),
+                            ("max_prefill_tokens", 1)):
+            value = getattr(self, name)
+            if value is not None and value < least:
+                raise ValueError(f"--{name.replace('_', '-')}: expected at least {least}, got {value}")
+        for name in ("num_docs", "doc_tokens"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"--{name.replace('_', '-')}: expected lo,hi with 1 ≤ lo ≤ hi, got {lo},{hi}")
+        if not 0 <= self.zipf < math.inf:
+            raise ValueError(f"--zipf: expected a finite exponent ≥ 0, got {self.zipf}")
+        if not 0 < self.slo_s < math.inf:
+            raise ValueError(f"--slo-ms: expected a finite positive number, got {1e3 * self.slo_s:g}")
+
+
+def nearest_rank(values: list[float], q: float) -> float:
+    """The ``q`` quantile by nearest rank: the ⌈q·n⌉-th smallest of n values, the smallest value
+    with at least ``q`` of them at or below it — so "p90 ≤ SLO" means at least 90% of requests
+    within the SLO. (Until 2026-12-01 the rank was rounded to the nearest instead: a block of 48
+    reported its 43rd value, 89.6%, as its p90.)"""
+    ordered = sorted(values)
+    rank = math.ceil(round(q * len(ordered), 9))  # round: 0.55 · 460 is 253.00000000000003 in floats
+    return ordered[min(len(ordered), max(1, rank)) - 1]
 
 
 @dataclass
@@ -74,10 +94,7 @@ class Probe:
     em: float | None = None  # exact match of the answers, when the model has a tokenizer of its own
 
     def quantile(self, q: float) -> float:
-        if not self.ttft:
-            return float("inf")
-        ordered = sorted(self.ttft)
-        return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.5) - 1))]
+        return nearest_rank(self.ttft, q) if self.ttft else float("inf")
 
     def sustained(self, slo_s: float) -> bool:
         return not self.errors and self.quantile(QUANTILE) <= slo_s
@@ -127,11 +144,11 @@ def make_trace(load: TraceLoad, rates: list[float]) -> Trace:
 def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: list[float]) -> list[Probe]:
     """Every mode's sweep over ``rates`` (ascending) on ``trace`` (``make_trace``)."""
     rates = sorted(rates)
-    if not rates or rates[0] <= 0:
-        raise ValueError(f"bench trace: rates must be positive, got {rates}")
+    if not rates or not all(0 < r < math.inf for r in rates):
+        raise ValueError(f"rates: expected finite positive numbers (QPS), got {rates}")
     n = load.requests
     if len(trace.requests) < load.warm + n * len(rates):
-        raise ValueError(f"bench trace: the trace has {len(trace.requests)} requests, the sweep needs "
+        raise ValueError(f"the trace has {len(trace.requests)} requests, the sweep needs "
                          f"{load.warm + n * len(rates)}")
     probes: list[Probe] = []
     try:
@@ -211,7 +228,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
         if p.errors:
             verdict += f" ({len(p.errors)} errors)"
         answered = max(1, len(p.ttft))
-        prefill = sorted(p.engine_ttft)[len(p.engine_ttft) // 2] if p.engine_ttft else float("nan")
+        prefill = nearest_rank(p.engine_ttft, 0.5) if p.engine_ttft else float("nan")  # as TTFT's p50
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
                      f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
                      f"{100 * p.hits / seg if seg else 0:.0f}% ({100 * p.missing / answered:.0f}%) | "
@@ -224,7 +241,8 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
     for m in modes:
         rate, open_ended = best[m]
         cells = ["–" if base == m or base not in best else _ratio(best[m], best[base]) for base in ("prefix", "full")]
-        shown = f"< {rates[0]:g}" if rate is None else f"{'≥ ' if open_ended else ''}{rate:g}"
+        # none sustained: below the grid's lowest rate (``--rates`` may be given in any order)
+        shown = f"< {min(rates):g}" if rate is None else f"{'≥ ' if open_ended else ''}{rate:g}"
         lines.append(f"| {m} | {shown} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 

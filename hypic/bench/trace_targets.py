@@ -82,6 +82,23 @@ def reset_caches(engine: Engine) -> None:
     engine.prefix = PrefixCache(engine.prefix.max_states)
 
 
+class DevicePeak:
+    """The most device memory allocated at once over a run (CUDA). Each block's note resets the
+    allocator's peak so that its line is its block's; read after the last note, the allocator's own
+    peak covered only the time since then — about what the run still held at its end — so each
+    peak is kept before its reset."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.before = device, 0  # bytes: the highest peak read before a reset
+
+    def reset(self) -> None:
+        self.before = self.bytes()
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def bytes(self) -> int:
+        return max(self.before, torch.cuda.max_memory_allocated(self.device))
+
+
 class ProfiledScheduler(Scheduler):
     """The serving loop with its thread under cProfile (``hypic bench trace --profile``): where a
     block's host time goes, function by function, on the engine's own thread. cProfile slows
@@ -112,6 +129,7 @@ class EngineTarget:
         self._retries = 0  # the allocator's retries as of the last note
         self._oom = dict(engine.out_of_memory)  # prefill calls that ran out of memory, as of the last note
         self._shed = dict(engine.cache_shed)  # the device tier's sheds, as of the last note
+        self.peak = DevicePeak(engine.device)  # the run's, across the notes' resets (CUDA)
 
     def begin(self, mode: str) -> None:
         self.close()
@@ -174,7 +192,7 @@ class EngineTarget:
                      f"{mem.get('reserved_bytes.all.peak', 0) / 2**30:.1f} GiB reserved at the peak")
             self._retries = retries
             line += "; " + _graph_pools(self.engine)
-            torch.cuda.reset_peak_memory_stats(self.engine.device)  # the next note's peak is its block's
+            self.peak.reset()  # the next note's peak is its block's
         return line
 
     def moves(self) -> Moves:
@@ -263,8 +281,8 @@ class HttpTarget:
             with urllib.request.urlopen(urllib.request.Request(self.url + path, headers=self.headers),
                                         timeout=60) as r:
                 return r.read().decode()
-        except (urllib.error.URLError, OSError) as e:
-            raise ValueError(f"bench trace: cannot reach {self.url + path}: {e}") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:  # ValueError: not a URL at all
+            raise ValueError(f"cannot reach {self.url + path}: {e}") from None
 
     def begin(self, mode: str) -> None:
         self.mode, self.salt = mode, f"bench-trace-{mode}-{secrets.token_hex(8)}"  # the server's caches, empty

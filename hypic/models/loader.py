@@ -126,7 +126,8 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
         raise ValueError(f"{files[0].parent}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 
 
-def _device(device: str | torch.device | None) -> torch.device:
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` checked (ValueError: not a device, CUDA missing, no such GPU); None: the default."""
     if device is None:
         return default_device()
     try:
@@ -150,7 +151,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"model: {path} is not a directory")
     config = _read_json(path / "config.json")
     arch = resolve(config)
-    device = _device(device)
+    device = resolve_device(device)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if isinstance(dtype, str):
         dtype = dtypes.get(dtype, dtype)

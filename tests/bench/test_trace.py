@@ -6,8 +6,8 @@ import torch
 
 from hypic import LLM
 from hypic.bench.shapes import SHAPES
-from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, report, run, sustainable
-from hypic.bench.trace_targets import EngineTarget
+from hypic.bench.trace import Probe, TraceLoad, _ratio, make_trace, nearest_rank, report, run, sustainable
+from hypic.bench.trace_targets import DevicePeak, EngineTarget
 from hypic.cli import main
 from hypic.engine.engine import Engine
 from hypic.models.random_init import random_model
@@ -90,21 +90,68 @@ def test_sustainable_rates_and_their_ratios() -> None:
     assert Probe("m", 1).quantile(0.9) == float("inf")
 
 
+def test_quantiles_are_nearest_rank_so_a_p90_within_the_slo_means_90_percent_within() -> None:
+    """The rank rounded up, never to the nearest: a block of 16 with 2 requests (12.5%) over a 1 s
+    SLO reported its 14th value, 0.5 s, as its p90 and passed."""
+    block = Probe("hypic", 8, ttft=[0.5] * 14 + [5.0] * 2)
+    assert block.quantile(0.9) == 5.0 and not block.sustained(1.0)
+    for n in range(1, 250):  # the smallest value with at least q of the values at or below it
+        values = [float(i) for i in range(n, 0, -1)]
+        for q in (0.5, 0.9, 0.99):
+            v = nearest_rank(values, q)
+            assert sum(x <= v for x in values) >= q * n - 1e-9 > sum(x < v for x in values), (n, q)
+    rising = [float(i) for i in range(1, 65)]
+    assert nearest_rank(rising[:48], 0.9) == 44 and nearest_rank(rising, 0.99) == 64  # --requests 48, 64
+    # the prefill column ranks as the TTFT columns do (it took the upper median of an even count)
+    even = Probe("m", 1, ttft=[1.0, 2.0, 3.0, 4.0], engine_ttft=[1.0, 2.0, 3.0, 4.0])
+    assert "| m | 1 | 2000.0 | 4000.0 | 4000.0 | 2000.0 |" in report([even], TraceLoad(), [1.0], "t")
+
+
+def test_the_lower_bound_of_a_mode_that_sustained_nothing_is_the_lowest_rate() -> None:
+    """``--rates 8,4,2,1``: the sweep runs ascending, so a mode failing its first rate failed 1 QPS."""
+    probes = [Probe("full", 1.0, ttft=[3.0] * 4), Probe("hypic", 1.0, ttft=[0.1] * 4),
+              Probe("hypic", 2.0, ttft=[2.0] * 4)]
+    table = report(probes, TraceLoad(requests=4, warm=0), [8.0, 4.0, 2.0, 1.0], "t")
+    assert "| full | < 1 | – | – |" in table and "| hypic | 1 | – | – |" in table
+
+
 def test_bad_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match="SLO"):
+    """The library's own checks (the command line's: tests/bench/test_commands.py)."""
+    with pytest.raises(ValueError, match="--slo-ms"):
         TraceLoad(slo_s=0)
-    with pytest.raises(ValueError, match="requests"):
+    with pytest.raises(ValueError, match="--requests"):
         TraceLoad(requests=0)
     trace = make_trace(TraceLoad(**SMALL), [1.0])
-    with pytest.raises(ValueError, match="rates"):
-        run(None, trace, TraceLoad(**SMALL), ["hypic"], [0.0])  # type: ignore[arg-type]
+    for rates in ([0.0], [float("nan")], []):
+        with pytest.raises(ValueError, match="rates"):
+            run(None, trace, TraceLoad(**SMALL), ["hypic"], rates)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="the sweep needs"):
         run(None, trace, TraceLoad(**SMALL), ["hypic"], [1.0, 2.0])  # type: ignore[arg-type]
-    for argv, message in ((["--rates", "fast"], "could not convert"), (["--num-docs", "4"], "--num-docs"),
-                          (["--modes", "hypic,best"], "mode"), (["--slo-ms", "-1"], "SLO"),
-                          (["--url", "http://127.0.0.1:9"], "cannot reach")):
-        with pytest.raises(SystemExit, match=message):
-            main(["bench", "trace", "--shape", "tiny", "--device", "cpu", *argv])
+
+
+def test_the_peak_device_memory_is_the_runs_across_the_blocks_resets(monkeypatch) -> None:
+    """Each block's note resets the allocator's peak (its line is its block's); the "peak" printed
+    after the sweep read the allocator after the last note, so it covered only the time since then.
+    CUDA's allocator simulated here: the bookkeeping only."""
+    allocator = {"now": 0, "peak": 0}
+
+    def allocate(nbytes: int) -> None:
+        allocator["now"] += nbytes
+        allocator["peak"] = max(allocator["peak"], allocator["now"])
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda device=None: allocator.update(peak=allocator["now"]))
+    peak = DevicePeak(torch.device("cuda"))
+    allocate(10)  # the first block's activations
+    allocate(-8)
+    peak.reset()
+    allocate(3)  # the last block's
+    allocate(-3)
+    peak.reset()
+    assert torch.cuda.max_memory_allocated() == 2 and peak.bytes() == 10
+    allocate(20)
+    assert peak.bytes() == 22
 
 
 def test_the_command_with_a_cold_worker_writes_its_table(tmp_path) -> None:

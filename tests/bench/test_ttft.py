@@ -29,19 +29,23 @@ def test_ttft_rows_and_recompute_set(tmp_path) -> None:
     assert "Command: `hypic bench ttft" in out.read_text()
 
 
-def test_sync_report_groups_by_the_innermost_hypic_line(monkeypatch) -> None:
+def test_sync_report_groups_by_the_innermost_hypic_line(monkeypatch, tmp_path) -> None:
     """The sync finder's bookkeeping (CUDA's sync debug mode itself needs a GPU): a warning raised
-    from inside the engine is counted under the engine's source line."""
+    from inside the engine is counted under the engine's source line — also when torch's frame
+    that raised it lies in a folder named hypic (a checkout's .venv), which is not the package."""
     import warnings
 
     from hypic.bench import syncs
+    from tests.engine.test_host_ops import torch_like_function
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
     engine = Engine(random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32), seam=4)
     original = engine.model.forward
+    sync, _ = torch_like_function(tmp_path, "def sync(warn):\n    warn('called a synchronizing CUDA operation')\n",
+                                  "sync")
 
     def forward(*args, **kwargs):
-        warnings.warn("called a synchronizing CUDA operation", stacklevel=2)
+        sync(warnings.warn)
         return original(*args, **kwargs)
 
     monkeypatch.setattr(engine.model, "forward", forward)
