@@ -68,7 +68,10 @@ def moe_config(c: dict[str, Any]) -> MoEConfig:
         renormalize=_get(c, "moe_renormalize", "norm_topk_prob", default=True),
         shared_intermediate=inter * _get(c, "num_shared_experts", "n_shared_experts", default=1),
         scaling=c.get("routed_scaling_factor", 1.0), groups=_get(c, "num_expert_group", "n_group", default=1),
-        top_groups=c.get("topk_group") or 1, selection_bias=True)
+        top_groups=c.get("topk_group") or 1, selection_bias=True,
+        # transformers' Kimi router scores the dropped groups' experts −inf: with a negative
+        # selection bias a 0 would choose them over the kept groups' experts
+        dropped_group_score=float("-inf"))
 
 
 def build_kimi_linear(config: dict[str, Any]) -> HybridLM:

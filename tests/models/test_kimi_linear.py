@@ -100,3 +100,16 @@ def test_routers_and_dt_bias_stay_fp32_in_a_bf16_model(kimi) -> None:
     x = torch.randn(20000, TINY_KIMI["hidden_size"], generator=torch.Generator().manual_seed(1)).bfloat16()
     for a, b in routers:
         assert torch.equal(a(x)[1].sort(-1).values, b(x)[1].sort(-1).values)
+
+
+def test_grouped_routing_with_a_negative_bias_matches_transformers(tmp_path) -> None:
+    """Two expert groups, one kept per token, and a selection bias that makes every score negative:
+    a dropped group's experts must never be chosen (transformers scores them −inf; a 0 chose them)."""
+    torch.manual_seed(0)
+    ref = T.KimiLinearForCausalLM(T.KimiLinearConfig(**{**TINY_KIMI, "n_group": 2, "topk_group": 1})).eval()
+    randomize_norms(ref)
+    with torch.no_grad():
+        for name, buf in ref.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buf.copy_(-2.0 + 0.1 * torch.randn(buf.shape, generator=torch.Generator().manual_seed(5)))
+    assert_prefill_matches_transformers(ref, load_model(save_checkpoint(ref, tmp_path), device="cpu"))
