@@ -11,6 +11,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from hypic.models.loader import checkpoint_files, load_weights
+from hypic.models.registry import resolve
+
 SHARD_BYTES = 15 * 2**20
 
 
@@ -70,12 +73,37 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     (folder / "train_state.json").write_text(json.dumps(state, indent=1))
 
 
+def weight_files(folder: Path) -> list[Path]:
+    """The weight shards: those the index names (the serving loader checks that each exists), else
+    every ``model-*.safetensors`` (the optimizer's shards sit beside them)."""
+    if (folder / "model.safetensors.index.json").exists():
+        return checkpoint_files(folder)
+    files = sorted(folder.glob("model-*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no model-*.safetensors weight shards")
+    return files
+
+
 def load_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Load the weights, Adam moments and loop state of ``folder`` into ``model`` and ``optimizer``.
+
+    The weights go through the serving loader's checks (the shards the index names, every parameter
+    present, shapes equal; ValueError otherwise): a parameter left out kept its random
+    initialisation, and a run resumed from a checkpoint whose shard had not come back trained on
+    from the untrained model at step N without a word (docs/training.md). Moments may be missing
+    (a grown model's new layers, a device run that carried the weights alone): those parameters
+    start with fresh ones."""
+    config = json.loads((folder / "config.json").read_text())
     params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, t in load_sharded(folder, "model").items():
-            params[name].copy_(t)
+    first = next(iter(params.values()))
+    load_weights(model, weight_files(folder), resolve(config).checkpoint_name, first.device, first.dtype)
     moments = load_sharded(folder, "optim")
+    for key, t in moments.items():
+        name, kind = key.rsplit(".", 1)
+        pair = f"{name}.{'exp_avg_sq' if kind == 'exp_avg' else 'exp_avg'}"
+        if name not in params or tuple(t.shape) != tuple(params[name].shape) or pair not in moments:
+            raise ValueError(f"{folder}: Adam moment {key!r} does not fit the model (no parameter of its "
+                             f"shape {list(t.shape)}, or no {pair!r} beside it)")
     state = json.loads((folder / "train_state.json").read_text())
     # fused and capturable AdamW keep the step counter on the parameter's device, the others on the host
     on_device = bool(optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"))
