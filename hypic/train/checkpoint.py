@@ -5,6 +5,7 @@ is a loadable HF model folder (config.json, tokenizer.json, index of the weight 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,13 @@ from safetensors.torch import load_file, save_file
 
 from hypic.models.loader import checkpoint_files, load_weights
 from hypic.models.registry import resolve
+from hypic.train.atomic import replace_folder
 
 SHARD_BYTES = 15 * 2**20
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], folder: Path, prefix: str) -> dict[str, str]:
     """Write tensors into ``{prefix}-NNNNN.safetensors`` shards; returns name → file."""
-    for old in folder.glob(f"{prefix}-*.safetensors"):
-        old.unlink()
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in tensors.items():
@@ -45,11 +45,13 @@ def load_sharded(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], *, dtype: torch.dtype = torch.float32,
-               tokenizer: Path | None = None) -> None:
-    """A loadable model folder: config.json, sharded weights with their index, and the tokenizer
-    files next to ``tokenizer`` (a tokenizer.json) when given. bf16 halves what ships."""
-    folder.mkdir(parents=True, exist_ok=True)
+def shard_of(*prefixes: str) -> Callable[[str], bool]:
+    """Whether a file name is a shard of one of ``prefixes``: the files a save replaces as a set."""
+    return lambda name: name.endswith(".safetensors") and name.startswith(tuple(f"{p}-" for p in prefixes))
+
+
+def _write_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], dtype: torch.dtype,
+                 tokenizer: Path | None) -> None:
     params = {n: p.to(dtype) for n, p in model.named_parameters()
               if n != "lm_head.weight" or not getattr(model, "tie_embeddings", False)}
     where = save_sharded(params, folder, "model")
@@ -61,16 +63,29 @@ def save_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], *, 
                 (folder / name).write_bytes((tokenizer.parent / name).read_bytes())
 
 
+def save_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], *, dtype: torch.dtype = torch.float32,
+               tokenizer: Path | None = None) -> None:
+    """A loadable model folder: config.json, sharded weights with their index, and the tokenizer
+    files next to ``tokenizer`` (a tokenizer.json) when given. bf16 halves what ships. The folder is
+    replaced whole (``hypic.train.atomic``): its other files are kept, its old weights go."""
+    with replace_folder(folder, drop=shard_of("model")) as stage:
+        _write_model(stage, model, config, dtype, tokenizer)
+
+
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
                     weights_dtype: torch.dtype = torch.float32) -> None:
-    save_model(folder, model, json.loads((folder / "config.json").read_text()), dtype=weights_dtype)
+    """Weights, Adam moments and ``train_state.json`` into ``folder``, replaced whole: a save that
+    fails midway leaves the previous checkpoint as it was (``hypic.train.atomic``)."""
+    config = json.loads((folder / "config.json").read_text())
     moments = {}
     names = {p: n for n, p in model.named_parameters()}
     for p, s in optimizer.state.items():
         for key in ("exp_avg", "exp_avg_sq"):
             moments[f"{names[p]}.{key}"] = s[key].to(torch.bfloat16)
-    save_sharded(moments, folder, "optim")
-    (folder / "train_state.json").write_text(json.dumps(state, indent=1))
+    with replace_folder(folder, drop=shard_of("model", "optim")) as stage:
+        _write_model(stage, model, config, weights_dtype, None)
+        save_sharded(moments, stage, "optim")
+        (stage / "train_state.json").write_text(json.dumps(state, indent=1))
 
 
 def weight_files(folder: Path) -> list[Path]:

@@ -15,10 +15,9 @@ from hypic.train.checkpoint import save_model
 
 
 def export(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Returns the bytes written for the weights."""
+    """Returns the bytes written for the weights. ``dst`` is replaced whole (``save_model``): an
+    export that fails midway leaves the model that was there as it was."""
     loaded = load_model(src, device="cpu", dtype=torch.float32)
-    for old in dst.glob("model-*.safetensors"):
-        old.unlink()
     save_model(dst, loaded.model, json.loads((src / "config.json").read_text()), dtype=dtype,
                tokenizer=src / "tokenizer.json")
     return sum(f.stat().st_size for f in dst.glob("model-*.safetensors"))

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from hypic.train.atomic import replace_folder
 from hypic.train.checkpoint import load_sharded, save_sharded
 
 # parameters whose output is added to the residual stream: zero makes a layer the identity
@@ -90,23 +91,23 @@ def grow(src: Path, dst: Path, at: int, blocks: int = 1) -> int:
                         copy.zero_()
                     grown[f"model.layers.{new}.{m.group(2)}"] = copy
                     added += copy.numel()
-    dst.mkdir(parents=True, exist_ok=True)
-    for old_file in dst.glob("*.safetensors"):
-        old_file.unlink()
-    # layers in order in the shards and the index: readers that list the index see the model's layout
-    order = sorted(grown, key=lambda k: (int(m.group(1)), k) if (m := _LAYER.match(k)) else (-1, k))
-    where = save_sharded({k: grown[k] for k in order}, dst, "model")
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}, indent=1))
-    if any(src.glob("optim-*.safetensors")):
-        save_sharded(_renumber(load_sharded(src, "optim"), at, shift), dst, "optim")
-    (dst / "config.json").write_text(json.dumps(new_config, indent=1))
-    state = json.loads((src / "train_state.json").read_text()) if (src / "train_state.json").exists() else {}
-    state.setdefault("log", []).append({"step": state.get("step", 0), "grown": {"at": at, "blocks": blocks,
-                                                                            "new_parameters": added}})
-    (dst / "train_state.json").write_text(json.dumps(state, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (src / name).exists() and src != dst:
-            shutil.copy(src / name, dst / name)
+    # dst replaced whole (hypic.train.atomic): a grow cut short leaves no half-written checkpoint there
+    with replace_folder(dst, drop=lambda name: name.endswith(".safetensors")) as stage:
+        # layers in order in the shards and the index: readers that list the index see the model's layout
+        order = sorted(grown, key=lambda k: (int(m.group(1)), k) if (m := _LAYER.match(k)) else (-1, k))
+        where = save_sharded({k: grown[k] for k in order}, stage, "model")
+        (stage / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where},
+                                                                       indent=1))
+        if any(src.glob("optim-*.safetensors")):
+            save_sharded(_renumber(load_sharded(src, "optim"), at, shift), stage, "optim")
+        (stage / "config.json").write_text(json.dumps(new_config, indent=1))
+        state = json.loads((src / "train_state.json").read_text()) if (src / "train_state.json").exists() else {}
+        state.setdefault("log", []).append({"step": state.get("step", 0), "grown": {"at": at, "blocks": blocks,
+                                                                                "new_parameters": added}})
+        (stage / "train_state.json").write_text(json.dumps(state, indent=1))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (src / name).exists():
+                shutil.copy(src / name, stage / name)
     return added
 
 

@@ -11,7 +11,7 @@ values distinct random directions with the norm of healthy value embeddings and 
 same way for 256 steps took all six relations to 97–100% at difficulty 0.
 
 ``python -m hypic.train.reinit --ckpt DIR [--kinds city,colour,job,pet] [--report]``: rewrites the
-embedding rows of the kinds' single-token values in place (fp32 checkpoint shards); the
+embedding rows of the kinds' single-token values (their shard replaced whole, by a rename); the
 optimizer moments, the loop state and every other tensor stay as they are. ``--report`` only
 prints each value kind's mean pairwise cosine, the diagnostic that found the collapse.
 """
@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from hypic.eval.world import VALUES
+from hypic.train.atomic import replace_file
 
 EMBED = "model.embed_tokens.weight"
 REFERENCE_KIND = "instrument"  # a value kind the model did learn to copy: the norm to match
@@ -91,7 +92,8 @@ def reinit(ckpt: Path, kinds: list[str], seed: int = 0) -> list[int]:
     for i in ids:  # one draw per row, in the kinds' order: the bundled model's run (session 6) drew so
         fresh = torch.randn(table.shape[1], generator=gen)
         table[i] = (fresh / fresh.norm() * norm).to(table.dtype)
-    save_file(shard, str(file), metadata={"format": "pt"})
+    # a new file renamed over the old: a rewrite cut short in place would leave a broken shard
+    replace_file(file, lambda tmp: save_file(shard, str(tmp), metadata={"format": "pt"}))
     return ids
 
 

@@ -62,3 +62,93 @@ def test_resume_refuses_adam_moments_of_another_shape(tiny_trained_model, tmp_pa
     save_file(moments, str(ckpt / "optim-00000.safetensors"))
     with pytest.raises(ValueError, match="Adam moment 'model.norm.weight.exp_avg' does not fit"):
         load_checkpoint(ckpt, *_fresh(ckpt))
+
+
+def _failing_write(monkeypatch, module, at: int) -> None:
+    """The ``at``-th safetensors write of ``module`` (1-based) dies midway, as on a full disk: half a
+    file written, then OSError."""
+    import errno
+
+    calls = []
+
+    def save_file(tensors, path, metadata=None):
+        calls.append(path)
+        if len(calls) == at:
+            with open(path, "wb") as f:
+                f.write(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(tensors, path, metadata=metadata)
+
+    real = module.save_file
+    monkeypatch.setattr(module, "save_file", save_file)
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tiny_trained_model, tmp_path, monkeypatch,
+                                                                 at) -> None:
+    import hypic.train.checkpoint as checkpoint
+
+    ckpt = shutil.copytree(tiny_trained_model, tmp_path / "ckpt")
+    (ckpt / "notes.txt").write_text("kept")  # a file the save does not write is carried over
+    before = _files(ckpt)
+    model, opt = _fresh(ckpt)
+    state = load_checkpoint(ckpt, model, opt)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    _failing_write(monkeypatch, checkpoint, at)  # 1: the weights' shard, 2: the moments'
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103))
+    assert _files(ckpt) == before and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_checkpoint(ckpt, *_fresh(ckpt))["step"] == 3  # loadable, as it was
+    monkeypatch.undo()
+    checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and (ckpt / "notes.txt").read_text() == "kept"
+    again, opt2 = _fresh(ckpt)
+    assert load_checkpoint(ckpt, again, opt2)["step"] == 103
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), model.parameters(), strict=True))
+
+
+def test_an_export_that_fails_midway_leaves_the_exported_model(tiny_trained_model, tmp_path, monkeypatch) -> None:
+    import hypic.train.checkpoint as checkpoint
+    from hypic.models.loader import load_model
+    from hypic.train.export import export
+
+    dst = tmp_path / "bundled"
+    export(tiny_trained_model, dst)
+    before = _files(dst)
+    _failing_write(monkeypatch, checkpoint, 1)
+    with pytest.raises(OSError, match="No space left"):
+        export(tiny_trained_model, dst, dtype=torch.float32)
+    assert _files(dst) == before and sorted(p.name for p in tmp_path.iterdir()) == ["bundled"]
+    assert load_model(dst, device="cpu").model is not None
+
+
+def test_a_grow_that_fails_midway_leaves_the_folder_it_would_replace(tiny_trained_model, tmp_path,
+                                                                     monkeypatch) -> None:
+    import hypic.train.checkpoint as checkpoint
+    from hypic.train.grow import grow
+
+    dst = tmp_path / "grown"
+    grow(tiny_trained_model, dst, at=4)
+    before = _files(dst)
+    _failing_write(monkeypatch, checkpoint, 2)
+    with pytest.raises(OSError, match="No space left"):
+        grow(tiny_trained_model, dst, at=4, blocks=2)
+    assert _files(dst) == before and sorted(p.name for p in tmp_path.iterdir()) == ["grown"]
+
+
+def test_a_folder_with_subfolders_is_not_replaced(tiny_trained_model, tmp_path) -> None:
+    from hypic.train.checkpoint import save_checkpoint
+
+    ckpt = shutil.copytree(tiny_trained_model, tmp_path / "ckpt")
+    (ckpt / "keep").mkdir()
+    model, opt = _fresh(ckpt)
+    state = load_checkpoint(ckpt, model, opt)
+    with pytest.raises(ValueError, match="holds folders \\(keep\\)"):
+        save_checkpoint(ckpt, model, opt, state)
+    assert (ckpt / "keep").is_dir()
