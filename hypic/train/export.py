@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from hypic.llm import bundled_model_path
 from hypic.models.loader import load_model
+from hypic.train.args import OneLineParser
 from hypic.train.checkpoint import save_model
 
 
@@ -24,11 +25,15 @@ def export(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hypic.train.export", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="hypic.train.export", description=__doc__.splitlines()[0])
     p.add_argument("--from", dest="src", required=True, help="a training checkpoint folder")
     p.add_argument("--to", dest="dst", default=str(bundled_model_path()))
     args = p.parse_args(argv)
-    size = export(Path(args.src), Path(args.dst))
+    try:
+        size = export(Path(args.src), Path(args.dst))
+    except ValueError as e:  # one line naming what is wrong, not a traceback
+        print(f"hypic.train.export: {e}", file=sys.stderr)
+        return 2
     print(f"exported to {args.dst}: {size / 2**20:.1f} MiB of bf16 weights")
     return 0
 
