@@ -21,6 +21,7 @@ import torch
 
 from hypic.eval.tasks import FAMILIES
 from hypic.train.atomic import check_replaceable
+from hypic.train.checkpoint import shard_of
 from hypic.train.data import EASY_MAX
 
 
@@ -37,6 +38,8 @@ def parser(description: str) -> OneLineParser:
     p.add_argument("--out", required=True, help="checkpoint folder (also a loadable model folder)")
     p.add_argument("--tokenizer", help="folder with tokenizer.json (first run)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="a first run may replace the checkpoint that --out holds (refused otherwise)")
     p.add_argument("--preset", default="default", choices=["default", "tiny"])
     p.add_argument("--device")
     p.add_argument("--minutes", type=float, default=8.0)
@@ -119,12 +122,22 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"--device: {args.device} requested but CUDA is not available")
 
 
+def checkpoint_files_in(folder: Path) -> list[str]:
+    """The files of ``folder`` that make it a checkpoint: its state, index and shards."""
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name in ("train_state.json", "model.safetensors.index.json")
+                  or shard_of("model", "optim")(p.name))
+
+
 def check_out(args: argparse.Namespace) -> int:
     """ValueError unless ``--out`` suits the run (checked before the model is built or a file written);
     returns the step the run starts from."""
     out = Path(args.out)
     check_replaceable(out)  # the final save replaces the folder whole
     if args.resume:
+        if args.overwrite:
+            raise ValueError("--overwrite starts a new run in place of the checkpoint; it does not go with --resume")
         if not (out / "train_state.json").exists():
             raise ValueError(f"--resume: {out} holds no checkpoint (no train_state.json)")
         needed = ["config.json"] if args.tokenizer else ["config.json", "tokenizer.json"]
@@ -136,6 +149,11 @@ def check_out(args: argparse.Namespace) -> int:
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"--resume: {out / 'train_state.json'} has no step ({e})") from None
     else:
+        held = checkpoint_files_in(out)
+        if held and not args.overwrite:
+            # a forgotten --resume replaced a 17 900-step checkpoint with a fresh model's (docs/training.md)
+            raise ValueError(f"--out {out} already holds a checkpoint ({', '.join(held[:3])}): pass --resume to "
+                             "continue it, or --overwrite to start a new run in its place")
         tokenizer = Path(args.tokenizer) / "tokenizer.json" if args.tokenizer else out / "tokenizer.json"
         if not tokenizer.exists():
             raise ValueError(f"--tokenizer: {tokenizer} not found (a first run needs --tokenizer FOLDER, "

@@ -73,10 +73,11 @@ def save_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], *, 
 
 
 def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                    config: dict[str, Any], files: dict[str, bytes] | None = None,
                     weights_dtype: torch.dtype = torch.float32) -> None:
-    """Weights, Adam moments and ``train_state.json`` into ``folder``, replaced whole: a save that
-    fails midway leaves the previous checkpoint as it was (``hypic.train.atomic``)."""
-    config = json.loads((folder / "config.json").read_text())
+    """Weights, config, Adam moments, ``train_state.json`` and ``files`` (name → content: a first
+    run's tokenizer) into ``folder``, replaced whole: a save that fails midway leaves the previous
+    checkpoint as it was (``hypic.train.atomic``)."""
     moments = {}
     names = {p: n for n, p in model.named_parameters()}
     for p, s in optimizer.state.items():
@@ -85,6 +86,8 @@ def save_checkpoint(folder: Path, model: torch.nn.Module, optimizer: torch.optim
     with replace_folder(folder, drop=shard_of("model", "optim")) as stage:
         _write_model(stage, model, config, weights_dtype, None)
         save_sharded(moments, stage, "optim")
+        for name, content in (files or {}).items():
+            (stage / name).write_bytes(content)
         (stage / "train_state.json").write_text(json.dumps(state, indent=1))
 
 

@@ -92,9 +92,8 @@ def train(args: argparse.Namespace) -> dict:
     check(args)
     check_out(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json")) if args.tokenizer else \
-        Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok_file = Path(args.tokenizer) / "tokenizer.json" if args.tokenizer else out / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_file))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 recurrence's matmuls: TF32 is ample for training
     config = json.loads((out / "config.json").read_text()) if args.resume else model_config(tok, args.preset)
@@ -108,11 +107,11 @@ def train(args: argparse.Namespace) -> dict:
     if args.resume:
         state = load_checkpoint(out, model, opt)
         state.pop("stopped", None)  # an earlier run's early stop is not this one's
-    if not args.resume:
-        (out / "config.json").write_text(json.dumps(config, indent=1))
-        tok.save(str(out / "tokenizer.json"))
-        (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
-                                                                "model_max_length": 32768}))
+    # a first run's folder files, written with its first save: a run that fails before then leaves --out as it was
+    files = {} if args.resume else {
+        "tokenizer.json": tok_file.read_bytes(),
+        "tokenizer_config.json": json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
+                                             "model_max_length": 32768}).encode()}
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
                     extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights),
@@ -154,7 +153,7 @@ def train(args: argparse.Namespace) -> dict:
         print(json.dumps({"step": state["step"], "stopped": state["stopped"]}), flush=True)
     finally:
         stream.close()
-    save_checkpoint(out, model, opt, state)
+    save_checkpoint(out, model, opt, state, config, files)
     return state
 
 

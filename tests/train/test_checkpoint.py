@@ -11,10 +11,13 @@ from hypic.models.random_init import random_model
 from hypic.train.checkpoint import load_checkpoint
 
 
+def _config(folder) -> dict:
+    return json.loads((folder / "config.json").read_text())
+
+
 def _fresh(folder):
     """The model and optimizer ``hypic.train`` builds before it resumes from ``folder`` (seed 0)."""
-    config = json.loads((folder / "config.json").read_text())
-    model = random_model(config, device="cpu", dtype=torch.float32, seed=0).model.train()
+    model = random_model(_config(folder), device="cpu", dtype=torch.float32, seed=0).model.train()
     return model, torch.optim.AdamW(model.parameters())
 
 
@@ -102,11 +105,11 @@ def test_a_save_that_fails_midway_leaves_the_previous_checkpoint(tiny_trained_mo
             p.add_(1.0)
     _failing_write(monkeypatch, checkpoint, at)  # 1: the weights' shard, 2: the moments'
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103))
+        checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103), _config(ckpt))
     assert _files(ckpt) == before and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert load_checkpoint(ckpt, *_fresh(ckpt))["step"] == 3  # loadable, as it was
     monkeypatch.undo()
-    checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103))
+    checkpoint.save_checkpoint(ckpt, model, opt, dict(state, step=103), _config(ckpt))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] and (ckpt / "notes.txt").read_text() == "kept"
     again, opt2 = _fresh(ckpt)
     assert load_checkpoint(ckpt, again, opt2)["step"] == 103
@@ -150,5 +153,5 @@ def test_a_folder_with_subfolders_is_not_replaced(tiny_trained_model, tmp_path) 
     model, opt = _fresh(ckpt)
     state = load_checkpoint(ckpt, model, opt)
     with pytest.raises(ValueError, match="holds folders \\(keep\\)"):
-        save_checkpoint(ckpt, model, opt, state)
+        save_checkpoint(ckpt, model, opt, state, _config(ckpt))
     assert (ckpt / "keep").is_dir()

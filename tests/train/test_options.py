@@ -1,5 +1,6 @@
 """The train entry points' refusals: one line on stderr naming the option, exit status 2, nothing written."""
 
+import json
 import shutil
 
 import pytest
@@ -94,3 +95,32 @@ def test_grow_export_and_reinit_refuse_in_one_line(tiny_trained_model, tmp_path,
     with pytest.raises(SystemExit) as e:
         grow_main(["--from", str(tiny_trained_model), "--to", str(tmp_path / "g"), "--blocks", "x"])
     assert e.value.code == 2 and "--blocks: invalid int value" in _one_line(capsys, "hypic.train.grow")
+
+
+def test_a_first_run_refuses_a_folder_that_holds_a_checkpoint(tiny_trained_model, tmp_path, capsys) -> None:
+    ckpt = shutil.copytree(tiny_trained_model, tmp_path / "ckpt")
+    before = {f.name: f.read_bytes() for f in ckpt.iterdir()}
+    first = ["--out", str(ckpt), "--tokenizer", str(tiny_trained_model), "--preset", "tiny", "--device", "cpu",
+             "--workers", "0", "--batch-tokens", "800", "--total-steps", "1", "--log-every", "1"]
+    assert train_main(first) == 2  # --resume forgotten: the step-3 checkpoint would have been replaced
+    err = _one_line(capsys, "hypic.train")
+    assert "already holds a checkpoint (" in err and "pass --resume to continue it, or --overwrite" in err
+    assert {f.name: f.read_bytes() for f in ckpt.iterdir()} == before
+    assert train_main([*first, "--resume", "--overwrite"]) == 2
+    assert "does not go with --resume" in _one_line(capsys, "hypic.train")
+    assert train_main([*first, "--overwrite"]) == 0  # asked for: a new run in its place
+    assert json.loads((ckpt / "train_state.json").read_text())["step"] == 1
+
+
+def test_a_first_run_writes_nothing_until_its_save(tmp_path, monkeypatch) -> None:
+    import hypic.train.loop as loop
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the first step fails (injected)")
+
+    monkeypatch.setattr(loop, "loss_of", fails)
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="injected"):
+        train_main(["--out", str(out), "--tokenizer", TOKENIZER, "--preset", "tiny", "--device", "cpu",
+                    "--workers", "0", "--batch-tokens", "800", "--total-steps", "2"])
+    assert not out.exists()  # no config or tokenizer without the weights they belong to
