@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
 from hypic.models.loader import checkpoint_files, load_weights
 from hypic.models.registry import resolve
@@ -50,6 +51,24 @@ def shard_of(*prefixes: str) -> Callable[[str], bool]:
     return lambda name: name.endswith(".safetensors") and name.startswith(tuple(f"{p}-" for p in prefixes))
 
 
+def tokenizer_config(config: dict[str, Any], tokenizer: Tokenizer,
+                     base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """tokenizer_config.json for a folder whose tokenizer.json hypic reads with ``tokenizers``: ``base``
+    with the class transformers must use, and the special tokens of the config's ids (hypic's eos is
+    config.json's ``eos_token_id``). Without the class, AutoTokenizer maps ``model_type`` qwen3_5_text
+    to Qwen3.5's own tokenizer class, which replaces tokenizer.json's pre-tokenizer: other ids for
+    the same text (`Question` read as `Qu` `estion`), and the bundled model's eos read as
+    ``<|endoftext|>``. hypic itself reads only ``chat_template``, ``bos_token`` and ``eos_token`` from
+    this file (``ChatTemplate.from_model``), none of which the built-in template uses."""
+    out = dict(base or {}, tokenizer_class="PreTrainedTokenizerFast")
+    for kind in ("bos", "eos", "pad"):
+        ids = config.get(f"{kind}_token_id")
+        first = ids[0] if isinstance(ids, list) and ids else ids
+        if isinstance(first, int) and tokenizer.id_to_token(first) is not None:
+            out[f"{kind}_token"] = tokenizer.id_to_token(first)
+    return out
+
+
 def _write_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], dtype: torch.dtype,
                  tokenizer: Path | None) -> None:
     params = {n: p.to(dtype) for n, p in model.named_parameters()
@@ -58,9 +77,12 @@ def _write_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], d
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}, indent=1))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     if tokenizer is not None:
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            if (tokenizer.parent / name).exists():
-                (folder / name).write_bytes((tokenizer.parent / name).read_bytes())
+        (folder / "tokenizer.json").write_bytes(tokenizer.read_bytes())
+        # always written, whether or not the source had one: a device run's checkpoint has none
+        base = tokenizer.parent / "tokenizer_config.json"
+        hf = tokenizer_config(config, Tokenizer.from_file(str(tokenizer)),
+                              json.loads(base.read_text()) if base.exists() else None)
+        (folder / "tokenizer_config.json").write_text(json.dumps(hf, indent=1))
 
 
 def save_model(folder: Path, model: torch.nn.Module, config: dict[str, Any], *, dtype: torch.dtype = torch.float32,

@@ -25,7 +25,7 @@ from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
 from hypic.train.args import check, check_out, parse_weights, parser
-from hypic.train.checkpoint import load_checkpoint, save_checkpoint
+from hypic.train.checkpoint import load_checkpoint, save_checkpoint, tokenizer_config
 from hypic.train.data import Stream, difficulty_at
 from hypic.train.pic import StandaloneSegmentsContext
 
@@ -110,8 +110,7 @@ def train(args: argparse.Namespace) -> dict:
     # a first run's folder files, written with its first save: a run that fails before then leaves --out as it was
     files = {} if args.resume else {
         "tokenizer.json": tok_file.read_bytes(),
-        "tokenizer_config.json": json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
-                                             "model_max_length": 32768}).encode()}
+        "tokenizer_config.json": json.dumps(tokenizer_config(config, tok, {"model_max_length": 32768})).encode()}
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
                     extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights),
