@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from hypic.eval.tasks import generate
 from hypic.eval.tokenizer import END, corpus, encode_example, train_tokenizer
@@ -200,6 +201,24 @@ def test_a_resumed_stream_draws_new_examples() -> None:
 
     assert first_rows(10) == first_rows(10)
     assert not first_rows(10) & first_rows(11)
+
+
+def test_the_stream_does_not_depend_on_the_worker_count_during_the_ramp() -> None:
+    """Same seed and start step, different --workers: the same batches while the curriculum ramps
+    (a lot's difficulty is the step's at which it is requested, and how far ahead lots were requested
+    grew with the worker count). Inline generation (0) against a pool of 3."""
+    tok = Tokenizer.from_file("hypic/assets/tokenizer/tokenizer.json")
+
+    def rows(workers: int) -> list[tuple[int, ...]]:
+        stream = Stream(tok, batch_tokens=4000, seed=0, ramp_steps=20, doc_weight=0.1, workers=workers,
+                        families=("single_hop",), pool_batches=4)
+        try:
+            batches = [stream.batch(2 + i) for i in range(12)]  # difficulty 0.1 → 0.65
+        finally:
+            stream.close()
+        return [tuple(row.tolist()) for b in batches for row in torch.split(b.input_ids, b.lengths)]
+
+    assert rows(0) == rows(3)
 
 
 def test_easy_share_draws_short_prompts_whatever_the_curriculum() -> None:
