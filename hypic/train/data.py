@@ -118,12 +118,19 @@ def pack(items: list[Item], doc_weight: float) -> Batch:
     return Batch(torch.cat(ids), torch.cat(labels), torch.cat(weights), lengths, answers, segments, torch.cat(firsts))
 
 
+# Lots of examples requested ahead of the one being consumed. A lot's difficulty is the curriculum's
+# at the step it is requested, so this is part of the stream's definition: it was max(4, 2 * workers),
+# and during the ramp the same checkpoint and flags drew other examples at another --workers (a
+# throughput setting). 32 keeps up to 16 workers busy; past the ramp (difficulty 1) it changes nothing.
+AHEAD = 32
+
+
 def job_seed(seed: int, start: int, job: int) -> int:
     """The seed of the ``job``-th lot of examples of a stream that served its first batch at step
     ``start``. The start is part of it because a resumed run restarts its job count at 0: seeded by
     (seed, job) alone, every resumed run drew its predecessors' examples again in the same order
     (runs 12, 14 and 15 trained on one set of examples; docs/training.md, session 8). Two runs from
-    the same checkpoint still draw the same examples."""
+    the same checkpoint still draw the same examples, whatever their ``--workers`` (``AHEAD``)."""
     digest = hashlib.blake2b(f"{seed}/{start}/{job}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big")
 
@@ -154,7 +161,6 @@ class Stream:
             raise ValueError(f"family weights for unknown families {sorted(unknown)}; families are {list(families)}")
         self.weights = None if not family_weights else tuple(float(family_weights.get(f, 1.0)) for f in families)
         self.pool = mp.get_context("spawn").Pool(workers) if workers > 0 else None
-        self.ahead = max(4, 2 * workers)
         self._pending: list = []
         self._jobs = 0
         self._start: int | None = None  # the step of the first batch served (job_seed)
@@ -172,7 +178,7 @@ class Stream:
     def _refill(self, step: int) -> None:
         items: list[Item] = []
         while sum(len(it[0]) for it in items) < self.pool_batches * self.batch_tokens:
-            while len(self._pending) < self.ahead:
+            while len(self._pending) < AHEAD:
                 self._request(step)
             job = self._pending.pop(0)
             items += job.get() if self.pool else sequences(*job)

@@ -25,16 +25,19 @@ carry together, so a device run carries the weights alone and Adam starts afresh
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 
-from hypic.train.checkpoint import load_sharded, save_sharded
+from hypic.train.args import OneLineParser
+from hypic.train.atomic import replace_folder
+from hypic.train.checkpoint import load_sharded, save_sharded, weight_files
 
 # parameters whose output is added to the residual stream: zero makes a layer the identity
 RESIDUAL_WRITERS = ("linear_attn.out_proj.weight", "self_attn.o_proj.weight", "mlp.down_proj.weight")
@@ -53,14 +56,14 @@ def _renumber(tensors: dict[str, torch.Tensor], at: int, shift: int) -> dict[str
 
 def grow_config(config: dict[str, Any], at: int, blocks: int) -> dict[str, Any]:
     if config.get("model_type") != "qwen3_5_text":
-        raise ValueError("grow: only Qwen3.5 text checkpoints (model_type qwen3_5_text), "
+        raise ValueError("only Qwen3.5 text checkpoints (model_type qwen3_5_text) can grow, "
                          f"got {config.get('model_type')!r}")
     every = config.get("full_attention_interval", 4)
     n = config["num_hidden_layers"]
     if blocks < 1:
-        raise ValueError(f"grow: blocks must be ≥ 1, got {blocks}")
+        raise ValueError(f"--blocks must be ≥ 1, got {blocks}")
     if not (every <= at <= n and at % every == 0):
-        raise ValueError(f"grow: --at must be a block boundary in [{every}, {n}] (a multiple of {every}), got {at}")
+        raise ValueError(f"--at must be a block boundary in [{every}, {n}] (a multiple of {every}), got {at}")
     new = dict(config, num_hidden_layers=n + blocks * every)
     if "layer_types" in config:  # else the interval alone places the attention layers
         types = config["layer_types"]
@@ -70,11 +73,13 @@ def grow_config(config: dict[str, Any], at: int, blocks: int) -> dict[str, Any]:
 
 def grow(src: Path, dst: Path, at: int, blocks: int = 1) -> int:
     """Write the grown checkpoint to ``dst``; returns the number of new parameters."""
+    if not (src / "config.json").exists():
+        raise ValueError(f"--from {src}: not a checkpoint folder (no config.json)")
     config = json.loads((src / "config.json").read_text())
     new_config = grow_config(config, at, blocks)
     every = config.get("full_attention_interval", 4)
     shift = new_config["num_hidden_layers"] - config["num_hidden_layers"]
-    weights = load_sharded(src, "model")
+    weights = {name: t for file in weight_files(src) for name, t in load_file(str(file)).items()}
     if not any(_LAYER.match(k) for k in weights):
         raise ValueError(f"{src}: no model.layers.* tensors in the checkpoint")
     grown = _renumber(weights, at, shift)
@@ -90,37 +95,41 @@ def grow(src: Path, dst: Path, at: int, blocks: int = 1) -> int:
                         copy.zero_()
                     grown[f"model.layers.{new}.{m.group(2)}"] = copy
                     added += copy.numel()
-    dst.mkdir(parents=True, exist_ok=True)
-    for old_file in dst.glob("*.safetensors"):
-        old_file.unlink()
-    # layers in order in the shards and the index: readers that list the index see the model's layout
-    order = sorted(grown, key=lambda k: (int(m.group(1)), k) if (m := _LAYER.match(k)) else (-1, k))
-    where = save_sharded({k: grown[k] for k in order}, dst, "model")
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where}, indent=1))
-    if any(src.glob("optim-*.safetensors")):
-        save_sharded(_renumber(load_sharded(src, "optim"), at, shift), dst, "optim")
-    (dst / "config.json").write_text(json.dumps(new_config, indent=1))
-    state = json.loads((src / "train_state.json").read_text()) if (src / "train_state.json").exists() else {}
-    state.setdefault("log", []).append({"step": state.get("step", 0), "grown": {"at": at, "blocks": blocks,
-                                                                            "new_parameters": added}})
-    (dst / "train_state.json").write_text(json.dumps(state, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        if (src / name).exists() and src != dst:
-            shutil.copy(src / name, dst / name)
+    # dst replaced whole (hypic.train.atomic): a grow cut short leaves no half-written checkpoint there
+    with replace_folder(dst, drop=lambda name: name.endswith(".safetensors")) as stage:
+        # layers in order in the shards and the index: readers that list the index see the model's layout
+        order = sorted(grown, key=lambda k: (int(m.group(1)), k) if (m := _LAYER.match(k)) else (-1, k))
+        where = save_sharded({k: grown[k] for k in order}, stage, "model")
+        (stage / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": where},
+                                                                       indent=1))
+        if any(src.glob("optim-*.safetensors")):
+            save_sharded(_renumber(load_sharded(src, "optim"), at, shift), stage, "optim")
+        (stage / "config.json").write_text(json.dumps(new_config, indent=1))
+        state = json.loads((src / "train_state.json").read_text()) if (src / "train_state.json").exists() else {}
+        state.setdefault("log", []).append({"step": state.get("step", 0), "grown": {"at": at, "blocks": blocks,
+                                                                                "new_parameters": added}})
+        (stage / "train_state.json").write_text(json.dumps(state, indent=1))
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            if (src / name).exists():
+                shutil.copy(src / name, stage / name)
     return added
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hypic.train.grow", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="hypic.train.grow", description=__doc__.splitlines()[0])
     p.add_argument("--from", dest="src", required=True, help="a training checkpoint folder")
     p.add_argument("--to", dest="dst", required=True, help="the grown checkpoint's folder (new or emptied)")
     p.add_argument("--at", type=int, default=4, help="insert before this layer (a block boundary)")
     p.add_argument("--blocks", type=int, default=1, help="blocks of full_attention_interval layers to add")
     args = p.parse_args(argv)
     src, dst = Path(args.src), Path(args.dst)
-    if src.resolve() == dst.resolve():
-        raise ValueError("grow: --to must differ from --from (the source stays as it was)")
-    added = grow(src, dst, args.at, args.blocks)
+    try:
+        if src.resolve() == dst.resolve():
+            raise ValueError("--to must differ from --from (the source stays as it was)")
+        added = grow(src, dst, args.at, args.blocks)
+    except ValueError as e:  # one line naming what is wrong, not a traceback
+        print(f"hypic.train.grow: {e}", file=sys.stderr)
+        return 2
     print(f"grown {src} → {dst}: {added / 1e6:.2f}M new parameters, "
           f"{json.loads((dst / 'config.json').read_text())['num_hidden_layers']} layers")
     return 0

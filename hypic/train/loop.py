@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -23,8 +24,9 @@ from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
-from hypic.train.checkpoint import load_checkpoint, save_checkpoint
-from hypic.train.data import EASY_MAX, Stream, difficulty_at
+from hypic.train.args import check, check_out, parse_weights, parser
+from hypic.train.checkpoint import load_checkpoint, save_checkpoint, tokenizer_config
+from hypic.train.data import Stream, difficulty_at
 from hypic.train.pic import StandaloneSegmentsContext
 
 
@@ -86,26 +88,12 @@ def loss_of(model: torch.nn.Module, batch, device: torch.device,
     return (nll * w).sum() / w.sum(), accuracy.detach(), first_accuracy.detach()
 
 
-def parse_weights(text: str) -> dict[str, float]:
-    """``name=weight,...`` → {name: weight}; a clear error for anything else."""
-    out: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, eq, value = part.partition("=")
-        try:
-            weight = float(value) if eq else -1.0
-        except ValueError:
-            weight = -1.0
-        if weight < 0:
-            raise ValueError(f"--family-weights: expected name=weight (weight ≥ 0), got {part!r}")
-        out[name.strip()] = weight
-    return out
-
-
 def train(args: argparse.Namespace) -> dict:
+    check(args)
+    check_out(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = Tokenizer.from_file(str(Path(args.tokenizer) / "tokenizer.json")) if args.tokenizer else \
-        Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok_file = Path(args.tokenizer) / "tokenizer.json" if args.tokenizer else out / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_file))
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 recurrence's matmuls: TF32 is ample for training
     config = json.loads((out / "config.json").read_text()) if args.resume else model_config(tok, args.preset)
@@ -119,18 +107,10 @@ def train(args: argparse.Namespace) -> dict:
     if args.resume:
         state = load_checkpoint(out, model, opt)
         state.pop("stopped", None)  # an earlier run's early stop is not this one's
-    if state["step"] < args.schedule_start:
-        # checked before anything is written or trained: resuming short of the schedule's start once
-        # trained 47 steps at a negative learning rate (docs/training.md, run 15)
-        raise ValueError(f"--schedule-start {args.schedule_start} is after the checkpoint's step "
-                         f"{state['step']}: the schedule must begin at or before the step training resumes from")
-    if args.total_steps <= args.schedule_start:
-        raise ValueError(f"--total-steps {args.total_steps} must be after --schedule-start {args.schedule_start}")
-    if not args.resume:
-        (out / "config.json").write_text(json.dumps(config, indent=1))
-        tok.save(str(out / "tokenizer.json"))
-        (out / "tokenizer_config.json").write_text(json.dumps({"eos_token": END, "pad_token": END_OF_TEXT,
-                                                                "model_max_length": 32768}))
+    # a first run's folder files, written with its first save: a run that fails before then leaves --out as it was
+    files = {} if args.resume else {
+        "tokenizer.json": tok_file.read_bytes(),
+        "tokenizer_config.json": json.dumps(tokenizer_config(config, tok, {"model_max_length": 32768})).encode()}
     stream = Stream(tok, batch_tokens=args.batch_tokens, seed=args.seed, ramp_steps=args.ramp_steps,
                     doc_weight=args.doc_weight, workers=args.workers, extra=args.extra_questions,
                     extra_multi=args.extra_multi, family_weights=parse_weights(args.family_weights),
@@ -172,42 +152,15 @@ def train(args: argparse.Namespace) -> dict:
         print(json.dumps({"step": state["step"], "stopped": state["stopped"]}), flush=True)
     finally:
         stream.close()
-    save_checkpoint(out, model, opt, state)
+    save_checkpoint(out, model, opt, state, config, files)
     return state
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hypic.train", description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="checkpoint folder (also a loadable model folder)")
-    p.add_argument("--tokenizer", help="folder with tokenizer.json (first run)")
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--preset", default="default", choices=["default", "tiny"])
-    p.add_argument("--device")
-    p.add_argument("--minutes", type=float, default=8.0)
-    p.add_argument("--total-steps", type=int, default=6000)
-    p.add_argument("--warmup", type=int, default=200)
-    p.add_argument("--ramp-steps", type=int, default=3000)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--batch-tokens", type=int, default=65536)
-    p.add_argument("--doc-weight", type=float, default=0.1)
-    p.add_argument("--workers", type=int, default=6)
-    p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--extra-questions", type=int, default=0,
-                   help="more questions about the same documents after each QA answer (dense supervision)")
-    p.add_argument("--extra-multi", type=int, default=0,
-                   help="more two-hop questions about the same documents after each QA answer")
-    p.add_argument("--family-weights", default="",
-                   help="sampling weights of task families, e.g. multi_hop=2,report_summary=0.5 (others 1)")
-    p.add_argument("--easy-share", type=float, default=0.0,
-                   help="share of examples at low difficulty (uniform in [0, --easy-max]) whatever the curriculum")
-    p.add_argument("--easy-max", type=float, default=EASY_MAX,
-                   help="top of the easy share's difficulty range (0: one or two documents)")
-    p.add_argument("--standalone-every", type=int, default=0,
-                   help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
-    p.add_argument("--standalone-seam", type=int, default=0,
-                   help="hypic's seam w in those steps: each segment's first w tokens recomputed in context")
-    p.add_argument("--schedule-start", type=int, default=0,
-                   help="step where this learning-rate schedule (warm-up, cosine to --total-steps) begins")
-    state = train(p.parse_args(argv))
+    args = parser(__doc__.splitlines()[0]).parse_args(argv)
+    try:
+        state = train(args)
+    except ValueError as e:  # the checks name the option or file at fault: one line, not a traceback
+        print(f"hypic.train: {e}", file=sys.stderr)
+        return 2
     return 1 if "stopped" in state else 0

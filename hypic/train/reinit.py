@@ -11,15 +11,15 @@ values distinct random directions with the norm of healthy value embeddings and 
 same way for 256 steps took all six relations to 97–100% at difficulty 0.
 
 ``python -m hypic.train.reinit --ckpt DIR [--kinds city,colour,job,pet] [--report]``: rewrites the
-embedding rows of the kinds' single-token values in place (fp32 checkpoint shards); the
+embedding rows of the kinds' single-token values (their shard replaced whole, by a rename); the
 optimizer moments, the loop state and every other tensor stay as they are. ``--report`` only
 prints each value kind's mean pairwise cosine, the diagnostic that found the collapse.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -27,6 +27,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from hypic.eval.world import VALUES
+from hypic.train.args import OneLineParser
+from hypic.train.atomic import replace_file
 
 EMBED = "model.embed_tokens.weight"
 REFERENCE_KIND = "instrument"  # a value kind the model did learn to copy: the norm to match
@@ -65,9 +67,15 @@ def _embedding_file(ckpt: Path) -> Path:
     return ckpt / where[EMBED]
 
 
+def _tokenizer(ckpt: Path) -> Tokenizer:
+    if not (ckpt / "tokenizer.json").exists():
+        raise ValueError(f"{ckpt}: no tokenizer.json beside the checkpoint")
+    return Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+
+
 def report(ckpt: Path) -> dict[str, float]:
     """Mean pairwise cosine of each value kind's single-token embeddings."""
-    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok = _tokenizer(ckpt)
     table = load_file(str(_embedding_file(ckpt)))[EMBED]
     ids = {kind: value_token_ids(tok, kind) for kind in VALUES}
     return {kind: mean_cosine(table[ids[kind]]) for kind in VALUES if len(ids[kind]) >= 2}
@@ -76,9 +84,7 @@ def report(ckpt: Path) -> dict[str, float]:
 def reinit(ckpt: Path, kinds: list[str], seed: int = 0) -> list[int]:
     """Rewrite the embedding rows of ``kinds``' values: independent random directions scaled to the
     mean norm of the reference kind's rows. Returns the token ids rewritten."""
-    if not (ckpt / "tokenizer.json").exists():
-        raise ValueError(f"{ckpt}: no tokenizer.json beside the checkpoint")
-    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    tok = _tokenizer(ckpt)
     ids = list(dict.fromkeys(i for kind in kinds for i in value_token_ids(tok, kind)))  # kinds' order
     reference = value_token_ids(tok, REFERENCE_KIND)
     if not ids or not reference:
@@ -91,23 +97,28 @@ def reinit(ckpt: Path, kinds: list[str], seed: int = 0) -> list[int]:
     for i in ids:  # one draw per row, in the kinds' order: the bundled model's run (session 6) drew so
         fresh = torch.randn(table.shape[1], generator=gen)
         table[i] = (fresh / fresh.norm() * norm).to(table.dtype)
-    save_file(shard, str(file), metadata={"format": "pt"})
+    # a new file renamed over the old: a rewrite cut short in place would leave a broken shard
+    replace_file(file, lambda tmp: save_file(shard, str(tmp), metadata={"format": "pt"}))
     return ids
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="hypic.train.reinit", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="hypic.train.reinit", description=__doc__.splitlines()[0])
     p.add_argument("--ckpt", required=True, help="a training checkpoint folder (rewritten in place)")
     p.add_argument("--kinds", default="city,colour,job,pet", help="value kinds to re-initialise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", action="store_true", help="only print each kind's mean pairwise cosine")
     args = p.parse_args(argv)
     ckpt = Path(args.ckpt)
-    if args.report:
-        for kind, cos in report(ckpt).items():
-            print(f"{kind:12s} {cos:.3f}")
-        return 0
-    ids = reinit(ckpt, [k.strip() for k in args.kinds.split(",") if k.strip()], args.seed)
+    try:
+        if args.report:
+            for kind, cos in report(ckpt).items():
+                print(f"{kind:12s} {cos:.3f}")
+            return 0
+        ids = reinit(ckpt, [k.strip() for k in args.kinds.split(",") if k.strip()], args.seed)
+    except ValueError as e:  # one line naming what is wrong, not a traceback
+        print(f"hypic.train.reinit: {e}", file=sys.stderr)
+        return 2
     print(f"re-initialised {len(ids)} value embeddings in {ckpt}")
     return 0
 

@@ -56,7 +56,7 @@ def test_grown_model_computes_the_same_logits_and_keeps_training(tiny_ckpt, tmp_
     assert torch.equal(new[key.replace("layers.5.", "layers.9.")], old[key]) and key not in new
 
 
-def test_grow_refuses_what_would_break_the_pattern(tiny_ckpt, tmp_path) -> None:
+def test_grow_refuses_what_would_break_the_pattern(tiny_ckpt, tmp_path, capsys) -> None:
     config = json.loads((tiny_ckpt / "config.json").read_text())
     with pytest.raises(ValueError, match="block boundary"):
         grow_config(config, at=2, blocks=1)
@@ -64,7 +64,7 @@ def test_grow_refuses_what_would_break_the_pattern(tiny_ckpt, tmp_path) -> None:
         grow_config(config, at=4, blocks=0)
     with pytest.raises(ValueError, match="qwen3_5_text"):
         grow_config(dict(config, model_type="kimi_linear"), at=4, blocks=1)
-    with pytest.raises(ValueError, match="must differ"):
-        grow_main(["--from", str(tiny_ckpt), "--to", str(tiny_ckpt)])
+    assert grow_main(["--from", str(tiny_ckpt), "--to", str(tiny_ckpt)]) == 2
+    assert capsys.readouterr().err == "hypic.train.grow: --to must differ from --from (the source stays as it was)\n"
     typed = dict(config, layer_types=["linear_attention"] * 3 + ["full_attention"])
     assert grow_config(typed, at=4, blocks=2)["layer_types"] == (["linear_attention"] * 3 + ["full_attention"]) * 3

@@ -62,3 +62,25 @@ def test_reinit_refuses_what_it_cannot_do(tmp_path, capsys) -> None:
         reinit(tmp_path, ["planet"])
     assert main(["--ckpt", str(tmp_path), "--report"]) == 0
     assert "instrument" in capsys.readouterr().out
+
+
+def test_a_reinit_that_fails_midway_leaves_the_shard(tmp_path, monkeypatch) -> None:
+    import errno
+
+    import hypic.train.reinit as module
+
+    _checkpoint(tmp_path, ["city"])
+    shard = tmp_path / "model-00000.safetensors"
+    before = shard.read_bytes()
+
+    def dies_midway(tensors, path, metadata=None):  # half a file written, then a full disk
+        with open(path, "wb") as f:
+            f.write(b"\0" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    monkeypatch.setattr(module, "save_file", dies_midway)
+    with pytest.raises(OSError, match="No space left"):
+        reinit(tmp_path, ["city"])
+    assert shard.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-00000.safetensors", "model.safetensors.index.json",
+                                                          "tokenizer.json"]

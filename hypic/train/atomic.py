@@ -1,0 +1,87 @@
+"""Replace a checkpoint folder, or one file of it, all at once.
+
+Why: a checkpoint was written over in place, shard by shard, into the only copy
+(``python -m hypic.train --out .ckpt --resume``); a save that died midway (Ctrl-C, a full disk, an
+out-of-memory kill) left the index naming deleted shards, or new weights beside the old step and no
+Adam moments. Now the new folder is written and synced beside the old one and swapped in by two
+renames (old aside, new in), and the old one is removed only then: a failed save leaves the previous
+checkpoint as it was. A process killed between the two renames leaves both complete folders,
+``DIR.old-PID`` and ``DIR.tmp-PID``, beside the missing ``DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_replaceable(folder: Path) -> None:
+    """ValueError unless ``folder`` is missing or a folder of files: ``replace_folder`` carries over
+    files, and a subfolder would be deleted with the old folder (``--out .`` would take the repository)."""
+    if not folder.exists():
+        return
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder")
+    subfolders = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    if subfolders:
+        raise ValueError(f"{folder}: holds folders ({', '.join(subfolders[:3])}); a checkpoint or model folder "
+                         "is replaced whole at each save, so it must hold files only")
+
+
+@contextmanager
+def replace_folder(folder: Path, drop: Callable[[str], bool]) -> Iterator[Path]:
+    """Yields a new folder beside ``folder`` that starts with copies of its files, less those ``drop``
+    names (what the writer replaces: old shards would outlive a smaller new set); when the block ends,
+    the new folder is synced and takes ``folder``'s place. If the block raises, ``folder`` is untouched."""
+    folder = folder.resolve()  # a symlink's target is what gets replaced; the link keeps pointing at it
+    check_replaceable(folder)
+    stage = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
+    aside = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+    shutil.rmtree(stage, ignore_errors=True)  # a stale one left by a killed process with this pid
+    stage.mkdir(parents=True)
+    try:
+        if folder.exists():
+            shutil.copymode(folder, stage)
+            for file in folder.iterdir():
+                if not drop(file.name):
+                    shutil.copy2(file, stage / file.name)
+        yield stage
+        for file in stage.iterdir():
+            _fsync(file)
+        _fsync(stage)
+        if folder.exists():
+            os.rename(folder, aside)
+            try:
+                os.rename(stage, folder)
+            except BaseException:
+                os.rename(aside, folder)
+                raise
+            shutil.rmtree(aside)
+        else:
+            os.rename(stage, folder)
+        _fsync(folder.parent)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)  # gone already after a swap
+
+
+def replace_file(path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a temporary file beside ``path``, sync it, then rename it over ``path`` (atomic)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
