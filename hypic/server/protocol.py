@@ -5,7 +5,8 @@ Extensions: ``segments`` (a prompt given as its segments, the query last), ``cac
 (the ablation ladder; ``full`` bypasses the cache, for comparisons); and vLLM's sampling extensions
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``).
 Models are strict and forbid unknown fields, so a typo (``max_token``) or a wrong type
-(``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting. Fields
+(``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting; ``null`` is a field left
+out, as OpenAI reads it (``Strict``). Fields
 OpenAI defines that hypic does not implement are accepted only at their neutral values.
 """
 
@@ -52,6 +53,18 @@ INT64 = dict(ge=-(2**63), le=2**63 - 1)
 
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """OpenAI reads ``null`` in an optional field as the field left out (typed clients in Java, .NET
+        and Go write every unset field so): a field with a default takes it. A field whose default is
+        ``None`` reads null as ever; a required one still refuses it."""
+        if not isinstance(data, dict):
+            return data
+        defaulted = {f.alias or name for name, f in cls.model_fields.items()
+                     if not f.is_required() and f.default is not None}
+        return {k: v for k, v in data.items() if v is not None or k not in defaulted}
 
 
 class StreamOptions(Strict):
