@@ -2,9 +2,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (streamed or whole),
 ``POST /v1/segments`` (pre-warm documents into the cache), ``GET /v1/segments/stats``,
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus). ``/v1/*`` needs the API key
-when one is set. Bodies are read and validated here (not by FastAPI's body injection) so that
-every malformed body — bad JSON, wrong types, unknown fields — is a 400 in OpenAI's error shape
+``GET /v1/models`` (and ``/v1/models/{id}``), ``GET /health``, ``GET /metrics`` (Prometheus).
+``/v1/*`` needs the API key when one is set. Bodies are read and validated here (not by FastAPI's
+body injection) so that every malformed body — bad JSON, wrong types, unknown fields — is a 400 in OpenAI's error shape
 naming the field. The scheduler is started and stopped by the app's lifespan: on shutdown new
 requests get 503 while in-flight ones finish (or are cancelled after the shutdown timeout).
 """
@@ -312,10 +312,18 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     async def segment_stats() -> dict[str, Any]:
         return {"object": "cache.stats", "seam": llm.engine.seam, **llm.cache_stats()}
 
+    def model_object() -> dict[str, Any]:
+        return {"id": settings.model_name, "object": "model", "created": state.created, "owned_by": "hypic",
+                "max_model_len": llm.max_positions}
+
     @v1.get("/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": state.created,
-                                            "owned_by": "hypic", "max_model_len": llm.max_positions}]}
+        return {"object": "list", "data": [model_object()]}
+
+    @v1.get("/models/{name:path}")  # path: an id may hold a slash (org/model)
+    async def model(name: str) -> dict[str, Any]:
+        check_model(name)
+        return model_object()
 
     app.include_router(v1)
     app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key))

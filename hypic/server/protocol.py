@@ -5,9 +5,9 @@ Extensions: ``segments`` (a prompt given as its segments, the query last), ``cac
 (the ablation ladder; ``full`` bypasses the cache, for comparisons); and vLLM's sampling extensions
 (``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``).
 Models are strict and forbid unknown fields, so a typo (``max_token``) or a wrong type
-(``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting; ``null`` is a field left
-out, as OpenAI reads it (``Strict``). Fields
-OpenAI defines that hypic does not implement are accepted only at their neutral values.
+(``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting; ``null`` is
+a field left out, as OpenAI reads it (``Strict``). Fields OpenAI defines that hypic does not
+implement are accepted only at their neutral values.
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ only mean something together, the tokenizer routes' ``model``, and refusals that
 from __future__ import annotations
 
 import httpx
+import openai
+import pytest
+from openai import OpenAI
 
-from tests.server.conftest import MODEL
+from tests.server.conftest import MODEL, LiveServer
 
 OK_CHAT = [{"role": "user", "content": "Question: who?"}]
 NULLS = {"temperature": None, "top_p": None, "n": None, "stream": None, "presence_penalty": None,
@@ -27,3 +30,14 @@ def test_null_is_the_default(http: httpx.Client) -> None:
     assert response.json()["temperature"] == 1.0 and response.json()["top_p"] == 1.0
     required = http.post("/v1/chat/completions", json={"messages": None})  # no default: still refused
     assert required.status_code == 400 and required.json()["error"]["param"] == "messages"
+
+
+def test_a_model_is_retrieved_by_id(client: OpenAI, server: LiveServer) -> None:
+    """``models.retrieve``: clients and proxies check a model (or the server) with it."""
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model" and model == client.models.list().data[0]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("org/other-model")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+    assert e.value.body["type"] == "invalid_request_error" and "org/other-model" in e.value.body["message"]
+    assert httpx.get(f"{server.url}/v1/models/{MODEL}").status_code == 401  # the key, as for the list
