@@ -34,6 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 PART_SEPARATOR = "\n"
+_DEVELOPER = re.compile(r"""["']developer["']""")  # a template that names the role handles it
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class ChatTemplate:
         self._extra = {"bos_token": bos_token, "eos_token": eos_token}
         self.bos_token, self.eos_token = bos_token, eos_token
         self._mark = f"\ue000{secrets.token_hex(8)}\ue001"  # private-use chars: never whitespace, never trimmed
+        # OpenAI's ``developer`` is its newer name for ``system``; a template without a branch of its own
+        # for it (Qwen3's) renders such a message as nothing, so it reaches those as ``system``
+        self.developer_role = "developer" if _DEVELOPER.search(self.source) else "system"
 
     @classmethod
     def from_model(cls, tokenizer_config: dict[str, Any], folder: Any = None) -> ChatTemplate:
@@ -112,9 +116,11 @@ class ChatTemplate:
         """(role, text parts) per message → the rendered prompt as segments, the query last.
         ``context`` (``tools``: OpenAI's function definitions; the request's chat_template_kwargs,
         e.g. ``enable_thinking``) and each message's ``extras`` (an assistant's ``tool_calls``, a tool
-        answer's ``tool_call_id``) go to the template as they are."""
+        answer's ``tool_call_id``) go to the template as they are; a ``developer`` message goes as
+        ``system`` unless the template names that role."""
         mark = self._mark
         extras = extras or [{} for _ in messages]
+        messages = [(self.developer_role if role == "developer" else role, parts) for role, parts in messages]
         marked = [{**extra, "role": role, "content": PART_SEPARATOR.join(mark + p for p in parts)}
                   for (role, parts), extra in zip(messages, extras, strict=True)]
         plain_messages = [{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}

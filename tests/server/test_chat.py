@@ -37,6 +37,13 @@ def test_chatml_each_message_and_part_is_a_segment() -> None:
     assert "".join(s.text for s in got) == t.render(plain, True)
 
 
+def test_developer_is_system_unless_the_template_names_it() -> None:
+    assert texts(ChatTemplate(), [("developer", ["D"]), ("user", ["Q"])])[0] == "<|im_start|>system\nD<|im_end|>\n"
+    own = ChatTemplate("{% for m in messages %}{% if m.role == 'developer' %}[dev]{% endif %}"
+                       "<{{ m.role }}>{{ m.content }}{% endfor %}")
+    assert texts(own, [("developer", ["D"]), ("user", ["Q"])]) == ["[dev]<developer>D", "<user>Q"]
+
+
 def test_a_document_is_the_same_segment_wherever_it_sits() -> None:
     t = ChatTemplate()
     docs = [("user", ["doc one"]), ("user", ["doc two"]), ("user", ["doc three"])]

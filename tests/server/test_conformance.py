@@ -4,14 +4,21 @@ only mean something together, the tokenizer routes' ``model``, and refusals that
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
 from openai import OpenAI
 
-from tests.server.conftest import MODEL, LiveServer
+from tests.server.conftest import MODEL, LiveServer, openai_client, serve_with_template
 
 OK_CHAT = [{"role": "user", "content": "Question: who?"}]
+# Qwen3's template's branches: user, system, assistant and tool, no developer (rendered as nothing)
+NO_DEVELOPER = ("{% for m in messages %}{% if m.role == 'system' or m.role == 'user' %}<|im_start|>{{ m.role }}\n"
+                "{{ m.content }}<|im_end|>\n{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
+                "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 NULLS = {"temperature": None, "top_p": None, "n": None, "stream": None, "presence_penalty": None,
          "frequency_penalty": None}
 
@@ -41,3 +48,24 @@ def test_a_model_is_retrieved_by_id(client: OpenAI, server: LiveServer) -> None:
     assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
     assert e.value.body["type"] == "invalid_request_error" and "org/other-model" in e.value.body["message"]
     assert httpx.get(f"{server.url}/v1/models/{MODEL}").status_code == 401  # the key, as for the list
+
+
+@pytest.fixture(scope="module")
+def no_developer(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    live = serve_with_template(model_dir, tmp_path_factory.mktemp("no_developer"), NO_DEVELOPER)
+    yield live
+    live.stop()
+
+
+def test_developer_is_system_for_a_template_without_it(no_developer: LiveServer) -> None:
+    """OpenAI's newer name for the system role: a template with no developer branch must not drop it."""
+    client = openai_client(no_developer)
+    asked = {}
+    for role in ("system", "developer"):
+        chat = client.chat.completions.create(model=MODEL, max_tokens=2, temperature=0, messages=[
+            {"role": role, "content": "You answer only in French."}, *OK_CHAT])
+        response = client.responses.create(model=MODEL, max_output_tokens=2, temperature=0, input=[
+            {"role": role, "content": "You answer only in French."}, *OK_CHAT])
+        asked[role] = (chat.usage.prompt_tokens, response.usage.input_tokens)
+    user_only = client.chat.completions.create(model=MODEL, max_tokens=2, messages=OK_CHAT).usage.prompt_tokens
+    assert asked["developer"] == asked["system"] and asked["system"][0] > user_only
