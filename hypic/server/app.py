@@ -196,7 +196,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 calling = replace(calling, special_text=True)  # Kimi's call markers are special tokens
         await structured_ready(req, calling is not None and calling.forced)
         max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
-                                          settings.max_completion_tokens, settings)
+                                          settings.max_completion_tokens, settings, req.token_budget_field)
         top = (req.top_logprobs or 0) if req.logprobs else None
         await names_ready(top)
         params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)

@@ -78,8 +78,9 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
 
 
 def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,
-                 settings: ServerSettings) -> int:
-    """Check the prompt against the limits; returns max_tokens (``default`` when not requested)."""
+                 settings: ServerSettings, budget_field: str = "max_tokens") -> int:
+    """Check the prompt against the limits; returns max_tokens (``default`` when not requested).
+    ``budget_field``: the field ``requested`` came from, which a refusal names."""
     n = sum(len(s) for s in segments)
     limit = settings.max_prompt_tokens
     if limit is not None and n > limit:
@@ -88,12 +89,12 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
     if requested is None:
         return max(1, min(default, settings.max_completion_tokens, room))
     if requested > settings.max_completion_tokens:
-        raise bad_request(f"max_tokens: {requested} exceeds this server's limit of {settings.max_completion_tokens}",
-                          "max_tokens")
+        raise bad_request(f"{budget_field}: {requested} exceeds this server's limit of "
+                          f"{settings.max_completion_tokens}", budget_field)
     try:
         llm.check_context(n, requested)
-    except ValueError as e:
-        raise from_value_error(e, "max_tokens") from None
+    except ValueError as e:  # the library's message names its own parameter, max_tokens
+        raise bad_request(budget_field + str(e).removeprefix("max_tokens"), budget_field) from None
     return requested
 
 

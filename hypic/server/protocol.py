@@ -288,6 +288,11 @@ class ChatRequest(Common):
     def token_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def token_budget_field(self) -> str:
+        """The field ``token_budget`` comes from: what a refusal of it names (the SDK sends the newer one)."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
 
 class SegmentsRequest(Strict):
     """POST /v1/segments (and /evict): documents to prefill into the cache ahead of the queries that

@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.server.conftest import MODEL, LiveServer, openai_client, serve_with_template
+from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve_with_template
 
 OK_CHAT = [{"role": "user", "content": "Question: who?"}]
 # Qwen3's template's branches: user, system, assistant and tool, no developer (rendered as nothing)
@@ -69,3 +69,19 @@ def test_developer_is_system_for_a_template_without_it(no_developer: LiveServer)
         asked[role] = (chat.usage.prompt_tokens, response.usage.input_tokens)
     user_only = client.chat.completions.create(model=MODEL, max_tokens=2, messages=OK_CHAT).usage.prompt_tokens
     assert asked["developer"] == asked["system"] and asked["system"][0] > user_only
+
+
+def test_a_refused_budget_names_the_field_sent(no_developer: LiveServer) -> None:
+    """The SDK (and every o-series caller) sends max_completion_tokens: a refusal names it, not max_tokens."""
+    http = http_client(no_developer)
+    context = http.get("/v1/models").json()["data"][0]["max_model_len"]
+    per_100 = http.post("/tokenize", json={"prompt": "word " * 100}).json()["count"]
+    long = [{"role": "user", "content": "word " * (75 * context // per_100)}]  # ¾ of the context
+    for field in ("max_completion_tokens", "max_tokens"):
+        over = http.post("/v1/chat/completions", json={"messages": OK_CHAT, field: 10**6})
+        past = http.post("/v1/chat/completions", json={"messages": long, field: context // 2})
+        for r, why in ((over, "exceeds this server's limit"), (past, "exceed the model's context")):
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+            assert r.json()["error"]["message"].startswith(f"{field}: ") and why in r.json()["error"]["message"]
+    r = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 10**6})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_output_tokens", r.text

@@ -104,7 +104,10 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/chat/completions", {"messages": OK_CHAT * 17}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
-    ("/v1/chat/completions", {"messages": OK_CHAT, "max_completion_tokens": 100}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "max_completion_tokens": 100}, 400, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "max_tokens": 5, "max_completion_tokens": 100}, 400,
+     "max_completion_tokens"),  # the budget comes from max_completion_tokens when both are sent
+    ("/v1/chat/completions", {"messages": OK_CHAT, "max_tokens": 100}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "tools": []}, 400, "tools"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "service_tier": "flex"}, 400, "service_tier"),
     ("/v1/responses", {"input": "hi", "service_tier": "priority"}, 400, "service_tier"),
