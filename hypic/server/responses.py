@@ -6,11 +6,12 @@ A request becomes a chat request — ``instructions`` a system message, each ``i
 tools the chat route's nested ones — and its answer is read back as Responses output items:
 ``reasoning`` (with ``--reasoning-parser``), one ``message`` of ``output_text``, ``function_call``s.
 Streamed, it is the API's typed events (``response.created`` … ``response.output_text.delta`` …
-``response.completed``, or ``response.incomplete`` at the token limit); tool calls come whole at the
-end, as on the chat route. The latest responses are kept in memory (``ResponseStore``, bounded;
-``store: false`` keeps none) with the items they answered, so ``previous_response_id`` continues a
-conversation — its items, then the new ones, each a segment that hits the cache — and ``GET`` /
-``DELETE /v1/responses/{id}`` read and forget one; a restart forgets them all.
+``response.completed``, or ``response.incomplete`` at the token limit, the item it cut off
+``incomplete`` too); tool calls come whole at the end, as on the chat route. The latest responses
+are kept in memory (``ResponseStore``, bounded; ``store: false`` keeps none) with the items they
+answered, so ``previous_response_id`` continues a conversation — its items, then the new ones,
+each a segment that hits the cache — and ``GET`` / ``DELETE /v1/responses/{id}`` read and forget
+one; a restart forgets them all.
 """
 
 from __future__ import annotations
@@ -288,9 +289,9 @@ def _finished(base: dict[str, Any], r: Responder, output: list[dict[str, Any]], 
             "usage": _usage(r, output), "hypic": r.extension()}
 
 
-def _reasoning_item(text: str, rid: str | None = None) -> dict[str, Any]:
+def _reasoning_item(text: str, rid: str | None = None, status: str = "completed") -> dict[str, Any]:
     return {"type": "reasoning", "id": rid or _id("rs"), "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}], "status": "completed"}
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
 
 def _message_item(text: str, mid: str | None = None, status: str = "completed") -> dict[str, Any]:
@@ -310,10 +311,14 @@ async def whole(r: Responder, base: dict[str, Any], keep: Keep = None) -> dict[s
     """The response object once the answer is complete."""
     choice = await collect(r)
     message, output = choice["message"], []
+    # the token limit cuts off the last text item (OpenAI's "incomplete"): the message, or the reasoning
+    # when no message came
+    cut = "incomplete" if choice["finish_reason"] == "length" else "completed"
     if message.get("reasoning_content"):
-        output.append(_reasoning_item(message["reasoning_content"]))
+        output.append(_reasoning_item(message["reasoning_content"],
+                                      status="completed" if message.get("content") else cut))
     if message.get("content"):
-        output.append(_message_item(message["content"]))
+        output.append(_message_item(message["content"], status=cut))
     output += [_call_item(c) for c in message.get("tool_calls") or []]
     done = _finished(base, r, output, choice["finish_reason"])
     if keep is not None:
@@ -349,21 +354,22 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                 _event(seq, "response.content_part.added", item_id=current["id"], output_index=at, content_index=0,
                        part=part)]
 
-    def close_item() -> list[str]:
+    def close_item(status: str = "completed") -> list[str]:
+        """``status``: "incomplete" for the item the token limit cut off."""
         nonlocal current
         if current is None:
             return []
         at, (kind, iid, text) = len(output), (current["kind"], current["id"], current["text"])
         current = None
         if kind == "reasoning":
-            item = _reasoning_item(text, iid)
+            item = _reasoning_item(text, iid, status)
             output.append(item)
             return [_event(seq, "response.reasoning_text.done", item_id=iid, output_index=at, content_index=0,
                            text=text),
                     _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
                            part=item["content"][0]),
                     _event(seq, "response.output_item.done", output_index=at, item=item)]
-        item = _message_item(text, iid)
+        item = _message_item(text, iid, status)
         output.append(item)
         return [_event(seq, "response.output_text.done", item_id=iid, output_index=at, content_index=0, text=text),
                 _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
@@ -391,7 +397,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                 yield _event(seq, name, item_id=current["id"], output_index=len(output), content_index=0, delta=text)
             if finish is None:
                 continue
-            for e in close_item():
+            for e in close_item("incomplete" if finish == "length" else "completed"):
                 yield e
             for call in delta.get("tool_calls") or []:
                 item, at = _call_item(call), len(output)

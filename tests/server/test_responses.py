@@ -79,6 +79,12 @@ def test_the_token_limit_is_an_incomplete_response(client: OpenAI) -> None:
                                 temperature=0)
     assert r.usage.output_tokens == 2  # the test model does not end on its own this soon
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in r.output] == [("message", "incomplete")]  # the item was cut off too
+    events = list(client.responses.create(model=MODEL, input="Tell me everything about Quorvane.",
+                                          max_output_tokens=2, temperature=0, stream=True))
+    assert [e.item.status for e in events if e.type == "response.output_item.done"] == ["incomplete"]
+    assert events[-1].type == "response.incomplete"
+    assert [o.status for o in events[-1].response.output] == ["incomplete"]
 
 
 def test_a_forced_call_goes_out_as_a_function_call_and_its_output_comes_back(client: OpenAI) -> None:
