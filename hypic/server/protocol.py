@@ -130,6 +130,12 @@ class Common(Strict):
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None
 
+    @model_validator(mode="after")
+    def _stream_options_with_stream(self) -> Common:
+        if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
+            raise ValueError("stream_options: only allowed when stream is true")
+        return self
+
     @property
     def stops(self) -> list[str]:
         return [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else list(self.stop)
