@@ -326,7 +326,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         return model_object()
 
     app.include_router(v1)
-    app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key))
+    app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key,
+                                        check_model))
 
     @app.get("/health")
     async def health() -> Response:

@@ -32,7 +32,10 @@ class DetokenizeRequest(Strict):
 
 
 def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., Awaitable[Any]],
-                     max_body_bytes: int, require_key: Callable[..., Awaitable[None]]) -> APIRouter:
+                     max_body_bytes: int, require_key: Callable[..., Awaitable[None]],
+                     check_model: Callable[[str | None], None]) -> APIRouter:
+    """``check_model``: the /v1 routes' 404 for a model not served here (a client pointed at the wrong
+    server would otherwise get another tokenizer's ids)."""
     router = APIRouter(dependencies=[Depends(require_key)])
     tokenizer = llm.tokenizer
     eos = sorted(llm.engine.eos)
@@ -47,6 +50,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> dict[str, Any]:
         req = await read_body(request, TokenizeRequest, max_body_bytes)
+        check_model(req.model)
         # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
         # counted 38 tokens where the server read 14), the parts' ids back to back
         tokens = [t for part in req.prompt.split(SEPARATOR)
@@ -56,6 +60,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
         req = await read_body(request, DetokenizeRequest, max_body_bytes)
+        check_model(req.model)
         outside = [t for t in req.tokens if t >= llm.vocab_size]
         if outside:
             raise bad_request(f"tokens: token id {outside[0]} is outside this model's vocabulary "

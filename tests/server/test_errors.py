@@ -115,6 +115,8 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/chat/completions", {"messages": OK_CHAT, "service_tier": "flex"}, 400, "service_tier"),
     ("/v1/responses", {"input": "hi", "service_tier": "priority"}, 400, "service_tier"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "model": "other"}, 404, "model"),
+    ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404, "model"),  # another tokenizer's ids: refused
+    ("/detokenize", {"model": "gpt-4", "tokens": [1]}, 404, "model"),
     ("/v1/segments", {"segments": []}, 400, "segments"),
     ("/v1/segments", {"segments": [""]}, 400, "segments[0]"),
     ("/v1/segments", {"segments": ["doc"] * 17}, 400, "segments"),

@@ -416,6 +416,9 @@ def test_the_tokenizer_over_http_as_vllm_serves_it(server: LiveServer, http: htt
     assert usage["prompt_tokens"] == len(ids)
     back = http.post("/detokenize", json={"tokens": got["tokens"]}).json()["prompt"]
     assert back == llm.tokenizer.decode(got["tokens"], skip_special_tokens=False)
+    named = http.post("/tokenize", json={"model": MODEL, "prompt": text, "add_special_tokens": False}).json()
+    assert named["tokens"] == got["tokens"]  # the served model named: as without a name (another is a 404)
+    assert http.post("/detokenize", json={"model": MODEL, "tokens": got["tokens"]}).json()["prompt"] == back
     for path, body, param in (("/detokenize", {"tokens": [1, llm.vocab_size]}, "tokens"),
                               ("/detokenize", {"tokens": [-1]}, "tokens[0]"), ("/tokenize", {}, "prompt")):
         r = http.post(path, json=body)
