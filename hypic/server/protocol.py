@@ -12,9 +12,10 @@ implement are accepted only at their neutral values.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from hypic.engine.modes import MODES
 
@@ -28,6 +29,17 @@ def _utf8(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_utf8)]
+
+
+def not_supported(why: str) -> Callable[[object], None]:
+    """A validator for a field OpenAI defines and hypic does not serve (typed ``None``): absent or null
+    only, anything else refused in words rather than pydantic's "Input should be None"."""
+    def refuse(value: object) -> None:
+        if value is not None:
+            raise ValueError(f"not supported: {why}")
+    return refuse
+
+
 MAX_STOPS = 8  # stop strings a request may give (OpenAI allows 4)
 
 
@@ -173,7 +185,8 @@ class CompletionRequest(Common):
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False  # the prompt ahead of the text; with logprobs, its tokens' too (a full forward)
     max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: score the prompt, generate nothing
-    suffix: None = None
+    suffix: Annotated[None, BeforeValidator(not_supported("hypic does not insert text before a suffix; a completion "
+                                                         "only continues its prompt"))] = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:

@@ -24,12 +24,12 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
 
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
 from hypic.server.generation import Responder, collect
-from hypic.server.protocol import INT64, ChatRequest, FunctionName, Strict, Text
+from hypic.server.protocol import INT64, ChatRequest, FunctionName, Strict, Text, not_supported
 
 
 class ContentText(Strict):
@@ -114,7 +114,8 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    verbosity: None = None
+    verbosity: Annotated[None, BeforeValidator(not_supported("the answer's length follows max_output_tokens "
+                                                             "and the prompt"))] = None
 
 
 class ResponsesRequest(Strict):
@@ -141,7 +142,8 @@ class ResponsesRequest(Strict):
     truncation: Literal["disabled"] | None = None
     include: Annotated[list[str], Field(max_length=0)] | None = None
     background: Literal[False] | None = None
-    reasoning: None = None
+    reasoning: Annotated[None, BeforeValidator(not_supported("no reasoning effort or summary settings; a model "
+                                                             "reasons as its chat template asks"))] = None
     # hypic's extensions, as on the other routes
     seed: int | None = Field(None, **INT64)
     cache_salt: Text | None = Field(None, max_length=1024)
