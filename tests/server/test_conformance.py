@@ -1,6 +1,7 @@
 """What OpenAI's API does in the corners clients reach: ``null`` as a field left out, retrieving the
-model, the ``developer`` role, which field an error names, a truncated Responses item, options that
-only mean something together, the tokenizer routes' ``model``, and refusals that say what is not served."""
+model, the ``developer`` role, which field a token-budget error names, and refusals that say what is
+not served. (A truncated Responses item: test_responses.py; ``stream_options`` without ``stream`` and
+the tokenizer routes' ``model``: test_errors.py's cases.)"""
 
 from __future__ import annotations
 
