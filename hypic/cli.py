@@ -246,7 +246,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     # everything that can be checked without the model is, first: loading it (and starting cold
     # workers) takes minutes on a GPU before a typo in a limit or an unusable --cache-dir would show
     settings = ServerSettings(
-        model_name=args.served_model_name or (Path(args.model).resolve().name if args.model else "hypic"),
+        model_name=args.served_model_name or _served_name(args.model),
         api_key=api_key, max_segments=args.max_segments,
         max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
@@ -263,6 +263,17 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     return llm, settings
+
+
+def _served_name(model: str | None) -> str:
+    """The name /v1/models shows: the model folder's, or ``hypic`` for the bundled model however it
+    was named (``--model hypic/assets/default_model`` served it as "default_model", so requests for
+    "hypic", the name the README gives, were 404s)."""
+    from hypic.llm import bundled_model_path
+
+    if model is None or Path(model).resolve() == bundled_model_path().resolve():
+        return "hypic"
+    return Path(model).resolve().name
 
 
 def _check_writable(folder: str) -> None:
@@ -370,7 +381,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="the OpenAI-compatible server (completions, chat, segment pre-warming)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=parse_port, default=8000)
-    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 (default: $HYPIC_API_KEY)")
+    p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes "
+                                     "(/health and /metrics stay open; default: $HYPIC_API_KEY)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     _served_options(p)
     p.set_defaults(func=serve)
@@ -457,7 +469,7 @@ def generate(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hypic", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="hypic", description=" ".join(__doc__.split("\n\n")[0].split()))
     sub = parser.add_subparsers(dest="command", required=True)
     p_demo = sub.add_parser("demo", help="the main job: a short end-to-end run on the bundled model")
     p_demo.add_argument("--model", help="model folder (default: the bundled model)")

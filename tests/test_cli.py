@@ -1,5 +1,7 @@
 """The README's main job runs and reports small composition errors."""
 
+import os
+
 from hypic.cli import main
 
 
@@ -113,3 +115,15 @@ def test_generate_answers_in_json_with_a_schema_inline_or_from_a_file(tmp_path, 
     assert "--json-schema: neither a file nor JSON" in capsys.readouterr().err
     assert main(["generate", "--json-schema", '{"type": "string", "format": "hostname"}', prompt]) == 2
     assert "format 'hostname' is not supported" in capsys.readouterr().err
+
+
+def test_the_bundled_model_is_served_as_hypic_however_it_is_named(tmp_path) -> None:
+    """``--model hypic/assets/default_model`` served it as "default_model", so requests for "hypic"
+    (the README's name) were 404s; another folder keeps its own name."""
+    from hypic.cli import _served_name
+    from hypic.llm import bundled_model_path
+
+    assert _served_name(None) == "hypic" == _served_name(str(bundled_model_path()))
+    assert _served_name(os.path.relpath(bundled_model_path())) == "hypic"
+    (tmp_path / "my-model").mkdir()
+    assert _served_name(str(tmp_path / "my-model")) == "my-model"
