@@ -181,13 +181,13 @@ def _check_report_out(out: str, sides: tuple[str, ...] = ()) -> None:
     report rewrites its files whole after every label: ``--out docs/quality.md`` once replaced the
     hand-written document (and its JSON record) after the first label of a mistyped run."""
     path = Path(out)
-    if path.suffix != ".md" or path.is_dir():
+    if path.is_dir() or (sides and path.suffix.lower() != ".md"):  # the sides replace other suffixes
         raise ValueError(f"--out {out}: expected a .md file path (the report; its plot and JSON go beside it)")
     ours = path.is_file() and path.read_text(errors="replace").startswith(REPORT_MARK)
     for p in (path, *(path.with_suffix(x) for x in sides)):
         if p.exists() and not ours:
-            raise ValueError(f"--out {out}: {p} exists and no earlier hypic eval report wrote {path}; "
-                             "choose another path or remove it")
+            raise ValueError(f"--out {out}: {p} exists and {path} does not begin with the line hypic eval "
+                             f"writes first ({REPORT_MARK}); choose another path or remove it")
 
 
 def positive_int(text: str) -> int:

@@ -121,6 +121,9 @@ def claim(folder: str | Path) -> None:
         os.close(fd)
         raise ValueError(f"cache folder {folder}: in use by another hypic process (pid {holder}); give each "
                          "server its own --cache-dir") from None
+    except OSError as e:  # a file system without locks
+        os.close(fd)
+        raise ValueError(f"cache folder {folder}: cannot be locked ({e.strerror or e})") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     _CLAIMED[key] = fd

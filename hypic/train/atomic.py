@@ -61,7 +61,11 @@ def replace_folder(folder: Path, drop: Callable[[str], bool]) -> Iterator[Path]:
             _fsync(file)
         _fsync(stage)
         if folder.exists():
-            os.rename(folder, aside)
+            try:
+                os.rename(folder, aside)
+            except OSError:  # a mount point (a container's volume) cannot be renamed: file by file
+                _replace_files(stage, folder)
+                return
             try:
                 os.rename(stage, folder)
             except BaseException:
@@ -73,6 +77,27 @@ def replace_folder(folder: Path, drop: Callable[[str], bool]) -> Iterator[Path]:
         _fsync(folder.parent)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already after a swap
+
+
+LAST = ("model.safetensors.index.json", "train_state.json")  # what names the rest: replaced last
+
+
+def _replace_files(stage: Path, folder: Path) -> None:
+    """``folder`` made ``stage``'s copy where the folder itself cannot be swapped (a training run
+    into a mounted volume failed at its first save, after all its steps): each file copied beside
+    its place, synced and renamed over it (atomic per file, and across filesystems: the stage sits
+    beside the mount), the index and the loop state last, then the files the stage lacks removed.
+    Weaker than the swap: a save cut off midway can leave new shards beside an old index."""
+    names = sorted((p.name for p in stage.iterdir()), key=lambda n: n in LAST)
+    for name in names:
+        tmp = folder / f"{name}.tmp-{os.getpid()}"
+        shutil.copy2(stage / name, tmp)
+        _fsync(tmp)
+        os.replace(tmp, folder / name)
+    for old in folder.iterdir():
+        if old.name not in names:
+            old.unlink()
+    _fsync(folder)
 
 
 def replace_file(path: Path, write: Callable[[Path], None]) -> None:

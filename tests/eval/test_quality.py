@@ -50,8 +50,8 @@ def test_a_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys) -> No
     kept.write_text("# Quality\n\nhand-written\n")
     (tmp_path / "run.md").mkdir()
     (tmp_path / "other.json").write_text("{}")
-    cases = [("quality", str(kept), f"{kept} exists and no earlier hypic eval report wrote"),
-             ("deviation", str(kept), f"{kept} exists and no earlier hypic eval report wrote"),
+    cases = [("quality", str(kept), f"{kept} exists and {kept} does not begin with the line hypic eval"),
+             ("deviation", str(kept), f"{kept} exists and {kept} does not begin with the line hypic eval"),
              ("quality", str(tmp_path / "other.md"), f"{tmp_path / 'other.json'} exists"),
              ("quality", str(tmp_path / "run.md"), "expected a .md file path"),
              ("quality", str(tmp_path / "run.json"), "expected a .md file path")]
@@ -60,6 +60,11 @@ def test_a_report_never_replaces_a_file_it_did_not_write(tmp_path, capsys) -> No
         err = capsys.readouterr().err
         assert needle in err and "not a directory" not in err, (command, out, err)
     assert kept.read_text() == "# Quality\n\nhand-written\n"
+    # deviation writes one file, of any name; a quality report's .md may be upper case
+    from hypic.cli import _check_report_out
+
+    _check_report_out(str(tmp_path / "dev.txt"))
+    _check_report_out(str(tmp_path / "Q.MD"), sides=(".png", ".json"))
     for command in ("quality", "deviation"):
         with pytest.raises(SystemExit):
             cli(["eval", command, "--batch", "0"])

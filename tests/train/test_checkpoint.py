@@ -155,3 +155,32 @@ def test_a_folder_with_subfolders_is_not_replaced(tiny_trained_model, tmp_path) 
     with pytest.raises(ValueError, match="holds folders \\(keep\\)"):
         save_checkpoint(ckpt, model, opt, state, _config(ckpt))
     assert (ckpt / "keep").is_dir()
+
+
+def test_a_folder_that_cannot_be_renamed_is_replaced_file_by_file(tmp_path, monkeypatch) -> None:
+    """A mount point (``--out /ckpt``, a container's volume) cannot be renamed aside: the save
+    replaces its files one by one instead (a run failed at its first save, after all its steps)."""
+    import errno
+    import os
+
+    from hypic.train import atomic
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    for name, text in (("model-00001.safetensors", "old weights"), ("model-00002.safetensors", "old second"),
+                       ("config.json", "{}"), ("train_state.json", "old state")):
+        (folder / name).write_text(text)
+    real = os.rename
+
+    def rename(src, dst) -> None:
+        if str(src) == str(folder):
+            raise OSError(errno.EBUSY, "Device or resource busy", str(src))
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "rename", rename)
+    with atomic.replace_folder(folder, drop=lambda n: n.startswith("model-")) as stage:
+        (stage / "model-00001.safetensors").write_text("new weights")
+        (stage / "train_state.json").write_text("new state")
+    assert {p.name: p.read_text() for p in folder.iterdir()} == {
+        "model-00001.safetensors": "new weights", "config.json": "{}", "train_state.json": "new state"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no stage or temporary file left
