@@ -255,7 +255,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
         cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
         max_stored_responses=args.max_stored_responses)
     if args.cache_dir:
-        _check_writable(args.cache_dir)
+        _take_cache_dir(args.cache_dir)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
               cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
               cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
@@ -276,7 +276,7 @@ def _served_name(model: str | None) -> str:
     return Path(model).resolve().name
 
 
-def _check_writable(folder: str) -> None:
+def _take_cache_dir(folder: str) -> None:
     """``--cache-dir`` made if missing, able to take files now and held by no other process
     (ValueError): found at shutdown, an unusable folder lost everything the server had cached."""
     from hypic.cache import persist
@@ -440,7 +440,7 @@ def generate(args: argparse.Namespace) -> int:
 
     try:
         if args.cache_dir:
-            _check_writable(args.cache_dir)
+            _take_cache_dir(args.cache_dir)
         llm = LLM(args.model, device=args.device, seam=args.seam)
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
         schema = None

@@ -92,9 +92,9 @@ def _write(path: Path, parts: list[bytes | memoryview]) -> None:
         raise
 
 
-def _sync(folder: Path) -> None:
-    """The folder's entries (the renames into it, the removals) on disk."""
-    fd = os.open(folder, os.O_RDONLY)
+def sync_path(path: Path) -> None:
+    """A file's bytes, or a folder's entries (the renames into it, the removals), on disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -144,10 +144,10 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
         data = memoryview(buf.numpy())
         _write(folder / name, [_encode(header, zlib.crc32(data)), data])
         names.append(name)
-    _sync(folder)  # every entry file in place before a manifest names it
+    sync_path(folder)  # every entry file in place before a manifest names it
     manifest = {"format": FORMAT, "model": asdict(stamp), "entries": names}
     _write(folder / MANIFEST, [json.dumps(manifest).encode()])
-    _sync(folder)
+    sync_path(folder)
     for stale in set(folder.glob("*" + SUFFIX)) - {folder / n for n in names}:
         stale.unlink()
     return len(names)
@@ -169,7 +169,7 @@ def forget(folder: str | Path, digests: set[bytes]) -> int:
     keep = [n for n in entries if n not in gone]
     if len(keep) != len(entries):
         _write(folder / MANIFEST, [json.dumps({**manifest, "entries": keep}).encode()])
-        _sync(folder)  # the manifest without them on disk before their files go
+        sync_path(folder)  # the manifest without them on disk before their files go
     for name in gone:
         (folder / name).unlink(missing_ok=True)
     return len(entries) - len(keep)

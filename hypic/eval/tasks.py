@@ -119,7 +119,7 @@ def _extra_multi(rng: random.Random, profiles: list[tuple[Entity, Doc]],
                   answer_phrase(RELATIONS[r], b.facts[r])) for a, link, b, r in chains[:EXTRA_QUESTIONS])
 
 
-def _readings(e: Entity, rel: Relation, profiles: list[tuple[Entity, Doc]]) -> set[str]:
+def readings(e: Entity, rel: Relation, profiles: list[tuple[Entity, Doc]]) -> set[str]:
     """Every value of ``rel`` for ``e`` the prompt's documents support: its own value where a
     document states it, and for a partnership (worded as mutual) each organisation whose document
     names ``e`` as its partner."""
@@ -159,7 +159,7 @@ def _single_hop(rng: random.Random, k: Knobs) -> Example:
     answer = answer_phrase(rel, target.facts[rel.name])
     return Example([HEAD_QA, *docs, _query(question)], answer, "single_hop", "em_f1", support,
                    {"relation": rel.name, "subject": target.name}, extra, _extra_multi(rng, profiles, ("", "", "")),
-                   _alternatives(rel, _readings(target, rel, profiles), answer))
+                   _alternatives(rel, readings(target, rel, profiles), answer))
 
 
 def _multi_hop(rng: random.Random, k: Knobs) -> Example:
@@ -184,8 +184,8 @@ def _multi_hop(rng: random.Random, k: Knobs) -> Example:
     # every bridge the first hop reads (the stated one; for a partnership, also each organisation
     # naming the start as its partner), then every answer each bridge's documents give — never the
     # start itself, which no question here asks for
-    bridges = [world.get(b) for b in _readings(start, first, profiles)]
-    values = set().union(*(_readings(b, second, profiles) for b in bridges if second.name in b.facts))
+    bridges = [world.get(b) for b in readings(start, first, profiles)]
+    values = set().union(*(readings(b, second, profiles) for b in bridges if second.name in b.facts))
     reference = answer_phrase(second, answer)
     return Example([HEAD_QA, *docs, _query(question)], reference, "multi_hop", "em_f1", support,
                    {"relation": f"{first.name}>{second.name}", "subject": start.name, "bridge": bridge.name},

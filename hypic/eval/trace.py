@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 
 from hypic.eval.docs import profile
-from hypic.eval.tasks import HEAD_QA, Example
+from hypic.eval.tasks import HEAD_QA, Example, readings
 from hypic.eval.vocab import ORG_KINDS, ORG_STEMS
 from hypic.eval.world import RELATIONS, sample_world, sentence
 
@@ -81,7 +81,6 @@ def generate_trace(seed: int, num_requests: int = 200, pool_size: int = 256, rat
         entity, rel = entities[support], RELATIONS[rng.choice(docs[support].stated)]
         query = f"Question: {sentence(rng.choice(rel.questions), entity.phrase)}\nAnswer:"
         answer = entity.facts[rel.name]
-        others = sorted({entities[d].name for d in doc_ids if rel.name == "partner" and "partner" in docs[d].stated
-                         and entities[d].facts.get("partner") == entity.name} - {answer})
+        others = sorted(readings(entity, rel, [(entities[d], docs[d]) for d in doc_ids]) - {answer})
         requests.append(TraceRequest(t, doc_ids, query, answer, support, tuple(others)))
     return Trace(HEAD_QA, tuple(d.text for d in docs), tuple(requests))

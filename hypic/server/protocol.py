@@ -12,6 +12,7 @@ implement are accepted only at their neutral values.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -74,9 +75,16 @@ class Strict(BaseModel):
         ``None`` reads null as ever; a required one still refuses it."""
         if not isinstance(data, dict):
             return data
-        defaulted = {f.alias or name for name, f in cls.model_fields.items()
-                     if not f.is_required() and f.default is not None}
+        defaulted = _defaulted(cls)
         return {k: v for k, v in data.items() if v is not None or k not in defaulted}
+
+
+@functools.cache
+def _defaulted(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` whose default is not None (read once per class: every message of a
+    request is validated through ``Strict``)."""
+    return frozenset(f.alias or name for name, f in model.model_fields.items()
+                     if not f.is_required() and f.default is not None)
 
 
 class StreamOptions(Strict):

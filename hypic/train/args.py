@@ -17,9 +17,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-
 from hypic.eval.tasks import FAMILIES
+from hypic.models.loader import resolve_device
 from hypic.train.atomic import check_replaceable
 from hypic.train.checkpoint import shard_of
 from hypic.train.data import EASY_MAX
@@ -115,11 +114,9 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError("--family-weights: every family's weight is 0; nothing to sample")
     if args.device is not None:
         try:
-            device = torch.device(args.device)
-        except RuntimeError:
-            raise ValueError(f"--device: {args.device!r} is not a device") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device: {args.device} requested but CUDA is not available")
+            resolve_device(args.device)  # as LLM and the bench check theirs
+        except ValueError as e:  # "device: …" → "--device: …"
+            raise ValueError(f"--{e}") from None
 
 
 def checkpoint_files_in(folder: Path) -> list[str]:

@@ -17,13 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+from hypic.cache.persist import sync_path
 
 
 def check_replaceable(folder: Path) -> None:
@@ -58,8 +52,8 @@ def replace_folder(folder: Path, drop: Callable[[str], bool]) -> Iterator[Path]:
                     shutil.copy2(file, stage / file.name)
         yield stage
         for file in stage.iterdir():
-            _fsync(file)
-        _fsync(stage)
+            sync_path(file)
+        sync_path(stage)
         if folder.exists():
             try:
                 os.rename(folder, aside)
@@ -74,7 +68,7 @@ def replace_folder(folder: Path, drop: Callable[[str], bool]) -> Iterator[Path]:
             shutil.rmtree(aside)
         else:
             os.rename(stage, folder)
-        _fsync(folder.parent)
+        sync_path(folder.parent)
     finally:
         shutil.rmtree(stage, ignore_errors=True)  # gone already after a swap
 
@@ -92,12 +86,12 @@ def _replace_files(stage: Path, folder: Path) -> None:
     for name in names:
         tmp = folder / f"{name}.tmp-{os.getpid()}"
         shutil.copy2(stage / name, tmp)
-        _fsync(tmp)
+        sync_path(tmp)
         os.replace(tmp, folder / name)
     for old in folder.iterdir():
         if old.name not in names:
             old.unlink()
-    _fsync(folder)
+    sync_path(folder)
 
 
 def replace_file(path: Path, write: Callable[[Path], None]) -> None:
@@ -105,8 +99,8 @@ def replace_file(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
-        _fsync(tmp)
+        sync_path(tmp)
         os.replace(tmp, path)
-        _fsync(path.parent)
+        sync_path(path.parent)
     finally:
         tmp.unlink(missing_ok=True)

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 from hypic.eval.tokenizer import END, END_OF_TEXT
 from hypic.models.context import SequenceContext, SequenceState
+from hypic.models.loader import resolve_device
 from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
@@ -94,7 +95,7 @@ def train(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     tok_file = Path(args.tokenizer) / "tokenizer.json" if args.tokenizer else out / "tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file))
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = True  # the fp32 recurrence's matmuls: TF32 is ample for training
     config = json.loads((out / "config.json").read_text()) if args.resume else model_config(tok, args.preset)
     model = random_model(config, device=device, dtype=torch.float32, seed=args.seed).model.train()
