@@ -194,7 +194,7 @@ class CombineContext(ForwardContext):
                 else:
                     s = item.entry.summaries[layer]
                     if rope is not None and self.assembly.rerotate:
-                        s = recurrence.rerotate(family, s, item.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
+                        s = recurrence.rerotate(family, s, item.start, rope)
                     chain.append(s)
             if len(chain) > first:
                 cu.append(len(chain))
@@ -211,7 +211,7 @@ class CombineContext(ForwardContext):
             s = Summary(None if runs.transition is None else runs.transition[x.run].clone(),
                         runs.state[x.run].clone())  # owned, not views of every run's summary
             if rope is not None:  # entries are canonical: as if the segment started at position 0
-                s = recurrence.rerotate(family, s, -x.seg.start, rotary_dim=rope.rotary_dim, theta=rope.theta)
+                s = recurrence.rerotate(family, s, -x.seg.start, rope)
             x.entry.summaries[layer] = s
         return out.o
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -21,7 +21,7 @@ from hypic.ops.attention import attention
 from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.conv import causal_conv1d
 from hypic.ops.linear import LinearOutput, linear_attention
-from hypic.ops.rope import apply_rope
+from hypic.ops.rope import RopeSpec
 from hypic.ops.transfer import to_device
 
 if TYPE_CHECKING:
@@ -70,37 +70,6 @@ def linear_run(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None
                beta: Tensor | None = None, scale: float | None = None) -> LinearRun:
     """The layer's linear attention as a function of what the context decides."""
     return LinearRun(family, q, k, v, g, beta, scale)
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    rotary_dim: int
-    theta: float
-
-    def __call__(self, x: Tensor, positions: Tensor) -> Tensor:
-        return apply_rope(x, positions, rotary_dim=self.rotary_dim, theta=self.theta)
-
-
-# "mrope" (Qwen's multimodal RoPE, older configs' name for it): text positions are equal on every
-# axis, so its frequencies and phases are plain RoPE's
-_PLAIN_ROPE = ("default", "mrope")
-
-
-def check_plain_rope(c: dict[str, Any]) -> None:
-    """Plain RoPE (frequencies θ^(−2i/d)) is all hypic computes: a config asking for scaled
-    frequencies — linear, YaRN, NTK, LongRoPE, Llama 3, in transformers' ``rope_parameters`` or the
-    older ``rope_scaling`` — is refused by name rather than served with wrong phases (every
-    attention layer off: logits 0.1–0.2 from transformers' on a tiny model)."""
-    for key in ("rope_parameters", "rope_scaling"):
-        spec = c.get(key)
-        if spec is None:
-            continue
-        if not isinstance(spec, dict):
-            raise ValueError(f"config.{key}: expected an object, got {type(spec).__name__}")
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind not in _PLAIN_ROPE:
-            raise ValueError(f"config.{key}: rope_type {kind!r} is not supported; hypic serves plain RoPE "
-                             f"({', '.join(_PLAIN_ROPE)}), so remove the scaling to serve this model")
 
 
 class ForwardContext(ABC):

@@ -22,12 +22,13 @@ from typing import Any
 
 from torch import nn
 
-from hypic.models.context import RopeSpec, check_plain_rope
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds, Residual
 from hypic.models.layers.attention import AttentionConfig, GatedAttention
 from hypic.models.layers.lightning import MiniMaxLightningAttention
 from hypic.models.layers.moe import MoE, MoEConfig, mixtral_names
 from hypic.models.layers.norm import RMSNorm
+from hypic.models.rope_config import max_positions, rope_spec
+from hypic.ops.rope import RopeSpec
 
 
 def layer_kinds(c: dict[str, Any]) -> LayerKinds:
@@ -67,9 +68,8 @@ def residual(c: dict[str, Any], kind: str) -> Residual:
 
 
 def rope(c: dict[str, Any], head_dim: int) -> RopeSpec:
-    check_plain_rope(c)
     theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 1e6))
-    return RopeSpec(int(c.get("rotary_dim") or head_dim), float(theta))
+    return rope_spec(c, int(c.get("rotary_dim") or head_dim), float(theta))
 
 
 def build_minimax(config: dict[str, Any]) -> HybridLM:
@@ -85,8 +85,8 @@ def build_minimax(config: dict[str, Any]) -> HybridLM:
     heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     spec = rope(c, head_dim)
-    attn = AttentionConfig(hidden, heads, c.get("num_key_value_heads") or heads, head_dim, spec.rotary_dim,
-                           spec.theta, eps, output_gate=False, zero_centred_norm=False, qk_norm=False)
+    attn = AttentionConfig(hidden, heads, c.get("num_key_value_heads") or heads, head_dim, spec, eps,
+                           output_gate=False, zero_centred_norm=False, qk_norm=False)
     moe = MoEConfig(hidden, c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], "softmax",
                     renormalize=True)
 
@@ -102,7 +102,7 @@ def build_minimax(config: dict[str, Any]) -> HybridLM:
               for i, kind in enumerate(kinds.kinds)]
     backbone = Backbone(c["vocab_size"], hidden, layers, norm())
     return HybridLM(backbone, c["vocab_size"], hidden, kinds, tie_embeddings=c.get("tie_word_embeddings", False),
-                    max_positions=c.get("max_position_embeddings", 131072))
+                    max_positions=max_positions(c, spec, 131072))
 
 
 _BUFFERS = ("slope_rate", "query_decay", "key_decay", "diagonal_decay", "inv_freq")

@@ -13,12 +13,13 @@ from typing import Any
 
 from torch import nn
 
-from hypic.models.context import check_plain_rope
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds
 from hypic.models.layers.attention import AttentionConfig, GatedAttention
 from hypic.models.layers.gdn import GatedDeltaNet, GDNConfig
 from hypic.models.layers.mlp import SwiGLU
 from hypic.models.layers.norm import RMSNorm
+from hypic.models.rope_config import max_positions, rope_spec
+from hypic.ops.rope import RopeSpec
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -37,13 +38,12 @@ def layer_kinds(c: dict[str, Any]) -> LayerKinds:
     return LayerKinds(tuple("attention" if t == "full_attention" else "linear" for t in types), "gdn")
 
 
-def rope_params(c: dict[str, Any]) -> tuple[int, float]:
-    check_plain_rope(c)
+def rope_of(c: dict[str, Any]) -> RopeSpec:
     rp = c.get("rope_parameters") or {}
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     factor = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
     theta = rp.get("rope_theta", c.get("rope_theta", 10000.0))
-    return int(head_dim * factor), float(theta)
+    return rope_spec(c, int(head_dim * factor), float(theta))
 
 
 def build_gdn_stack(c: dict[str, Any], *, interleaved: bool, mlp: Callable[[int], nn.Module]) -> HybridLM:
@@ -51,10 +51,10 @@ def build_gdn_stack(c: dict[str, Any], *, interleaved: bool, mlp: Callable[[int]
     kinds = layer_kinds(c)
     hidden, eps = c["hidden_size"], c.get("rms_norm_eps", 1e-6)
     head_dim = c.get("head_dim") or hidden // c["num_attention_heads"]
-    rotary_dim, theta = rope_params(c)
+    rope = rope_of(c)
     gdn = GDNConfig(hidden, c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
                     c["linear_value_head_dim"], c.get("linear_conv_kernel_dim", 4), eps, interleaved)
-    attn = AttentionConfig(hidden, c["num_attention_heads"], c["num_key_value_heads"], head_dim, rotary_dim, theta,
+    attn = AttentionConfig(hidden, c["num_attention_heads"], c["num_key_value_heads"], head_dim, rope,
                            eps, c.get("attn_output_gate", True), zero_centred_norm=True)
 
     def norm() -> nn.Module:
@@ -67,7 +67,7 @@ def build_gdn_stack(c: dict[str, Any], *, interleaved: bool, mlp: Callable[[int]
     ]
     backbone = Backbone(c["vocab_size"], hidden, layers, norm())
     return HybridLM(backbone, c["vocab_size"], hidden, kinds, tie_embeddings=c.get("tie_word_embeddings", False),
-                    max_positions=c.get("max_position_embeddings", 32768))
+                    max_positions=max_positions(c, rope, 32768))
 
 
 def build_qwen3_5(config: dict[str, Any]) -> HybridLM:

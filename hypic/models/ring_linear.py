@@ -15,12 +15,13 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from hypic.models.context import ForwardContext, RopeSpec, check_plain_rope
+from hypic.models.context import ForwardContext, RopeSpec
 from hypic.models.hybrid import Backbone, DecoderLayer, HybridLM, LayerKinds
 from hypic.models.layers.lightning import LightningAttention, LightningConfig
 from hypic.models.layers.mlp import SwiGLU
 from hypic.models.layers.moe import MoE, MoEConfig
 from hypic.models.layers.norm import RMSNorm
+from hypic.models.rope_config import max_positions, rope_spec
 
 # Config switches the released checkpoints leave at these values; others would need code we lack.
 _FIXED = {"use_qk_norm": True, "use_qkv_bias": False, "use_bias": False, "linear_silu": False, "norm_head": False,
@@ -28,7 +29,6 @@ _FIXED = {"use_qk_norm": True, "use_qkv_bias": False, "use_bias": False, "linear
 
 
 def _check_supported(c: dict[str, Any]) -> None:
-    check_plain_rope(c)
     for key, want in _FIXED.items():
         if key in c and c[key] != want:
             raise ValueError(f"config.{key}: hypic supports {want!r} for Ring-linear, got {c[key]!r}")
@@ -83,9 +83,10 @@ def build_ring_linear(config: dict[str, Any]) -> HybridLM:
     heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     rotary_dim = c.get("rotary_dim") or int(head_dim * c.get("partial_rotary_factor", 1.0))
-    theta = float(c.get("rope_theta", 600000.0))  # the ports' default when a config omits it
-    lightning = LightningConfig(hidden, heads, head_dim, rotary_dim, theta, eps, c.get("group_norm_size", 1), n)
-    rope, moe = RopeSpec(rotary_dim, theta), moe_config(c)
+    # 600 000: the ports' default when a config omits θ
+    theta = float((c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 600000.0)))
+    rope, moe = rope_spec(c, rotary_dim, theta), moe_config(c)
+    lightning = LightningConfig(hidden, heads, head_dim, rope, eps, c.get("group_norm_size", 1), n)
 
     def mixer(i: int, kind: str) -> nn.Module:
         if kind == "linear":
@@ -101,7 +102,7 @@ def build_ring_linear(config: dict[str, Any]) -> HybridLM:
     layers = [DecoderLayer("attention", mixer(i, kind), mlp(i), norm) for i, kind in enumerate(kinds.kinds)]
     backbone = Backbone(c["vocab_size"], hidden, layers, norm())
     return HybridLM(backbone, c["vocab_size"], hidden, kinds, tie_embeddings=c.get("tie_word_embeddings", False),
-                    max_positions=c.get("max_position_embeddings", 131072))
+                    max_positions=max_positions(c, rope, 131072))
 
 
 _RENAMES = (("model.word_embeddings.", "model.embed_tokens."),

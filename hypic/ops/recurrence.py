@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from hypic.ops.family import Family, check_inputs, check_state, expand_heads, get_family
-from hypic.ops.rope import rotate_key_axis
+from hypic.ops.rope import RopeSpec, rotate_key_axis
 
 
 class RunOutput(NamedTuple):
@@ -163,7 +163,7 @@ def identity(family: str, heads: int, key_dim: int, value_dim: int, *, dtype: to
 ROTATION_EXACT = ("linear", "scalar", "deltanet", "gdn")
 
 
-def rerotate(family: str, summary: Summary, delta: int, *, rotary_dim: int, theta: float) -> Summary:
+def rerotate(family: str, summary: Summary, delta: int, rope: RopeSpec) -> Summary:
     """Move a span whose keys carry RoPE by ``delta`` positions: ``S ← R(δ)·S``, ``T ← R(δ)·T·R(δ)ᵀ``.
 
     Exact when every ``A_t`` commutes with the rotation after conjugation, i.e. the decay is the same
@@ -175,9 +175,8 @@ def rerotate(family: str, summary: Summary, delta: int, *, rotary_dim: int, thet
         raise ValueError(f"family: rerotate is exact only for {ROTATION_EXACT}, not {fam.name!r} "
                          "(a per-channel decay does not commute with the rotation)")
     _check_summary(fam, summary, "summary")
-    state = rotate_key_axis(summary.state, delta, rotary_dim=rotary_dim, theta=theta, dim=-2)
+    state = rotate_key_axis(summary.state, delta, rope, dim=-2)
     T = summary.transition
     if fam.transition == "matrix":  # R·T·Rᵀ: rotate rows, then columns
-        T = rotate_key_axis(rotate_key_axis(T, delta, rotary_dim=rotary_dim, theta=theta, dim=-2),
-                            delta, rotary_dim=rotary_dim, theta=theta, dim=-1)
+        T = rotate_key_axis(rotate_key_axis(T, delta, rope, dim=-2), delta, rope, dim=-1)
     return Summary(T, state)

@@ -35,18 +35,25 @@ def _kimi(path):
     return save_checkpoint(ref, path)
 
 
-def _ring(path):
+def _ring(path, **overrides):
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(RING_CONFIG))
+    (path / "config.json").write_text(json.dumps({**RING_CONFIG, **overrides}))
     save_file(ring_weights(RING_CONFIG), str(path / "model.safetensors"))
     return path
+
+
+# YaRN over a short pretraining context, so the tiny prompts' positions feel both the rescaled
+# frequencies and the attention factor
+_YARN = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
 
 
 def _minimax(path):
     return save_checkpoint(minimax_reference(eos_token_id=None), path)
 
 
-BUILDERS = {"qwen3_5": _qwen3_5, "kimi_linear": _kimi, "ring_linear": _ring, "minimax": _minimax}
+BUILDERS = {"qwen3_5": _qwen3_5, "kimi_linear": _kimi, "ring_linear": _ring, "minimax": _minimax,
+            "qwen3_5_yarn": lambda path: _qwen3_5(path, rope_scaling=_YARN),
+            "ring_linear_yarn": lambda path: _ring(path, rope_scaling=_YARN)}
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ import torch
 from hypic import LLM
 
 FAMILIES = ["qwen3_5", "kimi_linear", "ring_linear", "minimax"]
+# YaRN-scaled RoPE in full-attention layers (Qwen3.5) and inside linear states (Ring-linear)
+SCALED = ["qwen3_5_yarn", "ring_linear_yarn"]
 TOL = 1e-4
 
 
@@ -71,14 +73,14 @@ def test_prefix_prefills_a_call_of_prompts_together_and_exactly(model_paths, fam
         assert (row - _logits(llm, prompt, "full")[0]).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_seam_covering_every_segment_equals_full(model_paths, family) -> None:
     llm = LLM(str(model_paths[family]), device="cpu", seam=100)
     prompt = _segments(2, [40, 70, 33, 12])
     assert (_logits(llm, prompt, "hypic")[0] - _logits(llm, prompt, "full")[0]).abs().max() <= TOL
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_entries_built_in_context_reproduce_full_exactly(model_paths, family) -> None:
     """In-context entries of one order, reused in that same order, give the full computation back:
     composed (T, S) and re-rotation for the linear layers, re-roped body keys and recomputed seams
@@ -98,7 +100,7 @@ def test_entries_built_in_context_reproduce_full_exactly(model_paths, family) ->
     assert torch.isfinite(moved).all()
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_warm_reuse_in_any_order_equals_cold_standalone(model_paths, family) -> None:
     head, *docs = _segments(5, [20, 60, 45, 80, 33])
     query = _segments(6, [9])[0]

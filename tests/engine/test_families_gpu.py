@@ -10,13 +10,13 @@ import transformers as T
 
 from hypic import LLM
 from tests.engine.conftest import BUILDERS
-from tests.engine.test_families import FAMILIES, _logits, _segments
+from tests.engine.test_families import FAMILIES, SCALED, _logits, _segments
 
 GPU_VS_CPU = 2e-2
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + SCALED)
 def test_on_a_gpu_every_family_answers_as_on_the_cpu(family, tmp_path) -> None:
     if family == "kimi_linear" and not hasattr(T, "KimiLinearForCausalLM"):
         pytest.skip(f"transformers {T.__version__} has no Kimi-Linear to build the checkpoint with")

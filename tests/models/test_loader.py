@@ -105,10 +105,12 @@ def test_bad_config_index_tensor_and_device_are_value_errors(checkpoint, tmp_pat
 
 @pytest.mark.parametrize("arch", ["Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "MiniMaxForCausalLM",
                                   "BailingMoeLinearV2ForCausalLM"])
-def test_scaled_rope_is_refused_by_name(arch: str) -> None:
-    """hypic computes plain RoPE frequencies: a config asking for YaRN or linear scaling (in
-    ``rope_parameters`` or the older ``rope_scaling``) is refused, not served with wrong phases
-    (the logits were 0.1–0.2 off transformers' on a tiny model); plain and mrope configs build."""
+def test_every_family_takes_fixed_scalings_and_refuses_the_rest_by_name(arch: str) -> None:
+    """YaRN and linear scaling (in ``rope_parameters`` or the older ``rope_scaling``) reach every
+    RoPE of the model, full-attention and (Ring-linear) linear layers alike, and stretch the
+    context the model accepts; a scaling whose
+    frequencies follow the prompt's length is refused, not served with wrong phases; plain and mrope
+    configs build plain RoPE."""
     from hypic.models.registry import resolve
     from tests.models.harness import TINY_BASE, TINY_GDN, TINY_MOE
     from tests.models.test_minimax import TINY_MINIMAX
@@ -117,14 +119,25 @@ def test_scaled_rope_is_refused_by_name(arch: str) -> None:
     base = {"Qwen3_5ForCausalLM": {**TINY_BASE, **TINY_GDN, "intermediate_size": 64},
             "Qwen3NextForCausalLM": {**TINY_BASE, **TINY_GDN, **TINY_MOE, "intermediate_size": 64},
             "MiniMaxForCausalLM": dict(TINY_MINIMAX), "BailingMoeLinearV2ForCausalLM": dict(RING)}[arch]
-    base = {**base, "architectures": [arch]}
-    for key, spec in (("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}),
-                      ("rope_scaling", {"type": "linear", "factor": 4.0}),
-                      ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0})):
-        with pytest.raises(ValueError, match=f"config.{key}: rope_type '{spec.get('rope_type', spec.get('type'))}'"), \
-                torch.device("meta"):
-            resolve({**base, key: spec}).build({**base, key: spec})
+    base = {**base, "architectures": [arch], "max_position_embeddings": 4096}
+
+    def ropes(config: dict, context: int = 4096) -> set:
+        with torch.device("meta"):
+            model = resolve(config).build(config)
+        assert model.max_positions == context
+        return {m.rope.scaling for m in model.modules() if getattr(m, "rope", None) is not None}
+
+    # the context a scaling serves: Qwen's YaRN recipe leaves max_position_embeddings at the
+    # pretraining length (4 096 here, 4× as far with the scaling); linear stretches the config's own
+    for key, spec, kind, context in (
+            ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, "yarn", 16384),
+            ("rope_scaling", {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 1024}, "yarn", 4096),
+            ("rope_scaling", {"type": "linear", "factor": 4.0}, "linear", 16384)):
+        scalings = ropes({**base, key: spec}, context)
+        assert len(scalings) == 1 and next(iter(scalings)).kind == kind
+    with pytest.raises(ValueError, match="config.rope_scaling: rope_type 'dynamic' is not supported"), \
+            torch.device("meta"):
+        resolve(base).build({**base, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
     for key, spec in (("rope_parameters", {"rope_type": "default", "rope_theta": 1e4}),
                       ("rope_scaling", {"type": "mrope", "mrope_section": [2, 2, 4]})):
-        with torch.device("meta"):
-            assert resolve({**base, key: spec}).build({**base, key: spec}) is not None
+        assert ropes({**base, key: spec}) == {None}

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from hypic.ops import recurrence as R
 from hypic.ops.conv import causal_conv1d
-from hypic.ops.rope import apply_rope, rotate_key_axis
+from hypic.ops.rope import RopeScaling, RopeSpec, apply_rope, rotate_key_axis
 from hypic.ops.samples import family_inputs, token_kwargs
 
 GEN = torch.Generator().manual_seed(0)
@@ -43,29 +43,40 @@ def test_conv_varlen_short_sequences_keep_older_tail() -> None:
         causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails[:2])
 
 
-def test_rope_shift_composes() -> None:
-    """Keys roped at canonical positions then rotated by δ equal keys roped at the shifted positions."""
+SPECS = {"plain": RopeSpec(8, 1e6),
+         "linear": RopeSpec(8, 1e6, RopeScaling("linear", 4.0)),
+         "yarn": RopeSpec(8, 1e6, RopeScaling("yarn", 4.0, original_max=4096, attention_factor=1.2))}
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_rope_shift_composes(name: str) -> None:
+    """Keys roped at canonical positions then rotated by δ equal keys roped at the shifted positions:
+    a re-rotation is pure, the attention factor (YaRN's) is applied once, by the first RoPE."""
+    spec = SPECS[name]
     k = torch.randn(20, 3, 16, dtype=torch.float64, generator=GEN)
     pos = torch.arange(20)
-    canonical = apply_rope(k, pos, rotary_dim=8, theta=10000.0)
-    shifted = rotate_key_axis(canonical, 1234, rotary_dim=8, theta=10000.0)
-    assert torch.allclose(shifted, apply_rope(k, pos + 1234, rotary_dim=8, theta=10000.0), atol=1e-10)
+    canonical = apply_rope(k, pos, spec)
+    shifted = rotate_key_axis(canonical, 1234, spec)
+    assert torch.allclose(shifted, apply_rope(k, pos + 1234, spec), atol=1e-10)
     assert torch.equal(shifted[..., 8:], k[..., 8:])  # partial rotary: the rest is untouched
-    assert torch.allclose(rotate_key_axis(shifted, -1234, rotary_dim=8, theta=10000.0), canonical, atol=1e-10)
+    assert torch.allclose(rotate_key_axis(shifted, -1234, spec), canonical, atol=1e-10)
+    norm = canonical[..., :8].norm(dim=-1) / k[..., :8].norm(dim=-1)
+    assert torch.allclose(norm, torch.full_like(norm, spec.attention_factor), atol=1e-12)
 
 
+@pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("family", ["linear", "scalar", "deltanet", "gdn"])
-def test_rerotate_moves_a_span_exactly(family: str) -> None:
+def test_rerotate_moves_a_span_exactly(family: str, name: str) -> None:
     """A span summarized at canonical positions and re-rotated by δ equals the span computed at +δ."""
     x = family_inputs(family, 50, key_dim=16, seed=9)
-    delta, spec = 777, dict(rotary_dim=8, theta=1e6)
+    delta, spec = 777, SPECS[name]
     pos = torch.arange(50)
 
     def summarize_at(offset: int) -> R.Summary:
-        k = apply_rope(x["k"], pos + offset, **spec)
+        k = apply_rope(x["k"], pos + offset, spec)
         return R.summarize(family, k, x["v"], **token_kwargs(x))
 
-    moved = R.rerotate(family, summarize_at(0), delta, **spec)
+    moved = R.rerotate(family, summarize_at(0), delta, spec)
     direct = summarize_at(delta)
     assert torch.allclose(moved.state, direct.state, atol=1e-9)
     if moved.transition is not None:
@@ -76,9 +87,9 @@ def test_rerotate_refuses_per_channel_decay() -> None:
     x = family_inputs("kda", 5)
     s = R.summarize("kda", x["k"], x["v"], **token_kwargs(x))
     with pytest.raises(ValueError, match="family"):
-        R.rerotate("kda", s, 3, rotary_dim=4, theta=1e4)
+        R.rerotate("kda", s, 3, RopeSpec(4, 1e4))
     with pytest.raises(ValueError, match="rotary_dim"):
-        rotate_key_axis(s.state, 3, rotary_dim=5, theta=1e4)
+        rotate_key_axis(s.state, 3, RopeSpec(5, 1e4))
 
 
 def test_a_bf16_conv_sums_its_taps_in_fp32_and_rounds_once() -> None:

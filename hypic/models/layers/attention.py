@@ -23,8 +23,7 @@ class AttentionConfig:
     heads: int
     kv_heads: int
     head_dim: int
-    rotary_dim: int
-    rope_theta: float
+    rope: RopeSpec
     eps: float
     output_gate: bool
     zero_centred_norm: bool
@@ -43,7 +42,7 @@ class GatedAttention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.eps, zero_centred=cfg.zero_centred_norm)
-        self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
+        self.rope = cfg.rope
         self._fused: FusedLinears | None = None
 
     def fuse(self) -> bool:

@@ -31,8 +31,7 @@ class LightningConfig:
     hidden: int
     heads: int
     head_dim: int
-    rotary_dim: int
-    rope_theta: float
+    rope: RopeSpec  # inside the linear layer: the state carries position phase
     eps: float
     norm_groups: int  # group_norm_size: RMSNorm groups over the heads·head_dim output
     layers: int  # num_hidden_layers: the decay depends on depth
@@ -117,7 +116,7 @@ class LightningAttention(ScalarDecayMixer):
         self.g_proj = nn.Linear(cfg.hidden, inner, bias=False)
         self.g_norm = GroupRMSNorm(inner, cfg.norm_groups, cfg.eps)
         self.dense = nn.Linear(inner, cfg.hidden, bias=False)
-        self.rope = RopeSpec(cfg.rotary_dim, cfg.rope_theta)
+        self.rope = cfg.rope
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         c, T = self.cfg, x.shape[0]
