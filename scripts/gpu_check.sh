@@ -36,6 +36,7 @@
 #                        auto; default "74 auto 74"), GPU_BUDGET_AB_RATES (default 24,32), one process each
 #   GPU_LOOP_PROFILE=1   the same trace at GPU_LOOP_PROFILE_RATES (default 32) with the serving loop's thread
 #                        under cProfile (bench trace --profile): where the host time of a block goes
+#   GPU_ARENA_EXIT=1     six processes that exit while the host tier's thread pins a slab (scripts/arena_exit.py)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all;
 #                        HYPIC_TEST_SHARD=k/n runs the k-th of n shards of the files: the whole suite took
 #                        > 440 s on 2026-12-01, more than one call leaves it after a trace)
@@ -124,6 +125,12 @@ if [ "${GPU_BUDGET_AB:-0}" = 1 ]; then
 fi
 [ "${GPU_LOOP_PROFILE:-0}" = 1 ] && section loop_profile "${GPU_LOOP_PROFILE_SECONDS:-200}" $TRACE1024 \
   --rates "${GPU_LOOP_PROFILE_RATES:-32}" --profile "$OUT/loop.prof" --out "$OUT/loop_profile.md"
+if [ "${GPU_ARENA_EXIT:-0}" = 1 ]; then  # exits while the host tier pins: every run must be rc 0
+  for k in 1 2 3 4 5 6; do
+    python3 scripts/arena_exit.py --delay-s "0.0$k" > "$OUT/arena_exit_$k.log" 2>&1
+    echo "arena_exit run $k (delay 0.0$k s): rc $? $(grep -h 'alive at exit' "$OUT/arena_exit_$k.log")" >> "$OUT/arena_exit.txt"
+  done
+fi
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
 
@@ -136,6 +143,7 @@ done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"
 [ -f "$OUT/cold_ab.txt" ] && cat "$OUT/cold_ab.txt"
+[ -f "$OUT/arena_exit.txt" ] && cat "$OUT/arena_exit.txt"
 for f in "$OUT"/trace_host_*.log "$OUT"/trace_ab_*.log "$OUT"/budget_ab_*.log; do [ -f "$f" ] && grep -E '^trace |^\| hypic' "$f" | sed "s|^|$(basename "$f" .log): |"; done
 [ -f "$OUT/loop_profile.log" ] && grep -E -A 40 "^the serving loop's profile" "$OUT/loop_profile.log" | head -n 45
 [ -f "$OUT/quality.md" ] && grep -E '^\|' "$OUT/quality.md"
