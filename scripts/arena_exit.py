@@ -7,12 +7,13 @@ engine on the GPU with a large host tier, its pinning started, and the main thre
 the thread is mid-slab. Run it several times (``scripts/gpu_check.sh`` section GPU_ARENA_EXIT); every
 run must exit 0. It prints whether the thread was alive when the main thread returned.
 
-    python scripts/arena_exit.py [--slab-gib 2] [--delay-s 0.05]
+    python scripts/arena_exit.py [--slab-gib 2] [--delay-s 0.05] [--no-close]
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import threading
 import time
 
@@ -24,7 +25,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slab-gib", type=float, default=2.0, help="bytes pinned per slab (GiB)")
     ap.add_argument("--delay-s", type=float, default=0.05, help="how long the thread pins before the exit")
+    ap.add_argument("--no-close", action="store_true",
+                    help="the negative control: unregister host_arena.close_all, so nothing waits for the thread")
     args = ap.parse_args()
+    if args.no_close:
+        atexit.unregister(host_arena.close_all)
     llm = LLM(device="cuda", cache_device_bytes=2**30, cache_host_bytes=16 * 2**30)
     arena = llm.engine.store.arena
     if arena is None:
