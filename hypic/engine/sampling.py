@@ -1,7 +1,8 @@
-"""Choosing the next token: greedy, or temperature with top-k, nucleus (top-p) and min-p sampling,
-seeded per request, after the logit adjustments a request asked for; plus the top-n
-log-probabilities: ``log_softmax`` of the adjusted logits at temperature 1, before top-k, top-p and
-min-p (vLLM's raw logprobs) — not of the tempered, truncated distribution the token is drawn from.
+"""Choosing the next token: greedy, or temperature with min-p, top-k and nucleus (top-p) sampling in
+vLLM's (V1) order, seeded per request, after the logit adjustments a request asked for; plus the
+top-n log-probabilities: ``log_softmax`` of the adjusted logits at temperature 1, before min-p,
+top-k and top-p — not vLLM's default raw logprobs (taken before the adjustments), nor those of the
+tempered, truncated distribution the token is drawn from.
 
 Adjustments, in order (vLLM's meanings): the logit bias; the repetition penalty over the prompt's
 and the generated tokens; the presence and frequency penalties over the generated tokens; and,
@@ -64,17 +65,20 @@ def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[in
 
 
 def _filter(probs: Tensor, p: SamplingParams) -> Tensor:
-    """One row's probabilities cut by top-k (renormalised: top-p then reads what it kept), then
-    top-p, then min-p (relative to the likeliest token: no renormalising needed; the draw does)."""
+    """One row's tempered probabilities cut as vLLM (V1) cuts them: min-p first (what is less likely
+    than min_p × the likeliest), then top-k (every token as likely as the k-th: ties all kept), then
+    top-p over what is left, renormalised (the smallest prefix reaching top_p). The result is left
+    unnormalised; the draw normalises."""
+    zero = torch.zeros_like(probs)
+    if p.min_p > 0.0:
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, zero)
     if 0 < p.top_k < probs.shape[-1]:
-        top = probs.topk(p.top_k)
-        probs = torch.zeros_like(probs).scatter_(0, top.indices, top.values / top.values.sum())
+        probs = torch.where(probs >= probs.topk(p.top_k).values[-1], probs, zero)
     if p.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
+        sorted_p = sorted_p / sorted_p.sum()
         keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # the smallest prefix reaching top_p
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
-    if p.min_p > 0.0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
+        probs = zero.scatter(0, order[keep], sorted_p[keep])
     return probs
 
 

@@ -142,19 +142,29 @@ def test_repetition_penalty_follows_its_definition_token_by_token(llm, penalty: 
         assert abs(got.logprobs[i][tok] - torch.log_softmax(want, -1)[tok].item()) < 1e-4
 
 
-def test_top_k_and_min_p_keep_what_they_define() -> None:
-    """The draw's distribution: top-k keeps the k likeliest (renormalised), top-p then reads what
-    top-k kept, min-p drops what is less likely than min_p × the likeliest."""
+def test_min_p_top_k_and_top_p_keep_what_they_define_in_vllm_order() -> None:
+    """The draw's distribution, cut as vLLM (V1) cuts it: min-p drops what is less likely than
+    min_p × the likeliest, top-k then keeps the k likeliest and every token tied with the k-th, top-p
+    then reads what is left, renormalised."""
     from hypic.engine.sampling import _filter
 
+    def kept(probs: torch.Tensor, **kw) -> list[int]:
+        return torch.nonzero(_filter(probs, SamplingParams(**kw))).flatten().tolist()
+
     probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
-    assert torch.allclose(_filter(probs, SamplingParams(top_k=2)), torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.7)
-    assert torch.allclose(_filter(probs, SamplingParams(top_k=3, top_p=0.7)),  # 0.4/.85 + 0.3/.85 ≥ 0.7
-                          torch.tensor([0, 0.4, 0, 0.3, 0]) / 0.85)
-    assert torch.equal(_filter(probs, SamplingParams(min_p=0.5)), torch.tensor([0, 0.4, 0, 0.3, 0]))
-    assert torch.equal(_filter(probs, SamplingParams(min_p=0.3)), torch.tensor([0, 0.4, 0, 0.3, 0.15]))
+    assert kept(probs, top_k=2) == [1, 3]
+    assert kept(probs, top_k=3, top_p=0.7) == [1, 3]  # 0.4/.85 + 0.3/.85 ≥ 0.7
+    assert kept(probs, min_p=0.5) == [1, 3] and kept(probs, min_p=0.3) == [1, 3, 4]
     for off in (0, -1, 5):
         assert torch.equal(_filter(probs, SamplingParams(top_k=off)), probs)
+    # min-p before top-p: min-p leaves [.4 .3 .2]/.9, whose top-p 0.75 is the first two; top-p first
+    # would have kept the third (.4 + .3 < .75 of the whole)
+    assert kept(torch.tensor([0.4, 0.3, 0.2, 0.05, 0.05]), top_p=0.75, min_p=0.2) == [0, 1]
+    # ties with the k-th are kept: top-k 1 among two equally likely tokens samples both
+    tied = torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1])
+    assert kept(tied, top_k=1) == [1, 2] and kept(tied, top_k=2) == [1, 2] and kept(tied, top_k=3) == [1, 2, 3]
+    share = _filter(tied, SamplingParams(top_k=3, top_p=0.5))  # renormalised: .3/.8 + .3/.8 ≥ 0.5
+    assert torch.nonzero(share).flatten().tolist() == [1, 2]
 
 
 def test_sampled_tokens_stay_within_top_k_and_min_p(llm) -> None:
