@@ -25,6 +25,7 @@ import torch
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from hypic.engine.scheduler import Scheduler
 from hypic.llm import LLM
@@ -71,10 +72,14 @@ async def read_body(request: Request, model: type[M], limit: int) -> M:
     if declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise APIError(413, f"the body exceeds this server's limit of {limit} bytes")
+    except ClientDisconnect:  # the client hung up mid-upload: cancelled, not a server error
+        raise APIError(499, "the client closed the connection before its request arrived",
+                       kind="cancelled") from None
     try:
         data = json.loads(bytes(body))
     except (ValueError, RecursionError) as e:
@@ -159,16 +164,21 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         arrival = time.monotonic()
         req = await read_body(request, CompletionRequest, settings.max_body_bytes)
         check_model(req.model)
-        batch = prompts.completion_segments(llm, req, settings)
+        n = choices(req.n)
         await structured_ready(req)
         await names_ready(req.logprobs)
-        n, gens = choices(req.n), []
-        for k, segments in enumerate(batch):
-            field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
-            max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-            params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
-            gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
-                                   req.include_usage, req.stops, req.logprobs, n))
+
+        def prepare() -> list[Generation]:
+            batch, gens = prompts.completion_segments(llm, req, settings), []
+            for k, segments in enumerate(batch):
+                field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
+                max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
+                params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
+                gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
+                                       req.stream, req.include_usage, req.stops, req.logprobs, n))
+            return gens
+
+        gens = await asyncio.to_thread(prepare)  # tokenizing and compiling a schema: off the event loop
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
             for k, gen in enumerate(gens):
@@ -182,8 +192,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     async def chat_generation(req: ChatRequest, field: str = "messages") -> Generation:
         """A chat request's generation; ``field``: what a 400 about its messages names (the
         Responses API's ``input``)."""
-        try:
-            segments = prompts.chat_segments(llm, state.template, req, settings)
+        try:  # rendering and tokenizing off the event loop (a 4 MiB prompt held every stream for 8 s)
+            segments = await asyncio.to_thread(prompts.chat_segments, llm, state.template, req, settings)
         except APIError as e:
             if e.param is not None and e.param.startswith("messages"):
                 e.param = field
@@ -199,7 +209,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                           settings.max_completion_tokens, settings, req.token_budget_field)
         top = (req.top_logprobs or 0) if req.logprobs else None
         await names_ready(top)
-        params = prompts.sampling(req, max_tokens, top, llm.vocab_size, calling)
+        params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling)
         think = None
         # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
         if settings.reasoning_parser is not None and params.json_schema is None:

@@ -8,6 +8,7 @@ gets exactly the ids the server reads, with no copy of the model folder.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -53,8 +54,11 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
         check_model(req.model)
         # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
         # counted 38 tokens where the server read 14), the parts' ids back to back
-        tokens = [t for part in req.prompt.split(SEPARATOR)
-                  for t in tokenizer.encode(part, add_special_tokens=req.add_special_tokens).ids]
+        def ids() -> list[int]:
+            return [t for part in req.prompt.split(SEPARATOR)
+                    for t in tokenizer.encode(part, add_special_tokens=req.add_special_tokens).ids]
+
+        tokens = await asyncio.to_thread(ids)  # a long prompt takes seconds: off the event loop
         return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_positions}
 
     @router.post("/detokenize")

@@ -283,6 +283,10 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"$ref": "https://example.com/s.json"}, "only local references"),
     ({"type": "array", "items": [{"type": "string"}]}, "use prefixItems"),
     ({"type": "string", "minLength": 3, "maxLength": 2}, "maxLength 2 is below minLength 3"),
+    # a pattern's length masks cost states × bound²: 10⁹ held a server's event loop for good
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 10**9}, "maxLength 1000000000 is too large to enforce "
+                                                                     "with its pattern: at most [0-9]+ with this"),
+    ({"type": "string", "format": "date-time", "minLength": 10**6}, "minLength 1000000 is too large .* its format"),
     ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "allOf with more than one"),
     ({"anyOf": [{"type": "string"}], "type": "string"}, "anyOf beside 'type'"),
     (False, "expected an object"),

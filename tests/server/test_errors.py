@@ -251,3 +251,58 @@ def test_fuzz_never_a_5xx(fuzz_server: LiveServer, req: tuple[str, bytes]) -> No
         assert r.text.endswith("data: [DONE]\n\n") and '"error"' not in r.text, r.text
     else:
         assert "choices" in r.json() or "data" in r.json() or r.json().get("object") == "response"
+
+
+def test_a_client_hanging_up_mid_upload_is_cancelled_not_an_internal_error(server: LiveServer) -> None:
+    """Headers promising 1 000 bytes, 100 sent, the socket closed: counted as a cancelled request,
+    never as an internal error (which logged two tracebacks and would page whoever alerts on it)."""
+    import socket
+    import time
+
+    from tests.server.test_lifecycle import metric
+
+    before = {k: metric(server.url, f'hypic_errors_total{{kind="{k}"}}') for k in ("cancelled", "internal")}
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                      "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n".encode() + b'{"prompt": "' * 8)
+            time.sleep(0.2)
+    deadline = time.monotonic() + 20
+    while metric(server.url, 'hypic_errors_total{kind="cancelled"}') < before["cancelled"] + 3:
+        assert time.monotonic() < deadline, "the hang-ups were not counted as cancelled"
+        time.sleep(0.1)
+    assert metric(server.url, 'hypic_errors_total{kind="internal"}') == before["internal"]
+    r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, json={"prompt": "Question: who?", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_prompts_are_tokenized_and_schemas_compiled_off_the_event_loop(server: LiveServer, monkeypatch) -> None:
+    """Tokenizing a long prompt took seconds and compiling a schema can take a while: both run in a
+    worker thread, so the event loop keeps answering /health and writing other streams meanwhile."""
+    import asyncio
+
+    from hypic.server import prompts
+
+    on_loop: list[str] = []
+
+    def watched(name: str):
+        real = getattr(prompts, name)
+
+        def call(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(name)
+            except RuntimeError:  # no loop in this thread: a worker's
+                pass
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(prompts, name, call)
+
+    for name in ("completion_segments", "chat_segments", "sampling"):
+        watched(name)
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "string", "maxLength": 4}}}
+    for path, body in (("/v1/completions", {"prompt": "Question: who?", "max_tokens": 2}),
+                       ("/v1/chat/completions", {"messages": OK_CHAT, "max_tokens": 2, "response_format": schema})):
+        r = httpx.post(f"{server.url}{path}", headers=AUTH, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    assert on_loop == []
