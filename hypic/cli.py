@@ -310,7 +310,9 @@ def run_batch(args: argparse.Namespace) -> int:
     from hypic.server.batch import run_batch as run
 
     try:
-        lines = Path(args.input).read_text().splitlines()
+        # bytes, split at line ends only: a line that is not UTF-8 is that line's error, and a JSON
+        # string's raw U+2028 (a line break to str.splitlines) stays inside its line
+        lines = Path(args.input).read_bytes().splitlines()
         Path(args.output).open("a").close()  # the output can be written: found after the batch, it lost every result
         llm, settings = _served(args, "run-batch", None)  # in process: no key
     except (ValueError, OSError) as e:

@@ -218,6 +218,8 @@ class LLM:
     def _salt(cache_salt: str | None) -> str | None:
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError("cache_salt: expected a string")
+        if cache_salt == "":  # it would key entries as no salt does: another tenant's entries served
+            raise ValueError("cache_salt: empty (leave it out for no salt)")
         return cache_salt
 
     def close(self) -> None:

@@ -339,7 +339,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key,
                                         check_model))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checks' probe
     async def health() -> Response:
         if state.runner is None or state.runner.closing:
             return JSONResponse({"status": "unavailable"}, status_code=503)

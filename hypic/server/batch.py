@@ -34,8 +34,14 @@ class BatchTotals:
     requeued: int = 0  # requests sent again after the server's queue was full (a 429)
 
 
-def _request(line: str, seen: dict[str, int], k: int) -> tuple[str | None, dict[str, Any] | str]:
-    """(custom_id, the request) or (custom_id or None, why it is not one)."""
+def _request(line: str | bytes, seen: dict[str, int], k: int) -> tuple[str | None, dict[str, Any] | str]:
+    """(custom_id, the request) or (custom_id or None, why it is not one); a line of bytes is
+    decoded here, so one that is not UTF-8 is that line's error, not the batch's."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode()
+        except UnicodeDecodeError as e:
+            return None, f"line {k + 1}: not UTF-8 ({e})"
     try:
         item = json.loads(line)
     except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
@@ -70,7 +76,8 @@ def _usage(body: Any) -> tuple[int, int]:
     return prompt, details.get("cached_tokens", 0)
 
 
-async def run_batch(app: FastAPI, lines: list[str], concurrency: int) -> tuple[list[dict[str, Any]], BatchTotals]:
+async def run_batch(app: FastAPI, lines: list[str] | list[bytes],
+                    concurrency: int) -> tuple[list[dict[str, Any]], BatchTotals]:
     """Every line's result, in order, and the totals. The app's lifespan (its scheduler) runs
     around the batch."""
     totals, seen = BatchTotals(), {}

@@ -60,10 +60,15 @@ def loc_to_param(loc: tuple) -> str | None:
 
 
 def from_validation_error(e: ValidationError) -> APIError:
-    """The deepest problem pydantic found (in a union, the member the input came closest to); at
-    equal depth a wrong value, then an unknown field (a typo usually explains a missing one)."""
+    """The deepest problem pydantic found (in a union, the member the input came closest to: one
+    whose type it has); at equal depth a wrong value, then a wrong type, then an unknown field (a typo
+    usually explains a missing one)."""
     rank = {"missing": 0, "extra_forbidden": 1}
-    first = max(e.errors(include_url=False), key=lambda err: (len(err["loc"]), rank.get(err["type"], 2)))
+
+    def weight(err: dict) -> int:
+        return rank.get(err["type"], 2 if err["type"].endswith("_type") else 3)
+
+    first = max(e.errors(include_url=False), key=lambda err: (len(err["loc"]), weight(err)))
     param = loc_to_param(tuple(first["loc"]))
     message = first["msg"]
     if first["type"] == "value_error":  # our own validators: "field: why" names the field itself

@@ -65,7 +65,8 @@ INT64 = dict(ge=-(2**63), le=2**63 - 1)
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    # NaN and ±Infinity (Python's json reads them) are refused as what they are, not as out of range
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -146,7 +147,7 @@ class Common(Strict):
     prompt_cache_key: str | None = Field(None, max_length=1024)
     safety_identifier: str | None = Field(None, max_length=1024)
     service_tier: Literal["auto", "default"] | None = None
-    cache_salt: Text | None = Field(None, max_length=1024)
+    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None
 
@@ -327,4 +328,4 @@ class SegmentsRequest(Strict):
 
     model: str | None = None
     segments: Annotated[list[Text | TokenIds], Field(min_length=1)]
-    cache_salt: Text | None = Field(None, max_length=1024)
+    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries

@@ -296,6 +296,8 @@ def test_evicted_documents_miss_and_leave_other_tenants_and_documents_alone(llm)
     for mode in ("hypic", "naive", "prefix"):
         llm.generate([prompt], SamplingParams(max_tokens=1), mode=mode)
     llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="other")
+    with pytest.raises(ValueError, match="cache_salt: empty"):  # it would read unsalted entries
+        llm.generate([prompt], SamplingParams(max_tokens=1), cache_salt="")
     assert llm.engine.evict_segments([doc_a, [7, 8, 9, 10] * 10]) == [True, False]
     again = {m: llm.generate([prompt], SamplingParams(max_tokens=1), mode=m)[0].metrics for m in ("hypic", "naive")}
     assert all(m.segment_misses == 1 and m.segment_hits == 2 for m in again.values())  # head and doc_b hit

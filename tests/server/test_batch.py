@@ -38,11 +38,19 @@ def test_a_batch_file_is_answered_as_the_server_answers(model_dir: Path, tmp_pat
         {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": completion},
     ]
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\nnot json\n")
+    # then a line that is not UTF-8 (it once lost the whole batch), and a request whose prompt holds a
+    # raw U+2028, which str.splitlines() would have cut in two
+    sep = {"custom_id": "i", "method": "POST", "url": "/v1/completions",
+           "body": {**completion, "prompt": "Who keeps\u2028bees?"}}
+    src.write_bytes(("\n".join(json.dumps(x) for x in lines) + "\n\nnot json\n").encode()
+                    + b'{"custom_id": "caf\xe9"}\n' + json.dumps(sep, ensure_ascii=False).encode() + b"\n")
     assert main(["run-batch", "--model", str(model_dir), "--served-model-name", MODEL, "--device", "cpu",
                  "--max-concurrent", "1", "-i", str(src), "-o", str(out)]) == 0
     results = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [r["custom_id"] for r in results] == ["a", "b", "c", "d", "e", "f", "g", "h", "a", None]
+    assert [r["custom_id"] for r in results] == ["a", "b", "c", "d", "e", "f", "g", "h", "a", None, None, "i"]
+    assert results[10]["error"]["message"].startswith("line 12: not UTF-8")
+    assert results[11]["error"] is None and results[11]["response"]["status_code"] == 200
+    results = results[:10]
     ok = {r["custom_id"]: r["response"] for r in results[:4]}
     assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in results[:4])
     want = client.chat.completions.create(**_chat(DOCS)).choices[0].message.content  # the live server's answer

@@ -151,9 +151,20 @@ def test_a_message_says_the_real_problem(server: LiveServer) -> None:
         assert r.status_code == 400 and _error_shape(r)["message"] == "stop: at most 8 stop strings, got 9"
         r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": 5})
         assert r.status_code == 400 and _error_shape(r)["message"] == "stop: expected a string or a list of strings"
+        # NaN (Python's json reads it) is not a number out of range; an empty salt would share entries
+        for field in ("temperature", "top_p", "min_p", "presence_penalty", "repetition_penalty"):
+            r = httpx.post(f"{server.url}{path}", headers={**AUTH, "Content-Type": "application/json"}, timeout=60,
+                           content=json.dumps(body)[:-1] + f', "{field}": NaN}}')
+            assert r.status_code == 400 and _error_shape(r)["message"] == f"{field}: Input should be a finite number"
+        r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "cache_salt": ""})
+        assert r.status_code == 400 and _error_shape(r)["param"] == "cache_salt"
+    # a list where a string or a list is allowed: the list's complaint, not the string's
+    r = httpx.post(f"{server.url}/v1/responses", headers=AUTH, timeout=60, json={"input": []})
+    assert r.status_code == 400 and "at least 1 item" in _error_shape(r)["message"], r.text
 
 
 def test_routes_methods_auth_and_still_serving(server: LiveServer) -> None:
+    assert httpx.head(f"{server.url}/health").status_code == 200  # uptime checks probe with HEAD
     assert httpx.get(f"{server.url}/v1/nowhere", headers=AUTH).status_code == 404
     r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)
     assert r.status_code == 405 and _error_shape(r)
