@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,13 +371,14 @@ class Engine(ColdPrefill, PrefixPrefill):
                 self._token_vocab = TokenVocab(token_bytes(self.loaded.tokenizer))
             return self._token_vocab
 
-    def prompt_logprobs(self, prompt: list[list[int]], top: int = 0) -> list[dict[int, float] | None]:
+    def prompt_logprobs(self, prompt: list[list[int]], top: int = 0,
+                        stop: Callable[[], str | None] | None = None) -> list[dict[int, float] | None]:
         """Each prompt token's log-probability given those before it (None for the first), with the
         ``top`` likeliest alternatives: a ``full`` forward over the whole prompt, whatever the cache
-        holds (``hypic.engine.scoring``)."""
+        holds, in pieces that each hold the engine's lock; ``stop`` may end it between them
+        (``hypic.engine.scoring``)."""
         ids = [t for s in prompt for t in s]
-        with self._lock:
-            return score_prompt(self.model, self.device, ids, top)
+        return score_prompt(self.model, self.device, ids, top, lock=self._lock, stop=stop)
 
     def evict_segments(self, segments: list[list[int]], *, salt: str | None = None,
                        saved: str | Path | None = None) -> list[bool]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from hypic.engine.scheduler import Scheduler
+from hypic.engine.scoring import ScoringStopped
 from hypic.llm import LLM
 from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
@@ -38,7 +40,7 @@ from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
 from hypic.server.responses import ResponsesRequest, ResponseStore
-from hypic.server.runner import Runner
+from hypic.server.runner import Runner, until_disconnected
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
 from hypic.server.tools import KIMI_OPEN
@@ -57,6 +59,7 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
     scoring_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one echo's prompt scored at a time
+    scoring_waiting: int = 0  # echoes waiting for it: held to the request queue's limit
 
     def live_runner(self) -> Runner:
         if self.runner is None or self.runner.closing:
@@ -110,7 +113,12 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="hypic", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    metrics = Metrics(llm.engine.store, lambda: state.runner.scheduler.depth if state.runner else (0, 0), llm.engine)
+    def depth() -> tuple[int, int]:
+        """(waiting, running): the scheduler's requests and the echoes scored beside them."""
+        waiting, running = state.runner.scheduler.depth if state.runner else (0, 0)
+        return waiting + state.scoring_waiting, running + int(state.scoring_lock.locked())
+
+    metrics = Metrics(llm.engine.store, depth, llm.engine)
     state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics,
                         ResponseStore(settings.max_stored_responses))
     app.state.hypic = state
@@ -136,15 +144,49 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 
-    async def score(prompt: list[list[int]], top: int) -> list[dict[int, float] | None]:
-        """The prompt's own log-probabilities (echo): a full forward beside the scheduler's calls,
-        one at a time; out of device memory, a 503 to retry."""
-        async with state.scoring_lock:
+    async def score(request: Request, prompt: list[list[int]], top: int, arrival: float
+                    ) -> list[dict[int, float] | None]:
+        """The prompt's own log-probabilities (echo): a full forward in pieces between the
+        scheduler's calls, one prompt at a time, as any request is held: waiting ones count against
+        the queue's limit (429), the request's timeout bounds it (504), a client that leaves stops it
+        (``hypic.engine.scoring``); out of device memory, a 503 to retry."""
+        deadline = arrival + settings.request_timeout_s
+        if state.scoring_waiting >= settings.max_queue:
+            raise APIError(429, f"the server is busy: {state.scoring_waiting} prompts wait to be scored; retry later",
+                           kind="overloaded", type="rate_limit_error",
+                           headers={"Retry-After": str(settings.retry_after_s)})
+        gone = threading.Event()
+
+        async def watch() -> None:
+            await until_disconnected(request.receive)
+            gone.set()
+
+        def stop() -> str | None:
+            return "cancelled" if gone.is_set() else "timeout" if time.monotonic() > deadline else None
+
+        timed_out = APIError(504, "the request timed out", kind="timeout", type="timeout_error")
+        watcher = asyncio.ensure_future(watch())
+        try:
+            state.scoring_waiting += 1
             try:
-                scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top)
+                await asyncio.wait_for(state.scoring_lock.acquire(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise timed_out from None
+            finally:
+                state.scoring_waiting -= 1
+            try:
+                scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top, stop)
+            except ScoringStopped as e:
+                if str(e) == "timeout":
+                    raise timed_out from None
+                raise APIError(499, "the client closed the connection", kind="cancelled") from None
             except torch.OutOfMemoryError:  # the device is busy serving: later, not never
                 raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
                                type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
+            finally:
+                state.scoring_lock.release()
+        finally:
+            watcher.cancel()
         metrics.scored_tokens.inc(len(scores))
         return scores
 
@@ -182,7 +224,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
             for k, gen in enumerate(gens):
-                scores = None if req.logprobs is None else await score(gen.prompt, req.logprobs)
+                scores = None if req.logprobs is None else await score(request, gen.prompt, req.logprobs, arrival)
                 echoed = prompts.echo_text(llm, req, k, gen.prompt)
                 gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scores)
             if req.max_tokens == 0:

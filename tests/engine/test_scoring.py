@@ -27,9 +27,13 @@ def _prompt(seed: int, lengths: list[int]) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
 
 
-@pytest.mark.parametrize("rows", [scoring.ROWS, 7])  # one chunk, or many with a ragged last one
-def test_every_prompt_token_matches_fp64_transformers(llm, reference, monkeypatch, rows: int) -> None:
+@pytest.mark.parametrize(("rows", "piece"), [(scoring.ROWS, scoring.PIECE), (7, scoring.PIECE), (scoring.ROWS, 10),
+                                             (3, 11), (scoring.ROWS, 76), (scoring.ROWS, 77)])
+def test_every_prompt_token_matches_fp64_transformers(llm, reference, monkeypatch, rows: int, piece: int) -> None:
+    """In one forward or in pieces continuing each other's state (ragged last pieces, a last piece
+    of one token, the prompt's exact length), one head chunk or many."""
     monkeypatch.setattr(scoring, "ROWS", rows)
+    monkeypatch.setattr(scoring, "PIECE", piece)
     prompt = _prompt(0, [5, 40, 23, 9])  # segments: scored as one sequence, whatever the cache holds
     ids = [t for s in prompt for t in s]
     llm.engine.prewarm(prompt[1:3])  # cached documents change nothing: scoring is a full forward
@@ -104,3 +108,25 @@ def test_on_a_gpu_scores_equal_the_models_own_logits_and_the_cpus() -> None:
     # row scored at the wrong position is off by ≫ 0.1
     off = max(abs(got[i][ids[i]] - on_cpu[i][ids[i]]) for i in range(1, len(ids)))
     assert off < 2e-2, off
+
+
+def test_scoring_stops_between_pieces_and_frees_the_engine_between_them(llm, monkeypatch) -> None:
+    """``stop`` is asked before each piece and its reason ends the scoring; between pieces the
+    engine's lock is free (another request's step can run), and a stopped scoring leaves the engine
+    serving."""
+    monkeypatch.setattr(scoring, "PIECE", 16)
+    prompt = _prompt(3, [70])
+    asked, free_between = [], []
+
+    def stop() -> str | None:
+        free_between.append(llm.engine._lock.acquire(blocking=False))
+        if free_between[-1]:
+            llm.engine._lock.release()
+        asked.append(len(asked))
+        return "the client left" if len(asked) == 3 else None
+
+    with pytest.raises(scoring.ScoringStopped, match="the client left"):
+        llm.engine.prompt_logprobs(prompt, stop=stop)
+    assert len(asked) == 3 and all(free_between)  # pieces 1 and 2 ran, the third was not started
+    whole = llm.engine.prompt_logprobs(prompt, stop=lambda: None)
+    assert len(whole) == 70 and llm.generate([prompt], SamplingParams(max_tokens=2))[0].token_ids

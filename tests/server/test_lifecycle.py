@@ -274,3 +274,61 @@ def test_the_command_line_names_bad_values_in_one_line(tmp_path: Path) -> None:
                          (["bench", "ttft", "--model", str(tmp_path / "nope")], "hypic bench:")):
         r = subprocess.run([sys.executable, "-m", "hypic.cli", *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-400:])
+
+
+def test_echo_scoring_is_held_like_any_request(endless: LLM, monkeypatch) -> None:
+    """Scoring a prompt (echo with logprobs) is bounded by the request's timeout (504), stopped when
+    its client leaves, held to the queue's limit while it waits (429) and shown in the gauges; the
+    engine serves other requests between its pieces. (It ran to its end whatever happened: three
+    abandoned scorings made the next small request wait 8.7 s.) The forward is slowed to 0.05 s a
+    piece of 4 tokens, so a 400-token prompt would take 5 s."""
+    from hypic.engine import scoring
+
+    monkeypatch.setattr(scoring, "PIECE", 4)
+    forwards = []
+    real = endless.engine.model.hidden_states
+
+    def slow(*args, **kwargs):
+        forwards.append(time.monotonic())
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(endless.engine.model, "hidden_states", slow)
+    prompt = " ".join(f"w{i}" for i in range(200))
+    echo = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
+    live = serve(endless, request_timeout_s=1.0, max_queue=1)
+    try:
+        t0 = time.monotonic()
+        r = httpx.post(f"{live.url}/v1/completions", json=echo, timeout=30)
+        assert r.status_code == 504 and time.monotonic() - t0 < 3, (r.status_code, time.monotonic() - t0)
+        assert metric(live.url, 'hypic_errors_total{kind="timeout"}') == 1
+        # a client that leaves: its scoring stops at the next piece
+        with socket.create_connection(("127.0.0.1", live.port)) as s:
+            payload = json.dumps(echo).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            wait_for(lambda: len(forwards) > 2)
+        wait_for(lambda: metric(live.url, 'hypic_errors_total{kind="cancelled"}') == 1)
+        n = len(forwards)
+        time.sleep(0.3)
+        assert len(forwards) <= n + 1  # no more pieces after the one running as it left
+        # one scoring runs, one waits (both in the gauges), a third is refused
+        results: dict[int, int] = {}
+
+        def send(k: int) -> None:
+            results[k] = httpx.post(f"{live.url}/v1/completions", json=echo, timeout=30).status_code
+
+        threads = [threading.Thread(target=send, args=(k,)) for k in range(2)]
+        threads[0].start()
+        wait_for(lambda: metric(live.url, "hypic_running_requests") == 1)
+        threads[1].start()
+        wait_for(lambda: metric(live.url, "hypic_queue_depth") == 1)
+        assert httpx.post(f"{live.url}/v1/completions", json=echo, timeout=30).status_code == 429
+        for t in threads:
+            t.join()
+        assert sorted(results.values()) == [504, 504]
+        assert metric(live.url, "hypic_queue_depth") == 0 and metric(live.url, "hypic_running_requests") == 0
+        monkeypatch.undo()
+        assert httpx.post(f"{live.url}/v1/completions", json=body(2), timeout=30).status_code == 200
+    finally:
+        live.stop()
