@@ -333,9 +333,8 @@ def run_batch(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from hypic.server import create_app
+    from hypic.server import create_app, serving
+    from hypic.server.serving import HypicServer
 
     try:
         if args.api_key is not None and not args.api_key.strip():  # "$UNSET_VAR": no key is not what was meant
@@ -354,8 +353,7 @@ def serve(args: argparse.Namespace) -> int:
     # (SIGTERM is what systemd, docker stop and Kubernetes send). So SIGTERM interrupts like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=max(1, round(settings.shutdown_timeout_s)))
+        HypicServer(serving.config(app, settings, host=args.host, port=args.port, log_level=args.log_level)).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -38,6 +38,10 @@ class Event:
     at: float = field(default_factory=time.monotonic)  # when the scheduler made it (time.monotonic)
 
 
+CANCELLED = "cancelled"
+SHUTDOWN = "the server shut down before the request finished"
+
+
 @dataclass
 class Submission:
     prompt: list[list[int]]
@@ -48,8 +52,11 @@ class Submission:
     cancelled: threading.Event = field(default_factory=threading.Event)
     run: Running | None = None
     sent: int = 0  # tokens already handed out
+    reason: str = CANCELLED  # what its error event says once cancelled
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = CANCELLED) -> None:
+        if not self.cancelled.is_set():
+            self.reason = reason
         self.cancelled.set()
 
     def stream(self, timeout: float | None = None):
@@ -103,7 +110,7 @@ class Scheduler:
         gone = [s for s in self._waiting if s.cancelled.is_set()]  # one reading: a request cancelled
         if gone:  # meanwhile stays, with its event to come, rather than leaving without one
             for s in gone:
-                s.events.put(Event("error", error=RuntimeError("cancelled")))
+                s.events.put(Event("error", error=RuntimeError(s.reason)))
             left = {id(s) for s in gone}  # by identity: a Submission's == would compare its prompts
             self._waiting = deque(s for s in self._waiting if id(s) not in left)
 
@@ -127,7 +134,7 @@ class Scheduler:
                 tokens += n
         for sub in batch:
             if sub.cancelled.is_set():
-                sub.events.put(Event("error", error=RuntimeError("cancelled")))
+                sub.events.put(Event("error", error=RuntimeError(sub.reason)))
         batch = [s for s in batch if not s.cancelled.is_set()]
         groups = [[s for s in batch if s.mode == mode] for mode in {s.mode for s in batch}]
         while groups:
@@ -187,7 +194,7 @@ class Scheduler:
             self.engine.forget([s.run for s in cancelled])  # their decode state goes now
         for s in cancelled:
             s.run.output.finish_reason = "cancelled"
-            s.events.put(Event("error", error=RuntimeError("cancelled")))
+            s.events.put(Event("error", error=RuntimeError(s.reason)))
         live = [s for s in running if not s.run.done]
         if live:
             try:
@@ -216,5 +223,5 @@ class Scheduler:
         if self._thread.is_alive():
             with self._cv:
                 for s in self._running:
-                    s.cancel()
+                    s.cancel(SHUTDOWN)
             self._thread.join()

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from hypic.engine.request import RequestMetrics, SamplingParams
-from hypic.engine.scheduler import Event, QueueFull, Scheduler, Submission
+from hypic.engine.scheduler import CANCELLED, SHUTDOWN, Event, QueueFull, Scheduler, Submission
 from hypic.server.errors import APIError
 from hypic.server.settings import ServerSettings
 
@@ -74,8 +74,10 @@ def event_error(event: Event, retry_after_s: int = 1) -> APIError:
     if isinstance(e, torch.OutOfMemoryError):  # alone, next to the requests running now: later, not never
         return APIError(503, "the prompt did not fit in device memory next to the requests running; retry later",
                         kind="out_of_memory", type="server_error", headers={"Retry-After": str(retry_after_s)})
-    if isinstance(e, RuntimeError) and str(e) == "cancelled":
+    if isinstance(e, RuntimeError) and str(e) == CANCELLED:
         return APIError(499, "the request was cancelled", kind="cancelled", type="cancelled")
+    if isinstance(e, RuntimeError) and str(e) == SHUTDOWN:  # past the shutdown timeout
+        return APIError(503, SHUTDOWN, kind="shutting_down", type="server_error")
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="engine", type="server_error")
 
 
@@ -85,6 +87,7 @@ class Runner:
     def __init__(self, scheduler: Scheduler, settings: ServerSettings) -> None:
         self.scheduler, self.settings = scheduler, settings
         self.closing = False
+        self._stopping: threading.Thread | None = None
 
     def _unavailable(self, message: str, status: int, kind: str) -> APIError:
         return APIError(status, message, kind=kind, type="server_error" if status == 503 else "rate_limit_error",
@@ -102,10 +105,20 @@ class Runner:
             raise self._unavailable(f"the server is busy: {e}; retry later", 429, "overloaded") from None
         return Job(sub, arrival, arrival + self.settings.request_timeout_s, self.settings.retry_after_s)
 
+    def begin_shutdown(self) -> None:
+        """Stop admitting now; in-flight jobs get the shutdown timeout to finish, then are cancelled
+        with an error of their own (a stream ends with an error event and ``[DONE]``). Called as the
+        server begins to stop (``HypicServer``), so it runs while uvicorn still writes responses."""
+        if self._stopping is None:
+            self.closing = True
+            self._stopping = threading.Thread(target=self.scheduler.shutdown, args=(self.settings.shutdown_timeout_s,),
+                                              name="hypic-shutdown", daemon=True)
+            self._stopping.start()
+
     async def shutdown(self) -> None:
-        """Stop admitting; in-flight jobs finish within the shutdown timeout, then are cancelled."""
-        self.closing = True
-        await asyncio.to_thread(self.scheduler.shutdown, self.settings.shutdown_timeout_s)
+        """The lifespan's end: the shutdown begun (if it was not) and finished."""
+        self.begin_shutdown()
+        await asyncio.to_thread(self._stopping.join)
 
 
 async def until_disconnected(receive: Callable[[], Awaitable[dict]]) -> None:

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from openai import OpenAI
 from safetensors.torch import load_file, save_file
 
 from hypic import LLM
 from hypic.eval.tokenizer import END, corpus, train_tokenizer
-from hypic.server import ServerSettings, create_app
+from hypic.server import ServerSettings, create_app, serving
 from hypic.server.chat import CHATML
+from hypic.server.serving import HypicServer
 from tests.engine.conftest import _qwen3_5
 
 API_KEY = "sk-hypic-test"
@@ -45,16 +45,16 @@ def build_model(path: Path, special: tuple[str, ...] = ()) -> Path:
 
 
 class LiveServer:
-    """uvicorn serving ``app`` on 127.0.0.1 (a port the OS picked) in a background thread."""
+    """uvicorn serving ``app`` on 127.0.0.1 (a port the OS picked) in a background thread, as
+    ``hypic serve`` runs it (``hypic.server.serving``)."""
 
-    def __init__(self, app: FastAPI, shutdown_timeout_s: int = 10) -> None:
+    def __init__(self, app: FastAPI, settings: ServerSettings) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = app
-        config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=shutdown_timeout_s)
-        self.server = uvicorn.Server(config)
+        self.server = HypicServer(serving.config(app, settings, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -71,7 +71,7 @@ class LiveServer:
 
 def serve(llm: LLM, **settings) -> LiveServer:
     s = ServerSettings(**{"model_name": MODEL, "shutdown_timeout_s": 10, **settings})
-    return LiveServer(create_app(llm, s), shutdown_timeout_s=max(1, round(s.shutdown_timeout_s)))
+    return LiveServer(create_app(llm, s), s)
 
 
 @pytest.fixture(scope="session")
