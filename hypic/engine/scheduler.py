@@ -82,6 +82,7 @@ class Scheduler:
         self._running: list[Submission] = []
         self._cv = threading.Condition()
         self._stopping = False
+        self._cancel_all = False  # past the shutdown timeout: a request still starting is cancelled too
         self._thread = threading.Thread(target=self._loop, name="hypic-scheduler", daemon=True)
         self._thread.start()
 
@@ -157,6 +158,8 @@ class Scheduler:
                 self._emit(s)
                 if not r.done:
                     with self._cv:
+                        if self._cancel_all:  # it was prefilling as the shutdown timeout passed
+                            s.cancel(SHUTDOWN)
                         self._running.append(s)
 
     def _loop(self) -> None:
@@ -222,6 +225,7 @@ class Scheduler:
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._cv:
+                self._cancel_all = True
                 for s in self._running:
                     s.cancel(SHUTDOWN)
             self._thread.join()

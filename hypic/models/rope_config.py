@@ -89,9 +89,10 @@ def rope_scaling(c: dict[str, Any]) -> RopeScaling | None:
                          f"{', '.join(_PLAIN + SCALINGS)}")
     if kind == "linear":
         return RopeScaling("linear", _number(key, spec, "factor"))
-    # the pretraining context: the scaling's own field, else the config's (Phi-3 keeps it at the top)
-    original = spec.get("original_max_position_embeddings",
-                        c.get("original_max_position_embeddings", c.get("max_position_embeddings")))
+    # the pretraining context: a config's top-level field first (Phi-3 keeps it there; transformers
+    # lets it win over the scaling's own), then the scaling's, then max_position_embeddings
+    original = c.get("original_max_position_embeddings") or spec.get(
+        "original_max_position_embeddings", c.get("max_position_embeddings"))
     if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
         raise ValueError(f"config.{key}.original_max_position_embeddings: expected a positive integer, "
                          f"got {original!r}")
@@ -100,6 +101,7 @@ def rope_scaling(c: dict[str, Any]) -> RopeScaling | None:
     else:
         factor = _number(key, spec, "factor")
     truncate = spec.get("truncate", True)
+    truncate = False if truncate is None else truncate  # transformers reads null as false
     if not isinstance(truncate, bool):
         raise ValueError(f"config.{key}.truncate: expected true or false, got {truncate!r}")
     return RopeScaling("yarn", factor, original_max=original,

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from hypic.engine.scheduler import Scheduler
+from hypic.engine.scheduler import SHUTDOWN, Scheduler
 from hypic.engine.scoring import ScoringStopped
 from hypic.llm import LLM
 from hypic.server import prompts, responses
@@ -147,46 +147,62 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     async def score(request: Request, prompt: list[list[int]], top: int, arrival: float
                     ) -> list[dict[int, float] | None]:
         """The prompt's own log-probabilities (echo): a full forward in pieces between the
-        scheduler's calls, one prompt at a time, as any request is held: waiting ones count against
-        the queue's limit (429), the request's timeout bounds it (504), a client that leaves stops it
-        (``hypic.engine.scoring``); out of device memory, a 503 to retry."""
+        scheduler's calls, one prompt at a time, and held as any request is: at most --max-queue
+        wait to be scored (429), the request's timeout bounds the wait and the scoring (504), a
+        client that leaves is dropped, waiting or scoring, and past the shutdown timeout it ends
+        with a 503 (``hypic.engine.scoring`` stops between pieces); out of device memory, a 503 to
+        retry."""
+        runner = state.live_runner()
         deadline = arrival + settings.request_timeout_s
         if state.scoring_waiting >= settings.max_queue:
             raise APIError(429, f"the server is busy: {state.scoring_waiting} prompts wait to be scored; retry later",
                            kind="overloaded", type="rate_limit_error",
                            headers={"Retry-After": str(settings.retry_after_s)})
-        gone = threading.Event()
-
-        async def watch() -> None:
-            await until_disconnected(request.receive)
-            gone.set()
+        timed_out = APIError(504, "the request timed out", kind="timeout", type="timeout_error")
+        left = APIError(499, "the client closed the connection", kind="cancelled")
+        ended = threading.Event()  # the client left, or this handler ended (cancelled): the scorer stops
+        watcher = asyncio.ensure_future(until_disconnected(request.receive))
+        watcher.add_done_callback(lambda _: ended.set())
 
         def stop() -> str | None:
-            return "cancelled" if gone.is_set() else "timeout" if time.monotonic() > deadline else None
+            if ended.is_set():
+                return "cancelled"
+            return "shutdown" if runner.overdue() else "timeout" if time.monotonic() > deadline else None
 
-        timed_out = APIError(504, "the request timed out", kind="timeout", type="timeout_error")
-        watcher = asyncio.ensure_future(watch())
+        held = False
         try:
             state.scoring_waiting += 1
+            acquire = asyncio.ensure_future(state.scoring_lock.acquire())
             try:
-                await asyncio.wait_for(state.scoring_lock.acquire(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                raise timed_out from None
+                await asyncio.wait({acquire, watcher}, timeout=max(0.0, deadline - time.monotonic()),
+                                   return_when=asyncio.FIRST_COMPLETED)
             finally:
                 state.scoring_waiting -= 1
+                if not acquire.done():
+                    acquire.cancel()
+                held = acquire.done() and not acquire.cancelled()
+            if ended.is_set():
+                raise left
+            if not held:
+                raise timed_out
+            if runner.closing:
+                raise APIError(503, "the server is shutting down", kind="shutting_down", type="server_error")
             try:
                 scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top, stop)
             except ScoringStopped as e:
                 if str(e) == "timeout":
                     raise timed_out from None
-                raise APIError(499, "the client closed the connection", kind="cancelled") from None
+                if str(e) == "shutdown":
+                    raise APIError(503, SHUTDOWN, kind="shutting_down", type="server_error") from None
+                raise left from None
             except torch.OutOfMemoryError:  # the device is busy serving: later, not never
                 raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
                                type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
-            finally:
-                state.scoring_lock.release()
         finally:
+            ended.set()
             watcher.cancel()
+            if held:
+                state.scoring_lock.release()
         metrics.scored_tokens.inc(len(scores))
         return scores
 
@@ -206,12 +222,14 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         arrival = time.monotonic()
         req = await read_body(request, CompletionRequest, settings.max_body_bytes)
         check_model(req.model)
-        n = choices(req.n)
+        # tokenizing and compiling a schema: off the event loop (a 4 MiB prompt held every stream 8 s)
+        batch = await asyncio.to_thread(prompts.completion_segments, llm, req, settings)
         await structured_ready(req)
         await names_ready(req.logprobs)
+        n = choices(req.n)
 
         def prepare() -> list[Generation]:
-            batch, gens = prompts.completion_segments(llm, req, settings), []
+            gens = []
             for k, segments in enumerate(batch):
                 field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
                 max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
@@ -220,15 +238,15 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                        req.stream, req.include_usage, req.stops, req.logprobs, n))
             return gens
 
-        gens = await asyncio.to_thread(prepare)  # tokenizing and compiling a schema: off the event loop
+        gens = await asyncio.to_thread(prepare)
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
             for k, gen in enumerate(gens):
                 scores = None if req.logprobs is None else await score(request, gen.prompt, req.logprobs, arrival)
-                echoed = prompts.echo_text(llm, req, k, gen.prompt)
+                echoed = await asyncio.to_thread(prompts.echo_text, llm, req, k, gen.prompt)
                 gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scores)
-            if req.max_tokens == 0:
-                return echo_only(gens, llm.tokenizer, metrics)
+            if req.max_tokens == 0:  # the prompt's tokens named and offset: off the event loop too
+                return await asyncio.to_thread(echo_only, gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
 
     async def chat_generation(req: ChatRequest, field: str = "messages") -> Generation:

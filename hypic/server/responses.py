@@ -146,7 +146,7 @@ class ResponsesRequest(Strict):
                                                              "reasons as its chat template asks"))] = None
     # hypic's extensions, as on the other routes
     seed: int | None = Field(None, **INT64)
-    cache_salt: Text | None = Field(None, max_length=1024)
+    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
 
 

@@ -87,6 +87,7 @@ class Runner:
     def __init__(self, scheduler: Scheduler, settings: ServerSettings) -> None:
         self.scheduler, self.settings = scheduler, settings
         self.closing = False
+        self.closing_at: float | None = None  # when the shutdown began (monotonic)
         self._stopping: threading.Thread | None = None
 
     def _unavailable(self, message: str, status: int, kind: str) -> APIError:
@@ -110,10 +111,14 @@ class Runner:
         with an error of their own (a stream ends with an error event and ``[DONE]``). Called as the
         server begins to stop (``HypicServer``), so it runs while uvicorn still writes responses."""
         if self._stopping is None:
-            self.closing = True
+            self.closing, self.closing_at = True, time.monotonic()
             self._stopping = threading.Thread(target=self.scheduler.shutdown, args=(self.settings.shutdown_timeout_s,),
                                               name="hypic-shutdown", daemon=True)
             self._stopping.start()
+
+    def overdue(self) -> bool:
+        """Past the shutdown timeout: what is still running is cancelled (echo scoring asks)."""
+        return self.closing_at is not None and time.monotonic() > self.closing_at + self.settings.shutdown_timeout_s
 
     async def shutdown(self) -> None:
         """The lifespan's end: the shutdown begun (if it was not) and finished."""

@@ -69,6 +69,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
         if outside:
             raise bad_request(f"tokens: token id {outside[0]} is outside this model's vocabulary "
                               f"[0, {llm.vocab_size})", "tokens")
-        return {"prompt": tokenizer.decode(req.tokens, skip_special_tokens=False)}
+        text = await asyncio.to_thread(tokenizer.decode, req.tokens, skip_special_tokens=False)  # up to 1 M ids
+        return {"prompt": text}
 
     return router

@@ -230,3 +230,27 @@ def test_a_failure_outside_the_step_fails_its_requests_and_the_loop_serves_on(ll
     assert events[-1].kind == "done" and events[-1].output.token_ids == want  # the loop decodes on
     sched.shutdown()
     assert llm.engine.store.check_integrity()
+
+
+def test_a_request_still_prefilling_when_the_shutdown_timeout_passes_is_cancelled_too(llm, monkeypatch) -> None:
+    """Past the shutdown timeout every running request is cancelled; one that was inside its
+    prefill then (in neither the queue nor the running list) was added afterwards and decoded to
+    its max_tokens while the shutdown waited for it."""
+    from hypic.engine.scheduler import SHUTDOWN
+
+    started = threading.Event()
+    real = llm.engine.start
+
+    def slow_start(*args, **kwargs):
+        started.set()
+        threading.Event().wait(1.0)  # still prefilling as the 0.2 s timeout passes
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "start", slow_start)
+    sched = Scheduler(llm.engine, max_running=2, max_queue=2)
+    sub = sched.submit(_prompt(6), SamplingParams(max_tokens=1500, ignore_eos=True))
+    assert started.wait(30)
+    sched.shutdown(timeout=0.2)
+    events = list(sub.stream(timeout=60))
+    assert events[-1].kind == "error" and str(events[-1].error) == SHUTDOWN
+    assert sum(e.kind == "token" for e in events) < 1500

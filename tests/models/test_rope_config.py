@@ -55,6 +55,26 @@ def test_frequencies_and_attention_factor_are_transformers(name: str) -> None:
     assert plain.scaling is None and not torch.allclose(plain.inv_freq(torch.float32), want_freq)
 
 
+@pytest.mark.parametrize(("scaling", "top"), [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+     {"original_max_position_embeddings": 1024}),
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "truncate": None}, {}),
+])
+def test_yarn_reads_a_top_level_pretraining_length_and_a_null_truncate_as_transformers(scaling: dict,
+                                                                                     top: dict) -> None:
+    """A top-level ``original_max_position_embeddings`` (Phi-3's place for it) wins over the
+    scaling's own, and ``truncate: null`` is false, as transformers reads them."""
+    config = T.Qwen3_5TextConfig(**TINY_BASE, **TINY_GDN, intermediate_size=64, **top,
+                                 rope_parameters={**scaling, "rope_theta": 5e5, "partial_rotary_factor": 0.5})
+    want_freq, want_factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+    spec = rope_of(config.to_dict())
+    torch.testing.assert_close(spec.inv_freq(torch.float32), want_freq, rtol=2e-7, atol=0)
+    assert spec.attention_factor == pytest.approx(want_factor, rel=1e-12)
+    plain = rope_of(_config({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+                            theta=5e5).to_dict())
+    assert not torch.allclose(plain.inv_freq(torch.float32), want_freq)  # the case differs from the plain read
+
+
 def test_the_older_rope_scaling_key_reads_the_same() -> None:
     """``rope_scaling`` with ``type`` (configs before transformers 5) gives the same RoPE as the
     same scaling in ``rope_parameters``; asking for two different scalings is refused."""

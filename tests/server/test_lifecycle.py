@@ -167,7 +167,8 @@ def test_shutdown_cancels_what_does_not_finish_in_time(endless: LLM) -> None:
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2].removeprefix("data: "))
     assert last["error"]["message"] == "the server shut down before the request finished", last
-    assert whole["r"].status_code == 503 and whole["r"].json()["error"]["type"] == "server_error"
+    assert whole["r"].status_code == 503  # cancelled as it ran, not refused from the queue
+    assert whole["r"].json()["error"]["message"] == "the server shut down before the request finished"
     live.thread.join(30)
     assert not live.thread.is_alive() and time.monotonic() - t0 < 10
     assert live.app.state.hypic.runner.scheduler.depth == (0, 0)
@@ -344,3 +345,46 @@ def test_echo_scoring_is_held_like_any_request(endless: LLM, monkeypatch) -> Non
         assert httpx.post(f"{live.url}/v1/completions", json=body(2), timeout=30).status_code == 200
     finally:
         live.stop()
+
+
+def test_echo_scoring_waiting_or_past_the_shutdown_timeout_ends_as_requests_do(endless: LLM, monkeypatch) -> None:
+    """A scorer whose client leaves while it waits for the running one gives up its place at once
+    (it held it until its turn came); past the shutdown timeout the running scoring ends with the
+    shutdown's 503, not at its own end. The forward is slowed as above: 200 pieces, 10 s."""
+    from hypic.engine import scoring
+
+    monkeypatch.setattr(scoring, "PIECE", 4)
+    real = endless.engine.model.hidden_states
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(endless.engine.model, "hidden_states", slow)
+    echo = {"prompt": " ".join(f"w{i}" for i in range(200)), "max_tokens": 0, "echo": True, "logprobs": 1}
+    live = serve(endless, shutdown_timeout_s=1, max_queue=4)
+    try:
+        first: dict[str, httpx.Response] = {}
+        runner = threading.Thread(target=lambda: first.setdefault("r", httpx.post(
+            f"{live.url}/v1/completions", json=echo, timeout=60)))
+        runner.start()
+        wait_for(lambda: metric(live.url, "hypic_running_requests") == 1)
+        with socket.create_connection(("127.0.0.1", live.port)) as s:
+            payload = json.dumps(echo).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            wait_for(lambda: metric(live.url, "hypic_queue_depth") == 1)
+        wait_for(lambda: metric(live.url, "hypic_queue_depth") == 0, timeout=3)  # left while the first scores
+        assert runner.is_alive()  # the first is still scoring
+        t0 = time.monotonic()
+        live.server.should_exit = True
+        runner.join(30)
+        r = first["r"]
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["message"] == "the server shut down before the request finished"
+        assert time.monotonic() - t0 < 6  # the shutdown timeout (1 s) and a piece, not the 10 s scoring
+        live.thread.join(30)
+        assert not live.thread.is_alive()
+    finally:
+        if live.thread.is_alive():
+            live.stop()

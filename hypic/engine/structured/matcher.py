@@ -258,6 +258,6 @@ def _literal(node: Lit, prefix: bytes, b: int) -> list[Outcome]:
         return []
     grown = prefix + bytes([b])
     out = [Outcome(POP, None, True)] if grown in node.values else []
-    if grown in node.prefixes:
+    if node.continues(grown):
         out.append(Outcome(grown, None, True))
     return out

@@ -52,6 +52,10 @@ def _has(ranges: Ranges, c: int) -> bool:
     return any(lo <= c <= hi for lo, hi in ranges)
 
 
+class LengthsTooCostly(Exception):
+    """``Regex.lengths`` passed its budget."""
+
+
 @dataclass(frozen=True)
 class Window:
     """How many more characters a string may take: ``bits`` the lengths allowed, as a mask over
@@ -125,14 +129,19 @@ class Regex:
     def accepts(self, states: frozenset[int]) -> bool:
         return self.accept in states
 
-    def lengths(self, cap: int) -> list[int]:
+    def lengths(self, cap: int, budget: int | None = None) -> list[int]:
         """Per state, a bit mask of the numbers of characters that complete a match from it: bit n
         for n < ``cap``, bit ``cap`` for ``cap`` or more (saturating, so loops end). Exact for any
         window of lengths inside [0, cap) and for "at least n" windows: what a minLength and a
-        maxLength ask together (``Window``). A fixed point from the accept state backwards."""
+        maxLength ask together (``Window``). A fixed point from the accept state backwards; a loop
+        takes about ``cap`` rounds of ``cap``-bit masks, so the cost grows with ``cap`` squared:
+        past ``budget`` bits of mask updates, ``LengthsTooCostly``."""
         got = self._lengths.get(cap)
         if got is not None:
             return got
+        if budget is not None and cap > budget // 64:  # its masks alone would be too large to build
+            raise LengthsTooCostly(cap)
+        work = 0
         top = 1 << cap
         full = (top << 1) - 1
         back: list[list[tuple[int, bool]]] = [[] for _ in self.eps]  # (predecessor, over a character)
@@ -153,6 +162,9 @@ class Regex:
                 if grown != masks[s]:
                     masks[s] = grown
                     todo.append(s)
+                    work += cap
+                    if budget is not None and work > budget:
+                        raise LengthsTooCostly(cap)
         self._lengths[cap] = masks
         return masks
 

@@ -30,8 +30,8 @@ with one schema share the vocabulary's memo of allowed tokens.
 
 from __future__ import annotations
 
+import bisect
 import json
-import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +39,7 @@ from decimal import Decimal
 from functools import cached_property, lru_cache
 
 from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible
-from hypic.engine.structured.regex import Regex, Window, compile_regex
+from hypic.engine.structured.regex import LengthsTooCostly, Regex, Window, compile_regex
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
@@ -64,10 +64,10 @@ FORMATS = {
     "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
 }
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
-# A pattern's length masks (``Regex.lengths``) cost about states × cap² bit operations: ≈ 0.06 s for
-# this budget on a 2-vCPU CPU ([a-z]+ with maxLength 16 384). maxLength 10⁹ with a pattern held the
-# server's event loop for good; a bound past the budget is refused by name instead.
-LENGTH_WORK = 4 * 10**9
+# Bits of mask updates a pattern's length masks (``Regex.lengths``) may cost; a loop costs about
+# cap² of them. maxLength 10⁹ with a pattern held the server's event loop for good; a bound past
+# the budget is refused by name instead. ≈ 0.1 s at this budget on a 2-vCPU CPU (session 26).
+LENGTH_WORK = 2 * 10**9
 
 
 @dataclass(eq=False, frozen=True)
@@ -110,10 +110,15 @@ class Lit:
     values: frozenset[bytes]
 
     @cached_property
-    def prefixes(self) -> frozenset[bytes]:
-        """Every proper prefix of a value: a byte continues a literal when the text so far is one
-        (a set lookup; scanning every value per byte made a 20 000-value enum's mask cost seconds)."""
-        return frozenset(v[:i] for v in self.values for i in range(1, len(v)))
+    def ordered(self) -> tuple[bytes, ...]:
+        return tuple(sorted(self.values))
+
+    def continues(self, text: bytes) -> bool:
+        """Whether ``text`` is a proper prefix of a value: the values it begins sort right after it
+        (a binary search; scanning every value per byte made a 20 000-value enum's mask cost seconds,
+        and a set of every prefix grew with a value's length squared: 2 GB for a 60 kB const)."""
+        i = bisect.bisect_right(self.ordered, text)
+        return i < len(self.ordered) and self.ordered[i].startswith(text)
 
 
 @dataclass(eq=False, frozen=True)
@@ -204,16 +209,16 @@ def _compile_text(text: str) -> Node:
 
 
 def _check_length_work(rx: Regex, low: int, high: int | None, schema: dict, where: str) -> None:
-    """ValueError when enforcing the string's length bounds with its pattern would cost past
-    ``LENGTH_WORK`` (its masks are ``cap`` bits wide, built over a fixed point around loops)."""
-    cap = Window.between(low, high).cap
-    states = max(1, len(rx.eps))
-    if states * cap * cap > LENGTH_WORK:
-        bound = "maxLength" if high is not None else "minLength"
-        most = math.isqrt(LENGTH_WORK // states) - (1 if high is not None else 0)
+    """ValueError when the string's length bounds would cost its pattern's length masks more than
+    ``LENGTH_WORK`` (measured in the fixed point itself: a pattern without loops is cheap at any
+    bound); within it the masks are built here, once, and decoding reuses them."""
+    try:
+        rx.lengths(low if high is None else high + 1, budget=LENGTH_WORK)  # Window.between's cap
+    except LengthsTooCostly:
+        bound, value = ("maxLength", high) if high is not None else ("minLength", low)
         what = "pattern" if "pattern" in schema else "format"
-        raise ValueError(f"{where}: {bound} {cap - (1 if high is not None else 0)} is too large to enforce with its "
-                         f"{what}: at most {most} with this {what}")
+        raise ValueError(f"{where}: {bound} {value} is too large to enforce with its {what} (the work grows with "
+                         f"the bound squared where the {what} repeats)") from None
 
 
 def _node(schema: object, where: str, cx: _Compiling, depth: int) -> Node:
