@@ -182,28 +182,49 @@ class Engine(ColdPrefill, PrefixPrefill):
         if devices:
             self.pool = ColdPool(ModelSpec.of(loaded), self.device, devices, self.model, policy=route)
 
-    def _key(self, ids: list[int], seam: int, salt: str | None, mode: str) -> SegmentKey:
+    def _key(self, ids: list[int], seam: int, salt: str | None, mode: str, cold: str | None = None) -> SegmentKey:
         """A document's key. A standalone entry is the document's alone, whatever mode reads it; an
         in-context one comes out of its first request's forward, which each mode assembles its own
-        way (``ASSEMBLY``), so it is keyed by the mode: a ``naive`` request's entries, carrying
-        naive's error, once served later ``transition`` requests."""
-        tag = mode if self.cold == "in_context" else "hypic"
+        way (``ASSEMBLY``), so it is keyed by the mode (a ``naive`` request's entries, carrying
+        naive's error, once served later ``transition`` requests) and apart from every standalone
+        entry (a ``hypic`` one shared the standalone key: saved and loaded into a standalone engine,
+        it answered 1.44 off in the logits)."""
+        tag = f"in_context:{mode}" if (cold or self.cold) == "in_context" else "hypic"
         return segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name, salt=salt,
                            mode=tag)
 
-    def _plan(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
+    def _keys_of(self, ids: list[int], salt: str | None) -> set[SegmentKey]:
+        """Every key this engine can hold a document under: each mode's entries (at its seam, either
+        cold strategy's) and the ``prefix`` mode's chain links (seam 0, the plain key)."""
+        keys = {segment_key(ids, model_fingerprint=self.fingerprint, seam=0, dtype=self.dtype_name, salt=salt)}
+        for m, assembly in ASSEMBLY.items():
+            for cold in COLD_STRATEGIES:
+                keys.add(self._key(ids, self.seam if assembly.seam else 0, salt, m, cold))
+        return keys
+
+    def _plan(self, segments: list[list[int]], mode: str, salt: str | None, cold: str | None = None) -> RequestPlan:
+        """The request's segments with their keys, cached entries looked up and pinned. ``cold``:
+        the strategy its misses are built by (default the engine's). An in-context request takes a
+        standalone entry when there is no in-context one (a prewarmed document): it is valid in any
+        context; the reverse never happens."""
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start = [], 0
         for i, ids in enumerate(segments):
             in_context = i == len(segments) - 1 or all_seam(seam, len(ids))  # the query is never cached
-            key = None if in_context else self._key(ids, seam, salt, mode)
+            key = None if in_context else self._key(ids, seam, salt, mode, cold)
             plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))
             start += len(ids)
         plan = RequestPlan(plans, salt)
+        fallback = (cold or self.cold) == "in_context"
         try:
             for s in plans:
                 if s.key is not None:
                     s.entry = self.store.lookup(s.key, tuple(s.token_ids))
+                    if s.entry is None and fallback:
+                        standalone = self._key(s.token_ids, seam, salt, mode, "standalone")
+                        entry = self.store.lookup(standalone, tuple(s.token_ids))
+                        if entry is not None:
+                            s.key, s.entry = standalone, entry
                     s.hit = s.entry is not None
                     # pinned before the next lookup, whose promotion may make room: a host entry
                     # evicted there would free the arena region this request is about to read
@@ -391,7 +412,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         out, digests = [], []
         with self._lock:
             for ids in segments:
-                keys = {self._key(ids, self.seam if ASSEMBLY[m].seam else 0, salt, m) for m in ASSEMBLY}
+                keys = self._keys_of(ids, salt)
                 digests.append({k.digest for k in keys})
                 status = [self.store.discard(k, tuple(ids)) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
@@ -408,7 +429,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         queries that will use them arrive. Per segment: True if it was cached already, False if it
         was filled now, None if it is too short to cache (all seam: recomputed in context anyway)."""
         with self._lock:
-            plan = self._plan([*segments, []], "hypic", salt)  # an empty query: nothing to answer
+            plan = self._plan([*segments, []], "hypic", salt, cold="standalone")  # an empty query: nothing to answer
             try:
                 self._cold_prefill([plan], cold="standalone")
             finally:

@@ -139,6 +139,34 @@ def test_in_context_entries_serve_only_the_mode_that_built_them(model_paths, fir
     assert mixed.engine.store.stats().entries["device"] == 0
 
 
+def test_in_context_and_standalone_entries_are_kept_apart(model_paths, tmp_path) -> None:
+    """In-context entries carry their first context: a standalone engine never serves them (a
+    ``hypic`` one shared the standalone key; saved and loaded into a standalone engine it answered
+    1.44 off in the logits), while an in-context engine may take a standalone (prewarmed) entry,
+    valid anywhere. Evicting a document also drops the ``prefix`` states that hold it in an
+    in-context engine with a seam (their keys were missed: the document stayed served)."""
+    from hypic import LLM
+
+    a, b, q = _docs(52, [40, 36, 7])
+    path = str(model_paths["qwen3_5"])
+    in_context = LLM(path, device="cpu", cold="in_context", seam=4)
+    in_context.engine.prefill_logits([[a, b, q]], mode="hypic")
+    in_context.save_cache(tmp_path / "saved")
+    standalone = LLM(path, device="cpu", seam=4)
+    standalone.load_cache(tmp_path / "saved")
+    got, metrics = standalone.engine.prefill_logits([[b, a, q]], mode="hypic")
+    assert metrics[0].segment_hits == 0  # the in-context entries are not its
+    want = LLM(path, device="cpu", seam=4).engine.prefill_logits([[b, a, q]], mode="hypic")[0]
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    fresh = LLM(path, device="cpu", cold="in_context", seam=4)
+    fresh.prewarm([a, b])
+    assert fresh.engine.prefill_logits([[b, a, q]], mode="hypic")[1][0].segment_hits == 2  # standalone, taken
+    for llm in (in_context, fresh):
+        llm.generate([[a, q]], mode="prefix")
+        assert llm.evict([a])[0]
+        assert llm.generate([[a, q]], mode="prefix")[0].metrics.segment_hits == 0, llm.engine.cold
+
+
 def test_a_request_is_charged_the_cold_tokens_of_its_own_misses(qwen3_5_path) -> None:
     """``recomputed_tokens`` per request: a call of three prompts charged each one every entry the
     call built (a 105-token prompt reported 463)."""
