@@ -200,7 +200,9 @@ def test_one_lost_worker_of_two_ends_the_pool_at_once(pair):
     llm = LLM(cold_workers=2)
     try:
         prompts = _prompts(1, seed=24)
+        t_ref = time.monotonic()
         llm.generate(prompts, SamplingParams(max_tokens=2))  # both workers have carried a share
+        t_ref = time.monotonic() - t_ref  # the same work with both workers: the machine's pace now
         llm.engine.store.clear()
         llm.engine.pool._procs[0].kill()
         llm.engine.pool._procs[0].wait()
@@ -208,7 +210,9 @@ def test_one_lost_worker_of_two_ends_the_pool_at_once(pair):
         t0 = time.monotonic()
         with pytest.warns(RuntimeWarning, match="cold worker 1"):
             got = llm.generate(prompts, SamplingParams(max_tokens=2))
-        assert time.monotonic() - t0 < 25  # no 30 s wait for the blocked survivor
+        # no 30 s wait for the blocked survivor; the bound follows the machine's pace (a loaded CI
+        # host took 25.8 s for the good path once)
+        assert time.monotonic() - t0 < max(25.0, t_ref + 20.0), (time.monotonic() - t0, t_ref)
         assert llm.engine.pool is None and all(p.poll() is not None for p in others)
         assert got[0].token_ids == alone.generate(prompts, SamplingParams(max_tokens=2))[0].token_ids
     finally:
