@@ -236,9 +236,10 @@ class LLM:
 
     def cache_stats(self) -> dict[str, Any]:
         s = self.engine.store.stats()
+        states, held = self.engine.prefix.stats()  # the prefix mode's, outside the tiers' budgets
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
                 "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions,
-                "host_pinned_bytes": s.host_pinned_bytes}
+                "host_pinned_bytes": s.host_pinned_bytes, "prefix_states": states, "prefix_bytes": held}
 
 
 def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:

@@ -60,6 +60,19 @@ class PrefixCache:
                 old, _ = self._states.popitem(last=False)
                 self._members.pop(old, None)
 
+    def stats(self) -> tuple[int, int]:
+        """(states kept, bytes they hold): each tensor storage counted once, as snapshots share the
+        linear states, conv tails and key/value buffers of the states they came from."""
+        with self._lock:
+            seen: dict[tuple[str, int], int] = {}
+            for state in self._states.values():
+                tensors = [*state.linear.values(), *state.conv.values(),
+                           *(t for b in state.kv.values() for t in (b._k, b._v))]
+                for t in tensors:
+                    storage = t.untyped_storage()
+                    seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+            return len(self._states), sum(seen.values())
+
     def discard_containing(self, digests: set[bytes]) -> int:
         """Drop every kept state whose prefix holds one of these segments; how many."""
         with self._lock:

@@ -365,3 +365,21 @@ def test_a_prompt_and_max_tokens_beyond_the_context_are_refused(tmp_path) -> Non
         short.generate([prompt, prompt], [fits, over])
     with pytest.raises(ValueError, match="max_tokens: the prompt's"):
         short.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=64))
+
+
+def test_cache_stats_count_the_prefix_modes_states(qwen3_5_path) -> None:
+    """The ``prefix`` mode's kept states sit outside the tiers' budgets; ``cache_stats`` shows how
+    many and their bytes (each shared buffer once), and they go with the documents evicted."""
+    llm = LLM(str(qwen3_5_path), device="cpu")
+    head, doc, q1, q2 = _segments(31, [20, 60, 5, 6])
+    assert (llm.cache_stats()["prefix_states"], llm.cache_stats()["prefix_bytes"]) == (0, 0)
+    llm.generate([[head, doc, q1]], SamplingParams(max_tokens=1), mode="prefix")
+    stats = llm.cache_stats()
+    config = llm.loaded.config
+    attention = sum(1 for k in llm.engine.model.kinds.kinds if k == "attention")
+    kv_floor = attention * 80 * 2 * config["num_key_value_heads"] * config["head_dim"] * 4  # fp32 keys + values
+    assert stats["prefix_states"] == 2 and stats["prefix_bytes"] >= kv_floor  # after the head, after head+doc
+    llm.generate([[head, doc, q2]], SamplingParams(max_tokens=1), mode="prefix")  # the same states reused
+    assert llm.cache_stats()["prefix_states"] == 2
+    llm.evict([head])
+    assert (llm.cache_stats()["prefix_states"], llm.cache_stats()["prefix_bytes"]) == (0, 0)
