@@ -67,7 +67,7 @@ class PrefixCache:
             seen: dict[tuple[str, int], int] = {}
             for state in self._states.values():
                 tensors = [*state.linear.values(), *state.conv.values(),
-                           *(t for b in state.kv.values() for t in (b._k, b._v))]
+                           *(t for b in state.kv.values() for t in (b.keys, b.values))]
                 for t in tensors:
                     storage = t.untyped_storage()
                     seen[(str(t.device), storage.data_ptr())] = storage.nbytes()

@@ -61,7 +61,7 @@ def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int
             ctx = SequenceContext([state], [len(piece)], device)
             hidden = model.hidden_states(to_device(piece, device), ctx)
             ctx.finish()
-            scored = len(ids[p + 1:p + PIECE + 1])  # rows predicting a next token: all but the prompt's last
+            scored = min(len(piece), len(ids) - 1 - p)  # rows predicting a next token: all but the prompt's last
             nxt = to_device(ids[p + 1:p + 1 + scored], device)
             for a in range(0, scored, rows):
                 b = min(a + rows, scored)

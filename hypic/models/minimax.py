@@ -68,8 +68,7 @@ def residual(c: dict[str, Any], kind: str) -> Residual:
 
 
 def rope(c: dict[str, Any], head_dim: int) -> RopeSpec:
-    theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 1e6))
-    return rope_spec(c, int(c.get("rotary_dim") or head_dim), float(theta))
+    return rope_spec(c, int(c.get("rotary_dim") or head_dim), 1e6)
 
 
 def build_minimax(config: dict[str, Any]) -> HybridLM:

@@ -42,8 +42,7 @@ def rope_of(c: dict[str, Any]) -> RopeSpec:
     rp = c.get("rope_parameters") or {}
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     factor = rp.get("partial_rotary_factor", c.get("partial_rotary_factor", 0.25))
-    theta = rp.get("rope_theta", c.get("rope_theta", 10000.0))
-    return rope_spec(c, int(head_dim * factor), float(theta))
+    return rope_spec(c, int(head_dim * factor), 10000.0)
 
 
 def build_gdn_stack(c: dict[str, Any], *, interleaved: bool, mlp: Callable[[int], nn.Module]) -> HybridLM:

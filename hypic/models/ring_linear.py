@@ -83,9 +83,7 @@ def build_ring_linear(config: dict[str, Any]) -> HybridLM:
     heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     rotary_dim = c.get("rotary_dim") or int(head_dim * c.get("partial_rotary_factor", 1.0))
-    # 600 000: the ports' default when a config omits θ
-    theta = float((c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 600000.0)))
-    rope, moe = rope_spec(c, rotary_dim, theta), moe_config(c)
+    rope, moe = rope_spec(c, rotary_dim, 600000.0), moe_config(c)  # 600 000: the ports' θ when a config has none
     lightning = LightningConfig(hidden, heads, head_dim, rope, eps, c.get("group_norm_size", 1), n)
 
     def mixer(i: int, kind: str) -> nn.Module:

@@ -110,9 +110,11 @@ def rope_scaling(c: dict[str, Any]) -> RopeScaling | None:
                        truncate=truncate, attention_factor=_yarn_attention_factor(key, spec, factor))
 
 
-def rope_spec(c: dict[str, Any], rotary_dim: int, theta: float) -> RopeSpec:
-    """The RoPE of a config whose family has already read its rotary dims and θ."""
-    return RopeSpec(rotary_dim, theta, rope_scaling(c))
+def rope_spec(c: dict[str, Any], rotary_dim: int, default_theta: float) -> RopeSpec:
+    """The RoPE of a config whose family has read its rotary dims: θ from ``rope_parameters`` or the
+    top level (else the family's default), and the scaling."""
+    theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", default_theta))
+    return RopeSpec(rotary_dim, float(theta), rope_scaling(c))
 
 
 def max_positions(c: dict[str, Any], rope: RopeSpec, default: int) -> int:

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from hypic.engine.scheduler import SHUTDOWN, Scheduler
+from hypic.engine.scheduler import CANCELLED, SHUTDOWN, Scheduler
 from hypic.engine.scoring import ScoringStopped
 from hypic.llm import LLM
 from hypic.server import prompts, responses
@@ -40,7 +40,7 @@ from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import opened_by
 from hypic.server.responses import ResponsesRequest, ResponseStore
-from hypic.server.runner import Runner, until_disconnected
+from hypic.server.runner import TIMEOUT, Runner, ended_error, until_disconnected
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
 from hypic.server.tools import KIMI_OPEN
@@ -158,16 +158,14 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise APIError(429, f"the server is busy: {state.scoring_waiting} prompts wait to be scored; retry later",
                            kind="overloaded", type="rate_limit_error",
                            headers={"Retry-After": str(settings.retry_after_s)})
-        timed_out = APIError(504, "the request timed out", kind="timeout", type="timeout_error")
-        left = APIError(499, "the client closed the connection", kind="cancelled")
         ended = threading.Event()  # the client left, or this handler ended (cancelled): the scorer stops
         watcher = asyncio.ensure_future(until_disconnected(request.receive))
         watcher.add_done_callback(lambda _: ended.set())
 
         def stop() -> str | None:
             if ended.is_set():
-                return "cancelled"
-            return "shutdown" if runner.overdue() else "timeout" if time.monotonic() > deadline else None
+                return CANCELLED
+            return SHUTDOWN if runner.overdue() else TIMEOUT if time.monotonic() > deadline else None
 
         held = False
         try:
@@ -181,20 +179,13 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 if not acquire.done():
                     acquire.cancel()
                 held = acquire.done() and not acquire.cancelled()
-            if ended.is_set():
-                raise left
-            if not held:
-                raise timed_out
-            if runner.closing:
-                raise APIError(503, "the server is shutting down", kind="shutting_down", type="server_error")
+            if ended.is_set() or not held:
+                raise ended_error(CANCELLED if ended.is_set() else TIMEOUT)
+            state.live_runner()  # the shutdown began while it waited: refused as any new request
             try:
                 scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top, stop)
             except ScoringStopped as e:
-                if str(e) == "timeout":
-                    raise timed_out from None
-                if str(e) == "shutdown":
-                    raise APIError(503, SHUTDOWN, kind="shutting_down", type="server_error") from None
-                raise left from None
+                raise ended_error(str(e)) from None
             except torch.OutOfMemoryError:  # the device is busy serving: later, not never
                 raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
                                type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None

@@ -56,7 +56,7 @@ class Job:
             event = await asyncio.wait_for(self._queue.get(), max(0.0, self.deadline - time.monotonic()))
         except asyncio.TimeoutError:
             self.cancel()
-            raise APIError(504, "the request timed out", kind="timeout", type="timeout_error") from None
+            raise ended_error(TIMEOUT) from None
         if event.kind == "token":
             self.tokens += 1
             if self.first_token_at is None:
@@ -64,6 +64,19 @@ class Job:
         elif event.kind in ("done", "error"):
             self.finished = True
         return event
+
+
+TIMEOUT = "timeout"  # a request's deadline passed (CANCELLED and SHUTDOWN: the scheduler's reasons)
+
+
+def ended_error(reason: str) -> APIError:
+    """What a request ended early tells its client, by the reason: its client went away
+    (``CANCELLED``), the shutdown timeout passed (``SHUTDOWN``) or its own deadline (``TIMEOUT``)."""
+    if reason == SHUTDOWN:
+        return APIError(503, SHUTDOWN, kind="shutting_down", type="server_error")
+    if reason == TIMEOUT:
+        return APIError(504, "the request timed out", kind="timeout", type="timeout_error")
+    return APIError(499, "the request was cancelled", kind="cancelled", type="cancelled")
 
 
 def event_error(event: Event, retry_after_s: int = 1) -> APIError:
@@ -74,10 +87,8 @@ def event_error(event: Event, retry_after_s: int = 1) -> APIError:
     if isinstance(e, torch.OutOfMemoryError):  # alone, next to the requests running now: later, not never
         return APIError(503, "the prompt did not fit in device memory next to the requests running; retry later",
                         kind="out_of_memory", type="server_error", headers={"Retry-After": str(retry_after_s)})
-    if isinstance(e, RuntimeError) and str(e) == CANCELLED:
-        return APIError(499, "the request was cancelled", kind="cancelled", type="cancelled")
-    if isinstance(e, RuntimeError) and str(e) == SHUTDOWN:  # past the shutdown timeout
-        return APIError(503, SHUTDOWN, kind="shutting_down", type="server_error")
+    if isinstance(e, RuntimeError) and str(e) in (CANCELLED, SHUTDOWN):  # the scheduler's cancellations
+        return ended_error(str(e))
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", kind="engine", type="server_error")
 
 

@@ -208,7 +208,7 @@ def _compile_text(text: str) -> Node:
     return node
 
 
-def _check_length_work(rx: Regex, low: int, high: int | None, schema: dict, where: str) -> None:
+def _check_length_work(rx: Regex, low: int, high: int | None, what: str, where: str) -> None:
     """ValueError when the string's length bounds would cost its pattern's length masks more than
     ``LENGTH_WORK`` (measured in the fixed point itself: a pattern without loops is cheap at any
     bound); within it the masks are built here, once, and decoding reuses them."""
@@ -216,7 +216,6 @@ def _check_length_work(rx: Regex, low: int, high: int | None, schema: dict, wher
         rx.lengths(low if high is None else high + 1, budget=LENGTH_WORK)  # Window.between's cap
     except LengthsTooCostly:
         bound, value = ("maxLength", high) if high is not None else ("minLength", low)
-        what = "pattern" if "pattern" in schema else "format"
         raise ValueError(f"{where}: {bound} {value} is too large to enforce with its {what} (the work grows with "
                          f"the bound squared where the {what} repeats)") from None
 
@@ -577,10 +576,11 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
         node = Str(low, high, _pattern(schema, where))
         if node.pattern is not None:
-            _check_length_work(node.pattern, low, high, schema, where)
-        if node.pattern is not None and not node.pattern.finishes(node.pattern.start, Window.between(low, high)):
-            raise ValueError(f"{where}: no string of {low} to {'any' if high is None else high} characters "
-                             f"matches its {'pattern' if 'pattern' in schema else 'format'}")
+            what = "pattern" if "pattern" in schema else "format"
+            _check_length_work(node.pattern, low, high, what, where)
+            if not node.pattern.finishes(node.pattern.start, Window.between(low, high)):
+                raise ValueError(f"{where}: no string of {low} to {'any' if high is None else high} characters "
+                                 f"matches its {what}")
         return node
     if kind in ("integer", "number"):
         return Num(kind == "integer", _bounds(schema, kind == "integer", where))
