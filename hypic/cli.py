@@ -407,10 +407,10 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--route", default="lpt", choices=["lpt", "round_robin"], help="how cold segments are spread")
     p.add_argument("--cache-device-bytes", type=parse_budget, default="auto",
                    help="device-tier budget, e.g. 20GiB, or none (default auto: on a GPU half the memory free "
-                        "after loading the model; on the CPU unbounded)")
+                        "after loading the model; on the CPU half the memory available)")
     p.add_argument("--cache-host-bytes", type=parse_budget, default="auto",
                    help="host-tier budget, e.g. 64GiB, or none (default auto: on a GPU a quarter of physical "
-                        "memory; on the CPU unbounded)")
+                        "memory; on the CPU 0: both tiers would be the same memory)")
     p.add_argument("--cache-host-dtype", default="auto", choices=[*HOST_DTYPES, "auto"],
                    help="the host tier's summaries (T and S): bfloat16 holds nearly twice the entries there, "
                         "each rounded once on its way down (default auto: bfloat16 on a GPU, float32 on the CPU)")

@@ -9,8 +9,12 @@ allocator's slack (measured: a 60 GiB store beside the 9B model — half of what
 pools out of that other half, so the engine lowers an auto device budget by half of what they hold
 (``ColdPrefill._fit_cache_to_cold_graphs``): without it, 32 GiB of them ran the 9B trace out of memory.
 The host tier takes a quarter of physical memory: on a
-GPU machine its pages are pinned (asynchronous copies), and pinned pages cannot be swapped. A CPU
-engine keeps both tiers unbounded, as before: its "device" tier is host memory already.
+GPU machine its pages are pinned (asynchronous copies), and pinned pages cannot be swapped.
+
+A CPU engine is bounded too (it was not, and a server left running grew with every new document
+until the kernel killed it — a CPU process gets no out-of-memory error to shed on): its "device"
+tier is host memory, and takes half the memory available once the model is loaded; its host tier
+holds nothing, because a demotion there would keep the same bytes in the same memory.
 
 The host tier's summaries default ("auto") to bfloat16 on a GPU: they are most of an entry (96 of
 ≈ 105 MiB at the 9B shape), so the tier holds nearly twice the entries; rounded once on the way
@@ -29,7 +33,7 @@ import torch
 from hypic.cache.layout import HOST_DTYPES
 
 AUTO = "auto"
-DEVICE_FRACTION = 0.5  # of the device memory free after the model is loaded
+DEVICE_FRACTION = 0.5  # of the device memory free after the model is loaded (a CPU: memory available)
 HOST_FRACTION = 0.25  # of physical memory
 
 Budget = int | str | None  # bytes, "auto", or None (unbounded)
@@ -53,6 +57,22 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+def available_memory_bytes() -> int | None:
+    """Memory a process can still take without swapping: Linux's MemAvailable (free pages plus the
+    page cache it can drop), else the free pages, else None (not known)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def resolve(value: Budget, tier: str, device: torch.device) -> int | None:
     """A tier's budget in bytes (None: unbounded) from what the user passed."""
     name = f"cache_{tier}_bytes"
@@ -60,7 +80,10 @@ def resolve(value: Budget, tier: str, device: torch.device) -> int | None:
         return None
     if value == AUTO:
         if device.type != "cuda":
-            return None
+            if tier == "host":
+                return 0
+            available = available_memory_bytes()
+            return None if available is None else int(DEVICE_FRACTION * available)
         if tier == "device":
             free, _ = torch.cuda.mem_get_info(device)
             return int(DEVICE_FRACTION * free)

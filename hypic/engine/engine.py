@@ -125,7 +125,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         this engine's device (``hypic.parallel``): a count (the next GPUs after the engine's, or
         CPU processes) or a list of devices; ``route`` is the router's policy (lpt | round_robin).
         ``cache_device_bytes`` / ``cache_host_bytes``: the store's tiers, in bytes, None for
-        unbounded, or "auto" (``hypic.cache.budgets``: bounded on a GPU, unbounded on the CPU).
+        unbounded, or "auto" (``hypic.cache.budgets``: a share of the free memory; on the CPU no host tier).
         ``cache_host_dtype``: bfloat16 or float16 stores the host tier's summaries in half precision
         (nearly twice the entries; ``hypic.cache.store``); None or float32: as on the device; "auto"
         (default): bfloat16 on a GPU, float32 on the CPU (``hypic.cache.budgets``)."""

@@ -57,7 +57,8 @@ def test_the_sweep_stops_at_the_first_rate_over_the_slo() -> None:
     probe_engine = Engine(loaded, seam=4)
     probe_engine.prewarm([list(range(30))])
     entry_bytes = probe_engine.store.stats().bytes["device"]  # one 30-token document's entry
-    engine = Engine(loaded, seam=4, cache_device_bytes=3 * entry_bytes)  # room for about three
+    engine = Engine(loaded, seam=4, cache_device_bytes=3 * entry_bytes,  # room for about three
+                    cache_host_bytes=None)  # the rest demoted (a CPU's auto host tier holds nothing)
     load = TraceLoad(**SMALL, slo_s=1e-6)
     trace = make_trace(load, [1.0, 2.0])
     probes = run(EngineTarget(engine, trace, tok), trace, load, ["full", "hypic"], [1.0, 2.0])  # ids wrap

@@ -1,17 +1,26 @@
 """Cache budgets: numbers pass through, None is unbounded, "auto" bounds a GPU engine's tiers by
-what is free there and leaves a CPU engine's unbounded; anything else is refused by name."""
+what is free there and a CPU engine's device tier by the memory available (its host tier empty);
+anything else is refused by name."""
 
 import pytest
 import torch
 
 from hypic.cache import budgets
-from hypic.cache.budgets import AUTO, physical_memory_bytes, resolve, resolve_host_dtype
+from hypic.cache.budgets import AUTO, available_memory_bytes, physical_memory_bytes, resolve, resolve_host_dtype
 
 
-def test_numbers_none_and_auto_on_the_cpu() -> None:
+def test_numbers_none_and_auto_on_the_cpu(monkeypatch) -> None:
     cpu = torch.device("cpu")
     assert resolve(123, "device", cpu) == 123 and resolve(None, "host", cpu) is None
-    assert resolve(AUTO, "device", cpu) is None and resolve(AUTO, "host", cpu) is None  # as before "auto"
+    available = available_memory_bytes()
+    assert available is not None and 2**28 < available <= physical_memory_bytes()  # read off this Linux machine
+    # half of what is available (read at each call: other processes move it a little between reads)
+    assert abs(resolve(AUTO, "device", cpu) - budgets.DEVICE_FRACTION * available) < 2**28
+    assert resolve(AUTO, "host", cpu) == 0  # the same memory: a demotion would keep the same bytes
+    monkeypatch.setattr(budgets, "available_memory_bytes", lambda: 10 * 2**30)
+    assert resolve(AUTO, "device", cpu) == int(budgets.DEVICE_FRACTION * 10 * 2**30)
+    monkeypatch.setattr(budgets, "available_memory_bytes", lambda: None)  # not known: unbounded
+    assert resolve(AUTO, "device", cpu) is None
     for bad in ("lots", -1, 1.5, True):
         with pytest.raises(ValueError, match="cache_device_bytes"):
             resolve(bad, "device", cpu)
@@ -50,3 +59,29 @@ def test_an_engine_on_a_gpu_is_bounded_by_default() -> None:
     assert device_budget is not None and 0 < device_budget <= free
     assert engine.store.budgets["host"] is not None
     assert engine.store.host_dtype is torch.bfloat16  # the host tier's summaries: "auto" on a GPU
+
+
+def test_a_cpu_engine_on_auto_budgets_evicts_instead_of_growing(monkeypatch) -> None:
+    """The CPU's auto device tier is a real bound: documents past it push the least recently used out
+    (nothing demoted: the host tier holds nothing), and a document still held is served from the cache."""
+    from hypic.bench.shapes import SHAPES
+    from hypic.engine.engine import Engine
+    from hypic.models.random_init import random_model
+
+    loaded = random_model(SHAPES["tiny"], device="cpu", dtype=torch.float32)
+    probe = Engine(loaded, seam=4, cache_device_bytes=None)
+    probe.prewarm([list(range(30))])
+    entry = probe.store.stats().bytes["device"]  # one 30-token document's entry
+    monkeypatch.setattr(budgets, "available_memory_bytes", lambda: int(7 * entry))  # auto: room for three
+    engine = Engine(loaded, seam=4)
+    assert engine.store.budgets == {"device": int(3.5 * entry), "host": 0}
+    docs = [[(7 * i + j) % 200 + 1 for j in range(30)] for i in range(6)]
+    for doc in docs:  # one call each (a call's own entries are pinned while it runs)
+        engine.prewarm([doc])
+    stats = engine.store.stats()
+    assert stats.bytes["device"] <= int(3.5 * entry) and stats.bytes["host"] == 0
+    assert stats.evictions == 3 and stats.demotions == 0
+    hits = stats.hits
+    engine.prewarm(docs[-1:])  # the newest is still held
+    assert engine.store.stats().hits == hits + 1
+    assert engine.store.check_integrity()
