@@ -169,7 +169,12 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.cold_failures = {"request": 0, "lost": 0}
         # Prefill calls of the cached modes, and those that built entries (a cold part): on a trace with
         # a few percent of new documents most calls carry one, and its cost is fixed per call.
-        self.prefill_calls = {"calls": 0, "with_cold": 0}
+        # Each its own count: a reader between two updates must never see one go down (a reset to Prometheus).
+        self.prefill_calls = {"calls": 0, "with_cold": 0, "without_cold": 0}
+        # Tokens run through the model by finished prefill calls of every mode and by prewarm, wherever
+        # they ran (this device or a cold worker): a cold segment shared by prompts of one call counts
+        # once, while each request's RequestMetrics.recomputed_tokens counts its own misses whole.
+        self.prefill_tokens = 0
         # Prefill calls that ran the device out of memory (hypic.engine.memory): tried again after
         # sparing memory, split in halves, and single prompts that failed even alone.
         self.out_of_memory = {"retried": 0, "split": 0, "failed": 0}
@@ -301,9 +306,12 @@ class Engine(ColdPrefill, PrefixPrefill):
             ctx.finish()
             for m, n in zip(metrics, lengths, strict=True):
                 m.recomputed_tokens = n
+            self.prefill_tokens += sum(lengths)
             return logits, states
         if mode == "prefix":
-            return self._prefix(prompts, salts, metrics)
+            out = self._prefix(prompts, salts, metrics)
+            self.prefill_tokens += sum(m.recomputed_tokens for m in metrics)  # each prompt's own stretches
+            return out
         plans: list[RequestPlan] = []
         try:
             for p, s in zip(prompts, salts, strict=True):
@@ -319,13 +327,14 @@ class Engine(ColdPrefill, PrefixPrefill):
                 logits = self.model(both.input_ids, both, both.logits_rows())
             built = scattered + ([] if cold is None else cold.entries)
             self.prefill_calls["calls"] += 1
-            self.prefill_calls["with_cold"] += bool(built)
+            self.prefill_calls["with_cold" if built else "without_cold"] += 1
             for e in built:
                 self.store.insert(e)
             for p in plans:
                 for s in p.segments:
                     if s.in_context and s.key is not None:
                         self.store.insert(s.entry)
+            shared: dict[SegmentKey, int] = {}  # every cold segment of the call, built once
             for m, p in zip(metrics, plans, strict=True):
                 cached = [s for s in p.segments if s.key is not None]
                 m.segment_hits = sum(s.hit for s in cached)
@@ -334,6 +343,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 # its own misses prefilled apart (once each, however many prompts of the call share one)
                 cold = {s.key: s.length for s in cached if not s.hit and not s.in_context}
                 m.recomputed_tokens = p.recompute_tokens + sum(cold.values())
+                shared.update(cold)
+            self.prefill_tokens += sum(p.recompute_tokens for p in plans) + sum(shared.values())
             return logits, ctx.decode_states
         finally:
             for p in plans:
@@ -438,6 +449,8 @@ class Engine(ColdPrefill, PrefixPrefill):
             plan = self._plan([*segments, []], "hypic", salt, cold="standalone")  # an empty query: nothing to answer
             try:
                 self._cold_prefill([plan], cold="standalone")
+                self.prefill_tokens += sum({s.key: s.length for s in plan.segments
+                                            if s.key is not None and not s.hit}.values())
             finally:
                 self.store.unpin(plan.pinned)
         return [None if s.key is None else s.hit for s in plan.segments[:-1]]

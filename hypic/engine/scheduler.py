@@ -80,6 +80,7 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self._waiting: deque[Submission] = deque()
         self._running: list[Submission] = []
+        self._prefilling = 0  # taken off the queue by _admit, not yet running nor ended
         self._cv = threading.Condition()
         self._stopping = False
         self._cancel_all = False  # past the shutdown timeout: a request still starting is cancelled too
@@ -88,9 +89,10 @@ class Scheduler:
 
     @property
     def depth(self) -> tuple[int, int]:
-        """(waiting, running)."""
+        """(waiting, running): running counts the requests being prefilled too (as vLLM's
+        num_requests_running does) — a replica busy with long prompts must not read as idle."""
         with self._cv:
-            return len(self._waiting), len(self._running)
+            return len(self._waiting), len(self._running) + self._prefilling
 
     def submit(self, prompt: list[list[int]], params: SamplingParams, *, mode: str = "hypic",
                salt: str | None = None) -> Submission:
@@ -133,10 +135,25 @@ class Scheduler:
                     break  # first come, first served: the next call takes it
                 batch.append(self._waiting.popleft())
                 tokens += n
-        for sub in batch:
-            if sub.cancelled.is_set():
-                sub.events.put(Event("error", error=RuntimeError(sub.reason)))
-        batch = [s for s in batch if not s.cancelled.is_set()]
+            self._prefilling = len(batch)
+        try:
+            self._prefill(batch)
+        finally:
+            with self._cv:
+                self._prefilling = 0
+
+    def _settled(self, n: int) -> None:
+        """n requests of the call being prefilled have ended or started running."""
+        with self._cv:
+            self._prefilling -= n
+
+    def _prefill(self, batch: list[Submission]) -> None:
+        gone = [s for s in batch if s.cancelled.is_set()]  # one reading, as _drop_cancelled_waiting
+        for sub in gone:
+            sub.events.put(Event("error", error=RuntimeError(sub.reason)))
+        self._settled(len(gone))
+        left = {id(s) for s in gone}
+        batch = [s for s in batch if id(s) not in left]
         groups = [[s for s in batch if s.mode == mode] for mode in {s.mode for s in batch}]
         while groups:
             group = groups.pop()
@@ -148,16 +165,19 @@ class Scheduler:
                     groups.extend([s] for s in group)
                     continue
                 group[0].events.put(Event("error", error=e))
+                self._settled(1)
                 continue
             except Exception as e:  # one bad batch must not stop the loop: fail its requests
                 for s in group:
                     s.events.put(Event("error", error=e))
+                self._settled(len(group))
                 continue
             for s, r in zip(group, runs, strict=True):
                 s.run = r
                 self._emit(s)
-                if not r.done:
-                    with self._cv:
+                with self._cv:
+                    self._prefilling -= 1
+                    if not r.done:
                         if self._cancel_all:  # it was prefilling as the shutdown timeout passed
                             s.cancel(SHUTDOWN)
                         self._running.append(s)

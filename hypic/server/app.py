@@ -333,7 +333,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         state.live_runner()
         async with state.prewarm_lock:
             cached = await asyncio.to_thread(llm.engine.prewarm, ids, salt=req.cache_salt)
-        metrics.prewarmed_segments.inc(sum(c is False for c in cached))
+        metrics.prewarmed_segments.inc(len({tuple(s) for s, c in zip(ids, cached, strict=True) if c is False}))
         data = [{"index": i, "tokens": len(seg), "cached": c is True, "cacheable": c is not None}
                 for i, (seg, c) in enumerate(zip(ids, cached, strict=True))]
         return {"object": "list", "model": settings.model_name, "data": data,

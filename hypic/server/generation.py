@@ -392,6 +392,7 @@ def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Respo
         scored += len(echo.tokens) if echo.logprobs is not None else 0
     usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens,
              "prompt_tokens_details": {"cached_tokens": 0}}
+    metrics.prompt_tokens.inc(tokens)
     extension = {"mode": "full", "segments": sum(len(g.prompt) for g in gens), "segment_hits": 0,
                  "segment_misses": 0, "recomputed_tokens": scored, "prefill_s": None, "ttft_s": None}
     if not gens[0].stream:

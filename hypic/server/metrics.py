@@ -21,7 +21,10 @@ from hypic.engine.request import RequestMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 INTER_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
-TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# up to the request timeout's default (600 s): a quantile past the last bound reads as that bound
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0, 600.0)
+REQUEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 600.0, 960.0)
 
 
 def cache_outcome(m: RequestMetrics) -> str:
@@ -54,14 +57,25 @@ class _Live(Collector):
                                 "(pinned ahead of demotions, used or not)", value=s.host_pinned_bytes)
         for name, value in (("evictions", s.evictions), ("promotions", s.promotions), ("demotions", s.demotions),
                             ("lookup_hits", s.hits), ("lookup_misses", s.misses)):
-            yield CounterMetricFamily(f"hypic_cache_{name}", f"Cache {name.replace('_', ' ')}", value=value)
+            yield CounterMetricFamily(f"hypic_cache_{name}", f"Cache {name.replace('_', ' ')}"
+                                      + (" (every store lookup, prewarm's included)" if "lookup" in name else ""),
+                                      value=value)
         yield CounterMetricFamily("hypic_cache_move_seconds", "Host time spent issuing promotions and demotions "
                                   "(copies between the tiers, on the engine's thread)", value=s.move_s)
         waiting, running = self.depth()
         yield GaugeMetricFamily("hypic_queue_depth", "Requests waiting for a decode slot", value=waiting)
-        yield GaugeMetricFamily("hypic_running_requests", "Requests decoding", value=running)
+        yield GaugeMetricFamily("hypic_running_requests", "Requests being prefilled or decoding (and echo "
+                                "prompts being scored)", value=running)
         if self.engine is not None:
             e = self.engine
+            states, nbytes = e.prefix.stats()
+            yield GaugeMetricFamily("hypic_prefix_states", "Sequence states the prefix mode keeps (outside the "
+                                    "tiers' budgets)", value=states)
+            yield GaugeMetricFamily("hypic_prefix_bytes", "Bytes the prefix mode's kept states hold (shared "
+                                    "buffers once)", value=nbytes)
+            yield CounterMetricFamily("hypic_recomputed_tokens", "Tokens run through the model in prefill "
+                                      "and prewarm, on every device (a cold segment shared by prompts of one call "
+                                      "once; echo scoring apart)", value=e.prefill_tokens)
             yield GaugeMetricFamily("hypic_cold_devices", "Devices prefilling cold segments (this one and its "
                                     "cold workers)", value=1 if e.pool is None else e.pool.workers)
             for name, doc, i in (("segments", "Cold segments prefilled, by device rank (0: the engine's)", 0),
@@ -78,7 +92,7 @@ class _Live(Collector):
             c = CounterMetricFamily("hypic_prefill_calls", "Prefill calls of the cached modes, by whether they "
                                     "prefilled cold segments", labels=["cold"])
             c.add_metric(["yes"], e.prefill_calls["with_cold"])
-            c.add_metric(["no"], e.prefill_calls["calls"] - e.prefill_calls["with_cold"])
+            c.add_metric(["no"], e.prefill_calls["without_cold"])
             yield c
             c = CounterMetricFamily("hypic_prefill_out_of_memory", "Prefill calls that ran the device out of memory: "
                                     "retried after sparing memory, split in halves, or a single prompt that failed",
@@ -105,7 +119,8 @@ class _Live(Collector):
 class Metrics:
     def __init__(self, store: SegmentStore, depth: Callable[[], tuple[int, int]], engine: Engine | None = None) -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("hypic_time_to_first_token_seconds", "Arrival to first token, by cache outcome",
+        self.ttft = Histogram("hypic_time_to_first_token_seconds", "Arrival to first token, by cache outcome "
+                              "(echo with logprobs: the prompt's scoring included)",
                               ["cache"], buckets=TTFT_BUCKETS, registry=r)
         self.prefill = Histogram("hypic_prefill_seconds", "Engine time to assemble a prompt's state and sample "
                                  "its first token", buckets=TTFT_BUCKETS, registry=r)
@@ -114,17 +129,18 @@ class Metrics:
                                      "them)", buckets=INTER_TOKEN_BUCKETS, registry=r)
         self.request_seconds = Histogram("hypic_request_seconds", "Arrival to the last token of a request answered "
                                          "to its end (its limit, EOS or a stop string; not cancelled or failed)",
-                                         buckets=TTFT_BUCKETS, registry=r)
+                                         buckets=REQUEST_BUCKETS, registry=r)
         self.requests = Counter("hypic_requests", "Requests accepted, by endpoint", ["endpoint"], registry=r)
         self.errors = Counter("hypic_errors", "Errors by kind", ["kind"], registry=r)
-        self.segment_hits = Counter("hypic_segment_hits", "Cacheable segments found in the cache", registry=r)
-        self.segment_misses = Counter("hypic_segment_misses", "Cacheable segments prefilled cold", registry=r)
+        self.segment_hits = Counter("hypic_segment_hits", "Requests' cacheable segments found in the cache",
+                                    registry=r)
+        self.segment_misses = Counter("hypic_segment_misses", "Requests' cacheable segments not found in the cache "
+                                      "(one prefilled for several requests of a call counts in each)", registry=r)
         self.prompt_tokens = Counter("hypic_prompt_tokens", "Prompt tokens", registry=r)
         self.cached_tokens = Counter("hypic_cached_tokens", "Prompt tokens served from the cache", registry=r)
-        self.recomputed_tokens = Counter("hypic_recomputed_tokens", "Tokens run through the model in prefill",
-                                         registry=r)
         self.generated_tokens = Counter("hypic_generated_tokens", "Tokens generated", registry=r)
-        self.prewarmed_segments = Counter("hypic_prewarmed_segments", "Segments prefilled by /v1/segments",
+        self.prewarmed_segments = Counter("hypic_prewarmed_segments", "Segments prefilled by /v1/segments (a "
+                                          "request's repeated segment once)",
                                           registry=r)
         self.evicted_segments = Counter("hypic_evicted_segments", "Segments forgotten by /v1/segments/evict",
                                         registry=r)
@@ -146,7 +162,6 @@ class Metrics:
         self.segment_misses.inc(m.segment_misses)
         self.prompt_tokens.inc(m.prompt_tokens)
         self.cached_tokens.inc(m.cached_tokens)
-        self.recomputed_tokens.inc(m.recomputed_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

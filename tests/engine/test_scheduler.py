@@ -254,3 +254,61 @@ def test_a_request_still_prefilling_when_the_shutdown_timeout_passes_is_cancelle
     events = list(sub.stream(timeout=60))
     assert events[-1].kind == "error" and str(events[-1].error) == SHUTDOWN
     assert sum(e.kind == "token" for e in events) < 1500
+
+
+def test_requests_being_prefilled_count_as_running(llm) -> None:
+    """While a prefill call runs, its requests are neither waiting nor decoding: they count as running
+    (a replica busy with long prompts read as idle in /metrics), and the count settles after it."""
+    inside, release = threading.Event(), threading.Event()
+    start = llm.engine.start
+
+    def held_start(*args, **kwargs):
+        inside.set()
+        assert release.wait(60)
+        return start(*args, **kwargs)
+
+    llm.engine.start = held_start
+    try:
+        sched = Scheduler(llm.engine, max_running=4)
+        subs = [sched.submit(_prompt(i), SamplingParams(max_tokens=2)) for i in range(3)]
+        assert inside.wait(60)
+        assert sched.depth == (0, 3)  # all three in the one call being prefilled
+        release.set()
+        assert all(list(s.stream(timeout=60))[-1].kind == "done" for s in subs)
+        assert sched.depth == (0, 0)
+        llm.engine.start = lambda *a, **k: (_ for _ in ()).throw(ValueError("broken"))  # a failing call
+        bad = sched.submit(_prompt(4), SamplingParams(max_tokens=2))
+        assert list(bad.stream(timeout=60))[-1].kind == "error"
+        assert sched.depth == (0, 0)  # a failed call's requests are not left counted
+        sched.shutdown()
+    finally:
+        llm.engine.start = start
+        release.set()
+
+
+def test_prefill_tokens_count_a_shared_cold_segment_once(llm) -> None:
+    """The engine's prefill_tokens (hypic_recomputed_tokens_total) is the model's work: a new document
+    shared by two prompts of one call is prefilled once, while each request's own recomputed_tokens
+    (its usage) counts the document whole; full counts every token, and each call is counted with or
+    without a cold part."""
+    engine = llm.engine
+    rng = random.Random(77)
+    doc = [rng.randrange(3, 512) for _ in range(40)]
+    prompts = [[[5, 6, 7], doc, [rng.randrange(3, 512) for _ in range(6)]] for _ in range(2)]
+    tokens, calls = engine.prefill_tokens, dict(engine.prefill_calls)
+    _, metrics = engine.prefill_logits(prompts, salts=["shared-once"] * 2)
+    assert all(m.segment_misses == 1 for m in metrics)
+    assert engine.prefill_tokens - tokens == sum(m.recomputed_tokens for m in metrics) - len(doc)
+    assert engine.prefill_calls["with_cold"] == calls["with_cold"] + 1
+    tokens = engine.prefill_tokens
+    engine.prefill_logits(prompts, salts=["shared-once"] * 2)  # warm now
+    assert engine.prefill_calls["without_cold"] == calls["without_cold"] + 1
+    assert engine.prefill_calls["calls"] == engine.prefill_calls["with_cold"] + engine.prefill_calls["without_cold"]
+    assert 0 < engine.prefill_tokens - tokens < 2 * (3 + 40 + 6)  # the seams and queries only
+    tokens = engine.prefill_tokens
+    engine.prefill_logits(prompts, mode="full")
+    assert engine.prefill_tokens - tokens == 2 * (3 + 40 + 6)
+    tokens = engine.prefill_tokens
+    other = [rng.randrange(3, 512) for _ in range(30)]
+    engine.prewarm([other, other, doc], salt="shared-once")  # one new document, given twice
+    assert engine.prefill_tokens - tokens == len(other)

@@ -270,7 +270,7 @@ def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
         assert metric(live.url, "hypic_cache_move_seconds_total") == 0.25
     finally:
         live.stop()
-    unbounded = LLM(str(model_dir), device="cpu")  # no device budget: nothing can overflow, nothing pinned
+    unbounded = LLM(str(model_dir), device="cpu", cache_device_bytes=None)  # nothing can overflow, nothing pinned
     unbounded.engine.store.arena = idle_arena = HostArena(4 * 4096, slab_bytes=4096, pin=False)
     live = serve(unbounded)
     try:

@@ -457,6 +457,29 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
     assert after["hypic_decode_graph_replays_total"] == after["hypic_decode_graph_captures_total"] == 0  # CPU: eager
     # one prefill call each: the first prefilled its documents cold, the second found them all
     assert delta['hypic_prefill_calls_total{cold="yes"}'] == delta['hypic_prefill_calls_total{cold="no"}'] == 1
+    # the model's work: the cold documents once, then each request's seams and query (its own usage counts
+    # the same here, as no other request shared its call)
+    assert delta["hypic_recomputed_tokens_total"] > delta['hypic_cold_tokens_total{rank="0"}']
+    assert 'hypic_request_seconds_bucket{le="960.0"}' in after  # up past the default request timeout
+
+
+def test_metrics_of_the_prefix_mode_echo_and_prewarm(http: httpx.Client, client: OpenAI, llm: LLM) -> None:
+    """The prefix mode's kept states are in /metrics as in the stats route; an echo answered without
+    queueing counts its prompt tokens; a document prewarmed twice in one request is prefilled once."""
+    complete(client, rag(9), extra_body={"mode": "prefix", "cache_salt": "prefix-metrics"})
+    stats, now = http.get("/v1/segments/stats").json(), scrape(http)
+    assert now["hypic_prefix_states"] == stats["prefix_states"] > 0
+    assert now["hypic_prefix_bytes"] == stats["prefix_bytes"] > 0
+    before = now
+    echo = http.post("/v1/completions", json={"prompt": "one two three", "max_tokens": 0, "echo": True}).json()
+    doc = rag(9)[1]
+    warm = http.post("/v1/segments", json={"segments": [doc, doc], "cache_salt": "prewarm-metrics"}).json()
+    assert [d["cached"] for d in warm["data"]] == [False, False]  # neither was cached before the call
+    delta = {k: v - before.get(k, 0.0) for k, v in scrape(http).items()}
+    assert delta["hypic_prompt_tokens_total"] == echo["usage"]["prompt_tokens"] > 0
+    assert delta["hypic_prewarmed_segments_total"] == 1
+    assert delta["hypic_recomputed_tokens_total"] == delta['hypic_cold_tokens_total{rank="0"}'] == len(
+        llm.tokenize([doc])[0])
 
 
 def test_models_health_and_auth(server: LiveServer, client: OpenAI) -> None:
