@@ -108,7 +108,8 @@ class Responder:
             if event.kind == "done":
                 self.ended = True
                 self.metrics.request_seconds.observe(event.at - self.job.arrival)
-                yield Piece(self.text.finish(), [], event.output.finish_reason)
+                text = self.text.finish()  # a stop string may show only now (an incomplete character flushed)
+                yield Piece(text, [], "stop" if self.text.stopped else event.output.finish_reason)
                 return
             if self.job.tokens == 1:
                 self.metrics.first_token(self.job.metrics, self.job.first_token_at - self.job.arrival)

@@ -5,7 +5,9 @@ for tokenizers that strip a leading space per ``decode`` call; decoding everythi
 quadratic. So, as vLLM does, each step decodes a short window twice — with and without the new
 tokens — and emits the difference, waiting while the window ends in an incomplete character
 (U+FFFD). Concatenated, the pieces equal decoding the whole output at once, which is what the
-offline ``LLM.generate`` returns. Stop strings are searched in the text; the last
+offline ``LLM.generate`` returns. Stop strings are searched in the text — and in the complete
+characters ahead of an incomplete one (a byte-level token can end a stop string and begin a
+multi-byte character: the stop is seen at once, not when the character completes); the last
 ``len(longest stop) − 1`` characters are held back so a stop split across tokens is never sent.
 With ``min_tokens`` (vLLM's meaning) a stop string counts only once it ends in the text of a token
 after the first ``min_tokens``: as EOS and the stop tokens, it cannot end a shorter output.
@@ -32,6 +34,7 @@ class TextStream:
         self.sent = 0  # characters of ``text`` handed out
         self.stopped = False  # a stop string was found: generation should end
         self._prefix = self._read = 0  # the decode window: tokens[_prefix:_read] were already read
+        self._pending = ""  # complete characters past ``text`` while the window waits on an incomplete one
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=not self.keep_special)
@@ -42,16 +45,20 @@ class TextStream:
         if len(after) > len(before) and (final or not after.endswith("\ufffd")):
             self.text += after[len(before):]
             self._prefix, self._read = self._read, len(self.tokens)
+            self._pending = ""
+        else:
+            self._pending = after[len(before):].rstrip("\ufffd")
 
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
         if self.stops:
-            hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold, self.exempt - len(s) + 1))
+            seen = self.text + self._pending
+            hits = [i for i in (seen.find(s, max(0, self.sent - self.hold, self.exempt - len(s) + 1))
                                 for s in self.stops) if i >= 0]
             if hits:
                 self.stopped = True
-                self.text = self.text[:min(hits)]
+                self.text = seen[:min(hits)]
                 final = True
         end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
         out, self.sent = self.text[self.sent:end], end
@@ -65,11 +72,13 @@ class TextStream:
         self.tokens.append(token)
         self._advance(final=False)
         if self.pushed <= self.min_tokens:
-            self.exempt = len(self.text)
+            self.exempt = len(self.text) + len(self._pending)
         return self._release(final=False)
 
     def finish(self) -> str:
         """The output ended: everything not sent yet (an incomplete character is sent as is)."""
+        if self.stopped:
+            return ""
         if len(self.tokens) > self._read:
             self._advance(final=True)
         return self._release(final=True)

@@ -151,6 +151,64 @@ def test_stop_strings_cut_the_text_even_across_tokens(tokenizer: Tokenizer, stop
     assert json.dumps(out)  # plain text, nothing held back
 
 
+@pytest.fixture(scope="module")
+def mixed_tokenizer() -> Tokenizer:
+    """A byte-level BPE whose merges join a space and a CJK character's first byte (' \\xe5'), as
+    real vocabularies do: one token ends a word and begins a multi-byte character."""
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    cjk = "".join(chr(0x4E00 + 7 * i) for i in range(200))
+    corpus = [f"Answer: {cjk[i:i + 3]} and {cjk[i + 5:i + 7]} is here" for i in range(190)] * 5
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|end|>"],
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    return tok
+
+
+def test_a_stop_string_before_an_incomplete_character_stops_at_once(mixed_tokenizer: Tokenizer) -> None:
+    """The token that completes the stop string also begins a character: the stop is seen on that
+    token (it was seen only when the character completed, or at the end: generation ran on to
+    max_tokens and the server answered 'length')."""
+    tok = mixed_tokenizer
+    joined = next(i for i in range(tok.get_vocab_size()) if tok.decode([i]).startswith(" ")
+                  and tok.decode([i]).endswith("\ufffd") and tok.decode([i]).strip("\ufffd") == " ")
+    word = tok.encode("Answer:", add_special_tokens=False).ids
+    stream = TextStream(tok, [": "])
+    pieces = [stream.push(t) for t in word]
+    assert not stream.stopped
+    pieces.append(stream.push(joined))
+    assert stream.stopped and "".join(pieces) + stream.finish() == "Answer"
+    exempt = TextStream(tok, [" "], min_tokens=len(word) + 1)  # the space is in a token min_tokens exempts
+    for t in [*word, joined]:
+        exempt.push(t)
+    assert not exempt.stopped
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_stop_strings_stop_at_the_first_token_whose_complete_text_holds_them(mixed_tokenizer: Tokenizer,
+                                                                            seed: int) -> None:
+    """Against decoding everything: the text is cut at the stop's first occurrence, and the stream
+    stops at the first token after which the complete characters decoded so far hold it."""
+    tok, rng = mixed_tokenizer, random.Random(seed)
+    ids = [rng.randrange(1, tok.get_vocab_size()) for _ in range(30)]
+    whole = tok.decode(ids)
+    start = rng.randrange(len(whole) - 3)
+    stop = whole[start:start + 2]
+    if "\ufffd" in stop:
+        stop = stop.replace("\ufffd", "") or whole[0]
+    stream, out, used = TextStream(tok, [stop]), "", 0
+    for t in ids:
+        out += stream.push(t)
+        used += 1
+        if stream.stopped:
+            break
+    out += stream.finish()
+    assert stream.stopped and out == whole[:whole.index(stop)]
+    first = next(k for k in range(1, len(ids) + 1) if stop in tok.decode(ids[:k]).rstrip("\ufffd"))
+    assert used == first
+
+
 def test_special_tokens_are_text_only_when_kept(tokenizer: Tokenizer) -> None:
     """Kimi's tool-call markers are special tokens: its answers are read with special tokens kept,
     and the end token, a stop there, stays out."""

@@ -532,3 +532,14 @@ def test_the_cache_is_saved_on_request_into_the_servers_cache_dir(http: httpx.Cl
         assert h.post("/v1/segments", json={"segments": [other]}).json()["data"][0]["cached"] is False
     finally:
         live.stop()
+
+
+def test_a_stop_string_seen_only_as_the_output_ends_answers_stop(client: OpenAI, llm: LLM) -> None:
+    """The last token begins a character it never completes: flushed at the end as U+FFFD, it ends a
+    stop string there — the answer is cut and its finish_reason is 'stop', not the engine's 'length'."""
+    lead = next(i for i in range(llm.vocab_size) if llm.tokenizer.decode([i]) == "\ufffd")  # a lone lead byte
+    kw = dict(max_tokens=1, stop="\ufffd", logit_bias={str(lead): 100})
+    whole = complete(client, rag(5), **kw)
+    assert whole.choices[0].text == "" and whole.choices[0].finish_reason == "stop"
+    streamed = list(complete(client, rag(5), stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed) == "" and streamed[-1].choices[0].finish_reason == "stop"
