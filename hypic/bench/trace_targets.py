@@ -79,7 +79,7 @@ def warm_groups(indices: list[int]) -> Iterator[list[int]]:
 def reset_caches(engine: Engine) -> None:
     """Empty the engine's segment store (same budgets) and its prefix cache."""
     engine.store.clear()
-    engine.prefix = PrefixCache(engine.prefix.max_states)
+    engine.prefix = PrefixCache(engine.prefix.max_states, engine.prefix.max_bytes)
 
 
 class DevicePeak:

@@ -153,7 +153,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         # an auto device budget is half the memory free beside the model; memory the engine itself
         # holds later (the cold graphs) lowers it (ColdPrefill._fit_cache_to_cold_graphs)
         self._auto_device_budget = self.store.budgets["device"] if cache_device_bytes == AUTO else None
-        self.prefix = PrefixCache()
+        self.prefix = PrefixCache(max_bytes=lambda: self.store.budgets["device"])
         self.eos = _eos_ids(loaded)
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
         self._token_vocab_lock = threading.Lock()  # built once, whichever thread asks first
@@ -264,7 +264,8 @@ class Engine(ColdPrefill, PrefixPrefill):
         memory: the cold graphs and their pools, for good (captured again they would take the memory
         back), or, when there are none and ``shed``, part of the cache (``_shed_device_tier``); then
         objects only the cycle collector frees (a packed decode state and its batch) and, on a GPU,
-        the allocator's unused blocks."""
+        the allocator's unused blocks. The prefix mode's kept states go first, always: a baseline's cache."""
+        self.prefix.clear()
         if self._graphs:
             self.release_cold_graphs()
         elif shed:

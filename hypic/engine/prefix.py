@@ -6,14 +6,24 @@ context, in one forward per stretch.
 
 Snapshots share everything with the states they came from: a forward replaces linear states and
 conv tails rather than writing into them, and key/value buffers only ever write past the rows a
-snapshot sees. A state restored from a snapshot gets its own copy of the buffers, once.
+snapshot sees. A state restored from a snapshot gets its own copy of the buffers, once. A kept
+linear state or conv tail that is a view into a forward's stacked tensor (every prompt of the call)
+is copied out, or it would keep the whole stack alive: n copies of a prompt kept n times its bytes.
+
+The kept states are bounded by count and by bytes (the engine passes its device tier's budget: the
+prefix mode's states take at most what the segment cache may), least recently used out first; they
+are a cache of a baseline, so the engine drops them all when the device runs out of memory. They
+are not saved with the segment cache (``--cache-dir``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+
+from torch import Tensor
 
 from hypic.cache.keys import SegmentKey
 from hypic.models.context import SequenceState
@@ -22,6 +32,18 @@ from hypic.models.context import SequenceState
 def snapshot(state: SequenceState, *, copy_kv: bool = False) -> SequenceState:
     kv = {i: b.clone() if copy_kv else b.view() for i, b in state.kv.items()}
     return SequenceState(dict(state.linear), dict(state.conv), kv, state.length)
+
+
+def _own(t: Tensor) -> Tensor:
+    """``t`` in a storage of its own size (a view into a bigger tensor copied out)."""
+    return t.clone() if t.untyped_storage().nbytes() > t.nbytes else t
+
+
+def _storages(state: SequenceState) -> dict[tuple[str, int], int]:
+    """The storages a kept state holds: (device, address) → bytes."""
+    tensors = [*state.linear.values(), *state.conv.values(),
+               *(t for b in state.kv.values() for t in (b.keys, b.values))]
+    return {(str(t.device), t.untyped_storage().data_ptr()): t.untyped_storage().nbytes() for t in tensors}
 
 
 def chain(keys: list[SegmentKey]) -> list[bytes]:
@@ -34,8 +56,10 @@ def chain(keys: list[SegmentKey]) -> list[bytes]:
 
 
 class PrefixCache:
-    def __init__(self, max_states: int = 256) -> None:
+    def __init__(self, max_states: int = 256, max_bytes: Callable[[], int | None] | None = None) -> None:
+        """``max_bytes``: read at each ``put``, the bytes the kept states may hold (None: unbounded)."""
         self.max_states = max_states
+        self.max_bytes = max_bytes or (lambda: None)
         self._states: OrderedDict[bytes, SequenceState] = OrderedDict()
         self._members: dict[bytes, frozenset[bytes]] = {}  # link → digests of the segments in that prefix
         self._lock = threading.Lock()
@@ -52,25 +76,46 @@ class PrefixCache:
     def put(self, link: bytes, state: SequenceState, members: frozenset[bytes] = frozenset()) -> None:
         """Keep ``state`` as the prefix ``link`` names; ``members``: its segments' key digests (what
         ``discard_containing`` finds it by)."""
+        kept = snapshot(state)
+        kept.linear = {i: _own(t) for i, t in kept.linear.items()}
+        kept.conv = {i: _own(t) for i, t in kept.conv.items()}
         with self._lock:
-            self._states[link] = snapshot(state)
+            self._states[link] = kept
             self._members[link] = members
             self._states.move_to_end(link)
             while len(self._states) > self.max_states:
-                old, _ = self._states.popitem(last=False)
-                self._members.pop(old, None)
+                self._drop_oldest()
+            budget = self.max_bytes()
+            if budget is None:
+                return
+            held = {link: _storages(s) for link, s in self._states.items()}
+            refs = Counter(key for storages in held.values() for key in storages)
+            size = {key: n for storages in held.values() for key, n in storages.items()}
+            total = sum(size.values())
+            while total > budget and self._states:  # a storage leaves with the last state holding it
+                for key in held[self._drop_oldest()]:
+                    refs[key] -= 1
+                    if refs[key] == 0:
+                        total -= size[key]
+
+    def _drop_oldest(self) -> bytes:
+        old, _ = self._states.popitem(last=False)
+        self._members.pop(old, None)
+        return old
+
+    def clear(self) -> int:
+        """Drop every kept state (the device ran out of memory); how many."""
+        with self._lock:
+            n = len(self._states)
+            self._states.clear()
+            self._members.clear()
+            return n
 
     def stats(self) -> tuple[int, int]:
         """(states kept, bytes they hold): each tensor storage counted once, as snapshots share the
         linear states, conv tails and key/value buffers of the states they came from."""
         with self._lock:
-            seen: dict[tuple[str, int], int] = {}
-            for state in self._states.values():
-                tensors = [*state.linear.values(), *state.conv.values(),
-                           *(t for b in state.kv.values() for t in (b.keys, b.values))]
-                for t in tensors:
-                    storage = t.untyped_storage()
-                    seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
+            seen = {key: n for state in self._states.values() for key, n in _storages(state).items()}
             return len(self._states), sum(seen.values())
 
     def discard_containing(self, digests: set[bytes]) -> int:

@@ -383,3 +383,25 @@ def test_cache_stats_count_the_prefix_modes_states(qwen3_5_path) -> None:
     assert llm.cache_stats()["prefix_states"] == 2
     llm.evict([head])
     assert (llm.cache_stats()["prefix_states"], llm.cache_stats()["prefix_bytes"]) == (0, 0)
+
+
+def test_the_prefix_modes_states_are_bounded_and_hold_their_own_bytes(qwen3_5_path) -> None:
+    """A kept state holds its own bytes, not the forward's stack of every prompt (n copies of a prompt
+    kept n times one state's bytes); the kept states take at most the device tier's budget, least
+    recently used out first, and all go when the device runs out of memory (the engine spares memory)."""
+    llm = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=None)
+    head, doc, q = _segments(41, [20, 60, 5])
+    llm.generate([[head, doc, q]], SamplingParams(max_tokens=1), mode="prefix")
+    one = llm.cache_stats()["prefix_bytes"]
+    many = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=None)
+    many.generate([[head, doc, q]] * 8, SamplingParams(max_tokens=1), mode="prefix")  # one call of eight
+    assert many.cache_stats()["prefix_states"] == 2 and many.cache_stats()["prefix_bytes"] == one
+    bounded = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=int(2.5 * one))
+    for seed in range(6):  # six distinct heads and documents: twelve states, room for about five
+        h, d, q = _segments(100 + seed, [20, 60, 5])
+        bounded.generate([[h, d, q]], SamplingParams(max_tokens=1), mode="prefix")
+        assert bounded.cache_stats()["prefix_bytes"] <= int(2.5 * one)
+    assert 2 <= bounded.cache_stats()["prefix_states"] < 12
+    assert bounded.generate([[h, d, q]], SamplingParams(max_tokens=1), mode="prefix")[0].metrics.cached_tokens > 0
+    bounded.engine._spare_memory(shed=False)
+    assert (bounded.cache_stats()["prefix_states"], bounded.cache_stats()["prefix_bytes"]) == (0, 0)
