@@ -96,10 +96,12 @@ class LLM:
             raise ValueError(f"{where}: {total} tokens exceed the model's limit of {self.max_positions - 1}")
         return segments
 
-    def check_context(self, prompt_tokens: int, max_tokens: int, prompt: str = "the prompt") -> None:
+    def check_context(self, prompt_tokens: int, max_tokens: int | None, prompt: str = "the prompt") -> None:
         """Refuse a prompt whose tokens plus ``max_tokens`` exceed the model's context: decoding would
         run on at positions the model was never trained on (RoPE is computed on the fly, so nothing
         else stops it). The server's ``prompts.token_budget`` asks the same, so both refuse alike."""
+        if max_tokens is None:  # up to the context: at least one token must fit
+            max_tokens = 1
         if prompt_tokens + max_tokens > self.max_positions:
             raise ValueError(f"max_tokens: {prompt}'s {prompt_tokens} tokens plus {max_tokens} to generate exceed "
                              f"the model's context of {self.max_positions} tokens")
@@ -114,51 +116,102 @@ class LLM:
         raise ValueError(f"prompts: expected a prompt or a list of prompts, got {type(prompts).__name__}")
 
     def generate(self, prompts: Prompt | list[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None,
-                 *, mode: str = "hypic", cache_salt: str | None = None) -> list[RequestOutput]:
+                 *, mode: str = "hypic", cache_salt: str | None = None,
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Answer each prompt (``sampling_params``: vLLM's name for ``sampling``). The runs decode
+        together; one whose text reaches a stop string ends there, the others go on."""
         items = self._normalize(prompts)
         ids = [self.tokenize(p, f"prompts[{i}]") for i, p in enumerate(items)]
-        sampling = sampling or SamplingParams()
+        sampling = _sampling(sampling, sampling_params) or SamplingParams()
         params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
         if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
         for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
             self.check_context(sum(len(s) for s in segments), p.max_tokens,
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
-        outs = self.engine.generate(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
-        if self.tokenizer is not None:
-            for o, p in zip(outs, params, strict=True):
-                ids = o.token_ids
-                if o.finish_reason == "stop" and ids and ids[-1] in p.stop_token_ids:
-                    ids = ids[:-1]  # a stop token ends the text, as EOS does, and is not part of it
-                o.text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        return outs
+            self._check_text_options(p)
+        runs = self.engine.start(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
+        if self.tokenizer is None:
+            self.engine.finish(runs)
+        else:
+            texts = [self._text_stream(p) for p in params]
+            read = [0] * len(runs)
+            try:
+                while True:
+                    for k, (run, text) in enumerate(zip(runs, texts, strict=True)):
+                        for t in run.output.token_ids[read[k]:]:
+                            text.push(t)
+                        read[k] = len(run.output.token_ids)
+                        if text.stopped and not run.done:  # a stop string: this run ends, the others go on
+                            self.engine.forget([run])
+                            run.output.finish_reason = "stop"
+                    if all(r.done for r in runs):
+                        break
+                    self.engine.step(runs)
+            finally:
+                if not all(r.done for r in runs):  # a failure or an interrupt: no decode state left behind
+                    self.engine.forget([r for r in runs if not r.done])
+            for run, text in zip(runs, texts, strict=True):
+                text.finish()
+                self._ended(run, text)
+        for run, segments in zip(runs, ids, strict=True):
+            run.output.prompt_token_ids = [t for s in segments for t in s]
+        return [r.output for r in runs]
+
+    def _check_text_options(self, p: SamplingParams) -> None:
+        if self.tokenizer is None and (p.stop or p.include_stop_str_in_output or not p.skip_special_tokens):
+            raise ValueError("stop: this model has no tokenizer.json, so there is no text to search or to show "
+                             "special tokens in")
+
+    def _text_stream(self, p: SamplingParams) -> Any:
+        """The answer's text as it is generated (``hypic.server.text``; no server dependency): its
+        stop strings, and its stop tokens (EOS among them unless ignored) out of the text unless
+        ``include_stop_str_in_output`` (vLLM's meaning)."""
+        from hypic.server.text import TextStream
+
+        stop_ids = () if p.include_stop_str_in_output else \
+            p.stop_token_ids + (() if p.ignore_eos else tuple(sorted(self.engine.eos)))
+        return TextStream(self.tokenizer, list(p.stop), stop_ids, keep_special=not p.skip_special_tokens,
+                          min_tokens=p.min_tokens, include_stop=p.include_stop_str_in_output)
+
+    @staticmethod
+    def _ended(run: Any, text: Any) -> None:
+        """The output's text, and what stopped it: the stop string, a stop token's id, or None."""
+        out = run.output
+        out.text = text.text
+        if text.stop_string is not None:
+            out.finish_reason, out.stop_reason = "stop", text.stop_string
+        elif out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in run.params.stop_token_ids:
+            out.stop_reason = out.token_ids[-1]
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, mode: str = "hypic",
-               cache_salt: str | None = None) -> Iterator[Delta]:
+               cache_salt: str | None = None, sampling_params: SamplingParams | None = None) -> Iterator[Delta]:
         """One prompt's answer as it is generated: a ``Delta`` per decode step that adds tokens (and a
         last one when it ends), whose texts joined equal ``generate``'s text and whose token ids joined
         equal the output's. A step's text may be empty — a special token, or the first bytes of a
         character split across tokens (its text comes with the token that completes it) — but its ids
         are never held back. Leaving the loop early (``break``) lets go of the request's decode state."""
-        from hypic.server.text import TextStream  # no server dependency: incremental detokenization
-
         if self.tokenizer is None:
             raise ValueError("stream: this model has no tokenizer.json; generate() returns token ids")
         ids = self.tokenize(prompt)
-        params = sampling or SamplingParams()
+        params = _sampling(sampling, sampling_params) or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
         self.check_context(sum(len(s) for s in ids), params.max_tokens)
         runs = self.engine.start([ids], [params], mode=mode, salts=[self._salt(cache_salt)])
-        run, text, sent = runs[0], TextStream(self.tokenizer, stop_ids=params.stop_token_ids), 0
+        run, text, sent = runs[0], self._text_stream(params), 0
+        run.output.prompt_token_ids = [t for s in ids for t in s]
         try:
             while True:
                 new = run.output.token_ids[sent:]
                 sent += len(new)
                 piece = "".join(text.push(t) for t in new)
+                if text.stopped and not run.done:  # a stop string
+                    self.engine.forget(runs)
+                    run.output.finish_reason = "stop"
                 if run.done:
                     piece += text.finish()
-                    run.output.text = text.text  # all of it, now that it is complete
+                    self._ended(run, text)  # the text whole, now that it is complete
                     yield Delta(piece, new, run.output, done=True)
                     return
                 if new:
@@ -171,7 +224,8 @@ class LLM:
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling: SamplingParams | list[SamplingParams] | None = None, *, mode: str = "hypic",
              cache_salt: str | None = None, tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """One conversation (OpenAI's messages) or a list of them, rendered with the model's chat
         template (ChatML without one) and answered. As in the server's chat route, each message — each
         text part of a message — is a segment of its own: documents sent as messages hit the cache
@@ -193,7 +247,7 @@ class LLM:
         for k, messages in enumerate(batch):
             turns, extras = _messages(messages, f"conversations[{k}]")
             prompts.append([seg.text for seg in self._chat_template.segments(turns, context, extras)])
-        return self.generate(prompts, sampling, mode=mode, cache_salt=cache_salt)
+        return self.generate(prompts, _sampling(sampling, sampling_params), mode=mode, cache_salt=cache_salt)
 
     def prewarm(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool | None]:
         """Prefill documents (text or token ids) into the cache before the prompts that use them: per
@@ -240,6 +294,13 @@ class LLM:
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
                 "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions,
                 "host_pinned_bytes": s.host_pinned_bytes, "prefix_states": states, "prefix_bytes": held}
+
+
+def _sampling(sampling: Any, sampling_params: Any) -> Any:
+    """``sampling`` or vLLM's name for it, ``sampling_params`` — not both."""
+    if sampling is not None and sampling_params is not None:
+        raise ValueError("sampling_params: the same as sampling; pass one of them")
+    return sampling if sampling is not None else sampling_params
 
 
 def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -369,6 +369,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         mode = check_mode(mode)
         _check_prompts(prompts)
         salts = salts or [None] * len(prompts)
+        params = [self._bounded(p, sum(len(s) for s in prompt)) for p, prompt in zip(params, prompts, strict=True)]
         vocab = self.model.vocab_size
         for p in params:
             for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
@@ -380,7 +381,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
             logits, states = self._assemble_in_memory(prompts, mode, salts, metrics)
-            runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs else None, m),
+            runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs is not None else None, m),
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
                             prompt_ids=[t for s in prompt for t in s] if p.repetition_penalty != 1.0 else None)
                     for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
@@ -526,6 +527,16 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):
                 batch.clear()  # the last step of everyone in it: free the arenas now
+
+    def _bounded(self, p: SamplingParams, prompt_tokens: int) -> SamplingParams:
+        """``max_tokens=None`` (vLLM's meaning): up to the model's context."""
+        if p.max_tokens is not None:
+            return p
+        left = self.model.max_positions - prompt_tokens
+        if left < 1:
+            raise ValueError(f"max_tokens: the prompt's {prompt_tokens} tokens fill the model's context of "
+                             f"{self.model.max_positions} tokens")
+        return replace(p, max_tokens=left)
 
     def forget(self, runs: list[Running]) -> None:
         """Runs that will not step again (cancelled, failed): done now, and their decode state leaves

@@ -14,11 +14,16 @@ def check_top(top: object) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16
+    """What to generate and how, with vLLM's names and meanings — except ``temperature``, greedy (0)
+    unless asked (vLLM's default is 1.0; hypic's server follows OpenAI's 1.0), so a library call is
+    reproducible by default — and ``max_tokens``, 16 by default (None: up to the model's context)."""
+
+    max_tokens: int | None = 16
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
     seed: int | None = None
-    logprobs: int = 0  # top-n log-probabilities of every generated token
+    # per generated token, its log-probability and the n likeliest (0: the sampled token's alone; None: off)
+    logprobs: int | None = None
     # OpenAI's penalties over the tokens generated so far (the prompt's are not counted; vLLM does the same):
     # logit[t] − frequency_penalty · count[t] − presence_penalty · [count[t] > 0]
     presence_penalty: float = 0.0
@@ -38,10 +43,16 @@ class SamplingParams:
     # structured output: the text generated is JSON this schema accepts (True: any JSON value;
     # OpenAI's json_object is {"type": "object"}); hypic.engine.structured says which keywords it enforces
     json_schema: dict | bool | None = None
+    # stop strings: the output ends where one first appears in its text (vLLM's meaning: the text ends
+    # before it unless include_stop_str_in_output; the tokens generated so far are kept)
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # special tokens left out of the text (token_ids keep them)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: expected an integer ≥ 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
+                                            or self.max_tokens < 1):
+            raise ValueError(f"max_tokens: expected an integer ≥ 1 or None, got {self.max_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool) \
                 or not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
@@ -50,8 +61,9 @@ class SamplingParams:
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
                                       or not -2**63 <= self.seed < 2**64):
             raise ValueError(f"seed: expected an integer in [-2**63, 2**64) or None, got {self.seed!r}")
-        if not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool) or not 0 <= self.logprobs <= 20:
-            raise ValueError(f"logprobs: expected an integer in [0, 20], got {self.logprobs!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs: expected an integer in [0, 20] or None, got {self.logprobs!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2.0 <= value <= 2.0:
@@ -78,10 +90,17 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a boolean, got {self.ignore_eos!r}")
-        if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool)
-                or not 0 <= self.min_tokens <= self.max_tokens):
+        if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0
+                or (self.max_tokens is not None and self.min_tokens > self.max_tokens)):
             raise ValueError(f"min_tokens: expected an integer in [0, max_tokens = {self.max_tokens}], "
                              f"got {self.min_tokens!r}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)) or any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop: expected a non-empty string or a list of them, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
         if self.prompt_logprobs is not None:
             check_top(self.prompt_logprobs)
         if self.json_schema is not None:
@@ -118,6 +137,9 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
+    """One prompt's answer. Its fields are vLLM's CompletionOutput's (``outputs[0]`` is the output
+    itself, for code written against vLLM's RequestOutput) plus the prompt's and the cache's."""
+
     text: str
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None  # per generated token: top-n token → log-probability
@@ -125,3 +147,11 @@ class RequestOutput:
     finish_reason: str = "length"  # "length" | "stop"
     # with SamplingParams.prompt_logprobs: per prompt token (None for the first), token → log-probability
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # what stopped it (vLLM's meaning): the stop string, a stop token's id, or None (EOS, the length)
+    stop_reason: str | int | None = None
+    prompt_token_ids: list[int] | None = None  # the prompt's tokens, segments joined (the offline API sets it)
+    index: int = 0
+
+    @property
+    def outputs(self) -> list[RequestOutput]:
+        return [self]

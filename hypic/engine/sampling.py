@@ -7,7 +7,12 @@ tempered, truncated distribution the token is drawn from.
 Adjustments, in order (vLLM's meanings): the logit bias; the repetition penalty over the prompt's
 and the generated tokens; the presence and frequency penalties over the generated tokens; and,
 before ``min_tokens`` tokens, the stop tokens (and EOS, unless ignored) made impossible; last, for
-structured output, every token the grammar does not allow (``hypic.engine.structured``)."""
+structured output, every token the grammar does not allow (``hypic.engine.structured``).
+
+The draw runs on the logits' device for every row at once: one uniform number per row from the
+request's own (CPU) generator, then the inverse of the row's cumulative distribution, in fp64, so a
+seed gives the same tokens alone or in any batch. (Each row was drawn by ``torch.multinomial`` on
+the CPU: its whole vocabulary's probabilities copied to the host, a stall per row per step.)"""
 
 from __future__ import annotations
 
@@ -64,22 +69,41 @@ def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[in
     return out
 
 
-def _filter(probs: Tensor, p: SamplingParams) -> Tensor:
-    """One row's tempered probabilities cut as vLLM (V1) cuts them: min-p first (what is less likely
-    than min_p × the likeliest), then top-k (every token as likely as the k-th: ties all kept), then
-    top-p over what is left, renormalised (the smallest prefix reaching top_p). The result is left
-    unnormalised; the draw normalises."""
-    zero = torch.zeros_like(probs)
-    if p.min_p > 0.0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, zero)
-    if 0 < p.top_k < probs.shape[-1]:
-        probs = torch.where(probs >= probs.topk(p.top_k).values[-1], probs, zero)
-    if p.top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
-        sorted_p = sorted_p / sorted_p.sum()
-        keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # the smallest prefix reaching top_p
-        probs = zero.scatter(0, order[keep], sorted_p[keep])
-    return probs
+def _column(values: list[float], like: Tensor) -> Tensor:
+    return to_device(values, like.device, dtype=like.dtype).unsqueeze(1)
+
+
+def _filter(probs: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Tempered probabilities [M, vocab], each row cut as vLLM (V1) cuts it for its request: min-p
+    first (what is less likely than min_p × the likeliest), then top-k (every token as likely as the
+    k-th: ties all kept), then top-p over what is left, renormalised (the smallest prefix reaching
+    top_p). Left unnormalised; the draw normalises. Rows asking for no cut are left as they are."""
+    vocab = probs.shape[-1]
+    if any(p.min_p > 0.0 for p in params):
+        floor = _column([p.min_p for p in params], probs) * probs.max(-1, keepdim=True).values
+        probs = torch.where(probs >= floor, probs, 0.0)  # min_p 0: a floor of 0 keeps every token
+    ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+    top_p = [p.top_p if p.top_p < 1.0 else float("inf") for p in params]
+    if all(k == vocab for k in ks) and all(t == float("inf") for t in top_p):
+        return probs
+    sorted_p, order = probs.sort(-1, descending=True)  # what min-p dropped sorts last, as zeros
+    kth = sorted_p.gather(1, to_device([k - 1 for k in ks], probs.device).unsqueeze(1))
+    sorted_p = torch.where(sorted_p >= kth, sorted_p, 0.0)  # the k-th's ties stay
+    norm = sorted_p / sorted_p.sum(-1, keepdim=True)
+    keep = norm.cumsum(-1) - norm < _column(top_p, probs)  # the smallest prefix reaching top_p (inf: all)
+    return torch.zeros_like(probs).scatter(1, order, torch.where(keep, norm, 0.0))
+
+
+def _draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
+    """One token per row of unnormalised probabilities [M, vocab]: a uniform number per row from its
+    generator (CPU; None: the global one), found in the row's cumulative sum (fp64, on the device)."""
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+    cdf = probs.double().cumsum(-1)
+    total = cdf[:, -1:]
+    # below the total (u·total may round onto it): the first sum past the point then grew at that
+    # token, so the token drawn always has a probability above zero
+    point = torch.minimum(to_device(u, probs.device).unsqueeze(1) * total, torch.nextafter(total, cdf.new_zeros(())))
+    return torch.searchsorted(cdf, point, right=True).squeeze(1)
 
 
 def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
@@ -92,17 +116,21 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
     logits = adjust(logits, params, histories if histories is not None else [[] for _ in params], prompts, eos,
                     allowed)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    greedy = logprobs.argmax(-1).tolist()  # one read-back for the batch, not one per row
-    tokens: list[int] = []
+    # greedy below 1e-5: a tinier temperature would overflow the softmax into NaN
+    drawn = [i for i, p in enumerate(params) if p.temperature >= 1e-5]
+    if len(drawn) < len(params):
+        chosen = logprobs.argmax(-1)
+    if drawn:
+        rows = logprobs[drawn] if len(drawn) < len(params) else logprobs
+        temperature = _column([params[i].temperature for i in drawn], rows)
+        probs = _filter(torch.softmax(rows / temperature, dim=-1), [params[i] for i in drawn])
+        picked = _draw(probs, [generators[i] for i in drawn])
+        chosen = picked if len(drawn) == len(params) else chosen.index_copy(
+            0, to_device(drawn, chosen.device), picked)
+    tokens: list[int] = chosen.tolist()  # one read-back for the batch, not one per row
     tops: list[dict[int, float] | None] = []
-    for row, p, gen, best in zip(logprobs, params, generators, greedy, strict=True):
-        if p.temperature < 1e-5:  # greedy; a tinier temperature would overflow the softmax into NaN
-            tok = best
-        else:
-            probs = _filter(torch.softmax(row / p.temperature, dim=-1), p)
-            tok = int(torch.multinomial(probs.cpu(), 1, generator=gen))
-        tokens.append(tok)
-        if p.logprobs:
+    for row, p, tok in zip(logprobs, params, tokens, strict=True):
+        if p.logprobs is not None:  # 0: the sampled token's alone
             values, ids = row.topk(p.logprobs)
             # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
             top = {i: v for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v != float("-inf")}

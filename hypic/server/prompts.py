@@ -138,7 +138,7 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
         schema = calling.schema
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
-                              seed=req.seed, logprobs=0 if top_logprobs is None else max(1, top_logprobs),
+                              seed=req.seed, logprobs=top_logprobs,
                               presence_penalty=float(req.presence_penalty),
                               frequency_penalty=float(req.frequency_penalty), logit_bias=bias,
                               top_k=req.top_k, min_p=float(req.min_p),

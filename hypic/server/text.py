@@ -20,8 +20,11 @@ from typing import Any
 
 class TextStream:
     def __init__(self, tokenizer: Any, stops: list[str] | None = None, stop_ids: tuple[int, ...] = (), *,
-                 keep_special: bool = False, min_tokens: int = 0) -> None:
+                 keep_special: bool = False, min_tokens: int = 0, include_stop: bool = False) -> None:
+        """``include_stop``: the text ends after the stop string found instead of before it."""
         self.tokenizer = tokenizer
+        self.include_stop = include_stop
+        self.stop_string: str | None = None  # the stop string found (the first in the text; of those, the first given)
         self.keep_special = keep_special  # special tokens in the text (Kimi's tool-call markers are ones)
         self.stops = [s for s in (stops or []) if s]
         self.stop_ids = set(stop_ids)  # stop tokens: they end the output and are not part of its text
@@ -54,11 +57,13 @@ class TextStream:
             return ""
         if self.stops:
             seen = self.text + self._pending
-            hits = [i for i in (seen.find(s, max(0, self.sent - self.hold, self.exempt - len(s) + 1))
-                                for s in self.stops) if i >= 0]
+            hits = [(i, s) for s in self.stops
+                    if (i := seen.find(s, max(0, self.sent - self.hold, self.exempt - len(s) + 1))) >= 0]
             if hits:
+                at = min(i for i, _ in hits)
+                self.stop_string = next(s for i, s in hits if i == at)
                 self.stopped = True
-                self.text = seen[:min(hits)]
+                self.text = seen[:at + (len(self.stop_string) if self.include_stop else 0)]
                 final = True
         end = len(self.text) if final else max(self.sent, len(self.text) - self.hold)
         out, self.sent = self.text[self.sent:end], end

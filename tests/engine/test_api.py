@@ -148,23 +148,56 @@ def test_min_p_top_k_and_top_p_keep_what_they_define_in_vllm_order() -> None:
     then reads what is left, renormalised."""
     from hypic.engine.sampling import _filter
 
+    def cut(probs: torch.Tensor, **kw) -> torch.Tensor:
+        return _filter(probs[None], [SamplingParams(**kw)])[0]
+
     def kept(probs: torch.Tensor, **kw) -> list[int]:
-        return torch.nonzero(_filter(probs, SamplingParams(**kw))).flatten().tolist()
+        return torch.nonzero(cut(probs, **kw)).flatten().tolist()
 
     probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
     assert kept(probs, top_k=2) == [1, 3]
     assert kept(probs, top_k=3, top_p=0.7) == [1, 3]  # 0.4/.85 + 0.3/.85 ≥ 0.7
     assert kept(probs, min_p=0.5) == [1, 3] and kept(probs, min_p=0.3) == [1, 3, 4]
     for off in (0, -1, 5):
-        assert torch.equal(_filter(probs, SamplingParams(top_k=off)), probs)
+        assert torch.equal(cut(probs, top_k=off), probs)
     # min-p before top-p: min-p leaves [.4 .3 .2]/.9, whose top-p 0.75 is the first two; top-p first
     # would have kept the third (.4 + .3 < .75 of the whole)
     assert kept(torch.tensor([0.4, 0.3, 0.2, 0.05, 0.05]), top_p=0.75, min_p=0.2) == [0, 1]
     # ties with the k-th are kept: top-k 1 among two equally likely tokens samples both
     tied = torch.tensor([0.1, 0.3, 0.3, 0.2, 0.1])
     assert kept(tied, top_k=1) == [1, 2] and kept(tied, top_k=2) == [1, 2] and kept(tied, top_k=3) == [1, 2, 3]
-    share = _filter(tied, SamplingParams(top_k=3, top_p=0.5))  # renormalised: .3/.8 + .3/.8 ≥ 0.5
+    share = cut(tied, top_k=3, top_p=0.5)  # renormalised: .3/.8 + .3/.8 ≥ 0.5
     assert torch.nonzero(share).flatten().tolist() == [1, 2]
+    # rows of one batch, each cut by its own request's parameters, as each alone
+    rows = torch.stack([probs, tied, torch.tensor([0.4, 0.3, 0.2, 0.05, 0.05]), probs])
+    params = [SamplingParams(top_k=2), SamplingParams(top_k=3, top_p=0.5), SamplingParams(top_p=0.75, min_p=0.2),
+              SamplingParams()]
+    together = _filter(rows, params)
+    for row, p, got in zip(rows, params, together, strict=True):
+        alone = _filter(row[None], [p])[0]
+        assert torch.allclose(got / got.sum(), alone / alone.sum())
+
+
+def test_the_draw_follows_the_cut_distribution_and_its_seed() -> None:
+    """Inverse-CDF draws on the logits' device: frequencies within 4.5 standard deviations of each
+    token's probability (top-p/top-k/min-p cuts made first: a cut token is never drawn), and a seeded
+    generator gives the same token whatever the batch around it."""
+    from hypic.engine.sampling import _draw, _filter
+
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    n = 20_000
+    for p, want in ((SamplingParams(), probs), (SamplingParams(top_p=0.75, min_p=0.2), None)):
+        rows = _filter(probs.repeat(n, 1), [p] * n)
+        gen = torch.Generator().manual_seed(3)
+        tokens = _draw(rows, [gen] * n)
+        freq = torch.bincount(tokens, minlength=5).double() / n
+        expect = (rows[0] / rows[0].sum()).double() if want is None else want.double()
+        sigma = (expect * (1 - expect) / n).sqrt()
+        assert ((freq - expect).abs() <= 4.5 * sigma + 1e-12).all(), (freq, expect)
+        assert (freq[expect == 0] == 0).all()
+    alone = [int(_draw(probs[None], [torch.Generator().manual_seed(s)])[0]) for s in range(20)]
+    batch = _draw(probs.repeat(20, 1), [torch.Generator().manual_seed(s) for s in range(20)]).tolist()
+    assert alone == batch and len(set(alone)) > 1
 
 
 def test_sampled_tokens_stay_within_top_k_and_min_p(llm) -> None:
@@ -365,6 +398,13 @@ def test_a_prompt_and_max_tokens_beyond_the_context_are_refused(tmp_path) -> Non
         short.generate([prompt, prompt], [fits, over])
     with pytest.raises(ValueError, match="max_tokens: the prompt's"):
         short.chat([{"role": "user", "content": prompt}], SamplingParams(max_tokens=64))
+    # max_tokens None (vLLM's meaning): up to the context
+    rest = short.generate(prompt, SamplingParams(max_tokens=None, ignore_eos=True))[0]
+    assert len(rest.token_ids) == 64 - n and rest.finish_reason == "length"
+    assert len(list(short.stream(prompt, SamplingParams(max_tokens=None, ignore_eos=True)))[-1].output.token_ids) \
+        == 64 - n
+    with pytest.raises(ValueError, match="fill the model's context of 64"):
+        short.engine.start([[list(range(3, 67))]], [SamplingParams(max_tokens=None)])
 
 
 def test_cache_stats_count_the_prefix_modes_states(qwen3_5_path) -> None:

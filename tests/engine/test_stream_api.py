@@ -59,3 +59,60 @@ def test_bad_input_is_refused_by_name(llm: LLM) -> None:
         next(llm.stream(""))
     with pytest.raises(ValueError, match="sampling"):
         next(llm.stream("hello", sampling={"max_tokens": 2}))
+
+
+def _long_answer(llm: LLM) -> tuple[list[str], str, list[int]]:
+    prompt = ["You are a careful reader.", *DOCS, "Question: Where does Mira live?\nAnswer:"]
+    whole = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))[0]
+    return prompt, whole.text, whole.token_ids
+
+
+def test_stop_strings_end_the_output_in_generate_and_stream(llm: LLM) -> None:
+    """vLLM's stop strings offline: the text ends before the first one (after it with
+    include_stop_str_in_output), decoding ends at the token that completed it, stop_reason names it;
+    in a batch, the other prompts go on to their own end."""
+    prompt, text, ids = _long_answer(llm)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    want = text[:text.index(stop)]
+    sp = SamplingParams(max_tokens=24, ignore_eos=True, stop=[stop, "never in it"])
+    out = llm.generate([prompt], sp)[0]
+    assert out.text == want and out.finish_reason == "stop" and out.stop_reason == stop
+    assert ids[:len(out.token_ids)] == out.token_ids and len(out.token_ids) < len(ids)
+    assert stop in llm.tokenizer.decode(out.token_ids) and stop not in llm.tokenizer.decode(out.token_ids[:-1])
+    kept = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True, stop=stop,
+                                                 include_stop_str_in_output=True))[0]
+    assert kept.text == text[:text.index(stop) + len(stop)] and kept.token_ids == out.token_ids
+    deltas = list(llm.stream(prompt, sp))
+    assert "".join(d.text for d in deltas) == want and deltas[-1].output.finish_reason == "stop"
+    assert deltas[-1].output.token_ids == out.token_ids and deltas[-1].output.stop_reason == stop
+    both = llm.generate([prompt, prompt], [sp, SamplingParams(max_tokens=24, ignore_eos=True)])
+    assert both[0].text == want and both[1].text == text and both[1].token_ids == ids
+    assert both[1].finish_reason == "length" and both[1].stop_reason is None
+
+
+def test_vllm_shaped_outputs_and_arguments(llm: LLM) -> None:
+    """``sampling_params=``, ``outputs[0]``, ``prompt_token_ids``, a stop token's id as the stop_reason,
+    logprobs 0 (the sampled token's alone) and None (off), special tokens shown on request."""
+    prompt, text, ids = _long_answer(llm)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    out = llm.generate([prompt], sampling_params=sp)[0]
+    assert out.outputs[0] is out and out.outputs[0].text == text
+    assert out.prompt_token_ids == [t for s in llm.tokenize(prompt) for t in s]
+    with pytest.raises(ValueError, match="sampling_params"):
+        llm.generate([prompt], sp, sampling_params=sp)
+    stopped = llm.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True, stop_token_ids=[ids[5]]))[0]
+    assert stopped.token_ids == ids[:ids.index(ids[5]) + 1] and stopped.stop_reason == ids[5]
+    assert stopped.text == llm.tokenizer.decode(stopped.token_ids[:-1])
+    sampled = llm.generate([prompt], SamplingParams(max_tokens=4, logprobs=0))[0]
+    assert [list(lp) for lp in sampled.logprobs] == [[t] for t in sampled.token_ids]
+    assert llm.generate([prompt], SamplingParams(max_tokens=4))[0].logprobs is None
+    end = llm.tokenizer.token_to_id("<|end|>")
+    forced = SamplingParams(max_tokens=3, ignore_eos=True, logit_bias={end: 100})
+    assert llm.generate("Say", forced)[0].text == ""
+    shown = llm.generate("Say", SamplingParams(max_tokens=3, ignore_eos=True, logit_bias={end: 100},
+                                               skip_special_tokens=False))[0]
+    assert shown.text == "<|end|>" * 3
+    for kw, needle in (({"stop": [""]}, "stop"), ({"stop": 5}, "stop"), ({"skip_special_tokens": 1}, "skip_special"),
+                       ({"logprobs": -1}, "logprobs"), ({"max_tokens": 0}, "max_tokens")):
+        with pytest.raises(ValueError, match=needle):
+            SamplingParams(**kw)
