@@ -218,8 +218,8 @@ def test_an_auto_device_budget_leaves_half_of_what_the_cold_graphs_hold(qwen3_5_
 
 def _filled(qwen3_5_path, n: int = 6) -> LLM:
     """An engine whose device tier holds ``n`` prompts' documents under a generous budget."""
-    llm = LLM(str(qwen3_5_path), device="cpu")
-    llm.engine.store.set_budget("device", 1 << 40)
+    # a GPU's host tier: room to demote to
+    llm = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=1 << 40, cache_host_bytes=None)
     llm.generate([_prompt(100 + i) for i in range(n)], SamplingParams(max_tokens=1))
     return llm
 
