@@ -150,6 +150,15 @@ class HostArena:
                 self._cond.notify_all()
         return region
 
+    def slab_holds(self, nbytes: int) -> bool:
+        """Whether a pinned slab is large enough for a region of ``nbytes``: if none is, freeing other
+        regions cannot make room (a region never spans slabs; with the capacity pinned in 1 GiB slabs,
+        a larger entry has no place however many others leave — ``allocate`` has asked the thread for
+        a slab of its size, where capacity is left)."""
+        need = nbytes + (-nbytes % ALIGN)
+        with self._cond:
+            return any(s.numel() >= need for s in self.slabs)
+
     def _take(self, need: int) -> Region | None:
         for i, blocks in enumerate(self._free):
             for j, (offset, size) in enumerate(blocks):

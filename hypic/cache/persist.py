@@ -134,6 +134,8 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     names = []
+    if store.device.type == "cuda":  # a demotion's copy into the host tier may still be on its way
+        torch.cuda.synchronize(store.device)
     for entry in store.entries():
         header = header_of(entry)
         buf = torch.empty(header.nbytes, dtype=torch.uint8)

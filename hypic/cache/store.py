@@ -164,12 +164,19 @@ class SegmentStore:
 
     def _to_host(self, entry: Entry) -> Entry | None:
         """A host-tier copy of a device entry (room made in the host tier), or None: no room."""
-        if not (self._fits("host", entry.nbytes) and self._make_room("host", entry.nbytes)):
+        if not self._fits("host", entry.nbytes):
             return None
         t0 = time.perf_counter()
         try:
             header = header_of(entry)
             narrow = header if self.host_dtype is None else retyped(header, torch.float32, self.host_dtype)
+            if self.arena is not None and not self.arena.slab_holds(narrow.nbytes):
+                # no slab can hold it (a region never spans slabs): dropped alone, not after emptying the
+                # tier for nothing; allocate asks the thread for a slab of its size, where capacity is left
+                self.arena.allocate(narrow.nbytes)
+                return None
+            if not self._make_room("host", entry.nbytes):
+                return None
             staged = None  # else: the bytes to move, converted on the entry's device run by run, laid out by narrow
             if narrow != header:
                 staged = converted(entry, narrow, torch.empty(narrow.nbytes, dtype=torch.uint8,

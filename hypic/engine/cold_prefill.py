@@ -72,11 +72,14 @@ class ColdPrefill:
                 self._template = entry_template(self.model, self.device)
             self._graphs[mode] = ColdGraphs(self.model, self._template, self.device, capture=mode == "1")
         runner = self._graphs[mode]
-        return None if runner.refused else runner
+        if runner.refused:  # a capture failed (not for memory): eager from now on, and the shapes it had
+            self.release_cold_graphs()  # captured, their pool and staging let go, the budget refit
+            return None
+        return runner
 
     def release_cold_graphs(self) -> None:
         """Drop the cold graphs and their private memory pools, and take no more (the device ran out
-        of memory: on the 9B trace they held 30 GiB that nothing else may use)."""
+        of memory: on the 9B trace they held 30 GiB that nothing else may use; or a capture was refused)."""
         self._graphs.clear()
         self._graphs_released = True
         self._fit_cache_to_cold_graphs()

@@ -22,6 +22,7 @@ from hypic.ops.chunk import chunk_linear_attention
 from hypic.ops.family import check_inputs, check_state, get_family
 from hypic.ops.kernels import kernel_device
 from hypic.ops.recurrence import Summary, _apply_transition
+from hypic.ops.transfer import to_device
 
 Backend = Literal["auto", "torch", "fla"]
 FLA_FAMILIES = ("gdn", "kda", "scalar")
@@ -124,7 +125,7 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
     if not output_summary:
         return LinearOutput(o, final, None)
     if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence
-        seq = torch.repeat_interleave(torch.arange(num_seqs), cu[1:] - cu[:-1]).to(k.device)
+        seq = to_device(torch.repeat_interleave(torch.arange(num_seqs), cu[1:] - cu[:-1]), k.device)
         T = g.to(ct).new_zeros(num_seqs, *g.shape[1:]).index_add_(0, seq, g.to(ct))
     state = final if initial_state is None else final - _apply_transition(fam, T, initial_state)
     return LinearOutput(o, final, Summary(T, state))

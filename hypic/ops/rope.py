@@ -171,6 +171,6 @@ def rotate_key_axis(x: Tensor, delta: int, rope: RopeSpec, *, dim: int = -1) -> 
     of x (e.g. dim=-2 of a K-first state)."""
     _check(rope.rotary_dim, x.shape[dim])
     moved = x.movedim(dim, -1)
-    pos = torch.tensor([delta], device=x.device)
+    pos = torch.full((1,), delta, device=x.device)  # filled there: no host → device copy (a stall on CUDA)
     cos, sin = rope_cos_sin(pos, rope, x.dtype, scaled=False)
     return _rotate(moved, cos[0], sin[0], rope.rotary_dim).movedim(-1, dim)

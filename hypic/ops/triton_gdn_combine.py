@@ -51,7 +51,7 @@ def _gdn_combine_kernel(Q, Kx, Vx, G, B, TP, SP, ITEMS, CU, O, XF, scale, sq, sk
     m_k, m_v = o_k < K, o_v < V
     m_s = m_v[:, None] & m_k[None, :]
     x = tl.zeros([BV, BK], dtype=tl.float32)
-    xf = XF + (i_c * HV + i_hv) * K * V  # this program's scratch: x[v, k] at xf + k·V + v
+    xf = XF + (i_c.to(tl.int64) * HV + i_hv) * K * V  # this program's scratch: x[v, k] at xf + k·V + v
     start, end = tl.load(CU + i_c), tl.load(CU + i_c + 1)
     for j in range(start, end):
         kind = tl.load(ITEMS + 3 * j)

@@ -42,7 +42,7 @@ def _gdn_transition_kernel(k, w, g, cu_seqlens, out, H: tl.constexpr, HV: tl.con
         b_v = b_v * tl.where(m_t, tl.exp2(b_g_last - b_g), 0.0)[:, None]
         b_h = b_h * tl.exp2(b_g_last)
         b_h = tl.dot(b_kt, b_v.to(b_kt.dtype), b_h)
-    p_out = out + (i_nh * K + o_k[:, None]) * K + o_c[None, :]
+    p_out = out + (i_nh.to(tl.int64) * K + o_k[:, None]) * K + o_c[None, :]  # int64: N·HV·K² may pass 2³¹
     tl.store(p_out, b_h, mask=m_k[:, None] & (o_c[None, :] < K))
 
 

@@ -155,6 +155,29 @@ def test_unbounded_the_thread_pins_ahead_of_what_is_used() -> None:
     assert sync.pin_all() and sync.pinned_bytes == 2 * 4096 and sync._thread is None
 
 
+def test_an_entry_no_slab_holds_is_dropped_alone() -> None:
+    """With the capacity pinned in slabs smaller than an entry, the entry cannot be demoted however
+    many others leave (a region never spans slabs): it is dropped, the host tier kept whole (each such
+    demotion emptied about twice its size of the tier first)."""
+    small = [_entry(i) for i in range(20)]
+    big = Entry(segment_key([999], model_fingerprint="m", seam=2, dtype="float32"), (999,), 2)
+    big.summaries[0] = Summary(torch.zeros(1, 4, 4), torch.zeros(8 * small[0].nbytes // 4))
+    slab = 4 * small[0].nbytes + (-4 * small[0].nbytes % ALIGN)
+    arena = HostArena(6 * slab, slab_bytes=slab, pin=False, background=False)
+    arena.pin_all()  # a server pins its whole host tier at startup
+    assert big.nbytes > slab and not arena.slab_holds(big.nbytes) and arena.slab_holds(small[0].nbytes)
+    store = SegmentStore(torch.device("cpu"), device_bytes=big.nbytes, host_bytes=6 * slab, arena=arena)
+    for e in small:
+        store.insert(e)
+    assert store.insert(big)  # alone in the device tier now: the small ones demoted
+    held = store.stats().entries["host"]
+    assert held >= 10 and store.stats().entries["device"] == 1
+    assert store.insert(_entry(100))  # the device tier makes room: the big entry leaves
+    s = store.stats()
+    assert big.key not in store._tiers["host"] and s.entries["host"] == held  # and nothing else went
+    assert store.check_integrity() and arena.check()
+
+
 def test_pinning_waits_for_the_gate_and_a_large_entry_gets_a_slab_of_its_size() -> None:
     """The thread pins only while it holds the gate (the engine's lock, between engine calls); an
     entry larger than ``slab_bytes`` makes the next slab its size instead of never fitting."""

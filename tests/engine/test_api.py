@@ -178,20 +178,22 @@ def test_min_p_top_k_and_top_p_keep_what_they_define_in_vllm_order() -> None:
         assert torch.allclose(got / got.sum(), alone / alone.sum())
 
 
-def test_the_draw_follows_the_cut_distribution_and_its_seed() -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_the_draw_follows_the_cut_distribution_and_its_seed(device: str) -> None:
     """Inverse-CDF draws on the logits' device: frequencies within 4.5 standard deviations of each
     token's probability (top-p/top-k/min-p cuts made first: a cut token is never drawn), and a seeded
     generator gives the same token whatever the batch around it."""
     from hypic.engine.sampling import _draw, _filter
 
-    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15], device=device)
     n = 20_000
     for p, want in ((SamplingParams(), probs), (SamplingParams(top_p=0.75, min_p=0.2), None)):
         rows = _filter(probs.repeat(n, 1), [p] * n)
         gen = torch.Generator().manual_seed(3)
         tokens = _draw(rows, [gen] * n)
-        freq = torch.bincount(tokens, minlength=5).double() / n
-        expect = (rows[0] / rows[0].sum()).double() if want is None else want.double()
+        assert tokens.device == probs.device  # drawn where the logits are
+        freq = torch.bincount(tokens, minlength=5).double().cpu() / n
+        expect = ((rows[0] / rows[0].sum()) if want is None else want).double().cpu()
         sigma = (expect * (1 - expect) / n).sqrt()
         assert ((freq - expect).abs() <= 4.5 * sigma + 1e-12).all(), (freq, expect)
         assert (freq[expect == 0] == 0).all()
@@ -445,3 +447,19 @@ def test_the_prefix_modes_states_are_bounded_and_hold_their_own_bytes(qwen3_5_pa
     assert bounded.generate([[h, d, q]], SamplingParams(max_tokens=1), mode="prefix")[0].metrics.cached_tokens > 0
     bounded.engine._spare_memory(shed=False)
     assert (bounded.cache_stats()["prefix_states"], bounded.cache_stats()["prefix_bytes"]) == (0, 0)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_seeded_sampling_is_the_same_alone_and_in_a_batch() -> None:
+    """The draw on the device: a seed gives the same tokens whatever the batch around it, with every
+    cut (min-p, top-k, top-p) and greedy rows mixed in; stop strings end their own run only."""
+    llm = LLM(device="cuda", dtype="float32")
+    prompts = [["You are a careful reader.", f"Profile of Mira{i}. Mira lives in Quorvane.", "Tell me a story:"]
+               for i in range(4)]
+    params = [SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=0.8, top_p=0.9, top_k=20, min_p=0.02, seed=8, ignore_eos=True),
+              SamplingParams(max_tokens=12, ignore_eos=True),
+              SamplingParams(max_tokens=12, temperature=1.3, seed=9, ignore_eos=True)]
+    alone = [llm.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == alone
+    assert len({tuple(a) for a in alone}) == 4
