@@ -204,11 +204,15 @@ def main() -> None:
             ms = timed(lambda b=batch: engine.generate(b, [one] * len(b), mode=mode))
             print(f"| {mode} | {n} | {tokens} | {ms:.1f} | {1e3 * ms / tokens:.1f} |", flush=True)
     reset_caches(engine)
-    for n in (1, 16):
-        runs = engine.start(prompts[:n], [SamplingParams(max_tokens=64)] * n, mode="full")
-        engine.step(runs)
-        ms = min(timed(lambda r=runs: engine.step(r)) for _ in range(5))
-        print(f"decode step, {n} running: {ms:.1f} ms")
+    sampled = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=0)  # a draw per row, each step
+    for n in (1, 16, 64):
+        for label, sp in (("greedy", SamplingParams(max_tokens=64)), ("T=1 top_p=0.95", sampled)):
+            runs = engine.start(prompts[:n], [sp] * n, mode="full")
+            engine.step(runs)
+            ms = min(timed(lambda r=runs: engine.step(r)) for _ in range(5))
+            print(f"decode step, {n} running, {label}: {ms:.1f} ms", flush=True)
+            if n < 64:
+                engine.forget(runs)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.step(runs)
