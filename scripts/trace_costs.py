@@ -15,10 +15,12 @@ defaults) by phase and by kernel."""
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer
 
+import hypic.engine.engine as engine_module
 from hypic.bench.shapes import SHAPES
 from hypic.bench.trace_targets import encode_trace, reset_caches
 from hypic.engine.engine import Engine
@@ -205,20 +207,36 @@ def main() -> None:
             print(f"| {mode} | {n} | {tokens} | {ms:.1f} | {1e3 * ms / tokens:.1f} |", flush=True)
     reset_caches(engine)
     sampled = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=0)  # a draw per row, each step
+    arms = [("greedy", SamplingParams(max_tokens=64), None), ("T=1 top_p=0.95", sampled, None),
+            ("T=1 top_p=0.95, the per-row host draw before", sampled, _legacy_draw)]
     for n in (1, 16, 64):
-        for label, sp in (("greedy", SamplingParams(max_tokens=64)), ("T=1 top_p=0.95", sampled)):
-            runs = engine.start(prompts[:n], [sp] * n, mode="full")
-            engine.step(runs)
-            ms = min(timed(lambda r=runs: engine.step(r)) for _ in range(5))
+        for label, sp, draw in arms:
+            real = engine_module.sample
+            engine_module.sample = draw or real
+            try:
+                runs = engine.start(prompts[:n], [sp] * n, mode="full")
+                engine.step(runs)
+                ms = min(timed(lambda r=runs: engine.step(r)) for _ in range(5))
+            finally:
+                engine_module.sample = real
             print(f"decode step, {n} running, {label}: {ms:.1f} ms", flush=True)
-            if n < 64:
+            if n < 64 or draw is not None:
                 engine.forget(runs)
+    runs = engine.start(prompts[:64], [sampled] * 64, mode="full")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.step(runs)
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=10))
+
+
+def _legacy_draw(logits, params, generators, *rest):
+    """The draw sample() made before (scripts/sampling_cost.py): each row on the host; no logprobs."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sampling_cost import legacy_sample
+
+    return legacy_sample(logits, params, generators), [None] * len(params)
 
 
 if __name__ == "__main__":
