@@ -164,15 +164,10 @@ class LLM:
                              "special tokens in")
 
     def _text_stream(self, p: SamplingParams) -> Any:
-        """The answer's text as it is generated (``hypic.server.text``; no server dependency): its
-        stop strings, and its stop tokens (EOS among them unless ignored) out of the text unless
-        ``include_stop_str_in_output`` (vLLM's meaning)."""
-        from hypic.server.text import TextStream
+        """The answer's text as it is generated (``hypic.server.text``; no server dependency)."""
+        from hypic.server.text import answer_text
 
-        stop_ids = () if p.include_stop_str_in_output else \
-            p.stop_token_ids + (() if p.ignore_eos else tuple(sorted(self.engine.eos)))
-        return TextStream(self.tokenizer, list(p.stop), stop_ids, keep_special=not p.skip_special_tokens,
-                          min_tokens=p.min_tokens, include_stop=p.include_stop_str_in_output)
+        return answer_text(self.tokenizer, p, self.engine.eos)
 
     @staticmethod
     def _ended(run: Any, text: Any) -> None:

@@ -226,7 +226,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
                 params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
-                                       req.stream, req.include_usage, req.stops, req.logprobs, n))
+                                       req.stream, req.include_usage, req.stops, req.logprobs, n,
+                                       eos=tuple(sorted(llm.engine.eos))))
             return gens
 
         gens = await asyncio.to_thread(prepare)

@@ -31,7 +31,7 @@ from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs, completion_
 from hypic.server.metrics import Metrics
 from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
-from hypic.server.text import TextStream
+from hypic.server.text import answer_text
 from hypic.server.tools import StreamedCalls, ToolCalling
 
 
@@ -67,7 +67,7 @@ class Generation:
     echo: Echo | None = None  # completions only
     tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
     think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
-    eos: tuple[int, ...] = ()  # the model's end tokens: kept out of a text read with special tokens kept
+    eos: tuple[int, ...] = ()  # the model's end tokens: kept out of the text (answer_text)
 
     def choice_params(self, i: int) -> SamplingParams:
         """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
@@ -90,8 +90,7 @@ class Responder:
                  id_: str | None = None, created: int | None = None) -> None:
         self.gen, self.job, self.tokenizer, self.metrics, self.index = gen, job, tokenizer, metrics, index
         special = gen.tools is not None and gen.tools.special_text
-        self.text = TextStream(tokenizer, gen.stops, gen.params.stop_token_ids + (gen.eos if special else ()),
-                               keep_special=special, min_tokens=gen.params.min_tokens)
+        self.text = answer_text(tokenizer, gen.params, gen.eos, stops=gen.stops, keep_special=special)
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)

@@ -143,7 +143,9 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               frequency_penalty=float(req.frequency_penalty), logit_bias=bias,
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
-                              ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema)
+                              ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema,
+                              include_stop_str_in_output=req.include_stop_str_in_output,
+                              skip_special_tokens=req.skip_special_tokens)
     except ValueError as e:
         raise from_value_error(_in_response_format(e), None) from None
 

@@ -3,7 +3,8 @@
 Extensions: ``segments`` (a prompt given as its segments, the query last), ``cache_salt``
 (tenant isolation: equal segments under different salts never share a cache entry) and ``mode``
 (the ablation ladder; ``full`` bypasses the cache, for comparisons); and vLLM's sampling extensions
-(``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``).
+(``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``, ``min_tokens``,
+``include_stop_str_in_output``, ``skip_special_tokens``).
 Models are strict and forbid unknown fields, so a typo (``max_token``) or a wrong type
 (``"max_tokens": "5"``) is a 400 naming the field rather than a silently ignored setting; ``null`` is
 a field left out, as OpenAI reads it (``Strict``). Fields OpenAI defines that hypic does not
@@ -141,6 +142,8 @@ class Common(Strict):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False  # the text ends after the stop string (or stop token) found
+    skip_special_tokens: bool = True  # special tokens left out of the text
     user: str | None = None  # accepted, unused
     # OpenAI's routing and accounting hints, accepted: hypic caches by content (a key adds nothing) and
     # has one tier of service

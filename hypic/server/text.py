@@ -15,6 +15,7 @@ after the first ``min_tokens``: as EOS and the stop tokens, it cannot end a shor
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 
@@ -87,6 +88,19 @@ class TextStream:
         if len(self.tokens) > self._read:
             self._advance(final=True)
         return self._release(final=True)
+
+
+def answer_text(tokenizer: Any, params: Any, eos: Collection[int], *, stops: list[str] | None = None,
+                keep_special: bool = False) -> TextStream:
+    """The text of an answer to ``params`` (a SamplingParams) as it is generated, with vLLM's meanings,
+    for the library and the server alike: the stop strings (``params.stop``, or ``stops``); the stop
+    tokens and EOS (unless ignored) out of the text unless ``include_stop_str_in_output``; special
+    tokens in it when ``skip_special_tokens`` is off or ``keep_special`` (a tool-call dialect's markers)."""
+    stop_ids = () if params.include_stop_str_in_output else \
+        params.stop_token_ids + (() if params.ignore_eos else tuple(sorted(eos)))
+    return TextStream(tokenizer, list(params.stop if stops is None else stops), stop_ids,
+                      keep_special=keep_special or not params.skip_special_tokens, min_tokens=params.min_tokens,
+                      include_stop=params.include_stop_str_in_output)
 
 
 def text_offsets(tokenizer: Any, ids: list[int]) -> list[int]:

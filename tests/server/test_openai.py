@@ -543,3 +543,22 @@ def test_a_stop_string_seen_only_as_the_output_ends_answers_stop(client: OpenAI,
     assert whole.choices[0].text == "" and whole.choices[0].finish_reason == "stop"
     streamed = list(complete(client, rag(5), stream=True, **kw))
     assert "".join(c.choices[0].text for c in streamed) == "" and streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_include_stop_str_in_output_and_skip_special_tokens_as_the_library(client: OpenAI, llm: LLM) -> None:
+    """vLLM's two text options reach the server's answer as the library's, whole and streamed."""
+    segments = rag(5)
+    text = llm.generate([segments], SamplingParams(max_tokens=12, ignore_eos=True))[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    kw = dict(max_tokens=12, stop=stop, extra_body={"ignore_eos": True, "include_stop_str_in_output": True})
+    whole = complete(client, segments, **kw)
+    want = llm.generate([segments], SamplingParams(max_tokens=12, ignore_eos=True, stop=stop,
+                                                   include_stop_str_in_output=True))[0].text
+    assert whole.choices[0].text == want == text[:text.index(stop) + len(stop)]
+    assert "".join(c.choices[0].text for c in complete(client, segments, stream=True, **kw)) == want
+    end = llm.tokenizer.token_to_id("<|end|>")
+    shown = {"ignore_eos": True, "skip_special_tokens": False}
+    forced = complete(client, segments, max_tokens=3, logit_bias={str(end): 100}, extra_body=shown)
+    assert forced.choices[0].text == "<|end|>" * 3
+    assert complete(client, segments, max_tokens=3, logit_bias={str(end): 100},
+                    extra_body={"ignore_eos": True}).choices[0].text == ""
