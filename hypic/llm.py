@@ -133,6 +133,8 @@ class LLM:
         runs = self.engine.start(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
         if self.tokenizer is None:
             self.engine.finish(runs)
+            for run in runs:
+                self._ended(run, None)
         else:
             texts = [self._text_stream(p) for p in params]
             read = [0] * len(runs)
@@ -170,11 +172,13 @@ class LLM:
         return answer_text(self.tokenizer, p, self.engine.eos)
 
     @staticmethod
-    def _ended(run: Any, text: Any) -> None:
-        """The output's text, and what stopped it: the stop string, a stop token's id, or None."""
+    def _ended(run: Any, text: Any | None) -> None:
+        """The output's text (none without a tokenizer), and what stopped it: the stop string, a stop
+        token's id, or None."""
         out = run.output
-        out.text = text.text
-        if text.stop_string is not None:
+        if text is not None:
+            out.text = text.text
+        if text is not None and text.stop_string is not None:
             out.finish_reason, out.stop_reason = "stop", text.stop_string
         elif out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in run.params.stop_token_ids:
             out.stop_reason = out.token_ids[-1]

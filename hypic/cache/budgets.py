@@ -57,20 +57,49 @@ def physical_memory_bytes() -> int | None:
         return None
 
 
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        return None if text == "max" else int(text)
+    except (OSError, ValueError):
+        return None
+
+
+def cgroup_room_bytes(files: tuple[tuple[str, str], ...] = CGROUP_FILES) -> int | None:
+    """What the container's memory limit leaves (limit − usage), or None with no limit: a container
+    is killed at its limit whatever the machine has free."""
+    for limit_file, usage_file in files:
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes ~2⁶³ for no limit
+            return max(0, limit - usage)
+    return None
+
+
 def available_memory_bytes() -> int | None:
     """Memory a process can still take without swapping: Linux's MemAvailable (free pages plus the
-    page cache it can drop), else the free pages, else None (not known)."""
+    page cache it can drop), else the free pages, else None (not known); never more than the
+    container's memory limit leaves."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    if available is None:
+        try:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            pass
+    room = cgroup_room_bytes()
+    return room if available is None else available if room is None else min(available, room)
 
 
 def resolve(value: Budget, tier: str, device: torch.device) -> int | None:

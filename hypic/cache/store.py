@@ -173,7 +173,9 @@ class SegmentStore:
             if self.arena is not None and not self.arena.slab_holds(narrow.nbytes):
                 # no slab can hold it (a region never spans slabs): dropped alone, not after emptying the
                 # tier for nothing; allocate asks the thread for a slab of its size, where capacity is left
-                self.arena.allocate(narrow.nbytes)
+                region = self.arena.allocate(narrow.nbytes)
+                if region is not None:  # the thread pinned a slab that large just now: not this time
+                    self.arena.free(region)
                 return None
             if not self._make_room("host", entry.nbytes):
                 return None

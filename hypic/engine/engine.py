@@ -153,7 +153,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         # an auto device budget is half the memory free beside the model; memory the engine itself
         # holds later (the cold graphs) lowers it (ColdPrefill._fit_cache_to_cold_graphs)
         self._auto_device_budget = self.store.budgets["device"] if cache_device_bytes == AUTO else None
-        self.prefix = PrefixCache(max_bytes=lambda: self.store.budgets["device"])
+        self.prefix = PrefixCache(max_bytes=self._prefix_room)
         self.eos = _eos_ids(loaded)
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
         self._token_vocab_lock = threading.Lock()  # built once, whichever thread asks first
@@ -528,14 +528,21 @@ class Engine(ColdPrefill, PrefixPrefill):
             if all(s.done for s in batch.members):
                 batch.clear()  # the last step of everyone in it: free the arenas now
 
+    def _prefix_room(self) -> int | None:
+        """The prefix mode's kept states share the device budget with the segment store: they may hold
+        what the store leaves of it when they are kept (None: unbounded)."""
+        budget = self.store.budgets["device"]
+        return None if budget is None else max(0, budget - self.store.stats().bytes["device"])
+
     def _bounded(self, p: SamplingParams, prompt_tokens: int) -> SamplingParams:
         """``max_tokens=None`` (vLLM's meaning): up to the model's context."""
         if p.max_tokens is not None:
             return p
         left = self.model.max_positions - prompt_tokens
-        if left < 1:
-            raise ValueError(f"max_tokens: the prompt's {prompt_tokens} tokens fill the model's context of "
-                             f"{self.model.max_positions} tokens")
+        if left < max(1, p.min_tokens):
+            raise ValueError(f"max_tokens: the prompt's {prompt_tokens} tokens leave {max(left, 0)} of the model's "
+                             f"context of {self.model.max_positions} tokens, fewer than min_tokens "
+                             f"({p.min_tokens}) or 1")
         return replace(p, max_tokens=left)
 
     def forget(self, runs: list[Running]) -> None:

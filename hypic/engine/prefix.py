@@ -10,8 +10,8 @@ snapshot sees. A state restored from a snapshot gets its own copy of the buffers
 linear state or conv tail that is a view into a forward's stacked tensor (every prompt of the call)
 is copied out, or it would keep the whole stack alive: n copies of a prompt kept n times its bytes.
 
-The kept states are bounded by count and by bytes (the engine passes its device tier's budget: the
-prefix mode's states take at most what the segment cache may), least recently used out first; they
+The kept states are bounded by count and by bytes (the engine passes what the segment store leaves of
+its device budget: the two share it), least recently used out first; they
 are a cache of a baseline, so the engine drops them all when the device runs out of memory. They
 are not saved with the segment cache (``--cache-dir``).
 """
@@ -62,6 +62,11 @@ class PrefixCache:
         self.max_bytes = max_bytes or (lambda: None)
         self._states: OrderedDict[bytes, SequenceState] = OrderedDict()
         self._members: dict[bytes, frozenset[bytes]] = {}  # link → digests of the segments in that prefix
+        # the bytes held, kept up to date as states come and go (a put never rescans every state):
+        # each storage counted once, however many kept states share it
+        self._held: dict[bytes, dict[tuple[str, int], int]] = {}  # link → its storages
+        self._refs: Counter[tuple[str, int]] = Counter()
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def longest(self, links: list[bytes]) -> tuple[int, SequenceState | None]:
@@ -80,48 +85,47 @@ class PrefixCache:
         kept.linear = {i: _own(t) for i, t in kept.linear.items()}
         kept.conv = {i: _own(t) for i, t in kept.conv.items()}
         with self._lock:
+            if link in self._states:
+                self._remove(link)
             self._states[link] = kept
             self._members[link] = members
-            self._states.move_to_end(link)
-            while len(self._states) > self.max_states:
-                self._drop_oldest()
+            self._held[link] = storages = _storages(kept)
+            for key, n in storages.items():
+                self._bytes += n if self._refs[key] == 0 else 0
+                self._refs[key] += 1
             budget = self.max_bytes()
-            if budget is None:
-                return
-            held = {link: _storages(s) for link, s in self._states.items()}
-            refs = Counter(key for storages in held.values() for key in storages)
-            size = {key: n for storages in held.values() for key, n in storages.items()}
-            total = sum(size.values())
-            while total > budget and self._states:  # a storage leaves with the last state holding it
-                for key in held[self._drop_oldest()]:
-                    refs[key] -= 1
-                    if refs[key] == 0:
-                        total -= size[key]
+            while self._states and (len(self._states) > self.max_states
+                                    or (budget is not None and self._bytes > budget)):
+                self._remove(next(iter(self._states)))  # least recently used first
 
-    def _drop_oldest(self) -> bytes:
-        old, _ = self._states.popitem(last=False)
-        self._members.pop(old, None)
-        return old
+    def _remove(self, link: bytes) -> None:
+        """A kept state out (the caller holds the lock); a storage leaves with the last state holding it."""
+        del self._states[link]
+        self._members.pop(link, None)
+        for key, n in self._held.pop(link).items():
+            self._refs[key] -= 1
+            if self._refs[key] == 0:
+                del self._refs[key]
+                self._bytes -= n
 
     def clear(self) -> int:
         """Drop every kept state (the device ran out of memory); how many."""
         with self._lock:
             n = len(self._states)
-            self._states.clear()
-            self._members.clear()
+            for link in list(self._states):
+                self._remove(link)
             return n
 
     def stats(self) -> tuple[int, int]:
         """(states kept, bytes they hold): each tensor storage counted once, as snapshots share the
         linear states, conv tails and key/value buffers of the states they came from."""
         with self._lock:
-            seen = {key: n for state in self._states.values() for key, n in _storages(state).items()}
-            return len(self._states), sum(seen.values())
+            return len(self._states), self._bytes
 
     def discard_containing(self, digests: set[bytes]) -> int:
         """Drop every kept state whose prefix holds one of these segments; how many."""
         with self._lock:
             gone = [link for link, members in self._members.items() if members & digests]
             for link in gone:
-                del self._states[link], self._members[link]
+                self._remove(link)
             return len(gone)

@@ -128,6 +128,8 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         chosen = picked if len(drawn) == len(params) else chosen.index_copy(
             0, to_device(drawn, chosen.device), picked)
     tokens: list[int] = chosen.tolist()  # one read-back for the batch, not one per row
+    if drawn and max(tokens) >= logits.shape[-1]:  # the draw's cumulative sum was NaN: never an id past the vocabulary
+        raise RuntimeError("sampling: a sampled row's logits are not finite (NaN or infinity)")
     tops: list[dict[int, float] | None] = []
     for row, p, tok in zip(logprobs, params, tokens, strict=True):
         if p.logprobs is not None:  # 0: the sampled token's alone

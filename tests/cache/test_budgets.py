@@ -85,3 +85,20 @@ def test_a_cpu_engine_on_auto_budgets_evicts_instead_of_growing(monkeypatch) -> 
     engine.prewarm(docs[-1:])  # the newest is still held
     assert engine.store.stats().hits == hits + 1
     assert engine.store.check_integrity()
+
+
+def test_a_containers_memory_limit_bounds_what_is_available(tmp_path) -> None:
+    """The CPU's auto budget reads what the container's limit leaves (cgroup v2 or v1), not only the
+    machine's free memory: a container is killed at its limit."""
+    from hypic.cache.budgets import cgroup_room_bytes
+
+    def files(limit: str, usage: str) -> tuple[tuple[str, str], ...]:
+        (tmp_path / "max").write_text(limit)
+        (tmp_path / "current").write_text(usage)
+        return ((str(tmp_path / "max"), str(tmp_path / "current")),)
+
+    assert cgroup_room_bytes(files("1073741824\n", "268435456\n")) == 3 << 28
+    assert cgroup_room_bytes(files("max\n", "268435456\n")) is None  # v2: no limit
+    assert cgroup_room_bytes(files("9223372036854771712\n", "5\n")) is None  # v1: no limit
+    assert cgroup_room_bytes(files("100\n", "200\n")) == 0
+    assert cgroup_room_bytes(((str(tmp_path / "none"), str(tmp_path / "none")),)) is None

@@ -178,6 +178,18 @@ def test_min_p_top_k_and_top_p_keep_what_they_define_in_vllm_order() -> None:
         assert torch.allclose(got / got.sum(), alone / alone.sum())
 
 
+def test_a_sampled_row_of_non_finite_logits_is_an_error_not_a_token_past_the_vocabulary() -> None:
+    from hypic.engine.sampling import sample
+
+    logits = torch.zeros(2, 7)
+    logits[1, 3] = float("nan")
+    sp = SamplingParams(temperature=1.0, seed=1)
+    with pytest.raises(RuntimeError, match="not finite"):
+        sample(logits, [SamplingParams(), sp], [None, torch.Generator().manual_seed(1)])
+    tokens, _ = sample(logits[:1], [sp], [torch.Generator().manual_seed(1)])
+    assert 0 <= tokens[0] < 7
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_draw_follows_the_cut_distribution_and_its_seed(device: str) -> None:
     """Inverse-CDF draws on the logits' device: frequencies within 4.5 standard deviations of each
@@ -405,8 +417,10 @@ def test_a_prompt_and_max_tokens_beyond_the_context_are_refused(tmp_path) -> Non
     assert len(rest.token_ids) == 64 - n and rest.finish_reason == "length"
     assert len(list(short.stream(prompt, SamplingParams(max_tokens=None, ignore_eos=True)))[-1].output.token_ids) \
         == 64 - n
-    with pytest.raises(ValueError, match="fill the model's context of 64"):
+    with pytest.raises(ValueError, match="leave 0 of the model's context of 64"):
         short.engine.start([[list(range(3, 67))]], [SamplingParams(max_tokens=None)])
+    with pytest.raises(ValueError, match=rf"leave {64 - n} of the model's context of 64 tokens, fewer than min_tokens"):
+        short.generate(prompt, SamplingParams(max_tokens=None, min_tokens=64 - n + 1))
 
 
 def test_cache_stats_count_the_prefix_modes_states(qwen3_5_path) -> None:
