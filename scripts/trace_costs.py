@@ -1,7 +1,7 @@
 """Where a trace request's time goes on the GPU, per mode: prefill time of 1, 2, 4 and 8 trace
 prompts in one call, and one decode step over 1 and 16 running requests (9B shape, random weights).
 A diagnostic behind docs/benchmarks.md's trace section: `python3 scripts/trace_costs.py
-[--decode-only | --pressure]`; the decode step's busiest host and device operations are printed last.
+[--decode-only [--legacy-draw] | --pressure]`; the decode step's busiest host and device operations are printed last.
 `--pressure`: instead, `hypic` calls on a 2 048-document pool with a 60 GiB store (a quarter of the
 segments miss), the cold prefill of 1–16 documents alone, and a profile of one call.
 `--cold-alone`: the cold prefill of fresh documents alone (``Engine.prewarm``, nothing evicted), timed
@@ -207,8 +207,13 @@ def main() -> None:
             print(f"| {mode} | {n} | {tokens} | {ms:.1f} | {1e3 * ms / tokens:.1f} |", flush=True)
     reset_caches(engine)
     sampled = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=0)  # a draw per row, each step
+    # what an OpenAI client often adds: penalties and log-probabilities (and vLLM's repetition penalty)
+    featured = SamplingParams(max_tokens=64, temperature=1.0, top_p=0.95, seed=0, presence_penalty=0.5,
+                              frequency_penalty=0.5, repetition_penalty=1.1, logprobs=5)
     arms = [("greedy", SamplingParams(max_tokens=64), None), ("T=1 top_p=0.95", sampled, None),
-            ("T=1 top_p=0.95, the per-row host draw before", sampled, _legacy_draw)]
+            ("T=1 top_p=0.95 + penalties + logprobs 5", featured, None)]
+    if "--legacy-draw" in sys.argv:
+        arms.append(("T=1 top_p=0.95, the per-row host draw before", sampled, _legacy_draw))
     for n in (1, 16, 64):
         for label, sp, draw in arms:
             real = engine_module.sample

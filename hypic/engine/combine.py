@@ -326,15 +326,17 @@ class CombineContext(ForwardContext):
             dev, k, nb = self.positions.device, len(cu), len(bodies)
             run_lengths = [b - a for a, b in zip(cu[:-1], cu[1:], strict=True)]
             # one copy of the per-item numbers; the per-key slots are made from them on the device
-            ranges = to_device([*run_slots, *run_lengths, *body_slots, *body_lengths, *rope_starts, *true_starts], dev)
+            # (the bodies' true starts and lengths last, so the pair the layers read is a slice: indexing
+            # a device tensor by a list of rows is a blocking copy, a stall mid-forward)
+            ranges = to_device([*run_slots, *run_lengths, *body_slots, *rope_starts, *true_starts, *body_lengths], dev)
             runs_at, bodies_at = ranges[:2 * (k - 1)].view(2, -1), ranges[2 * (k - 1):].view(4, nb)
             run_dest = _ranges(runs_at[0], runs_at[1], cu[-1])
             total = sum(body_lengths)
-            body_dest, body_pos = _ranges(bodies_at[0], bodies_at[1], total), _ranges(bodies_at[2], bodies_at[1], total)
+            body_dest, body_pos = _ranges(bodies_at[0], bodies_at[3], total), _ranges(bodies_at[1], bodies_at[3], total)
             meta = to_device([*cu, *starts, n, *used], dev, dtype=torch.int32)
             longest = max(run_lengths, default=1)
             runs = RunsPlan(meta[:k], meta[k:2 * k], meta[2 * k:], longest, max(used, default=1))
-            self._packed = _PackedKeys(offsets, run_dest, body_dest, body_pos, bodies_at[[3, 1]], bodies, runs)
+            self._packed = _PackedKeys(offsets, run_dest, body_dest, body_pos, bodies_at[2:], bodies, runs)
         return self._packed
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:

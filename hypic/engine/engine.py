@@ -33,7 +33,7 @@ from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
 from hypic.engine.prefix import PrefixCache
 from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
-from hypic.engine.sampling import sample
+from hypic.engine.sampling import TokenCounts, sample
 from hypic.engine.scoring import score_prompt
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
@@ -68,7 +68,7 @@ class Running:
     generator: torch.Generator | None
     done: bool = False
     first_logits: torch.Tensor | None = None  # [vocab] fp32: the prompt's next-token logits (evaluation)
-    prompt_ids: list[int] | None = None  # the prompt's tokens, kept for a repetition penalty only
+    counts: TokenCounts | None = None  # its tokens on the device, for the penalties (sampling.TokenCounts)
     constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
 
     def allowed(self) -> torch.Tensor | None:
@@ -83,6 +83,8 @@ class Running:
             self.state.done = True
             return
         self.output.token_ids.append(token)
+        if self.counts is not None:
+            self.counts.add(token)
         if logprobs is not None:
             self.output.logprobs.append(logprobs)
         if self.params.stops_at(token, eos) or (self.constraint is not None and self.constraint.finished):
@@ -383,13 +385,13 @@ class Engine(ColdPrefill, PrefixPrefill):
             logits, states = self._assemble_in_memory(prompts, mode, salts, metrics)
             runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs is not None else None, m),
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
-                            prompt_ids=[t for s in prompt for t in s] if p.repetition_penalty != 1.0 else None)
+                            counts=self._token_counts(p, prompt))
                     for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
             for r in runs:
                 if r.params.json_schema is not None:
                     r.constraint = JsonConstraint(token_vocab, compile_schema(r.params.json_schema), self.eos)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
-                                  [r.prompt_ids for r in runs], self.eos, [r.allowed() for r in runs])
+                                  [r.counts for r in runs], self.eos, [r.allowed() for r in runs])
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
@@ -521,12 +523,20 @@ class Engine(ColdPrefill, PrefixPrefill):
             if slots != list(range(len(slots))):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
-                                  [r.output.token_ids for r in active], [r.prompt_ids for r in active], self.eos,
+                                  [len(r.output.token_ids) for r in active], [r.counts for r in active], self.eos,
                                   [r.allowed() for r in active])
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):
                 batch.clear()  # the last step of everyone in it: free the arenas now
+
+    def _token_counts(self, p: SamplingParams, prompt: list[list[int]]) -> TokenCounts | None:
+        """What the penalties read, on the device: the generated tokens' counts, and the prompt's
+        tokens for a repetition penalty (None: no penalty asked)."""
+        repeat = p.repetition_penalty != 1.0
+        if not (p.penalized or repeat):
+            return None
+        return TokenCounts(self.model.vocab_size, self.device, [t for s in prompt for t in s] if repeat else None)
 
     def _prefix_room(self) -> int | None:
         """The prefix mode's kept states share the device budget with the segment store: they may hold

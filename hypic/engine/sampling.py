@@ -25,47 +25,90 @@ from hypic.engine.request import SamplingParams
 from hypic.ops.transfer import to_device
 
 
-def _adjusts(p: SamplingParams, history: list[int]) -> bool:
-    return bool(p.logit_bias or (p.penalized and history) or p.repetition_penalty != 1.0
-                or len(history) < p.min_tokens)
+class TokenCounts:
+    """A run's generated tokens counted on the device ([vocab] fp32) and, for a repetition penalty, its
+    prompt's tokens as a mask: made once when the run starts, one add per drawn token, so a step
+    reads no history from the host (a device ``bincount`` stalls to size its output, and a prompt's
+    set of tokens rebuilt each step cost milliseconds a row on a RAG prompt)."""
+
+    def __init__(self, vocab: int, device: torch.device, prompt: list[int] | None = None) -> None:
+        self.counts = torch.zeros(vocab, device=device)
+        self.prompt: Tensor | None = None
+        if prompt is not None:
+            self.prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
+            if prompt:
+                self.prompt[to_device(sorted(set(prompt)), device)] = True
+        self.n = 0  # tokens counted
+
+    def add(self, token: int) -> None:
+        self.counts[token] += 1  # a kernel, no read-back
+        self.n += 1
+
+    @classmethod
+    def of(cls, history: list[int], vocab: int, device: torch.device,
+           prompt: list[int] | None = None) -> TokenCounts:
+        counts = cls(vocab, device, prompt)
+        for t in history:
+            counts.add(t)
+        return counts
+
+    def seen(self) -> Tensor:
+        """The tokens a repetition penalty reads: generated so far, or in the prompt."""
+        return self.counts > 0 if self.prompt is None else (self.counts > 0) | self.prompt
 
 
-def adjust(logits: Tensor, params: list[SamplingParams], histories: list[list[int]],
-           prompts: list[list[int] | None] | None = None, eos: Collection[int] = (),
+def _adjusts(p: SamplingParams, generated: int) -> bool:
+    return bool(p.logit_bias or (p.penalized and generated) or p.repetition_penalty != 1.0
+                or generated < p.min_tokens)
+
+
+def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
+           counts: list[TokenCounts | None] | None = None, eos: Collection[int] = (),
            allowed: list[Tensor | None] | None = None) -> Tensor:
-    """Each row's logits with its request's adjustments (module docstring): ``histories`` are the
-    tokens each row has generated, ``prompts`` its prompt's tokens (read for a repetition penalty
-    only), ``eos`` the model's end tokens, ``allowed`` per row the only token ids it may draw
-    (structured output; None: all). Rows asking for none (the default) cost nothing; the input is
-    left as it is."""
+    """Each row's logits with its request's adjustments (module docstring), every row asking for one
+    together, with no read-back: ``generated`` is how many tokens each row has generated, ``counts``
+    its tokens (``TokenCounts``; needed by the penalties), ``eos`` the model's end tokens, ``allowed``
+    per row the only token ids it may draw (structured output; None: all). Rows asking for none (the
+    default) cost nothing; the input is left as it is."""
     allowed = allowed or [None] * len(params)
-    rows = [i for i, p in enumerate(params) if _adjusts(p, histories[i]) or allowed[i] is not None]
+    rows = [i for i, p in enumerate(params) if _adjusts(p, generated[i]) or allowed[i] is not None]
     if not rows:
         return logits
     out = logits.float().clone()
-    for i in rows:
-        p, history = params[i], histories[i]
-        if p.logit_bias:
-            ids = to_device(list(p.logit_bias), out.device)
-            out[i].index_add_(0, ids, to_device(list(p.logit_bias.values()), out.device, dtype=out.dtype))
-        if p.repetition_penalty != 1.0:
-            prompt = (prompts[i] if prompts is not None else None) or []
-            seen = to_device(sorted(set(prompt) | set(history)), out.device)
-            if len(seen):
-                vals = out[i, seen]
-                out[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if p.penalized and history:
-            counts = torch.bincount(to_device(history, out.device), minlength=out.shape[-1]).to(out.dtype)
-            out[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(out.dtype)
-        if len(history) < p.min_tokens:
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos))
-            if stops:
-                out[i, to_device(sorted(stops), out.device)] = float("-inf")
-        if allowed[i] is not None and len(allowed[i]):  # last: a bias cannot undo the grammar's choice
-            keep = to_device(allowed[i], out.device)
-            row = torch.full_like(out[i], float("-inf"))
-            row[keep] = out[i, keep]
-            out[i] = row
+    device = out.device
+
+    def each(index: list[int], change) -> None:  # rows ``index`` replaced by change(their logits)
+        at = to_device(index, device)
+        out.index_copy_(0, at, change(out.index_select(0, at)))
+
+    bias = [(i, t, b) for i in rows for t, b in (params[i].logit_bias or {}).items()]
+    if bias:
+        r, t, b = zip(*bias, strict=True)
+        out.index_put_((to_device(r, device), to_device(t, device)), to_device(b, device, dtype=out.dtype),
+                       accumulate=True)
+    repeat = [i for i in rows if params[i].repetition_penalty != 1.0]
+    if repeat:
+        seen = torch.stack([counts[i].seen() for i in repeat])
+        penalty = _column([params[i].repetition_penalty for i in repeat], out)
+        each(repeat, lambda v: torch.where(seen, torch.where(v > 0, v / penalty, v * penalty), v))
+    penalized = [i for i in rows if params[i].penalized and generated[i]]
+    if penalized:
+        c = torch.stack([counts[i].counts for i in penalized])
+        frequency = _column([params[i].frequency_penalty for i in penalized], out)
+        presence = _column([params[i].presence_penalty for i in penalized], out)
+        each(penalized, lambda v: v - frequency * c - presence * (c > 0).to(v.dtype))
+    banned = [(i, t) for i in rows if generated[i] < params[i].min_tokens
+              for t in sorted(set(params[i].stop_token_ids) | (set() if params[i].ignore_eos else set(eos)))]
+    if banned:
+        r, t = zip(*banned, strict=True)
+        out.index_put_((to_device(r, device), to_device(t, device)), torch.tensor(float("-inf"), device=device))
+    masked = [i for i in rows if allowed[i] is not None and len(allowed[i])]
+    if masked:  # last: a bias cannot undo the grammar's choice
+        ids = [allowed[i] for i in masked]
+        which = torch.repeat_interleave(torch.arange(len(masked)), torch.tensor([len(a) for a in ids]))
+        keep = torch.zeros(len(masked), out.shape[-1], dtype=torch.bool, device=device)
+        keep[to_device(which, device), to_device(torch.cat(ids), device)] = True
+        each(masked, lambda v: v.masked_fill(~keep, float("-inf")))
     return out
 
 
@@ -107,37 +150,49 @@ def _draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
 
 
 def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           histories: list[list[int]] | None = None, prompts: list[list[int] | None] | None = None,
+           generated: list[int] | None = None, counts: list[TokenCounts | None] | None = None,
            eos: Collection[int] = (), allowed: list[Tensor | None] | None = None
            ) -> tuple[list[int], list[dict[int, float] | None]]:
-    """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities;
-    ``histories``: each row's generated tokens so far (None: none yet); ``prompts``, ``eos`` and
-    ``allowed`` as ``adjust`` reads them."""
-    logits = adjust(logits, params, histories if histories is not None else [[] for _ in params], prompts, eos,
-                    allowed)
+    """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities, read back
+    in one copy; ``generated`` (None: none yet), ``counts``, ``eos`` and ``allowed`` as ``adjust``
+    reads them."""
+    logits = adjust(logits, params, generated if generated is not None else [0] * len(params), counts, eos, allowed)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
+    device = logprobs.device
     # greedy below 1e-5: a tinier temperature would overflow the softmax into NaN
     drawn = [i for i, p in enumerate(params) if p.temperature >= 1e-5]
     if len(drawn) < len(params):
         chosen = logprobs.argmax(-1)
     if drawn:
-        rows = logprobs[drawn] if len(drawn) < len(params) else logprobs
+        at = None if len(drawn) == len(params) else to_device(drawn, device)
+        rows = logprobs if at is None else logprobs.index_select(0, at)
         temperature = _column([params[i].temperature for i in drawn], rows)
         probs = _filter(torch.softmax(rows / temperature, dim=-1), [params[i] for i in drawn])
         picked = _draw(probs, [generators[i] for i in drawn])
-        chosen = picked if len(drawn) == len(params) else chosen.index_copy(
-            0, to_device(drawn, chosen.device), picked)
-    tokens: list[int] = chosen.tolist()  # one read-back for the batch, not one per row
+        chosen = picked if at is None else chosen.index_copy(0, at, picked)
+    # the log-probabilities asked for ride in the same read-back as the tokens (ids are exact in fp64)
+    asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+    parts, top_k = [chosen.double()], max((params[i].logprobs for i in asked), default=0)
+    if asked:
+        at = None if len(asked) == len(params) else to_device(asked, device)
+        rows = logprobs if at is None else logprobs.index_select(0, at)
+        mine = chosen if at is None else chosen.index_select(0, at)
+        values, ids = rows.topk(top_k, dim=-1)
+        parts += [rows.gather(1, mine.unsqueeze(1)).double().flatten(), values.double().flatten(),
+                  ids.double().flatten()]
+    back = torch.cat(parts).tolist()  # one read-back for the batch, not one per row
+    tokens = [int(t) for t in back[:len(params)]]
     if drawn and max(tokens) >= logits.shape[-1]:  # the draw's cumulative sum was NaN: never an id past the vocabulary
         raise RuntimeError("sampling: a sampled row's logits are not finite (NaN or infinity)")
-    tops: list[dict[int, float] | None] = []
-    for row, p, tok in zip(logprobs, params, tokens, strict=True):
-        if p.logprobs is not None:  # 0: the sampled token's alone
-            values, ids = row.topk(p.logprobs)
-            # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
-            top = {i: v for i, v in zip(ids.tolist(), values.tolist(), strict=True) if v != float("-inf")}
-            top.setdefault(tok, float(row[tok]))
-            tops.append(top)
-        else:
-            tops.append(None)
+    tops: list[dict[int, float] | None] = [None] * len(params)
+    n, own = len(asked), back[len(params):len(params) + len(asked)]
+    values_at, ids_at = len(params) + n, len(params) + n + n * top_k
+    for j, i in enumerate(asked):
+        k = params[i].logprobs  # 0: the sampled token's alone
+        vals = back[values_at + j * top_k:values_at + j * top_k + k]
+        ids = back[ids_at + j * top_k:ids_at + j * top_k + k]
+        # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
+        top = {int(t): v for t, v in zip(ids, vals, strict=True) if v != float("-inf")}
+        top.setdefault(tokens[i], own[j])
+        tops[i] = top
     return tokens, tops

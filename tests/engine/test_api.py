@@ -114,15 +114,34 @@ def test_a_strong_bias_forces_every_token(llm) -> None:
 
 
 def test_adjust_leaves_rows_without_adjustments_and_its_input_alone() -> None:
-    from hypic.engine.sampling import adjust
+    from hypic.engine.sampling import TokenCounts, adjust
 
     logits = torch.arange(12, dtype=torch.float32).view(2, 6)
     before = logits.clone()
     params = [SamplingParams(presence_penalty=0.5, frequency_penalty=0.25, logit_bias={5: -2.0}), SamplingParams()]
-    out = adjust(logits, params, [[1, 1, 4], [2, 2]])
+    counts = [TokenCounts.of([1, 1, 4], 6, torch.device("cpu")), None]
+    out = adjust(logits, params, [3, 2], counts)
     assert torch.equal(logits, before) and torch.equal(out[1], before[1])
     assert out[0].tolist() == [0.0, 1 - 0.5 - 0.5, 2.0, 3.0, 4 - 0.25 - 0.5, 5.0 - 2.0]
-    assert adjust(logits, [SamplingParams(presence_penalty=1.0), SamplingParams()], [[], []]) is logits
+    assert adjust(logits, [SamplingParams(presence_penalty=1.0), SamplingParams()], [0, 0],
+                  [TokenCounts(6, torch.device("cpu")), None]) is logits
+    # every kind at once, each row by its own request, against the rows adjusted one at a time
+    rows = torch.randn(4, 6)
+    mixed = [SamplingParams(repetition_penalty=1.5, logit_bias={0: 3.0}),
+             SamplingParams(frequency_penalty=1.0, min_tokens=5, stop_token_ids=[2]),
+             SamplingParams(), SamplingParams(presence_penalty=-1.0, repetition_penalty=0.5)]
+    hist = [[3], [1, 1], [], [5, 4]]
+    made = [TokenCounts.of(h, 6, torch.device("cpu"), [0, 2] if p.repetition_penalty != 1.0 else None)
+            if p.penalized or p.repetition_penalty != 1.0 else None for p, h in zip(mixed, hist, strict=True)]
+    allowed = [None, None, torch.tensor([1, 4]), None]
+    together = adjust(rows, mixed, [len(h) for h in hist], made, eos=[5], allowed=allowed)
+    for i in range(4):
+        alone = adjust(rows[i:i + 1], mixed[i:i + 1], [len(hist[i])], made[i:i + 1], eos=[5], allowed=allowed[i:i + 1])
+        assert torch.equal(together[i], alone[0])
+    assert together[1, 2] == together[1, 5] == float("-inf")  # min_tokens: the stop token and EOS
+    assert together[2].isinf().tolist() == [True, False, True, True, False, True]
+    assert together[0, 0] == pytest.approx((rows[0, 0] + 3.0).item() / 1.5 if rows[0, 0] + 3 > 0
+                                           else (rows[0, 0] + 3.0).item() * 1.5)
 
 
 @pytest.mark.parametrize("penalty", [1.3, 0.7])
