@@ -71,9 +71,10 @@ class Running:
     counts: TokenCounts | None = None  # its tokens on the device, for the penalties (sampling.TokenCounts)
     constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
 
-    def allowed(self) -> torch.Tensor | None:
-        """The token ids this run may draw next (structured output), else None (any)."""
-        return None if self.constraint is None else self.constraint.allowed()
+    def allowed(self, size: int, device: torch.device) -> torch.Tensor | None:
+        """What this run may draw next (structured output) as a [size] boolean mask on ``device``
+        (empty ids: nothing can follow), else None (any)."""
+        return None if self.constraint is None else self.constraint.allowed_mask(size, device)
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
         if self.constraint is not None and not self.constraint.accept(token):
@@ -391,7 +392,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 if r.params.json_schema is not None:
                     r.constraint = JsonConstraint(token_vocab, compile_schema(r.params.json_schema), self.eos)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
-                                  [r.counts for r in runs], self.eos, [r.allowed() for r in runs])
+                                  [r.counts for r in runs], self.eos,
+                                  [r.allowed(logits.shape[-1], logits.device) for r in runs])
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
@@ -524,7 +526,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
                                   [len(r.output.token_ids) for r in active], [r.counts for r in active], self.eos,
-                                  [r.allowed() for r in active])
+                                  [r.allowed(logits.shape[-1], logits.device) for r in active])
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):

@@ -68,8 +68,9 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
     """Each row's logits with its request's adjustments (module docstring), every row asking for one
     together, with no read-back: ``generated`` is how many tokens each row has generated, ``counts``
     its tokens (``TokenCounts``; needed by the penalties), ``eos`` the model's end tokens, ``allowed``
-    per row the only token ids it may draw (structured output; None: all). Rows asking for none (the
-    default) cost nothing; the input is left as it is."""
+    per row what it may draw (structured output: a boolean mask over the vocabulary on the logits'
+    device, or the ids; empty ids: nothing can, the draw is left free; None: all). Rows asking for none
+    (the default) cost nothing; the input is left as it is."""
     allowed = allowed or [None] * len(params)
     rows = [i for i, p in enumerate(params) if _adjusts(p, generated[i]) or allowed[i] is not None]
     if not rows:
@@ -104,12 +105,17 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
         out.index_put_((to_device(r, device), to_device(t, device)), torch.tensor(float("-inf"), device=device))
     masked = [i for i in rows if allowed[i] is not None and len(allowed[i])]
     if masked:  # last: a bias cannot undo the grammar's choice
-        ids = [allowed[i] for i in masked]
-        which = torch.repeat_interleave(torch.arange(len(masked)), torch.tensor([len(a) for a in ids]))
-        keep = torch.zeros(len(masked), out.shape[-1], dtype=torch.bool, device=device)
-        keep[to_device(which, device), to_device(torch.cat(ids), device)] = True
+        keep = torch.stack([allowed[i] if allowed[i].dtype == torch.bool else _mask(allowed[i], out)
+                            for i in masked])
         each(masked, lambda v: v.masked_fill(~keep, float("-inf")))
     return out
+
+
+def _mask(ids: Tensor, like: Tensor) -> Tensor:
+    """Token ids as a boolean mask over ``like``'s vocabulary, on its device."""
+    keep = torch.zeros(like.shape[-1], dtype=torch.bool, device=like.device)
+    keep[to_device(ids, like.device)] = True
+    return keep
 
 
 def _column(values: list[float], like: Tensor) -> Tensor:

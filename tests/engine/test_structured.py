@@ -206,6 +206,9 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
             want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(state, data) is not None)
             got = c.allowed().tolist()
             assert got == want, (name, len(got), len(want))
+            mask = c.allowed_mask(len(vocab.pieces) + 5, torch.device("cpu"))  # what a decode step reads
+            assert (torch.nonzero(mask).flatten().tolist() if mask.dtype == torch.bool else []) == want
+            assert c.allowed_mask(len(vocab.pieces) + 5, torch.device("cpu")) is mask  # memoized per state
             checked += 1
             ids = c.allowed()
             if not len(ids):
