@@ -77,7 +77,7 @@ def bench_ttft(args: argparse.Namespace) -> int:
     res = run(engine, shape, reps=args.reps, ab=ab)
     _publish(report(res, shape, f"TTFT: {title}, seam {args.seam}"), machine, args)
     if args.sync_report and device.type == "cuda":
-        from hypic.bench.syncs import format_sites, profile_request, sync_sites
+        from hypic.bench.syncs import format_sites, profile_request, step_sync_sites, sync_sites
         from hypic.bench.ttft import rag_prompts
         # the run's documents in an order it never used: every document hits, the prefix cache has only the head
         prompt = rag_prompts(shape, engine.model.vocab_size, args.reps + 3)[-1]
@@ -85,6 +85,7 @@ def bench_ttft(args: argparse.Namespace) -> int:
         warm = profile_request(engine, prompt, "hypic")
         engine.store.clear()  # and once cold
         sites["hypic cold"] = sync_sites(engine, prompt, ("hypic",))["hypic"]
+        sites.update(step_sync_sites(engine, rag_prompts(shape, engine.model.vocab_size, 4)))
         with open(args.sync_report, "w") as f:
             f.write(format_sites(sites) + "\n\n" + warm + "\n")
     return 0

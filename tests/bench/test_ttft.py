@@ -1,11 +1,13 @@
 """The TTFT benchmark runs end to end on a tiny random model (timings are not asserted)."""
 
+import pytest
 import torch
 
 from hypic.bench.shapes import SHAPES
 from hypic.bench.ttft import RagShape, rag_prompts, report, run
 from hypic.cli import main
 from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
 from hypic.models.random_init import random_model
 
 
@@ -98,3 +100,27 @@ def test_warm_rows_are_measured_round_robin_with_spread(monkeypatch) -> None:
     for key in ("full", "prefix", "hypic_cold", "hypic_warm", "lower_bound", *ttft.AB_SWITCHES):
         assert res[f"{key}_min"] <= res[key] <= res[f"{key}_max"]
     assert res["warm_over_lower_bound"] > 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_a_decode_step_reads_back_once_whatever_its_rows_ask_for() -> None:
+    """CUDA's sync debug mode over decode steps of the bundled model: greedy, sampled, penalized,
+    with logprobs, structured, and all mixed row by row — one read-back a step (the tokens, the
+    log-probabilities with them); a stall per row or per feature fails it."""
+    from hypic import LLM
+    from hypic.bench import syncs
+
+    llm = LLM(device="cuda", dtype="float32")
+    prompts = [llm.tokenize([f"Profile of Mira{i}. Mira lives in Quorvane.", "Question: where?\nAnswer:"])
+               for i in range(6)]
+    features = dict(syncs.STEP_FEATURES)
+    features["structured"] = SamplingParams(max_tokens=16, json_schema={"type": "object"}, temperature=1.0, seed=2)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(syncs, "STEP_FEATURES", features)
+    try:
+        sites = syncs.step_sync_sites(llm.engine, prompts, steps=3)
+    finally:
+        monkeypatch.undo()
+    assert len(sites) == len(features) + 1
+    for name, counts in sites.items():
+        assert sum(counts.values()) <= 3, (name, syncs.format_sites({name: counts}))
