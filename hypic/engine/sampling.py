@@ -37,7 +37,7 @@ class TokenCounts:
         if prompt is not None:
             self.prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
             if prompt:
-                self.prompt[to_device(sorted(set(prompt)), device)] = True
+                self.prompt.index_fill_(0, to_device(sorted(set(prompt)), device), True)  # no scalar copied
         self.n = 0  # tokens counted
 
     def add(self, token: int) -> None:
@@ -114,7 +114,7 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
 def _mask(ids: Tensor, like: Tensor) -> Tensor:
     """Token ids as a boolean mask over ``like``'s vocabulary, on its device."""
     keep = torch.zeros(like.shape[-1], dtype=torch.bool, device=like.device)
-    keep[to_device(ids, like.device)] = True
+    keep.index_fill_(0, to_device(ids, like.device), True)
     return keep
 
 

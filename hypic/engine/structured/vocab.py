@@ -147,7 +147,7 @@ class TokenVocab:
             ids = torch.cat([ids, torch.tensor(eos, dtype=torch.long)])
         got = torch.zeros(size, dtype=torch.bool, device=device)
         if len(ids):
-            got[to_device(ids, device)] = True
+            got.index_fill_(0, to_device(ids, device), True)  # a scalar fill: nothing copied, no stall
         self._masks[key] = got
         while len(self._masks) * size > MASK_BYTES and len(self._masks) > 1:
             self._masks.popitem(last=False)
