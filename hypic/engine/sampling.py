@@ -176,29 +176,35 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         probs = _filter(torch.softmax(rows / temperature, dim=-1), [params[i] for i in drawn])
         picked = _draw(probs, [generators[i] for i in drawn])
         chosen = picked if at is None else chosen.index_copy(0, at, picked)
-    # the log-probabilities asked for ride in the same read-back as the tokens (ids are exact in fp64)
-    asked = [i for i, p in enumerate(params) if p.logprobs is not None]
-    parts, top_k = [chosen.double()], max((params[i].logprobs for i in asked), default=0)
-    if asked:
-        at = None if len(asked) == len(params) else to_device(asked, device)
+    # the log-probabilities asked for ride in the same read-back as the tokens (ids are exact in fp64);
+    # one top-k per distinct k, so the alternatives a row gets among tied values are its own, whatever
+    # the other rows ask for
+    vocab = logits.shape[-1]
+    parts, groups = [chosen.double()], {}
+    for i, p in enumerate(params):
+        if p.logprobs is not None:
+            groups.setdefault(p.logprobs, []).append(i)
+    for k, rows_asking in groups.items():
+        at = None if len(rows_asking) == len(params) else to_device(rows_asking, device)
         rows = logprobs if at is None else logprobs.index_select(0, at)
-        mine = chosen if at is None else chosen.index_select(0, at)
-        values, ids = rows.topk(top_k, dim=-1)
+        mine = (chosen if at is None else chosen.index_select(0, at)).clamp(max=vocab - 1)  # NaN: raised below
+        values, ids = rows.topk(k, dim=-1)
         parts += [rows.gather(1, mine.unsqueeze(1)).double().flatten(), values.double().flatten(),
                   ids.double().flatten()]
     back = torch.cat(parts).tolist()  # one read-back for the batch, not one per row
     tokens = [int(t) for t in back[:len(params)]]
-    if drawn and max(tokens) >= logits.shape[-1]:  # the draw's cumulative sum was NaN: never an id past the vocabulary
+    if drawn and max(tokens) >= vocab:  # the draw's cumulative sum was NaN: never an id past the vocabulary
         raise RuntimeError("sampling: a sampled row's logits are not finite (NaN or infinity)")
     tops: list[dict[int, float] | None] = [None] * len(params)
-    n, own = len(asked), back[len(params):len(params) + len(asked)]
-    values_at, ids_at = len(params) + n, len(params) + n + n * top_k
-    for j, i in enumerate(asked):
-        k = params[i].logprobs  # 0: the sampled token's alone
-        vals = back[values_at + j * top_k:values_at + j * top_k + k]
-        ids = back[ids_at + j * top_k:ids_at + j * top_k + k]
-        # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
-        top = {int(t): v for t, v in zip(ids, vals, strict=True) if v != float("-inf")}
-        top.setdefault(tokens[i], own[j])
-        tops[i] = top
+    at = len(params)
+    for k, rows_asking in groups.items():
+        n = len(rows_asking)
+        own, values, ids = back[at:at + n], back[at + n:at + n + n * k], back[at + n + n * k:at + n + 2 * n * k]
+        at += n + 2 * n * k
+        for j, i in enumerate(rows_asking):  # k 0: the sampled token's alone
+            # tokens made impossible (a grammar's mask, min_tokens) are not alternatives: no −inf
+            top = {int(t): v for t, v in zip(ids[j * k:(j + 1) * k], values[j * k:(j + 1) * k], strict=True)
+                   if v != float("-inf")}
+            top.setdefault(tokens[i], own[j])
+            tops[i] = top
     return tokens, tops

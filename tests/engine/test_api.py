@@ -205,8 +205,26 @@ def test_a_sampled_row_of_non_finite_logits_is_an_error_not_a_token_past_the_voc
     sp = SamplingParams(temperature=1.0, seed=1)
     with pytest.raises(RuntimeError, match="not finite"):
         sample(logits, [SamplingParams(), sp], [None, torch.Generator().manual_seed(1)])
+    with pytest.raises(RuntimeError, match="not finite"):  # asking for logprobs too (their gather came first)
+        sample(logits, [SamplingParams(), SamplingParams(temperature=1.0, seed=1, logprobs=2)],
+               [None, torch.Generator().manual_seed(1)])
     tokens, _ = sample(logits[:1], [sp], [torch.Generator().manual_seed(1)])
     assert 0 <= tokens[0] < 7
+
+
+def test_a_rows_logprobs_are_its_own_whatever_the_batch_asks() -> None:
+    """Tied values: the alternatives a row reports are those it reports alone (one top-k per k),
+    with its sampled token's own log-probability; k 0 the sampled token's alone."""
+    from hypic.engine.sampling import sample
+
+    logits = torch.zeros(3, 8)
+    logits[:, :6] = 1.0  # six tied likeliest tokens
+    params = [SamplingParams(logprobs=2), SamplingParams(logprobs=5), SamplingParams(logprobs=0)]
+    _, together = sample(logits, params, [None] * 3)
+    for i, p in enumerate(params):
+        _, alone = sample(logits[i:i + 1], [p], [None])
+        assert together[i] == alone[0]
+    assert list(together[2]) == [0] and len(together[1]) == 5
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
