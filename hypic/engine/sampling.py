@@ -102,7 +102,7 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
               for t in sorted(set(params[i].stop_token_ids) | (set() if params[i].ignore_eos else set(eos)))]
     if banned:
         r, t = zip(*banned, strict=True)
-        out.index_put_((to_device(r, device), to_device(t, device)), torch.tensor(float("-inf"), device=device))
+        out.index_put_((to_device(r, device), to_device(t, device)), out.new_full((), float("-inf")))  # a fill
     masked = [i for i in rows if allowed[i] is not None and len(allowed[i])]
     if masked:  # last: a bias cannot undo the grammar's choice
         keep = torch.stack([allowed[i] if allowed[i].dtype == torch.bool else _mask(allowed[i], out)
