@@ -289,7 +289,7 @@ class LLM:
 
     def cache_stats(self) -> dict[str, Any]:
         s = self.engine.store.stats()
-        states, held = self.engine.prefix.stats()  # the prefix mode's, outside the tiers' budgets
+        states, held = self.engine.prefix.stats()  # the prefix mode's: what the store leaves of the device budget
         return {"entries": s.entries, "bytes": s.bytes, "budgets": s.budgets, "hits": s.hits, "misses": s.misses,
                 "evictions": s.evictions, "promotions": s.promotions, "demotions": s.demotions,
                 "host_pinned_bytes": s.host_pinned_bytes, "prefix_states": states, "prefix_bytes": held}

@@ -69,8 +69,8 @@ class _Live(Collector):
         if self.engine is not None:
             e = self.engine
             states, nbytes = e.prefix.stats()
-            yield GaugeMetricFamily("hypic_prefix_states", "Sequence states the prefix mode keeps (outside the "
-                                    "tiers' budgets)", value=states)
+            yield GaugeMetricFamily("hypic_prefix_states", "Sequence states the prefix mode keeps (in what the "
+                                    "segment store leaves of the device budget)", value=states)
             yield GaugeMetricFamily("hypic_prefix_bytes", "Bytes the prefix mode's kept states hold (shared "
                                     "buffers once)", value=nbytes)
             yield CounterMetricFamily("hypic_recomputed_tokens", "Tokens run through the model in prefill "

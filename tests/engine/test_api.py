@@ -461,7 +461,7 @@ def test_a_prompt_and_max_tokens_beyond_the_context_are_refused(tmp_path) -> Non
 
 
 def test_cache_stats_count_the_prefix_modes_states(qwen3_5_path) -> None:
-    """The ``prefix`` mode's kept states sit outside the tiers' budgets; ``cache_stats`` shows how
+    """The ``prefix`` mode's kept states are not entries of the tiers; ``cache_stats`` shows how
     many and their bytes (each shared buffer once), and they go with the documents evicted."""
     llm = LLM(str(qwen3_5_path), device="cpu")
     head, doc, q1, q2 = _segments(31, [20, 60, 5, 6])
