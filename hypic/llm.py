@@ -145,8 +145,7 @@ class LLM:
                             text.push(t)
                         read[k] = len(run.output.token_ids)
                         if text.stopped and not run.done:  # a stop string: this run ends, the others go on
-                            self.engine.forget([run])
-                            run.output.finish_reason = "stop"
+                            self.engine.forget([run])  # (_ended says why)
                     if all(r.done for r in runs):
                         break
                     self.engine.step(runs)
@@ -205,9 +204,8 @@ class LLM:
                 new = run.output.token_ids[sent:]
                 sent += len(new)
                 piece = "".join(text.push(t) for t in new)
-                if text.stopped and not run.done:  # a stop string
+                if text.stopped and not run.done:  # a stop string (_ended says why)
                     self.engine.forget(runs)
-                    run.output.finish_reason = "stop"
                 if run.done:
                     piece += text.finish()
                     self._ended(run, text)  # the text whole, now that it is complete

@@ -33,16 +33,10 @@ class TokenCounts:
 
     def __init__(self, vocab: int, device: torch.device, prompt: list[int] | None = None) -> None:
         self.counts = torch.zeros(vocab, device=device)
-        self.prompt: Tensor | None = None
-        if prompt is not None:
-            self.prompt = torch.zeros(vocab, dtype=torch.bool, device=device)
-            if prompt:
-                self.prompt.index_fill_(0, to_device(sorted(set(prompt)), device), True)  # no scalar copied
-        self.n = 0  # tokens counted
+        self.prompt = None if prompt is None else token_mask(sorted(set(prompt)), vocab, device)
 
     def add(self, token: int) -> None:
         self.counts[token] += 1  # a kernel, no read-back
-        self.n += 1
 
     @classmethod
     def of(cls, history: list[int], vocab: int, device: torch.device,
@@ -55,6 +49,24 @@ class TokenCounts:
     def seen(self) -> Tensor:
         """The tokens a repetition penalty reads: generated so far, or in the prompt."""
         return self.counts > 0 if self.prompt is None else (self.counts > 0) | self.prompt
+
+
+def token_mask(ids: Tensor | list[int], size: int, device: torch.device) -> Tensor:
+    """Token ids as a [size] boolean mask on ``device``, set by a scalar fill (assigning ``True``
+    through an index copies the scalar to the device: a stall)."""
+    mask = torch.zeros(size, dtype=torch.bool, device=device)
+    if len(ids):
+        mask.index_fill_(0, to_device(ids, device), True)
+    return mask
+
+
+def _select(t: Tensor, index: list[int]) -> tuple[Tensor, Tensor | None]:
+    """The rows ``index`` of ``t`` and their device index (None: every row, in order) — picked by a
+    device tensor: a Python list of rows is a blocking copy."""
+    if index == list(range(len(t))):
+        return t, None
+    at = to_device(index, t.device)
+    return t.index_select(0, at), at
 
 
 def _adjusts(p: SamplingParams, generated: int) -> bool:
@@ -105,17 +117,11 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
         out.index_put_((to_device(r, device), to_device(t, device)), out.new_full((), float("-inf")))  # a fill
     masked = [i for i in rows if allowed[i] is not None and len(allowed[i])]
     if masked:  # last: a bias cannot undo the grammar's choice
-        keep = torch.stack([allowed[i] if allowed[i].dtype == torch.bool else _mask(allowed[i], out)
+        vocab = out.shape[-1]
+        keep = torch.stack([allowed[i] if allowed[i].dtype == torch.bool else token_mask(allowed[i], vocab, device)
                             for i in masked])
         each(masked, lambda v: v.masked_fill(~keep, float("-inf")))
     return out
-
-
-def _mask(ids: Tensor, like: Tensor) -> Tensor:
-    """Token ids as a boolean mask over ``like``'s vocabulary, on its device."""
-    keep = torch.zeros(like.shape[-1], dtype=torch.bool, device=like.device)
-    keep.index_fill_(0, to_device(ids, like.device), True)
-    return keep
 
 
 def _column(values: list[float], like: Tensor) -> Tensor:
@@ -164,14 +170,12 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
     reads them."""
     logits = adjust(logits, params, generated if generated is not None else [0] * len(params), counts, eos, allowed)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    device = logprobs.device
     # greedy below 1e-5: a tinier temperature would overflow the softmax into NaN
     drawn = [i for i, p in enumerate(params) if p.temperature >= 1e-5]
     if len(drawn) < len(params):
         chosen = logprobs.argmax(-1)
     if drawn:
-        at = None if len(drawn) == len(params) else to_device(drawn, device)
-        rows = logprobs if at is None else logprobs.index_select(0, at)
+        rows, at = _select(logprobs, drawn)
         temperature = _column([params[i].temperature for i in drawn], rows)
         probs = _filter(torch.softmax(rows / temperature, dim=-1), [params[i] for i in drawn])
         picked = _draw(probs, [generators[i] for i in drawn])
@@ -185,8 +189,7 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         if p.logprobs is not None:
             groups.setdefault(p.logprobs, []).append(i)
     for k, rows_asking in groups.items():
-        at = None if len(rows_asking) == len(params) else to_device(rows_asking, device)
-        rows = logprobs if at is None else logprobs.index_select(0, at)
+        rows, at = _select(logprobs, rows_asking)
         mine = (chosen if at is None else chosen.index_select(0, at)).clamp(max=vocab - 1)  # NaN: raised below
         values, ids = rows.topk(k, dim=-1)
         parts += [rows.gather(1, mine.unsqueeze(1)).double().flatten(), values.double().flatten(),

@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -110,12 +111,8 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         """Cancelled requests out of the waiting queue (the caller holds the lock): a client that went
         away must not keep a place that another could take."""
-        gone = [s for s in self._waiting if s.cancelled.is_set()]  # one reading: a request cancelled
-        if gone:  # meanwhile stays, with its event to come, rather than leaving without one
-            for s in gone:
-                s.events.put(Event("error", error=RuntimeError(s.reason)))
-            left = {id(s) for s in gone}  # by identity: a Submission's == would compare its prompts
-            self._waiting = deque(s for s in self._waiting if id(s) not in left)
+        if any(s.cancelled.is_set() for s in self._waiting):
+            self._waiting = deque(_without_cancelled(self._waiting))
 
     def _emit(self, sub: Submission) -> None:
         out = sub.run.output
@@ -148,12 +145,9 @@ class Scheduler:
             self._prefilling -= n
 
     def _prefill(self, batch: list[Submission]) -> None:
-        gone = [s for s in batch if s.cancelled.is_set()]  # one reading, as _drop_cancelled_waiting
-        for sub in gone:
-            sub.events.put(Event("error", error=RuntimeError(sub.reason)))
-        self._settled(len(gone))
-        left = {id(s) for s in gone}
-        batch = [s for s in batch if id(s) not in left]
+        kept = _without_cancelled(batch)
+        self._settled(len(batch) - len(kept))
+        batch = kept
         groups = [[s for s in batch if s.mode == mode] for mode in {s.mode for s in batch}]
         while groups:
             group = groups.pop()
@@ -249,3 +243,15 @@ class Scheduler:
                 for s in self._running:
                     s.cancel(SHUTDOWN)
             self._thread.join()
+
+
+def _without_cancelled(subs: Iterable[Submission]) -> list[Submission]:
+    """``subs`` less the cancelled ones, each of those told by its error event. One reading of each
+    flag: a request cancelled meanwhile stays, its event to come, rather than leaving without one."""
+    kept = []
+    for s in subs:
+        if s.cancelled.is_set():
+            s.events.put(Event("error", error=RuntimeError(s.reason)))
+        else:
+            kept.append(s)
+    return kept

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
+from hypic.engine.sampling import token_mask
 from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, in_free_string, start
 from hypic.engine.structured.schema import Node
-from hypic.ops.transfer import to_device
 
 MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
 MASK_BYTES = 64 << 20  # the device masks memoized at most (≈ 440 states at a 151 936-token vocabulary)
@@ -145,10 +145,7 @@ class TokenVocab:
         ids = self.allowed(state)
         if eos:
             ids = torch.cat([ids, torch.tensor(eos, dtype=torch.long)])
-        got = torch.zeros(size, dtype=torch.bool, device=device)
-        if len(ids):
-            got.index_fill_(0, to_device(ids, device), True)  # a scalar fill: nothing copied, no stall
-        self._masks[key] = got
+        got = self._masks[key] = token_mask(ids, size, device)
         while len(self._masks) * size > MASK_BYTES and len(self._masks) > 1:
             self._masks.popitem(last=False)
         return got
