@@ -425,7 +425,9 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts", type=int, default=32,
                    help="cap on the prompts of one completions request (a batch; each prompt × n is a request)")
     p.add_argument("--max-prefill-tokens", type=int,
-                   help="prompt tokens prefilled in one call (default: no limit; a longer prompt runs alone)")
+                   help="tokens computed by one prefill call, counting what the cache holds (default: no limit); "
+                        "a prompt that would compute more has its missing documents prefilled ahead in "
+                        "slices of this size between decode steps")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
     p.add_argument("--max-stored-responses", type=int, default=1024,

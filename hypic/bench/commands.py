@@ -221,7 +221,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p_tr.add_argument("--doc-tokens", default="64,512", help="document length: lo,hi")
     p_tr.add_argument("--max-tokens", type=int, default=16, help="tokens decoded per request")
     p_tr.add_argument("--max-running", type=int, default=32, help="the serving loop's concurrent requests")
-    p_tr.add_argument("--max-prefill-tokens", type=int, help="prompt tokens per prefill call (default: no limit)")
+    p_tr.add_argument("--max-prefill-tokens", type=int,
+                      help="tokens computed per prefill call; longer prompts' documents prefilled ahead in "
+                      "slices (default: no limit)")
     p_tr.add_argument("--workers", type=int, default=0, help="cold workers besides the engine's device")
     p_tr.add_argument("--cache-gib", type=float, help="the segment store's device budget (default: auto, "
                                                           "hypic.cache.budgets)")

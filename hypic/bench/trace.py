@@ -48,7 +48,7 @@ class TraceLoad:
     max_tokens: int = 16  # decoded per request: decode steps share the device with new prefills
     slo_s: float = 1.0
     max_running: int = 32  # the serving loop's concurrent requests
-    max_prefill_tokens: int | None = None  # the serving loop's prompt tokens per prefill call
+    max_prefill_tokens: int | None = None  # the serving loop's tokens computed per prefill call (Scheduler)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -84,6 +84,7 @@ class Probe:
     rate: float
     ttft: list[float] = field(default_factory=list)  # s, arrival → first token, per answered request
     engine_ttft: list[float] = field(default_factory=list)  # s, the prefill alone (the engine's own clock)
+    itl: list[float] = field(default_factory=list)  # s between consecutive tokens of every answered request
     errors: list[str] = field(default_factory=list)
     hits: int = 0
     misses: int = 0
@@ -173,6 +174,7 @@ def run(target: Target, trace: Trace, load: TraceLoad, modes: list[str], rates: 
                         continue
                     probe.ttft.append(res.ttft_s)
                     probe.engine_ttft.append(res.prefill_s)
+                    probe.itl.extend(res.gaps)
                     probe.hits, probe.misses = probe.hits + res.hits, probe.misses + res.misses
                     probe.missing += res.misses > 0
                     probe.prompt_tokens += res.prompt_tokens
@@ -209,7 +211,7 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
     """The tables; ``url``: the requests went to that server (its own limits apply, not ``load``'s)."""
     slo_ms = 1e3 * load.slo_s
     budget = "" if cache_bytes is None else f" Segment store: {cache_bytes / 2**30:.3g} GiB on the device."
-    cap = "" if load.max_prefill_tokens is None else f" and {load.max_prefill_tokens} prompt tokens a prefill call"
+    cap = "" if load.max_prefill_tokens is None else f" and {load.max_prefill_tokens} tokens computed a prefill call"
     serving = (f"sent to {url} over HTTP (the server's own limits)" if url is not None
                else f"at most {load.max_running} requests running{cap}")
 
@@ -218,10 +220,10 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
              f"(Zipf {load.zipf:g}), {load.num_docs[0]}–{load.num_docs[1]} documents of "
              f"{load.doc_tokens[0]}–{load.doc_tokens[1]} tokens per request, {load.max_tokens} tokens decoded, "
              f"{serving}; SLO: p90 TTFT ≤ {slo_ms:.0f} ms.{budget}", "",
-             "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | segment hits "
-             "(requests with a miss) | "
+             "| mode | rate (QPS) | TTFT p50 (ms) | p90 (ms) | p99 (ms) | prefill p50 (ms) | "
+             "ITL p50 / p99 / max (ms) | segment hits (requests with a miss) | "
              "promoted / demoted / evicted (host ms) | prompt tokens / request | EM | within SLO |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     modes = list(dict.fromkeys(p.mode for p in probes))
     for p in probes:
         seg, verdict = p.hits + p.misses, "yes" if p.sustained(load.slo_s) else "no"
@@ -229,8 +231,9 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
             verdict += f" ({len(p.errors)} errors)"
         answered = max(1, len(p.ttft))
         prefill = nearest_rank(p.engine_ttft, 0.5) if p.engine_ttft else float("nan")  # as TTFT's p50
+        itl = (" / ".join(f"{1e3 * nearest_rank(p.itl, q):.1f}" for q in (0.5, 0.99, 1.0)) if p.itl else "–")
         lines.append(f"| {p.mode} | {p.rate:g} | {1e3 * p.quantile(0.5):.1f} | {1e3 * p.quantile(QUANTILE):.1f} | "
-                     f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | "
+                     f"{1e3 * p.quantile(0.99):.1f} | {1e3 * prefill:.1f} | {itl} | "
                      f"{100 * p.hits / seg if seg else 0:.0f}% ({100 * p.missing / answered:.0f}%) | "
                      f"{' / '.join(map(str, p.moves))}{'' if p.move_s is None else f' ({1e3 * p.move_s:.0f})'} | "
                      f"{p.prompt_tokens / answered:.0f} | "

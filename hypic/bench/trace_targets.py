@@ -45,6 +45,7 @@ class Outcome:
     misses: int
     prompt_tokens: int
     answer: str | None  # the decoded answer, when it means something (a trained model)
+    gaps: tuple[float, ...] = ()  # s between consecutive tokens (over HTTP: chunks of text), inter-token latency
 
 
 @dataclass(frozen=True)
@@ -205,10 +206,11 @@ class EngineTarget:
             sub = self.scheduler.submit(self.prompts[i], SamplingParams(max_tokens=max_tokens), mode=self.mode)
         except QueueFull as e:
             return f"queue full: {e}"
-        first = None
+        first, stamps = None, []
         for ev in sub.stream(timeout=600):
-            if ev.kind == "token" and first is None:
-                first = time.perf_counter() - due
+            if ev.kind == "token":
+                stamps.append(ev.at)  # the serving loop's clock: no client thread's wake-up in it
+                first = first if first is not None else time.perf_counter() - due
             elif ev.kind == "error":
                 return f"{type(ev.error).__name__}: {ev.error}"
             elif ev.kind == "done":
@@ -216,7 +218,7 @@ class EngineTarget:
                 answer = (None if self.answers_from is None
                           else self.answers_from.decode(out.token_ids, skip_special_tokens=True).strip())
                 return Outcome(first if first is not None else time.perf_counter() - due, m.ttft_s,
-                               m.segment_hits, m.segment_misses, m.prompt_tokens, answer)
+                               m.segment_hits, m.segment_misses, m.prompt_tokens, answer, _gaps(stamps))
         return "the stream ended without an answer"
 
     def close(self) -> None:
@@ -231,6 +233,10 @@ class EngineTarget:
                 print(f"the serving loop's profile ({self.mode}; all of it in {path}), by own time:\n"
                       f"{out.getvalue()}", file=sys.stderr, flush=True)
             self.scheduler = None
+
+
+def _gaps(stamps: list[float]) -> tuple[float, ...]:
+    return tuple(b - a for a, b in itertools.pairwise(stamps))
 
 
 def _graph_pools(engine) -> str:
@@ -317,7 +323,7 @@ class HttpTarget:
                 "stream_options": {"include_usage": True}}
         request = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
                                          headers=self.headers, method="POST")
-        first, text, ext, usage = None, "", None, None
+        first, text, ext, usage, stamps = None, "", None, None, []
         try:
             with urllib.request.urlopen(request, timeout=600) as r:
                 for raw in r:  # server-sent events, one `data: …` line each
@@ -329,7 +335,10 @@ class HttpTarget:
                         return f"{event['error'].get('type', 'error')}: {event['error'].get('message', '')}"
                     if event.get("choices"):
                         first = first if first is not None else time.perf_counter() - due
-                        text += event["choices"][0].get("text") or ""
+                        piece = event["choices"][0].get("text") or ""
+                        if piece:  # a chunk of text as the client read it (not the closing chunk)
+                            stamps.append(time.perf_counter())
+                        text += piece
                     ext, usage = event.get("hypic", ext), event.get("usage", usage)
         except urllib.error.HTTPError as e:
             return f"HTTP {e.code}: {e.read().decode(errors='replace')[:200]}"
@@ -339,7 +348,7 @@ class HttpTarget:
             return "the stream ended without its usage"
         return Outcome(first if first is not None else time.perf_counter() - due, ext["prefill_s"] or 0.0,
                        ext["segment_hits"], ext["segment_misses"], usage["prompt_tokens"],
-                       text.strip() if self.answers else None)
+                       text.strip() if self.answers else None, _gaps(stamps))
 
     def close(self) -> None:
         pass

@@ -325,6 +325,16 @@ class SegmentStore:
             self.misses += 1
             return None
 
+    def holds(self, key: SegmentKey, token_ids: tuple[int, ...]) -> bool:
+        """Whether a tier holds the entry for these exact tokens. Nothing moves and no counter or
+        recency changes: a look ahead (the serving loop choosing what to prefill), not a use."""
+        with self._lock:
+            for tier in TIERS:
+                entry = self._tiers[tier].get(key)
+                if entry is not None:
+                    return entry.token_ids == token_ids
+            return False
+
     def discard(self, key: SegmentKey, token_ids: tuple[int, ...]) -> str:
         """Drop the entry for these exact tokens from whichever tier holds it (a document changed or
         must be forgotten): "evicted", "absent", or "in_use" — pinned by a request being prefilled,

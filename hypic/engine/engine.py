@@ -210,13 +210,10 @@ class Engine(ColdPrefill, PrefixPrefill):
                 keys.add(self._key(ids, self.seam if assembly.seam else 0, salt, m, cold))
         return keys
 
-    def _plan(self, segments: list[list[int]], mode: str, salt: str | None, cold: str | None = None) -> RequestPlan:
-        """The request's segments with their keys, cached entries looked up and pinned. ``cold``:
-        the strategy its misses are built by (default the engine's). An in-context request takes a
-        standalone entry when there is no in-context one (a prewarmed document): it is valid in any
-        context; the reverse never happens. There, a document repeated in the prompt is computed in
-        context after its first time: one key holds one context's entry, and the first copy's served
-        the second (a warm request in the very same order answered 0.48 off)."""
+    def _layout(self, segments: list[list[int]], mode: str, salt: str | None,
+                cold: str | None = None) -> list[SegmentPlan]:
+        """The request's segments at their true positions, each with its key (None: computed in
+        context — the query, one all seam, an in-context repeat); nothing looked up."""
         seam = self.seam if ASSEMBLY[mode].seam else 0
         plans, start, seen = [], 0, set()
         repeats_in_context = (cold or self.cold) == "in_context"
@@ -228,6 +225,17 @@ class Engine(ColdPrefill, PrefixPrefill):
             key = None if in_context else self._key(ids, seam, salt, mode, cold)
             plans.append(SegmentPlan(ids, start, key, effective_seam(seam, len(ids)), in_context=in_context))
             start += len(ids)
+        return plans
+
+    def _plan(self, segments: list[list[int]], mode: str, salt: str | None, cold: str | None = None) -> RequestPlan:
+        """The request's segments with their keys, cached entries looked up and pinned. ``cold``:
+        the strategy its misses are built by (default the engine's). An in-context request takes a
+        standalone entry when there is no in-context one (a prewarmed document): it is valid in any
+        context; the reverse never happens. There, a document repeated in the prompt is computed in
+        context after its first time: one key holds one context's entry, and the first copy's served
+        the second (a warm request in the very same order answered 0.48 off)."""
+        seam = self.seam if ASSEMBLY[mode].seam else 0
+        plans = self._layout(segments, mode, salt, cold)
         plan = RequestPlan(plans, salt)
         fallback = (cold or self.cold) == "in_context"
         try:
@@ -250,7 +258,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         return plan
 
     def _assemble_in_memory(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
-                            metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
+                            metrics: list[RequestMetrics],
+                            warmed: list[frozenset[SegmentKey]] | None = None
+                            ) -> tuple[torch.Tensor, list[SequenceState]]:
         """``_assemble``, outliving the device running out of memory (``hypic.engine.memory``): the
         cache sheds at most once a call, however many times its halves run out."""
         spared: list[bool] = []
@@ -259,7 +269,9 @@ class Engine(ColdPrefill, PrefixPrefill):
             self._spare_memory(shed=not spared)
             spared.append(True)
 
-        return within_memory(lambda lo, hi: self._assemble(prompts[lo:hi], mode, salts[lo:hi], metrics[lo:hi]),
+        warmed = warmed or [frozenset()] * len(prompts)
+        return within_memory(lambda lo, hi: self._assemble(prompts[lo:hi], mode, salts[lo:hi], metrics[lo:hi],
+                                                           warmed[lo:hi]),
                              len(prompts), spare, self.out_of_memory)
 
     def _spare_memory(self, *, shed: bool = True) -> None:
@@ -299,8 +311,10 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.cache_shed["bytes"] += used - self.store.stats().bytes["device"]
 
     def _assemble(self, prompts: list[list[list[int]]], mode: str, salts: list[str | None],
-                  metrics: list[RequestMetrics]) -> tuple[torch.Tensor, list[SequenceState]]:
-        """Prefill every prompt by ``mode``; returns first-token logits [N, vocab] and decode states."""
+                  metrics: list[RequestMetrics],
+                  warmed: list[frozenset[SegmentKey]]) -> tuple[torch.Tensor, list[SequenceState]]:
+        """Prefill every prompt by ``mode``; returns first-token logits [N, vocab] and decode states.
+        ``warmed``: per prompt, keys ``prefill_ahead`` built for it — hits here, its misses in its metrics."""
         if mode == "full":
             states = [SequenceState() for _ in prompts]
             lengths = [sum(len(s) for s in p) for p in prompts]
@@ -339,14 +353,16 @@ class Engine(ColdPrefill, PrefixPrefill):
                     if s.in_context and s.key is not None:
                         self.store.insert(s.entry)
             shared: dict[SegmentKey, int] = {}  # every cold segment of the call, built once
-            for m, p in zip(metrics, plans, strict=True):
+            for m, p, own in zip(metrics, plans, warmed, strict=True):
                 cached = [s for s in p.segments if s.key is not None]
-                m.segment_hits = sum(s.hit for s in cached)
+                hits = [s for s in cached if s.hit and s.key not in own]  # entries older than the request
+                m.segment_hits = len(hits)
                 m.segment_misses = len(cached) - m.segment_hits
-                m.cached_tokens = sum(s.length - s.seam for s in cached if s.hit)
+                m.cached_tokens = sum(s.length - s.seam for s in hits)
                 # its own misses prefilled apart (once each, however many prompts of the call share one)
                 cold = {s.key: s.length for s in cached if not s.hit and not s.in_context}
-                m.recomputed_tokens = p.recompute_tokens + sum(cold.values())
+                ahead = {s.key: s.length for s in cached if s.hit and s.key in own}  # counted by prefill_ahead
+                m.recomputed_tokens = p.recompute_tokens + sum(cold.values()) + sum(ahead.values())
                 shared.update(cold)
             self.prefill_tokens += sum(p.recompute_tokens for p in plans) + sum(shared.values())
             return logits, ctx.decode_states
@@ -367,8 +383,11 @@ class Engine(ColdPrefill, PrefixPrefill):
 
     @torch.no_grad()
     def start(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
-              salts: list[str | None] | None = None) -> list[Running]:
-        """Prefill prompts (tokenized by segment, the query last) and sample their first tokens."""
+              salts: list[str | None] | None = None,
+              warmed: list[frozenset[SegmentKey]] | None = None) -> list[Running]:
+        """Prefill prompts (tokenized by segment, the query last) and sample their first tokens.
+        ``warmed``: per prompt, the keys ``prefill_ahead`` built for it (its metrics count them as
+        its own misses, not as hits)."""
         mode = check_mode(mode)
         _check_prompts(prompts)
         salts = salts or [None] * len(prompts)
@@ -383,7 +402,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
-            logits, states = self._assemble_in_memory(prompts, mode, salts, metrics)
+            logits, states = self._assemble_in_memory(prompts, mode, salts, metrics, warmed)
             runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs is not None else None, m),
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
                             counts=self._token_counts(p, prompt))
@@ -452,14 +471,67 @@ class Engine(ColdPrefill, PrefixPrefill):
         queries that will use them arrive. Per segment: True if it was cached already, False if it
         was filled now, None if it is too short to cache (all seam: recomputed in context anyway)."""
         with self._lock:
-            plan = self._plan([*segments, []], "hypic", salt, cold="standalone")  # an empty query: nothing to answer
-            try:
-                self._cold_prefill([plan], cold="standalone")
-                self.prefill_tokens += sum({s.key: s.length for s in plan.segments
-                                            if s.key is not None and not s.hit}.values())
-            finally:
-                self.store.unpin(plan.pinned)
+            plan = self._fill(segments, "hypic", salt)
         return [None if s.key is None else s.hit for s in plan.segments[:-1]]
+
+    def _fill(self, segments: list[list[int]], mode: str, salt: str | None) -> RequestPlan:
+        """Build the misses among ``segments`` standalone, as ``mode`` keys them (the caller holds the lock)."""
+        plan = self._plan([*segments, []], mode, salt, cold="standalone")  # an empty query: nothing to answer
+        try:
+            self._cold_prefill([plan], cold="standalone")
+            self.prefill_tokens += sum({s.key: s.length for s in plan.segments
+                                        if s.key is not None and not s.hit}.values())
+        finally:
+            self.store.unpin(plan.pinned)
+        return plan
+
+    def layout(self, prompt: list[list[int]], *, mode: str = "hypic", salt: str | None = None) -> list[SegmentPlan]:
+        """The prompt's segments as a prefill under ``mode`` would plan them, nothing looked up; in a
+        mode that reads no entries (``full``, ``prefix``) every segment is computed (no key)."""
+        mode = check_mode(mode)
+        if mode not in ASSEMBLY:
+            plans, start = [], 0
+            for ids in prompt:
+                plans.append(SegmentPlan(ids, start, None, 0, in_context=True))
+                start += len(ids)
+            return plans
+        return self._layout(prompt, mode, salt)
+
+    def uncached_tokens(self, layout: list[SegmentPlan]) -> int:
+        """The tokens a prefill of this layout would run through the model if it started now: every
+        segment computed in context or missing from the cache whole, the seam of every other.
+        An estimate for the serving loop's admission (entries may come and go before the call)."""
+        return sum(s.seam if s.key is not None and self.store.holds(s.key, tuple(s.token_ids)) else s.length
+                   for s in layout)
+
+    @torch.no_grad()
+    def prefill_ahead(self, prompt: list[list[int]], *, mode: str = "hypic", salt: str | None = None,
+                      max_tokens: int, skip: frozenset[SegmentKey] = frozenset()) -> frozenset[SegmentKey]:
+        """Build the first of a prompt's documents missing from the cache, in prompt order, up to
+        ``max_tokens`` tokens (one document at least, whatever its length); the keys built. The
+        serving loop prefills a long prompt this way between decode steps, so the running requests
+        wait one such slice at a time, not for the whole prompt: a cold document is prefilled
+        standalone in any case, so building it ahead changes no answer. Nothing for a mode that
+        reads no entries (``full``, ``prefix``) or an engine whose misses are computed in context
+        (their entries depend on the prompt). ``skip``: keys built ahead already — an entry evicted
+        before its request runs is computed again there, not here, so repeated calls end."""
+        mode = check_mode(mode)
+        if mode not in ASSEMBLY or self.cold != "standalone":
+            return frozenset()
+        _check_prompts([prompt])
+        with self._lock:
+            chosen, tokens, seen = [], 0, set(skip)
+            for s in self._layout(prompt, mode, salt):
+                if s.key is None or s.key in seen or self.store.holds(s.key, tuple(s.token_ids)):
+                    continue
+                if chosen and tokens + s.length > max_tokens:
+                    break
+                chosen.append(s)
+                seen.add(s.key)
+                tokens += s.length
+            if chosen:
+                self._fill([s.token_ids for s in chosen], mode, salt)
+        return frozenset(s.key for s in chosen)
 
     def stamp(self) -> persist.Stamp:
         """What this engine's entries are computed by (a saved cache must match it to load)."""

@@ -1,10 +1,16 @@
 """The serving loop: requests arrive from many threads; one worker thread owns the engine.
 
 Each iteration admits waiting requests (prefilled together, per mode; at most
-``max_prefill_tokens`` prompt tokens a call, so a burst cannot build one prefill that outgrows the
-device's memory or holds every request of the burst to the slowest), runs one decode step for
-every running request — decode is batched across requests — and hands new tokens to each
-request's event queue. The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
+``max_prefill_tokens`` tokens computed a call — what the cache does not hold: a warm prompt costs
+its seams and its query — so a burst cannot build one long prefill that holds every request of the
+burst to the slowest; a call that runs the device out of memory is split, ``engine/memory.py``),
+runs one decode step for every running request — decode is batched across requests — and hands
+new tokens to each request's event queue. A prompt that would compute more than that first has its
+missing documents prefilled ahead, a slice of at most ``max_prefill_tokens`` tokens an iteration
+(``Engine.prefill_ahead``), so the running requests go on decoding between slices instead of
+waiting for the whole prompt: the segment-level counterpart of chunked prefill, exact because a
+cold document is prefilled standalone anyway.
+The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
 A cancelled request leaves at the next iteration — a waiting one frees its place in the queue
 then, or at the next submission, not only when it would have been admitted; shutdown stops
 admitting, then finishes or cancels what runs.
@@ -21,7 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hypic.cache.keys import SegmentKey
 from hypic.engine.engine import Engine, Running
+from hypic.engine.plan import SegmentPlan
 from hypic.engine.request import RequestOutput, SamplingParams
 
 
@@ -54,6 +62,10 @@ class Submission:
     run: Running | None = None
     sent: int = 0  # tokens already handed out
     reason: str = CANCELLED  # what its error event says once cancelled
+    warmed: frozenset[SegmentKey] = frozenset()  # its documents prefilled ahead (Engine.prefill_ahead)
+    warm_s: float = 0.0  # seconds those slices took
+    ahead: bool = True  # whether prefilling ahead may still find a document to build
+    layout: list[SegmentPlan] | None = None  # its segments' keys, computed once (Scheduler._cost)
 
     def cancel(self, reason: str = CANCELLED) -> None:
         if not self.cancelled.is_set():
@@ -72,8 +84,11 @@ class Submission:
 class Scheduler:
     def __init__(self, engine: Engine, *, max_running: int = 32, max_queue: int = 128,
                  max_prefill_tokens: int | None = None) -> None:
-        """``max_prefill_tokens``: prompt tokens admitted into one prefill call (None: no limit). A
-        request longer than that is admitted alone: prompts are prefilled whole, never in chunks."""
+        """``max_prefill_tokens``: tokens computed by one prefill call (None: no limit), counted
+        by what the cache holds when the request is admitted. A request that would compute more has
+        its missing documents prefilled ahead in slices of at most that many tokens, one an
+        iteration, then is admitted (alone if it still costs more: a document is never split, one
+        longer than the limit is a slice of its own, and ``full`` and ``prefix`` prompts run whole)."""
         if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, int)
                                                or isinstance(max_prefill_tokens, bool) or max_prefill_tokens < 1):
             raise ValueError(f"max_prefill_tokens: expected an integer ≥ 1 or None, got {max_prefill_tokens!r}")
@@ -124,10 +139,12 @@ class Scheduler:
             sub.events.put(Event("done", output=out))
 
     def _admit(self) -> None:
+        if self._prefill_ahead():
+            return  # this iteration's prefill was a slice of the queue head's documents
         with self._cv:
             room, tokens, batch = self.max_running - len(self._running), 0, []
             while self._waiting and len(batch) < room:
-                n = sum(len(s) for s in self._waiting[0].prompt)
+                n = self._cost(self._waiting[0])
                 if batch and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
                     break  # first come, first served: the next call takes it
                 batch.append(self._waiting.popleft())
@@ -138,6 +155,50 @@ class Scheduler:
         finally:
             with self._cv:
                 self._prefilling = 0
+
+    def _cost(self, sub: Submission) -> int:
+        """The tokens its prefill would compute now (``Engine.uncached_tokens``); the prompt's length
+        when the engine cannot plan it (a bad mode or segment: its call fails it by name). Only with
+        ``max_prefill_tokens``: nothing is counted without a limit."""
+        if self.max_prefill_tokens is None:
+            return 0
+        if sub.layout is None:
+            try:
+                sub.layout = self.engine.layout(sub.prompt, mode=sub.mode, salt=sub.salt)
+            except ValueError:
+                return sum(len(s) for s in sub.prompt)
+        return self.engine.uncached_tokens(sub.layout)
+
+    def _prefill_ahead(self) -> bool:
+        """One slice of the queue head's missing documents, when its prefill would compute more than
+        ``max_prefill_tokens`` tokens and a decode step could take it (room to run). Whether a slice
+        ran. The head keeps its place in the queue meanwhile, counted as waiting (a shutdown or a
+        cancellation finds it there)."""
+        if self.max_prefill_tokens is None:
+            return False
+        with self._cv:
+            if not self._waiting or len(self._running) >= self.max_running:
+                return False
+            head = self._waiting[0]
+            if not head.ahead or self._cost(head) <= self.max_prefill_tokens:
+                return False
+        t0 = time.perf_counter()
+        try:
+            built = self.engine.prefill_ahead(head.prompt, mode=head.mode, salt=head.salt,
+                                              max_tokens=self.max_prefill_tokens, skip=head.warmed)
+        except torch.OutOfMemoryError:  # its own call tries again after sparing memory, then alone
+            head.ahead = False
+            return False
+        except Exception as e:  # a bad prompt (or mode): it fails here, the queue goes on
+            with self._cv:
+                if self._waiting and self._waiting[0] is head:
+                    self._waiting.popleft()
+            head.events.put(Event("error", error=e))
+            return True
+        head.warm_s += time.perf_counter() - t0
+        head.warmed |= built
+        head.ahead = bool(built)
+        return bool(built)
 
     def _settled(self, n: int) -> None:
         """n requests of the call being prefilled have ended or started running."""
@@ -153,7 +214,7 @@ class Scheduler:
             group = groups.pop()
             try:
                 runs = self.engine.start([s.prompt for s in group], [s.params for s in group], mode=group[0].mode,
-                                         salts=[s.salt for s in group])
+                                         salts=[s.salt for s in group], warmed=[s.warmed for s in group])
             except torch.OutOfMemoryError as e:  # a prompt too big for the device even alone
                 if len(group) > 1:  # (hypic.engine.memory): the others are served, each alone
                     groups.extend([s] for s in group)
@@ -168,6 +229,7 @@ class Scheduler:
                 continue
             for s, r in zip(group, runs, strict=True):
                 s.run = r
+                r.output.metrics.ttft_s += s.warm_s  # its prefill: the slices ahead and this call
                 self._emit(s)
                 with self._cv:
                     self._prefilling -= 1

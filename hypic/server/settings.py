@@ -22,7 +22,7 @@ class ServerSettings:
     max_queue: int = 256  # requests waiting for a decode slot (every request waits there first); beyond: 429
     max_choices: int = 8  # cap on a request's ``n`` (each choice runs as a request of its own)
     max_prompts: int = 32  # cap on a completions batch (a list of prompts), each with its n choices
-    max_prefill_tokens: int | None = None  # prompt tokens per prefill call; None: no limit
+    max_prefill_tokens: int | None = None  # tokens computed per prefill call (Scheduler); None: no limit
     request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
     shutdown_timeout_s: float = 30.0  # in-flight requests may finish for this long, then are cancelled
     max_body_bytes: int = 32 << 20

@@ -32,6 +32,8 @@ def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
         # a client's TTFT holds the engine's prefill and whatever the request waited before it
         assert all(c >= e > 0 for c, e in zip(p.ttft, p.engine_ttft, strict=True))
         assert p.em is not None and 0 <= p.em <= 100
+        # inter-token gaps: at most max_tokens − 1 a request (an answer may end sooner), none negative
+        assert 0 < len(p.itl) <= (load.max_tokens - 1) * len(p.ttft) and min(p.itl) >= 0
     by = {(p.mode, p.rate): p for p in probes}
     for rate in (500.0, 1000.0):  # every mode meets the same requests at a rate
         assert by["prefix", rate].prompt_tokens == by["hypic", rate].prompt_tokens
@@ -44,6 +46,8 @@ def test_replay_serves_every_request_and_counts_queueing(bundled: LLM) -> None:
     assert 0 < calls["with_cold"] <= calls["calls"]
     table = report(probes, load, [500.0, 1000.0], "t")
     assert "| hypic | ≥ 1000 | ? (neither bounded) | – |" in table
+    itl = [round(1e3 * q, 1) for q in (nearest_rank(by["hypic", 500.0].itl, 0.5), max(by["hypic", 500.0].itl))]
+    assert f" | {itl[0]:.1f} / " in table and f" / {itl[1]:.1f} | " in table
     h = by["hypic", 500.0]
     assert f"| {100 * h.hits / (h.hits + h.misses):.0f}% ({100 * h.missing / len(h.ttft):.0f}%) |" in table
 

@@ -30,6 +30,7 @@ def test_a_sweep_over_http(model_dir: Path, capsys: pytest.CaptureFixture) -> No
             assert not p.errors and len(p.ttft) == load.requests and p.em is None and p.move_s is None
             # the client's clock holds the server's prefill, the queueing and the HTTP round trip
             assert all(c >= e > 0 for c, e in zip(p.ttft, p.engine_ttft, strict=True))
+            assert 0 < len(p.itl) <= 2 * len(p.ttft) and min(p.itl) >= 0  # streamed chunks' gaps
         prefix, hypic = probes
         # each block's note: the server's prefill calls and decode counters over that block (a CPU server
         # never captures; this block's requests miss some documents, so some call had a cold part)

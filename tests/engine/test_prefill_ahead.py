@@ -1,0 +1,201 @@
+"""Prefilling a long prompt's documents ahead, a slice an iteration, between decode steps
+(``Engine.prefill_ahead`` and the serving loop's ``max_prefill_tokens``): the running requests
+decode between slices, the slices stay within the limit, and nothing about the answer changes."""
+
+import itertools
+import random
+import threading
+
+import pytest
+
+from hypic import LLM, SamplingParams
+from hypic.engine.scheduler import Scheduler
+
+
+def _long(seed: int, docs: int = 5, doc_len: int = 30) -> list[list[int]]:
+    """A head of 8 tokens (all seam at the engine's seam 8: never cached), ``docs`` documents, a query of 6."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in (8, *[doc_len] * docs, 6)]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3_5_path):
+    return LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=None)
+
+
+class Calls:
+    """The engine's prefill_ahead, start and step, each call logged in order (the real ones run)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.log, self.lock = engine, [], threading.Lock()
+        for name in ("prefill_ahead", "start", "step"):
+            setattr(engine, name, self._wrap(name, getattr(engine, name)))
+
+    def _wrap(self, name, fn):
+        def wrapped(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            with self.lock:
+                self.log.append((name, args, kwargs, out))
+            return out
+        return wrapped
+
+    def restore(self) -> None:
+        for name in ("prefill_ahead", "start", "step"):
+            delattr(self.engine, name)
+
+
+def test_a_long_prompts_documents_are_prefilled_in_slices_between_decode_steps(llm) -> None:
+    llm.engine.store.clear()
+    long, short = _long(1), _long(2, docs=1)
+    sp = SamplingParams(max_tokens=4)
+    llm.engine.store.clear()
+    want = llm.generate([long], sp)[0]  # prefilled whole, from an empty cache
+    llm.engine.store.clear()
+    calls = Calls(llm.engine)
+    try:
+        sched = Scheduler(llm.engine, max_running=4, max_prefill_tokens=64)
+        running = sched.submit(short, SamplingParams(max_tokens=60))
+        next(running.stream(timeout=60))  # decoding now
+        got = list(sched.submit(long, sp).stream(timeout=60))
+        list(running.stream(timeout=60))
+        sched.shutdown()
+    finally:
+        calls.restore()
+    assert got[-1].kind == "done"
+    out = got[-1].output
+    assert out.token_ids == want.token_ids  # a document built ahead is the one its call would build
+    slices = [c for c in calls.log if c[0] == "prefill_ahead" and c[3]]
+    assert len(slices) == 3  # five documents of 30 tokens, two a slice under 64
+    assert all(sum(k.length for k in c[3]) <= 64 for c in slices)
+    built = frozenset().union(*(c[3] for c in slices))
+    assert {k.length for k in built} == {30} and len(built) == 5
+    names = [c[0] for c in calls.log if c[0] != "prefill_ahead" or c[3]]
+    first, last = names.index("prefill_ahead"), len(names) - 1 - names[::-1].index("prefill_ahead")
+    between = names[first:last + 1]  # a decode step after every slice but the last
+    assert between.count("step") >= 2 and "start" not in between
+    assert all(a != b for a, b in itertools.pairwise(between))
+    # its metrics are a cold request's: every document its own miss, nothing cached before it
+    m, w = out.metrics, want.metrics
+    assert (m.segment_hits, m.segment_misses, m.cached_tokens) == (0, 5, 0) == (w.segment_hits, w.segment_misses,
+                                                                               w.cached_tokens)
+    assert m.recomputed_tokens == w.recomputed_tokens
+    assert llm.engine.store.check_integrity()
+
+
+def test_a_prompt_within_the_limit_and_the_modes_without_entries_are_not_sliced(llm) -> None:
+    llm.engine.store.clear()
+    sp = SamplingParams(max_tokens=2)
+    calls = Calls(llm.engine)
+    try:
+        sched = Scheduler(llm.engine, max_prefill_tokens=500)
+        within = list(sched.submit(_long(3), sp).stream(timeout=60))  # 164 tokens
+        sched.shutdown()
+        sched = Scheduler(llm.engine, max_prefill_tokens=64)
+        full = list(sched.submit(_long(4), sp, mode="full").stream(timeout=60))
+        sched.shutdown()
+    finally:
+        calls.restore()
+    assert within[-1].kind == full[-1].kind == "done"
+    assert not any(c[3] for c in calls.log if c[0] == "prefill_ahead")
+    assert full[-1].output.token_ids == llm.generate([_long(4)], sp, mode="full")[0].token_ids
+
+
+def test_prefill_ahead_builds_in_prompt_order_and_skips_what_it_built(llm, qwen3_5_path) -> None:
+    llm.engine.store.clear()
+    prompt = _long(5, docs=4)
+    prompt[3] = prompt[1]  # a document twice: built once
+    first = llm.engine.prefill_ahead(prompt, max_tokens=45)  # one document at least, whole
+    assert [k.length for k in first] == [30]
+    second = llm.engine.prefill_ahead(prompt, max_tokens=60)
+    assert len(second) == 2 and not first & second
+    assert llm.engine.prefill_ahead(prompt, max_tokens=60) == frozenset()  # every document held
+    llm.engine.store.clear()  # evicted after being built: computed by its own call, not again here
+    assert llm.engine.prefill_ahead(prompt, max_tokens=1000, skip=first | second) == frozenset()
+    assert llm.engine.prefill_ahead(prompt, mode="prefix", max_tokens=1000) == frozenset()
+    assert llm.engine.prefill_ahead(prompt, mode="full", max_tokens=1000) == frozenset()
+    with pytest.raises(ValueError, match="mode"):
+        llm.engine.prefill_ahead(prompt, mode="nonsense", max_tokens=10)
+    in_context = LLM(str(qwen3_5_path), device="cpu", cold="in_context")  # its entries depend on the prompt
+    assert in_context.engine.prefill_ahead(prompt, max_tokens=1000) == frozenset()
+    # a mode without the seam keys its entries at seam 0 (the 8-token head is cached there too)
+    llm.engine.store.clear()
+    naive = llm.engine.prefill_ahead(prompt, mode="naive", max_tokens=1000)
+    assert sorted(k.length for k in naive) == [8, 30, 30, 30]
+    out = llm.generate([prompt], SamplingParams(max_tokens=1), mode="naive")[0]
+    assert out.metrics.segment_misses == 0  # found under the keys its call looks up
+
+
+def test_entries_evicted_between_slices_are_computed_by_the_requests_own_call(qwen3_5_path) -> None:
+    """A device tier with room for about one document: each slice evicts the one before, and the
+    request still gets its answer (its own call builds them again), counted as its misses."""
+    probe = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=None)
+    probe.engine.prefill_ahead(_long(6), max_tokens=30)
+    one = probe.cache_stats()["bytes"]["device"]
+    llm = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=int(1.5 * one))
+    sp = SamplingParams(max_tokens=3)
+    want = probe.generate([_long(7)], sp)[0].token_ids
+    sched = Scheduler(llm.engine, max_prefill_tokens=40)
+    got = list(sched.submit(_long(7), sp).stream(timeout=60))
+    sched.shutdown()
+    assert got[-1].kind == "done" and got[-1].output.token_ids == want
+    assert got[-1].output.metrics.segment_misses == 5 and got[-1].output.metrics.segment_hits == 0
+    assert llm.engine.store.check_integrity()
+
+
+def test_a_request_cancelled_or_failing_between_slices_leaves_the_loop_serving(llm) -> None:
+    llm.engine.store.clear()
+    sp = SamplingParams(max_tokens=2)
+    sched = Scheduler(llm.engine, max_prefill_tokens=40)
+    calls = Calls(llm.engine)
+    real, subs = llm.engine.prefill_ahead, {}
+
+    def cancelling(prompt, **kwargs):  # its client leaves after the first slice
+        built = real(prompt, **kwargs)
+        if prompt is subs["long"].prompt:
+            subs["long"].cancel()
+        return built
+
+    llm.engine.prefill_ahead = cancelling
+    try:
+        with llm.engine._lock:  # a burst: the loop waits for the lock in its first slice
+            subs["long"] = sched.submit(_long(8, docs=6), sp)
+            bad = sched.submit(_long(9), sp, mode="nonsense")
+            ok = sched.submit(_long(10, docs=1), sp)
+        events = [list(s.stream(timeout=60))[-1] for s in (subs["long"], bad, ok)]
+        sched.shutdown()
+    finally:
+        llm.engine.prefill_ahead = real  # Calls' own wrapper, which restore takes away
+        calls.restore()
+    assert [e.kind for e in events] == ["error", "error", "done"]
+    assert "cancelled" in str(events[0].error) and "mode" in str(events[1].error)
+    slices = [c for c in calls.log if c[0] == "prefill_ahead" and c[3] and c[1][0] == _long(8, docs=6)]
+    assert len(slices) == 1  # it left before its second document was built
+    assert llm.engine.store.check_integrity()
+
+
+def test_a_call_is_bounded_by_the_tokens_it_computes_not_by_the_prompts_length(llm) -> None:
+    """Warm prompts longer than the limit are batched by what they compute (seams and query),
+    where counting prompt tokens ran each alone."""
+    llm.engine.store.clear()
+    prompts = [_long(20 + i, docs=2) for i in range(4)]  # 8 + 60 + 6 = 74 tokens
+    layout = llm.engine.layout(prompts[0])
+    assert llm.engine.uncached_tokens(layout) == 74
+    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full")) == 74
+    for p in prompts:
+        llm.engine.prewarm(p[1:-1])
+    assert llm.engine.uncached_tokens(layout) == 8 + 8 + 8 + 6  # the head (all seam), two seams, the query
+    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full")) == 74
+    calls = Calls(llm.engine)
+    try:
+        sched = Scheduler(llm.engine, max_running=8, max_prefill_tokens=64)
+        sp = SamplingParams(max_tokens=2)
+        with sched._cv:  # one burst: the loop cannot look at the queue before all four are in
+            subs = [sched.submit(p, sp) for p in prompts]
+        outs = [list(s.stream(timeout=60))[-1] for s in subs]
+        sched.shutdown()
+    finally:
+        calls.restore()
+    assert [o.kind for o in outs] == ["done"] * 4
+    assert [len(c[1][0]) for c in calls.log if c[0] == "start"] == [2, 2]  # 30 + 30 ≤ 64 < 90
+    assert not any(c[3] for c in calls.log if c[0] == "prefill_ahead")
+    assert all(o.output.metrics.segment_hits == 2 for o in outs)
