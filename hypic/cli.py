@@ -427,7 +427,8 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prefill-tokens", type=int,
                    help="tokens computed by one prefill call, counting what the cache holds (default: no limit); "
                         "a prompt that would compute more has its missing documents prefilled ahead in "
-                        "slices of this size between decode steps")
+                        "slices of this size between decode steps while others decode (not with --cold "
+                        "in_context, nor for the full and prefix modes)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
     p.add_argument("--max-stored-responses", type=int, default=1024,

@@ -212,8 +212,9 @@ def report(probes: list[Probe], load: TraceLoad, rates: list[float], title: str,
     slo_ms = 1e3 * load.slo_s
     budget = "" if cache_bytes is None else f" Segment store: {cache_bytes / 2**30:.3g} GiB on the device."
     cap = "" if load.max_prefill_tokens is None else f" and {load.max_prefill_tokens} tokens computed a prefill call"
-    serving = (f"sent to {url} over HTTP (the server's own limits)" if url is not None
-               else f"at most {load.max_running} requests running{cap}")
+    serving = (f"sent to {url} over HTTP (the server's own limits; ITL between streamed chunks of text, "
+               f"on the client's clock)" if url is not None
+               else f"at most {load.max_running} requests running{cap} (ITL by the serving loop's clock)")
 
     lines = [f"### {title}", "",
              f"{load.requests} requests per rate after {load.warm} warm-up requests; pool of {load.pool} documents "

@@ -67,7 +67,9 @@ class Running:
     output: RequestOutput
     generator: torch.Generator | None
     done: bool = False
-    first_logits: torch.Tensor | None = None  # [vocab] fp32: the prompt's next-token logits (evaluation)
+    # [vocab] fp32: the prompt's next-token logits, kept only when start is asked (evaluation): a row
+    # is a view of its call's [N, vocab] logits, which a serving run kept alive until it ended
+    first_logits: torch.Tensor | None = None
     counts: TokenCounts | None = None  # its tokens on the device, for the penalties (sampling.TokenCounts)
     constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
 
@@ -384,20 +386,14 @@ class Engine(ColdPrefill, PrefixPrefill):
     @torch.no_grad()
     def start(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
               salts: list[str | None] | None = None,
-              warmed: list[frozenset[SegmentKey]] | None = None) -> list[Running]:
+              warmed: list[frozenset[SegmentKey]] | None = None, keep_logits: bool = False) -> list[Running]:
         """Prefill prompts (tokenized by segment, the query last) and sample their first tokens.
+        ``keep_logits``: each run keeps its first-token logits (``Running.first_logits``).
         ``warmed``: per prompt, the keys ``prefill_ahead`` built for it (its metrics count them as
         its own misses, not as hits)."""
         mode = check_mode(mode)
-        _check_prompts(prompts)
         salts = salts or [None] * len(prompts)
-        params = [self._bounded(p, sum(len(s) for s in prompt)) for p, prompt in zip(params, prompts, strict=True)]
-        vocab = self.model.vocab_size
-        for p in params:
-            for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
-                outside = [t for t in ids if t >= vocab]
-                if outside:
-                    raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        params = self.checked(prompts, params)
         token_vocab = self.token_vocab() if any(p.json_schema is not None for p in params) else None
         with self._lock:
             t0 = time.perf_counter()
@@ -416,13 +412,29 @@ class Engine(ColdPrefill, PrefixPrefill):
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
-                r.first_logits = row
+                r.first_logits = row if keep_logits else None
                 r.accept(t, lp, self.eos)
             for r, p, prompt in zip(runs, params, prompts, strict=True):  # after the first token: not in TTFT
                 if p.prompt_logprobs is not None:
                     r.output.prompt_logprobs = score_prompt(self.model, self.device, [t for s in prompt for t in s],
                                                             p.prompt_logprobs)
         return runs
+
+    def checked(self, prompts: list[list[list[int]]], params: list[SamplingParams]) -> list[SamplingParams]:
+        """The requests as ``start`` runs them (``max_tokens`` bounded by the context), or a
+        ValueError naming what this engine cannot take: an empty segment, a token id of
+        ``logit_bias`` or ``stop_token_ids`` outside the vocabulary, a prompt the context cannot hold.
+        The serving loop asks before prefilling a prompt's documents ahead: a request that would
+        fail must not cost its whole prefill first."""
+        _check_prompts(prompts)
+        params = [self._bounded(p, sum(len(s) for s in prompt)) for p, prompt in zip(params, prompts, strict=True)]
+        vocab = self.model.vocab_size
+        for p in params:
+            for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
+                outside = [t for t in ids if t >= vocab]
+                if outside:
+                    raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        return params
 
     def token_vocab(self) -> TokenVocab:
         """The tokenizer's tokens as bytes in a trie (structured output), built once; ValueError
@@ -497,12 +509,30 @@ class Engine(ColdPrefill, PrefixPrefill):
             return plans
         return self._layout(prompt, mode, salt)
 
-    def uncached_tokens(self, layout: list[SegmentPlan]) -> int:
-        """The tokens a prefill of this layout would run through the model if it started now: every
-        segment computed in context or missing from the cache whole, the seam of every other.
-        An estimate for the serving loop's admission (entries may come and go before the call)."""
-        return sum(s.seam if s.key is not None and self.store.holds(s.key, tuple(s.token_ids)) else s.length
-                   for s in layout)
+    def uncached_tokens(self, layout: list[SegmentPlan], *, mode: str = "hypic", salt: str | None = None) -> int:
+        """The tokens a prefill of this layout (``layout``, same mode and salt) would run through the
+        model if it started now: a segment computed in context whole; a cached one's seam; a missing
+        one built standalone and then its seam (in context: whole, once). An estimate for the
+        serving loop's admission — entries may come and go before the call, and a document repeated
+        in a prompt is counted each time though built once."""
+        total = 0
+        for s in layout:
+            if s.key is None:
+                total += s.length
+            elif self._held(s, mode, salt):
+                total += s.seam
+            else:
+                total += s.length + (s.seam if self.cold == "standalone" else 0)
+        return total
+
+    def _held(self, s: SegmentPlan, mode: str, salt: str | None) -> bool:
+        """Whether a lookup of this segment would hit, as ``_plan`` looks (an in-context engine takes a
+        standalone entry, a prewarmed document, when it has none of its own); nothing moves."""
+        ids = tuple(s.token_ids)
+        if self.store.holds(s.key, ids):
+            return True
+        return self.cold == "in_context" and self.store.holds(
+            self._key(s.token_ids, self.seam if ASSEMBLY[mode].seam else 0, salt, mode, "standalone"), ids)
 
     @torch.no_grad()
     def prefill_ahead(self, prompt: list[list[int]], *, mode: str = "hypic", salt: str | None = None,
@@ -511,10 +541,14 @@ class Engine(ColdPrefill, PrefixPrefill):
         ``max_tokens`` tokens (one document at least, whatever its length); the keys built. The
         serving loop prefills a long prompt this way between decode steps, so the running requests
         wait one such slice at a time, not for the whole prompt: a cold document is prefilled
-        standalone in any case, so building it ahead changes no answer. Nothing for a mode that
+        standalone in any case, so building it ahead is the same computation (bitwise on the CPU in
+        fp32; on a GPU it may batch with other documents than in the call, as batched cold calls
+        do, within bf16 noise). Nothing for a mode that
         reads no entries (``full``, ``prefix``) or an engine whose misses are computed in context
         (their entries depend on the prompt). ``skip``: keys built ahead already — an entry evicted
-        before its request runs is computed again there, not here, so repeated calls end."""
+        before its request runs is computed again there, not here, so repeated calls end. Out of
+        device memory, the engine spares memory and the slice's keys are returned all the same: what
+        was not built, the request's own call builds (and counts as its misses either way)."""
         mode = check_mode(mode)
         if mode not in ASSEMBLY or self.cold != "standalone":
             return frozenset()
@@ -530,7 +564,13 @@ class Engine(ColdPrefill, PrefixPrefill):
                 seen.add(s.key)
                 tokens += s.length
             if chosen:
-                self._fill([s.token_ids for s in chosen], mode, salt)
+                self.prefill_calls["calls"] += 1  # a cold call, as a request's with a cold part is
+                self.prefill_calls["with_cold"] += 1
+                try:
+                    self._fill([s.token_ids for s in chosen], mode, salt)
+                except torch.OutOfMemoryError:
+                    self.out_of_memory["retried"] += 1  # its documents are tried again in the request's call
+                    self._spare_memory()
         return frozenset(s.key for s in chosen)
 
     def stamp(self) -> persist.Stamp:

@@ -8,8 +8,8 @@ runs one decode step for every running request — decode is batched across requ
 new tokens to each request's event queue. A prompt that would compute more than that first has its
 missing documents prefilled ahead, a slice of at most ``max_prefill_tokens`` tokens an iteration
 (``Engine.prefill_ahead``), so the running requests go on decoding between slices instead of
-waiting for the whole prompt: the segment-level counterpart of chunked prefill, exact because a
-cold document is prefilled standalone anyway.
+waiting for the whole prompt: the segment-level counterpart of chunked prefill, the same
+computation because a cold document is prefilled standalone anyway.
 The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
 A cancelled request leaves at the next iteration — a waiting one frees its place in the queue
 then, or at the next submission, not only when it would have been admitted; shutdown stops
@@ -87,8 +87,9 @@ class Scheduler:
         """``max_prefill_tokens``: tokens computed by one prefill call (None: no limit), counted
         by what the cache holds when the request is admitted. A request that would compute more has
         its missing documents prefilled ahead in slices of at most that many tokens, one an
-        iteration, then is admitted (alone if it still costs more: a document is never split, one
-        longer than the limit is a slice of its own, and ``full`` and ``prefix`` prompts run whole)."""
+        iteration while others decode, then is admitted (alone if it still costs more: a document is
+        never split, one longer than the limit is a slice of its own, and ``full`` and ``prefix``
+        prompts, and every prompt of an engine whose misses are computed in context, run whole)."""
         if max_prefill_tokens is not None and (not isinstance(max_prefill_tokens, int)
                                                or isinstance(max_prefill_tokens, bool) or max_prefill_tokens < 1):
             raise ValueError(f"max_prefill_tokens: expected an integer ≥ 1 or None, got {max_prefill_tokens!r}")
@@ -158,42 +159,46 @@ class Scheduler:
 
     def _cost(self, sub: Submission) -> int:
         """The tokens its prefill would compute now (``Engine.uncached_tokens``); the prompt's length
-        when the engine cannot plan it (a bad mode or segment: its call fails it by name). Only with
-        ``max_prefill_tokens``: nothing is counted without a limit."""
+        when the engine cannot plan it (a bad mode, segment or salt: its call fails it by name). Only
+        with ``max_prefill_tokens``: nothing is counted without a limit."""
         if self.max_prefill_tokens is None:
             return 0
-        if sub.layout is None:
-            try:
+        try:
+            if sub.layout is None:
                 sub.layout = self.engine.layout(sub.prompt, mode=sub.mode, salt=sub.salt)
-            except ValueError:
-                return sum(len(s) for s in sub.prompt)
-        return self.engine.uncached_tokens(sub.layout)
+                sub.ahead = any(s.key is not None for s in sub.layout)  # else nothing to build ahead
+            return self.engine.uncached_tokens(sub.layout, mode=sub.mode, salt=sub.salt)
+        except Exception:  # noqa: BLE001 — whatever it is, the request's own call reports it
+            sub.ahead = False
+            return sum(len(s) for s in sub.prompt)
 
     def _prefill_ahead(self) -> bool:
         """One slice of the queue head's missing documents, when its prefill would compute more than
-        ``max_prefill_tokens`` tokens and a decode step could take it (room to run). Whether a slice
-        ran. The head keeps its place in the queue meanwhile, counted as waiting (a shutdown or a
+        ``max_prefill_tokens`` tokens, requests are decoding (an idle loop has no one to keep
+        waiting: the prompt goes whole) and there is room for it to run. Whether a slice ran. The
+        head keeps its place in the queue meanwhile, counted as waiting (a shutdown or a
         cancellation finds it there)."""
         if self.max_prefill_tokens is None:
             return False
         with self._cv:
-            if not self._waiting or len(self._running) >= self.max_running:
+            if not self._waiting or not self._running or len(self._running) >= self.max_running:
                 return False
             head = self._waiting[0]
-            if not head.ahead or self._cost(head) <= self.max_prefill_tokens:
+            if head.cancelled.is_set() or self._cost(head) <= self.max_prefill_tokens or not head.ahead:
                 return False
         t0 = time.perf_counter()
         try:
+            if not head.warmed:  # a request that would fail must not cost its whole prefill first
+                self.engine.checked([head.prompt], [head.params])
             built = self.engine.prefill_ahead(head.prompt, mode=head.mode, salt=head.salt,
                                               max_tokens=self.max_prefill_tokens, skip=head.warmed)
-        except torch.OutOfMemoryError:  # its own call tries again after sparing memory, then alone
-            head.ahead = False
-            return False
-        except Exception as e:  # a bad prompt (or mode): it fails here, the queue goes on
+        except Exception as e:  # noqa: BLE001 — a bad request fails here, alone, and the queue goes on
             with self._cv:
-                if self._waiting and self._waiting[0] is head:
+                told = bool(self._waiting) and self._waiting[0] is head  # else a shutdown told it already
+                if told:
                     self._waiting.popleft()
-            head.events.put(Event("error", error=e))
+            if told:
+                head.events.put(Event("error", error=e))
             return True
         head.warm_s += time.perf_counter() - t0
         head.warmed |= built

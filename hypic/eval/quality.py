@@ -130,7 +130,7 @@ def evaluate(loaded: LoadedModel, *, n: int, seed: int = 1234, difficulty: float
             params = [SamplingParams(max_tokens=MAX_TOKENS[FAMILIES[f].metric]) for f, _ in chunk]
             prompts = [e.segments for _, e in chunk]
             build_entries(engine, prompts, mode, cold)
-            runs = engine.start(prompts, params, mode=mode)
+            runs = engine.start(prompts, params, mode=mode, keep_logits=True)
             engine.finish(runs)
             first += [r.first_logits for r in runs]
             for (family, _), r in zip(chunk, runs, strict=True):

@@ -62,6 +62,17 @@ def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
     assert [r.output.token_ids for r in runs] == alone
 
 
+def test_a_run_keeps_its_first_logits_only_when_asked(llm) -> None:
+    """A row of the call's logits is a view: a serving run holding it kept the call's whole
+    [N, vocab] tensor alive until it ended. Kept on request (the quality runner), equal to prefill_logits'."""
+    prompts = [_segments(60 + i, [20, 9]) for i in range(2)]
+    sp = [SamplingParams(max_tokens=1)] * 2
+    assert all(r.first_logits is None for r in llm.engine.start(prompts, sp, mode="full"))
+    kept = llm.engine.start(prompts, sp, mode="full", keep_logits=True)
+    want, _ = llm.engine.prefill_logits(prompts, mode="full")
+    assert torch.equal(torch.stack([r.first_logits for r in kept]), want)
+
+
 def test_sampling_is_seeded_and_logprobs_are_reported(llm) -> None:
     prompt = _segments(3, [40, 10])
     sp = SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=7, logprobs=3)

@@ -65,11 +65,11 @@ def tight(qwen3_5_path, monkeypatch):
     real = llm.engine._assemble
     sizes: list[int] = []
 
-    def assemble(prompts, mode, salts, metrics):
+    def assemble(prompts, mode, salts, metrics, warmed):
         sizes.append(len(prompts))
         if len(prompts) > 1 or any(len(p[1]) == 77 for p in prompts):
             raise _oom()
-        return real(prompts, mode, salts, metrics)
+        return real(prompts, mode, salts, metrics, warmed)
 
     monkeypatch.setattr(llm.engine, "_assemble", assemble)
     return llm, sizes
@@ -228,10 +228,10 @@ def _out_of_memory_above(llm: LLM, monkeypatch, capacity: int) -> None:
     """The device 'runs out' whenever a prefill starts with the device tier holding more than ``capacity``."""
     real = llm.engine._assemble
 
-    def assemble(prompts, mode, salts, metrics):
+    def assemble(prompts, mode, salts, metrics, warmed):
         if llm.engine.store.stats().bytes["device"] > capacity:
             raise _oom()
-        return real(prompts, mode, salts, metrics)
+        return real(prompts, mode, salts, metrics, warmed)
 
     monkeypatch.setattr(llm.engine, "_assemble", assemble)
 
@@ -344,10 +344,10 @@ def test_a_prompt_that_never_fits_does_not_shrink_the_cache_at_every_retry(qwen3
     big = _prompt(999, doc=300)
     real = e._assemble
 
-    def assemble(prompts, mode, salts, metrics):
+    def assemble(prompts, mode, salts, metrics, warmed):
         if any(p == big for p in prompts):
             raise _oom()
-        return real(prompts, mode, salts, metrics)
+        return real(prompts, mode, salts, metrics, warmed)
 
     monkeypatch.setattr(e, "_assemble", assemble)
     for _ in range(10):

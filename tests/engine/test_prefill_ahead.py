@@ -5,8 +5,10 @@ decode between slices, the slices stay within the limit, and nothing about the a
 import itertools
 import random
 import threading
+import time
 
 import pytest
+import torch
 
 from hypic import LLM, SamplingParams
 from hypic.engine.scheduler import Scheduler
@@ -24,80 +26,113 @@ def llm(qwen3_5_path):
 
 
 class Calls:
-    """The engine's prefill_ahead, start and step, each call logged in order (the real ones run)."""
+    """The engine's prefill_ahead, start and step, each call logged in order with its duration
+    (the real ones run)."""
+
+    NAMES = ("prefill_ahead", "start", "step")
 
     def __init__(self, engine) -> None:
         self.engine, self.log, self.lock = engine, [], threading.Lock()
-        for name in ("prefill_ahead", "start", "step"):
+        for name in self.NAMES:
             setattr(engine, name, self._wrap(name, getattr(engine, name)))
 
     def _wrap(self, name, fn):
         def wrapped(*args, **kwargs):
+            t0 = time.perf_counter()
             out = fn(*args, **kwargs)
             with self.lock:
-                self.log.append((name, args, kwargs, out))
+                self.log.append((name, args, kwargs, out, time.perf_counter() - t0))
             return out
         return wrapped
 
+    def slices(self, prompt=None) -> list:
+        return [c for c in self.log if c[0] == "prefill_ahead" and c[3] and (prompt is None or c[1][0] == prompt)]
+
     def restore(self) -> None:
-        for name in ("prefill_ahead", "start", "step"):
+        for name in self.NAMES:
             delattr(self.engine, name)
 
 
-def test_a_long_prompts_documents_are_prefilled_in_slices_between_decode_steps(llm) -> None:
+class Decoding:
+    """A request decoding in ``sched`` for as long as the test needs (slicing waits for one)."""
+
+    def __init__(self, sched: Scheduler, seed: int = 99) -> None:
+        self.sub = sched.submit(_long(seed, docs=1), SamplingParams(max_tokens=100_000, ignore_eos=True))
+        next(self.sub.stream(timeout=60))
+
+    def stop(self) -> None:
+        self.sub.cancel()
+        assert list(self.sub.stream(timeout=60))[-1].kind == "error"
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_a_long_prompts_documents_are_prefilled_in_slices_between_decode_steps(llm, salt) -> None:
+    long, sp = _long(1), SamplingParams(max_tokens=4)
     llm.engine.store.clear()
-    long, short = _long(1), _long(2, docs=1)
-    sp = SamplingParams(max_tokens=4)
+    before = llm.engine.prefill_tokens
+    want = llm.generate([long], sp, cache_salt=salt)[0]  # prefilled whole, from an empty cache
+    whole = llm.engine.prefill_tokens - before
     llm.engine.store.clear()
-    want = llm.generate([long], sp)[0]  # prefilled whole, from an empty cache
-    llm.engine.store.clear()
+    sched = Scheduler(llm.engine, max_running=4, max_prefill_tokens=64)
+    decoding = Decoding(sched)
     calls = Calls(llm.engine)
     try:
-        sched = Scheduler(llm.engine, max_running=4, max_prefill_tokens=64)
-        running = sched.submit(short, SamplingParams(max_tokens=60))
-        next(running.stream(timeout=60))  # decoding now
-        got = list(sched.submit(long, sp).stream(timeout=60))
-        list(running.stream(timeout=60))
+        before = llm.engine.prefill_tokens
+        got = list(sched.submit(long, sp, salt=llm._salt(salt)).stream(timeout=60))
+        staged = llm.engine.prefill_tokens - before
+        decoding.stop()
         sched.shutdown()
     finally:
         calls.restore()
     assert got[-1].kind == "done"
     out = got[-1].output
     assert out.token_ids == want.token_ids  # a document built ahead is the one its call would build
-    slices = [c for c in calls.log if c[0] == "prefill_ahead" and c[3]]
+    slices = calls.slices(long)
     assert len(slices) == 3  # five documents of 30 tokens, two a slice under 64
     assert all(sum(k.length for k in c[3]) <= 64 for c in slices)
     built = frozenset().union(*(c[3] for c in slices))
     assert {k.length for k in built} == {30} and len(built) == 5
+    # the call used them: the model ran as many tokens as for the prompt prefilled whole, none twice
+    assert staged == whole == 5 * 30 + 8 + 5 * 8 + 6
     names = [c[0] for c in calls.log if c[0] != "prefill_ahead" or c[3]]
     first, last = names.index("prefill_ahead"), len(names) - 1 - names[::-1].index("prefill_ahead")
     between = names[first:last + 1]  # a decode step after every slice but the last
     assert between.count("step") >= 2 and "start" not in between
     assert all(a != b for a, b in itertools.pairwise(between))
-    # its metrics are a cold request's: every document its own miss, nothing cached before it
+    # its metrics are a cold request's: every document its own miss, nothing cached before it, and
+    # its prefill time the slices' and its call's
     m, w = out.metrics, want.metrics
     assert (m.segment_hits, m.segment_misses, m.cached_tokens) == (0, 5, 0) == (w.segment_hits, w.segment_misses,
                                                                                w.cached_tokens)
     assert m.recomputed_tokens == w.recomputed_tokens
+    call = [c for c in calls.log if c[0] == "start" and c[1][0] == [long]][0]
+    assert m.ttft_s >= sum(c[4] for c in slices) + 0.5 * call[4]
     assert llm.engine.store.check_integrity()
 
 
-def test_a_prompt_within_the_limit_and_the_modes_without_entries_are_not_sliced(llm) -> None:
+def test_a_prompt_is_prefilled_whole_within_the_limit_when_nothing_decodes_and_without_entries(llm) -> None:
     llm.engine.store.clear()
     sp = SamplingParams(max_tokens=2)
     calls = Calls(llm.engine)
     try:
         sched = Scheduler(llm.engine, max_prefill_tokens=500)
+        decoding = Decoding(sched, seed=98)
         within = list(sched.submit(_long(3), sp).stream(timeout=60))  # 164 tokens
+        decoding.stop()
         sched.shutdown()
         sched = Scheduler(llm.engine, max_prefill_tokens=64)
-        full = list(sched.submit(_long(4), sp, mode="full").stream(timeout=60))
+        idle = list(sched.submit(_long(4), sp).stream(timeout=60))  # nobody to keep waiting
+        decoding = Decoding(sched, seed=97)
+        full = list(sched.submit(_long(5), sp, mode="full").stream(timeout=60))
+        decoding.stop()
         sched.shutdown()
     finally:
         calls.restore()
-    assert within[-1].kind == full[-1].kind == "done"
-    assert not any(c[3] for c in calls.log if c[0] == "prefill_ahead")
-    assert full[-1].output.token_ids == llm.generate([_long(4)], sp, mode="full")[0].token_ids
+    assert within[-1].kind == idle[-1].kind == full[-1].kind == "done"
+    assert not calls.slices()
+    assert not [c for c in calls.log if c[0] == "prefill_ahead" and c[1][0] == _long(5)]  # nothing to build
+    assert idle[-1].output.token_ids == llm.generate([_long(4)], sp)[0].token_ids
+    assert full[-1].output.token_ids == llm.generate([_long(5)], sp, mode="full")[0].token_ids
 
 
 def test_prefill_ahead_builds_in_prompt_order_and_skips_what_it_built(llm, qwen3_5_path) -> None:
@@ -125,6 +160,34 @@ def test_prefill_ahead_builds_in_prompt_order_and_skips_what_it_built(llm, qwen3
     assert out.metrics.segment_misses == 0  # found under the keys its call looks up
 
 
+def test_a_slice_out_of_memory_leaves_its_documents_to_the_requests_call(qwen3_5_path, monkeypatch) -> None:
+    """The engine spares memory (here it sheds part of the device tier, lowering its budget: an engine
+    of its own) and the request's call builds what the slice did not."""
+    llm = LLM(str(qwen3_5_path), device="cpu", cache_device_bytes=None)
+    sp = SamplingParams(max_tokens=3)
+    want = llm.generate([_long(11)], sp)[0].token_ids
+    llm.engine.store.clear()
+    real, failed = llm.engine._fill, []
+
+    def fill(segments, mode, salt):
+        if not failed:
+            failed.append(len(segments))
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(segments, mode, salt)
+
+    monkeypatch.setattr(llm.engine, "_fill", fill)
+    retried = llm.engine.out_of_memory["retried"]
+    sched = Scheduler(llm.engine, max_prefill_tokens=40)
+    decoding = Decoding(sched, seed=96)
+    got = list(sched.submit(_long(11), sp).stream(timeout=60))
+    decoding.stop()
+    sched.shutdown()
+    assert failed == [1] and llm.engine.out_of_memory["retried"] == retried + 1
+    assert got[-1].kind == "done" and got[-1].output.token_ids == want
+    assert got[-1].output.metrics.segment_misses == 5  # the unbuilt one a miss like the others
+    assert llm.engine.store.check_integrity()
+
+
 def test_entries_evicted_between_slices_are_computed_by_the_requests_own_call(qwen3_5_path) -> None:
     """A device tier with room for about one document: each slice evicts the one before, and the
     request still gets its answer (its own call builds them again), counted as its misses."""
@@ -135,8 +198,15 @@ def test_entries_evicted_between_slices_are_computed_by_the_requests_own_call(qw
     sp = SamplingParams(max_tokens=3)
     want = probe.generate([_long(7)], sp)[0].token_ids
     sched = Scheduler(llm.engine, max_prefill_tokens=40)
-    got = list(sched.submit(_long(7), sp).stream(timeout=60))
-    sched.shutdown()
+    decoding = Decoding(sched)
+    calls = Calls(llm.engine)
+    try:
+        got = list(sched.submit(_long(7), sp).stream(timeout=60))
+        decoding.stop()
+        sched.shutdown()
+    finally:
+        calls.restore()
+    assert len(calls.slices(_long(7))) == 5  # one document a slice, each evicting the one before
     assert got[-1].kind == "done" and got[-1].output.token_ids == want
     assert got[-1].output.metrics.segment_misses == 5 and got[-1].output.metrics.segment_hits == 0
     assert llm.engine.store.check_integrity()
@@ -146,6 +216,7 @@ def test_a_request_cancelled_or_failing_between_slices_leaves_the_loop_serving(l
     llm.engine.store.clear()
     sp = SamplingParams(max_tokens=2)
     sched = Scheduler(llm.engine, max_prefill_tokens=40)
+    decoding = Decoding(sched)
     calls = Calls(llm.engine)
     real, subs = llm.engine.prefill_ahead, {}
 
@@ -157,34 +228,45 @@ def test_a_request_cancelled_or_failing_between_slices_leaves_the_loop_serving(l
 
     llm.engine.prefill_ahead = cancelling
     try:
-        with llm.engine._lock:  # a burst: the loop waits for the lock in its first slice
+        with sched._cv:  # a burst, in this order
             subs["long"] = sched.submit(_long(8, docs=6), sp)
             bad = sched.submit(_long(9), sp, mode="nonsense")
+            salted = sched.submit(_long(12), sp, salt=5)  # not a string: the key cannot be made
+            biased = sched.submit(_long(13), SamplingParams(max_tokens=2, logit_bias={10**6: 1.0}))
             ok = sched.submit(_long(10, docs=1), sp)
-        events = [list(s.stream(timeout=60))[-1] for s in (subs["long"], bad, ok)]
+        events = [list(s.stream(timeout=60))[-1] for s in (subs["long"], bad, salted, biased, ok)]
+        assert decoding.sub.run is not None and not decoding.sub.run.done  # decoding all along
+        decoding.stop()
         sched.shutdown()
     finally:
         llm.engine.prefill_ahead = real  # Calls' own wrapper, which restore takes away
         calls.restore()
-    assert [e.kind for e in events] == ["error", "error", "done"]
+    assert [e.kind for e in events] == ["error", "error", "error", "error", "done"]
     assert "cancelled" in str(events[0].error) and "mode" in str(events[1].error)
-    slices = [c for c in calls.log if c[0] == "prefill_ahead" and c[3] and c[1][0] == _long(8, docs=6)]
-    assert len(slices) == 1  # it left before its second document was built
+    assert "logit_bias" in str(events[3].error)
+    assert len(calls.slices(_long(8, docs=6))) == 1  # it left before its second document was built
+    assert not calls.slices(_long(12)) and not calls.slices(_long(13))  # refused before any slice
     assert llm.engine.store.check_integrity()
 
 
-def test_a_call_is_bounded_by_the_tokens_it_computes_not_by_the_prompts_length(llm) -> None:
+def test_a_call_is_bounded_by_the_tokens_it_computes_not_by_the_prompts_length(llm, qwen3_5_path) -> None:
     """Warm prompts longer than the limit are batched by what they compute (seams and query),
     where counting prompt tokens ran each alone."""
     llm.engine.store.clear()
     prompts = [_long(20 + i, docs=2) for i in range(4)]  # 8 + 60 + 6 = 74 tokens
     layout = llm.engine.layout(prompts[0])
-    assert llm.engine.uncached_tokens(layout) == 74
-    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full")) == 74
+    assert llm.engine.uncached_tokens(layout) == 8 + 2 * (30 + 8) + 6  # each document built, then its seam
+    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full"), mode="full") == 74
     for p in prompts:
         llm.engine.prewarm(p[1:-1])
     assert llm.engine.uncached_tokens(layout) == 8 + 8 + 8 + 6  # the head (all seam), two seams, the query
-    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full")) == 74
+    assert llm.engine.uncached_tokens(llm.engine.layout(prompts[0], mode="full"), mode="full") == 74
+    # an in-context engine takes a prewarmed (standalone) entry: counted as held there too
+    in_context = LLM(str(qwen3_5_path), device="cpu", cold="in_context")
+    mine = in_context.engine.layout(prompts[0])
+    assert in_context.engine.uncached_tokens(mine) == 74  # a miss is computed in context, once
+    in_context.engine.prewarm(prompts[0][1:-1])
+    assert in_context.engine.uncached_tokens(mine) == 30
     calls = Calls(llm.engine)
     try:
         sched = Scheduler(llm.engine, max_running=8, max_prefill_tokens=64)
@@ -197,5 +279,5 @@ def test_a_call_is_bounded_by_the_tokens_it_computes_not_by_the_prompts_length(l
         calls.restore()
     assert [o.kind for o in outs] == ["done"] * 4
     assert [len(c[1][0]) for c in calls.log if c[0] == "start"] == [2, 2]  # 30 + 30 ≤ 64 < 90
-    assert not any(c[3] for c in calls.log if c[0] == "prefill_ahead")
+    assert not calls.slices()
     assert all(o.output.metrics.segment_hits == 2 for o in outs)

@@ -66,7 +66,8 @@ def test_queue_bound_cancellation_and_shutdown(llm) -> None:
         sched.submit(_prompt(5), SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("cap, most", [(160, 2), (10, 1)])  # a prompt here is 76 tokens
+# a cold prompt here computes 92 tokens: 76, and each document's seam again in context
+@pytest.mark.parametrize("cap, most", [(200, 2), (10, 1)])
 def test_a_prefill_call_takes_at_most_max_prefill_tokens(llm, cap: int, most: int) -> None:
     calls: list[int] = []
     start = llm.engine.start

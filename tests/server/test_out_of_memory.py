@@ -15,10 +15,10 @@ def tight(model_dir):
     llm = LLM(str(model_dir), device="cpu")
     real = llm.engine._assemble
 
-    def assemble(prompts, mode, salts, metrics):
+    def assemble(prompts, mode, salts, metrics, warmed):
         if any(sum(len(s) for s in p) > 200 for p in prompts):
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real(prompts, mode, salts, metrics)
+        return real(prompts, mode, salts, metrics, warmed)
 
     llm.engine._assemble = assemble
     live = serve(llm, retry_after_s=2)
