@@ -90,7 +90,8 @@ class _Live(Collector):
                 c.add_metric([kind], n)
             yield c
             c = CounterMetricFamily("hypic_prefill_calls", "Prefill calls of the cached modes, by whether they "
-                                    "prefilled cold segments", labels=["cold"])
+                                    "prefilled cold segments (a slice of a long prompt's documents prefilled "
+                                    "ahead, --max-prefill-tokens, is one with)", labels=["cold"])
             c.add_metric(["yes"], e.prefill_calls["with_cold"])
             c.add_metric(["no"], e.prefill_calls["without_cold"])
             yield c
