@@ -27,7 +27,7 @@ def test_a_long_cold_prompt_is_prefilled_ahead_while_a_stream_decodes(model_dir)
     live = serve(llm, api_key=API_KEY, max_prefill_tokens=64)
     try:
         with http_client(live) as client:
-            streamed, started, answered = [], threading.Event(), {}
+            streamed, started = [], threading.Event()
 
             def stream() -> None:
                 body = {"model": MODEL, "prompt": "a stream", "max_tokens": 400, "ignore_eos": True,
