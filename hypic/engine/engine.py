@@ -423,7 +423,8 @@ class Engine(ColdPrefill, PrefixPrefill):
     def checked(self, prompts: list[list[list[int]]], params: list[SamplingParams]) -> list[SamplingParams]:
         """The requests as ``start`` runs them (``max_tokens`` bounded by the context), or a
         ValueError naming what this engine cannot take: an empty segment, a token id of
-        ``logit_bias`` or ``stop_token_ids`` outside the vocabulary, a prompt the context cannot hold.
+        ``logit_bias`` or ``stop_token_ids`` outside the vocabulary, a prompt the context cannot hold,
+        a ``json_schema`` without a tokenizer.
         The serving loop asks before prefilling a prompt's documents ahead: a request that would
         fail must not cost its whole prefill first."""
         _check_prompts(prompts)
@@ -434,6 +435,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
+        if any(p.json_schema is not None for p in params):
+            self.token_vocab()  # structured output needs the tokenizer's tokens (built once)
         return params
 
     def token_vocab(self) -> TokenVocab:
@@ -543,7 +546,8 @@ class Engine(ColdPrefill, PrefixPrefill):
         wait one such slice at a time, not for the whole prompt: a cold document is prefilled
         standalone in any case, so building it ahead is the same computation (bitwise on the CPU in
         fp32; on a GPU it may batch with other documents than in the call, as batched cold calls
-        do, within bf16 noise). Nothing for a mode that
+        do, and an entry demoted to a bf16 host tier before its call is read rounded, as any
+        demoted entry is). Nothing for a mode that
         reads no entries (``full``, ``prefix``) or an engine whose misses are computed in context
         (their entries depend on the prompt). ``skip``: keys built ahead already — an entry evicted
         before its request runs is computed again there, not here, so repeated calls end. Out of

@@ -18,6 +18,8 @@ admitting, then finishes or cancels what runs.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import queue
 import threading
 import time
@@ -31,6 +33,8 @@ from hypic.cache.keys import SegmentKey
 from hypic.engine.engine import Engine, Running
 from hypic.engine.plan import SegmentPlan
 from hypic.engine.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
@@ -98,6 +102,7 @@ class Scheduler:
         self._waiting: deque[Submission] = deque()
         self._running: list[Submission] = []
         self._prefilling = 0  # taken off the queue by _admit, not yet running nor ended
+        self._cost_errors: set[type] = set()  # exception types _cost has logged
         self._cv = threading.Condition()
         self._stopping = False
         self._cancel_all = False  # past the shutdown timeout: a request still starting is cancelled too
@@ -143,9 +148,15 @@ class Scheduler:
         if self._prefill_ahead():
             return  # this iteration's prefill was a slice of the queue head's documents
         with self._cv:
-            room, tokens, batch = self.max_running - len(self._running), 0, []
-            while self._waiting and len(batch) < room:
-                n = self._cost(self._waiting[0])
+            candidates = list(itertools.islice(self._waiting, max(0, self.max_running - len(self._running))))
+        # what each would compute, costed outside the queue's lock: that takes the store's, and a
+        # submit (on the server's event loop) must not wait for a store call
+        costs = [self._cost(s) for s in candidates]
+        with self._cv:
+            tokens, batch = 0, []
+            for sub, n in zip(candidates, costs, strict=True):
+                if not self._waiting or self._waiting[0] is not sub:
+                    continue  # cancelled and dropped meanwhile (or the queue cleared at shutdown)
                 if batch and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
                     break  # first come, first served: the next call takes it
                 batch.append(self._waiting.popleft())
@@ -168,7 +179,11 @@ class Scheduler:
                 sub.layout = self.engine.layout(sub.prompt, mode=sub.mode, salt=sub.salt)
                 sub.ahead = any(s.key is not None for s in sub.layout)  # else nothing to build ahead
             return self.engine.uncached_tokens(sub.layout, mode=sub.mode, salt=sub.salt)
-        except Exception:  # noqa: BLE001 — whatever it is, the request's own call reports it
+        except Exception as e:  # noqa: BLE001 — whatever it is, the request's own call reports it
+            if type(e) not in self._cost_errors:  # said once a kind: an engine bug must not hide here
+                self._cost_errors.add(type(e))
+                log.warning("a request could not be costed (%s: %s); it is admitted by its prompt's length",
+                            type(e).__name__, e)
             sub.ahead = False
             return sum(len(s) for s in sub.prompt)
 
@@ -184,9 +199,9 @@ class Scheduler:
             if not self._waiting or not self._running or len(self._running) >= self.max_running:
                 return False
             head = self._waiting[0]
-            if head.cancelled.is_set() or self._cost(head) <= self.max_prefill_tokens or not head.ahead:
-                return False
-        t0 = time.perf_counter()
+        if head.cancelled.is_set() or self._cost(head) <= self.max_prefill_tokens or not head.ahead:
+            return False
+        t0 = time.perf_counter()  # lock waits included (a concurrent prewarm): the request waited too
         try:
             if not head.warmed:  # a request that would fail must not cost its whole prefill first
                 self.engine.checked([head.prompt], [head.params])

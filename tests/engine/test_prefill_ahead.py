@@ -135,6 +135,24 @@ def test_a_prompt_is_prefilled_whole_within_the_limit_when_nothing_decodes_and_w
     assert full[-1].output.token_ids == llm.generate([_long(5)], sp, mode="full")[0].token_ids
 
 
+def test_no_slice_while_the_running_requests_leave_no_room(llm) -> None:
+    """Its slices would only make the request wait longer: it cannot run before a place frees."""
+    llm.engine.store.clear()
+    sched = Scheduler(llm.engine, max_running=1, max_prefill_tokens=40)
+    decoding = Decoding(sched, seed=95)
+    calls = Calls(llm.engine)
+    try:
+        waiting = sched.submit(_long(14), SamplingParams(max_tokens=2))
+        time.sleep(0.3)  # decode steps go by, the long prompt waiting
+        assert not calls.slices() and sched.depth == (1, 1)
+        decoding.stop()
+        got = list(waiting.stream(timeout=60))
+        sched.shutdown()
+    finally:
+        calls.restore()
+    assert got[-1].kind == "done" and not calls.slices()  # then alone: prefilled whole
+
+
 def test_prefill_ahead_builds_in_prompt_order_and_skips_what_it_built(llm, qwen3_5_path) -> None:
     llm.engine.store.clear()
     prompt = _long(5, docs=4)
@@ -183,6 +201,7 @@ def test_a_slice_out_of_memory_leaves_its_documents_to_the_requests_call(qwen3_5
     decoding.stop()
     sched.shutdown()
     assert failed == [1] and llm.engine.out_of_memory["retried"] == retried + 1
+    assert llm.engine.cache_shed["times"] == 1  # the memory spared: part of the device tier
     assert got[-1].kind == "done" and got[-1].output.token_ids == want
     assert got[-1].output.metrics.segment_misses == 5  # the unbuilt one a miss like the others
     assert llm.engine.store.check_integrity()
