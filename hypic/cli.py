@@ -425,7 +425,7 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts", type=int, default=32,
                    help="cap on the prompts of one completions request (a batch; each prompt × n is a request)")
     p.add_argument("--max-prefill-tokens", type=int,
-                   help="tokens computed by one prefill call, counting what the cache holds (default: no limit); "
+                   help="tokens computed by one prefill call, what the cache does not hold (default: no limit); "
                         "a prompt that would compute more has its missing documents prefilled ahead in "
                         "slices of this size between decode steps while others decode (not with --cold "
                         "in_context, nor for the full and prefix modes)")

@@ -48,6 +48,7 @@ class LLM:
             model = str(bundled_model_path())
             if not Path(model).is_dir():
                 raise ValueError("model: no bundled default model in this installation; pass a model folder")
+        _folder(model, "model")
         self.loaded = load_model(model, device=device, dtype=dtype)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
                              cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route,
@@ -279,11 +280,11 @@ class LLM:
 
     def save_cache(self, folder: str | Path) -> int:
         """Save the segment cache into ``folder`` (one file per entry and a manifest); how many entries."""
-        return self.engine.save_cache(folder)
+        return self.engine.save_cache(_folder(folder, "folder"))
 
     def load_cache(self, folder: str | Path) -> int:
         """Load a cache saved by ``save_cache`` for this model; how many entries the cache took."""
-        return self.engine.load_cache(folder)
+        return self.engine.load_cache(_folder(folder, "folder"))
 
     def cache_stats(self) -> dict[str, Any]:
         s = self.engine.store.stats()
@@ -300,15 +301,29 @@ def _sampling(sampling: Any, sampling_params: Any) -> Any:
     return sampling if sampling is not None else sampling_params
 
 
+def _folder(path: object, name: str) -> str | Path:
+    if not isinstance(path, (str, Path)):
+        raise ValueError(f"{name}: expected a folder path, got {type(path).__name__}")
+    return path
+
+
 def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:
-    """OpenAI's messages → (role, text parts) per message and what else the template reads."""
+    """OpenAI's messages → (role, text parts) per message and what else the template reads; the
+    server's rules for roles and content (``hypic.server.protocol``)."""
+    from hypic.server.protocol import ROLES, needs_content
+
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"{where}: expected a non-empty list of messages")
     turns, extras = [], []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"{where}[{i}].role: every message needs a role")
+        if m["role"] not in ROLES:
+            raise ValueError(f"{where}[{i}].role: expected one of {ROLES}, got {m['role']!r}")
         content = m.get("content")
+        if content is None and needs_content(m["role"], m.get("tool_calls")):
+            raise ValueError(f"{where}[{i}].content: a {m['role']} message needs content (only an assistant's "
+                             "tool calls go without)")
         if content is None or isinstance(content, str):
             parts = [content or ""]
         elif isinstance(content, list) and content and all(

@@ -144,7 +144,9 @@ class RequestOutput:
     token_ids: list[int]
     logprobs: list[dict[int, float]] | None  # per generated token: top-n token → log-probability
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
-    finish_reason: str = "length"  # "length" | "stop"
+    # "stop" | "length" once it ended ("cancelled" when its client left); None while it runs (vLLM's
+    # meaning: a streamed delta's output is not finished)
+    finish_reason: str | None = None
     # with SamplingParams.prompt_logprobs: per prompt token (None for the first), token → log-probability
     prompt_logprobs: list[dict[int, float] | None] | None = None
     # what stopped it (vLLM's meaning): the stop string, a stop token's id, or None (EOS, the length)

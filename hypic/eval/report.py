@@ -19,7 +19,7 @@ def table(results: dict[str, LabelResult]) -> str:
         cells = [f"{r.family_scores[f]:.1f}" for f in fams]
         delta = "–" if full is None else f"{r.average - full:+.1f}"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {r.average:.1f} | {delta} | {em} | "
-                     f"{r.kl:.4f} | {r.top1:.1f}% |")
+                     f"{max(r.kl, 0.0):.4f} | {r.top1:.1f}% |")  # a KL is ≥ 0: −0.0000 was rounding
     return "\n".join(lines)
 
 

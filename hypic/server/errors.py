@@ -76,6 +76,9 @@ def from_validation_error(e: ValidationError) -> APIError:
         m = _FIELD.match(message)
         if m and param is None:
             return bad_request(message, m.group(1))
+        if m and not param.endswith(m.group(1)):  # a nested object's own check names its field:
+            param = f"{param}.{m.group(1)}"        # messages[0] + "content: …" → messages[0].content
+            return bad_request(f"{param}: {m.group(2)}", param)
     elif first["type"] == "extra_forbidden":
         message = "unrecognized field"
     elif first["type"] == "missing":

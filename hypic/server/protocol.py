@@ -33,6 +33,15 @@ def _utf8(text: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 
 
+def _salt(value: str) -> str:
+    if value == "":  # it would key entries as no salt does: another tenant's entries served
+        raise ValueError("empty (leave it out for no salt)")
+    return value
+
+
+Salt = Annotated[Text, Field(max_length=1024), AfterValidator(_salt)]
+
+
 def not_supported(why: str) -> Callable[[object], None]:
     """A validator for a field OpenAI defines and hypic does not serve (typed ``None``): absent or null
     only, anything else refused in words rather than pydantic's "Input should be None"."""
@@ -120,6 +129,22 @@ class ResponseFormat(Strict):
         return None if self.json_schema is None else self.json_schema.schema_
 
 
+Metadata = Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+                     Field(max_length=16)]  # OpenAI's limits
+
+
+def _stored_never(value: object) -> object:
+    if value is True:
+        raise ValueError("not supported: hypic does not store chat completions (store: false or leave it out)")
+    return value
+
+
+def _text_only(value: object) -> object:
+    if value is not None and value != ["text"]:
+        raise ValueError("not supported: hypic answers in text only")
+    return value
+
+
 class Common(Strict):
     """Fields shared by both generation endpoints."""
 
@@ -150,7 +175,8 @@ class Common(Strict):
     prompt_cache_key: str | None = Field(None, max_length=1024)
     safety_identifier: str | None = Field(None, max_length=1024)
     service_tier: Literal["auto", "default"] | None = None
-    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries
+    metadata: Metadata | None = None  # accepted (OpenAI keeps it with a stored completion; hypic stores none)
+    cache_salt: Salt | None = None
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None
 
@@ -199,6 +225,14 @@ class CompletionRequest(Common):
     max_tokens: int | None = Field(None, ge=0)  # 0 only with echo: score the prompt, generate nothing
     suffix: Annotated[None, BeforeValidator(not_supported("hypic does not insert text before a suffix; a completion "
                                                          "only continues its prompt"))] = None
+    best_of: int | None = Field(None, ge=1)  # as n, or left out: hypic returns every choice it draws
+
+    @model_validator(mode="after")
+    def _best_of(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of: not supported: hypic returns every choice it draws (n); best_of may only "
+                             f"equal n ({self.n})")
+        return self
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
@@ -238,8 +272,16 @@ class MessageToolCall(Strict):
     function: CalledFunction
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def needs_content(role: str, tool_calls: object) -> bool:
+    """OpenAI's rule: every message has content but an assistant's that makes tool calls."""
+    return not (role == "assistant" and tool_calls)
+
+
 class Message(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = None
     tool_calls: Annotated[list[MessageToolCall], Field(max_length=64)] | None = None  # an assistant's calls
@@ -248,6 +290,13 @@ class Message(Strict):
     # too): a client sending the answer back as it came was refused; templates that read it get it
     reasoning_content: Text | None = None
     reasoning: Text | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> Message:
+        if self.content is None and needs_content(self.role, self.tool_calls):
+            raise ValueError(f"content: a {self.role} message needs content (only an assistant's tool calls go "
+                             "without)")
+        return self
 
     @property
     def extras(self) -> dict[str, Any]:
@@ -305,6 +354,14 @@ class ChatRequest(Common):
     parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
     # vLLM's extension: more variables for the chat template (Qwen3's enable_thinking, …)
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's: a completion kept for its evals and distillation (hypic keeps none: store false or null
+    # only), and outputs hypic does not produce (null only; modalities ["text"])
+    store: Annotated[bool | None, BeforeValidator(_stored_never)] = None
+    modalities: Annotated[list[str] | None, BeforeValidator(_text_only)] = None
+    audio: Annotated[None, BeforeValidator(not_supported("hypic answers in text only"))] = None
+    prediction: Annotated[None, BeforeValidator(not_supported("hypic does not decode against a predicted "
+                                                              "output"))] = None
+    web_search_options: Annotated[None, BeforeValidator(not_supported("hypic searches nothing"))] = None
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatRequest:
@@ -331,4 +388,4 @@ class SegmentsRequest(Strict):
 
     model: str | None = None
     segments: Annotated[list[Text | TokenIds], Field(min_length=1)]
-    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries
+    cache_salt: Salt | None = None

@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
 from hypic.server.generation import Responder, collect
-from hypic.server.protocol import INT64, ChatRequest, FunctionName, Strict, Text, not_supported
+from hypic.server.protocol import INT64, ChatRequest, FunctionName, Salt, Strict, Text, not_supported
 
 
 class ContentText(Strict):
@@ -146,7 +146,7 @@ class ResponsesRequest(Strict):
                                                              "reasons as its chat template asks"))] = None
     # hypic's extensions, as on the other routes
     seed: int | None = Field(None, **INT64)
-    cache_salt: Text | None = Field(None, min_length=1, max_length=1024)  # "" would share unsalted entries
+    cache_salt: Salt | None = None
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
 
 

@@ -62,6 +62,12 @@ def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
     assert [r.output.token_ids for r in runs] == alone
 
 
+def test_a_folder_that_is_not_a_path_is_a_value_error(llm) -> None:
+    for call in (lambda: LLM(5), lambda: llm.save_cache(5), lambda: llm.load_cache(["cache"])):
+        with pytest.raises(ValueError, match="expected a folder path"):
+            call()
+
+
 def test_a_run_keeps_its_first_logits_only_when_asked(llm) -> None:
     """A row of the call's logits is a view: a serving run holding it kept the call's whole
     [N, vocab] tensor alive until it ended. Kept on request (the quality runner), equal to prefill_logits'."""

@@ -27,6 +27,9 @@ def test_the_pieces_joined_are_generates_answer(llm: LLM) -> None:
     assert out.metrics.segment_hits == 2 and out.metrics.segment_misses == 0  # both documents, warm
     again = list(llm.stream(prompt, sp))
     assert "".join(d.text for d in again) == want.text and again[-1].output.token_ids == want.token_ids
+    # the output as each delta comes: unfinished (None, as vLLM says it) until the last
+    reasons = [d.output.finish_reason for d in llm.stream(prompt, SamplingParams(max_tokens=4, ignore_eos=True))]
+    assert reasons == [None] * (len(reasons) - 1) + ["length"] and len(reasons) >= 2
 
 
 @pytest.mark.parametrize("sp", [

@@ -98,3 +98,21 @@ def test_a_field_not_served_is_refused_in_words(http: httpx.Client) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert r.json()["error"]["message"].startswith(f"{param}: not supported: "), r.text
     assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "suffix": None}).status_code == 200
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for path, body, param in (("/v1/chat/completions", {**chat, "store": True}, "store"),
+                              ("/v1/chat/completions", {**chat, "modalities": ["text", "audio"]}, "modalities"),
+                              ("/v1/chat/completions", {**chat, "audio": {"voice": "alloy"}}, "audio"),
+                              ("/v1/chat/completions", {**chat, "prediction": {"type": "content"}}, "prediction"),
+                              ("/v1/chat/completions", {**chat, "web_search_options": {}}, "web_search_options"),
+                              ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "best_of": 3}, "best_of")):
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "not supported" in r.json()["error"]["message"], r.text
+    # what typed clients send as a matter of course: OpenAI's defaults, and metadata, are served
+    for body in ({**chat, "store": False, "metadata": {"team": "a"}, "modalities": ["text"]},
+                 {**chat, "store": None, "metadata": None, "prediction": None, "audio": None, "modalities": None,
+                  "web_search_options": None}):
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    for best_of in (None, 1):
+        r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "best_of": best_of})
+        assert r.status_code == 200, r.text

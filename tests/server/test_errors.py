@@ -100,6 +100,9 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/chat/completions", {"messages": [{"role": "bot", "content": "x"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"content": "x"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": None, "tool_call_id": "c"}]}, 400,
+     "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      400, "messages[0].content[0].type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
@@ -158,6 +161,7 @@ def test_a_message_says_the_real_problem(server: LiveServer) -> None:
             assert r.status_code == 400 and _error_shape(r)["message"] == f"{field}: Input should be a finite number"
         r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "cache_salt": ""})
         assert r.status_code == 400 and _error_shape(r)["param"] == "cache_salt"
+        assert _error_shape(r)["message"] == "cache_salt: empty (leave it out for no salt)", r.text  # as the library
     # a list where a string or a list is allowed: the list's complaint, not the string's
     r = httpx.post(f"{server.url}/v1/responses", headers=AUTH, timeout=60, json={"input": []})
     assert r.status_code == 400 and "at least 1 item" in _error_shape(r)["message"], r.text

@@ -62,7 +62,7 @@ def test_completions_take_it_too_and_agree_with_the_offline_api(client: OpenAI, 
      "response_format.json_schema.schema", "look-arounds"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": {"type": "date"}}}}},
      "response_format.json_schema.schema.properties.a", "type must be"),
-    ({"type": "json_schema"}, "response_format", "json_schema"),
+    ({"type": "json_schema"}, "response_format.json_schema", "json_schema"),  # the field its check names
     ({"type": "xml"}, "response_format.type", "json_object"),
 ])
 def test_a_schema_it_cannot_enforce_is_a_400_and_serving_goes_on(http: httpx.Client, client: OpenAI, fmt, param,
