@@ -237,6 +237,10 @@ def parse_budget(text: str) -> int | str | None:
     return parse_bytes(text)
 
 
+SETTING_FLAGS = {"model_name": "--served-model-name", "request_timeout_s": "--request-timeout",
+                 "shutdown_timeout_s": "--shutdown-timeout"}  # the rest: the setting's name as a flag
+
+
 def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tuple[LLM, ServerSettings]:
     """The LLM and the server settings ``serve`` and ``run-batch`` build from the same options, the
     saved cache loaded (a warm restart)."""
@@ -245,15 +249,25 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
 
     # everything that can be checked without the model is, first: loading it (and starting cold
     # workers) takes minutes on a GPU before a typo in a limit or an unusable --cache-dir would show
-    settings = ServerSettings(
-        model_name=args.served_model_name or _served_name(args.model),
-        api_key=api_key, max_segments=args.max_segments,
-        max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
-        max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
-        max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
-        shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
-        cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
-        max_stored_responses=args.max_stored_responses)
+    try:
+        settings = ServerSettings(
+            model_name=args.served_model_name or _served_name(args.model),
+            api_key=api_key, max_segments=args.max_segments,
+            max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
+            max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
+            max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
+            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
+            cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
+            max_stored_responses=args.max_stored_responses)
+    except ValueError as e:  # named by the flag the user typed, not the setting behind it
+        name, _, why = str(e).partition(": ")
+        if not name.isidentifier():
+            raise
+        raise ValueError(f"{SETTING_FLAGS.get(name, '--' + name.replace('_', '-'))}: "
+                         f"{why.replace(' or None', '')}") from None
+    if args.max_prefill_tokens is not None and args.cold == "in_context":
+        print(f"hypic {command}: --max-prefill-tokens bounds calls but prefills no documents ahead with --cold "
+              "in_context (their entries depend on the prompt)", file=sys.stderr, flush=True)
     if args.cache_dir:
         _take_cache_dir(args.cache_dir)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
