@@ -203,6 +203,11 @@ class Engine(ColdPrefill, PrefixPrefill):
         return segment_key(ids, model_fingerprint=self.fingerprint, seam=seam, dtype=self.dtype_name, salt=salt,
                            mode=tag)
 
+    def _standalone_key(self, ids: list[int], mode: str, salt: str | None) -> SegmentKey:
+        """The key a prewarmed (standalone) entry of this document has for ``mode``: what an in-context
+        engine falls back to when it has no entry of its own."""
+        return self._key(ids, self.seam if ASSEMBLY[mode].seam else 0, salt, mode, "standalone")
+
     def _keys_of(self, ids: list[int], salt: str | None) -> set[SegmentKey]:
         """Every key this engine can hold a document under: each mode's entries (at its seam, either
         cold strategy's) and the ``prefix`` mode's chain links (seam 0, the plain key)."""
@@ -236,7 +241,6 @@ class Engine(ColdPrefill, PrefixPrefill):
         context; the reverse never happens. There, a document repeated in the prompt is computed in
         context after its first time: one key holds one context's entry, and the first copy's served
         the second (a warm request in the very same order answered 0.48 off)."""
-        seam = self.seam if ASSEMBLY[mode].seam else 0
         plans = self._layout(segments, mode, salt, cold)
         plan = RequestPlan(plans, salt)
         fallback = (cold or self.cold) == "in_context"
@@ -245,7 +249,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 if s.key is not None:
                     s.entry = self.store.lookup(s.key, tuple(s.token_ids))
                     if s.entry is None and fallback:
-                        standalone = self._key(s.token_ids, seam, salt, mode, "standalone")
+                        standalone = self._standalone_key(s.token_ids, mode, salt)
                         entry = self.store.lookup(standalone, tuple(s.token_ids))
                         if entry is not None:
                             s.key, s.entry = standalone, entry
@@ -534,8 +538,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         ids = tuple(s.token_ids)
         if self.store.holds(s.key, ids):
             return True
-        return self.cold == "in_context" and self.store.holds(
-            self._key(s.token_ids, self.seam if ASSEMBLY[mode].seam else 0, salt, mode, "standalone"), ids)
+        return self.cold == "in_context" and self.store.holds(self._standalone_key(s.token_ids, mode, salt), ids)
 
     @torch.no_grad()
     def prefill_ahead(self, prompt: list[list[int]], *, mode: str = "hypic", salt: str | None = None,

@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Fiel
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
 from hypic.server.generation import Responder, collect
-from hypic.server.protocol import INT64, ChatRequest, FunctionName, Salt, Strict, Text, not_supported
+from hypic.server.protocol import INT64, ChatRequest, FunctionName, Metadata, Salt, Strict, Text, not_supported
 
 
 class ContentText(Strict):
@@ -130,8 +130,7 @@ class ResponsesRequest(Strict):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
-    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
-                        Field(max_length=16)] | None = None  # OpenAI's limits: kept with the response
+    metadata: Metadata | None = None  # kept with the response
     user: str | None = Field(None, max_length=1024)  # kept with the response and echoed
     prompt_cache_key: str | None = Field(None, max_length=1024)  # accepted: hypic caches by content
     safety_identifier: str | None = Field(None, max_length=1024)
