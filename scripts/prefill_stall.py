@@ -5,10 +5,12 @@ Per arm, through the serving loop (``Scheduler``) on one engine (9B shape, rando
 CUDA): ``--running`` requests decode (warm prompts, ``ignore_eos``); then one prompt of ``--docs``
 fresh documents of ``--doc-tokens`` tokens arrives. Reported: the running requests' longest gap
 between two tokens and their gaps' p50 and p99 while it was prefilled (from its arrival to its first
-token), its TTFT, and its TTFT alone (nothing running) as the slicing's own cost.
+token), its TTFT, and its TTFT alone (nothing running) as the slicing's own cost. With
+``--behind K``, K warm prompts (the running requests' documents, a new query) arrive just after it,
+and their TTFT is reported too: what a cheap request queued behind a sliced one waits.
 
     python3 scripts/prefill_stall.py [--caps none,2048,4096,8192] [--running 16] [--docs 32]
-        [--doc-tokens 512] [--reps 3] [--shape qwen3.5-9b] [--device cuda]
+        [--doc-tokens 512] [--behind 0] [--reps 3] [--shape qwen3.5-9b] [--device cuda]
 """
 
 import argparse
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--running", type=int, default=16)
     ap.add_argument("--docs", type=int, default=32)
     ap.add_argument("--doc-tokens", type=int, default=512)
+    ap.add_argument("--behind", type=int, default=0, help="warm prompts arriving just after the long one")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shape", default="qwen3.5-9b")
     ap.add_argument("--device", default="cuda")
@@ -50,7 +53,7 @@ def main() -> None:
     one = SamplingParams(max_tokens=1)
     # warm-up, unmeasured: kernels for cold slices of every size, the combine pass and decode steps
     for cap in caps:
-        sched = Scheduler(engine, max_running=args.running + 1, max_prefill_tokens=cap)
+        sched = Scheduler(engine, max_running=args.running + 1 + args.behind, max_prefill_tokens=cap)
         list(sched.submit(long_prompt(), one).stream(timeout=600))
         subs = [sched.submit(p, SamplingParams(max_tokens=8, ignore_eos=True)) for p in short]
         for s in subs:
@@ -61,7 +64,7 @@ def main() -> None:
     for rep in range(args.reps):
         for cap in caps:
             engine.store.clear()
-            sched = Scheduler(engine, max_running=args.running + 1, max_prefill_tokens=cap)
+            sched = Scheduler(engine, max_running=args.running + 1 + args.behind, max_prefill_tokens=cap)
             alone = sched.submit(long_prompt(), one)
             t0 = time.monotonic()
             ev = list(alone.stream(timeout=600))
@@ -73,9 +76,13 @@ def main() -> None:
             for s in subs:  # what they made so far
                 while not s.events.empty():
                     s.events.get_nowait()
-            arrival = time.monotonic()
-            ev = list(sched.submit(long_prompt(), one).stream(timeout=600))
+            with sched._cv:  # one burst: the long prompt, then the warm ones behind it
+                arrival = time.monotonic()
+                long = sched.submit(long_prompt(), one)
+                behind = [sched.submit([*short[i % len(short)][:2], doc(32)], one) for i in range(args.behind)]
+            ev = list(long.stream(timeout=600))
             first = ev[0].at
+            waited = sorted(list(b.stream(timeout=600))[0].at - arrival for b in behind)
             time.sleep(0.1)
             gaps, last = [], {}
             for s in subs:
@@ -91,21 +98,22 @@ def main() -> None:
             sched.shutdown()
             gaps.sort()
             rows.append((rep, cap, 1e3 * (first - arrival), 1e3 * ttft_alone, 1e3 * gaps[-1],
-                         1e3 * gaps[len(gaps) // 2], 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], len(gaps)))
+                         1e3 * gaps[len(gaps) // 2], 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))], len(gaps),
+                         1e3 * waited[len(waited) // 2] if waited else float("nan")))
             print(rows[-1], flush=True)
     tokens = 256 + args.docs * args.doc_tokens + 32
     print(f"\n{args.running} running; the new prompt: {args.docs} documents x {args.doc_tokens} tokens "
           f"({tokens} tokens, all cold); medians over {args.reps} repetitions\n")
     print("| max_prefill_tokens | its TTFT (ms) | its TTFT alone (ms) | running: longest gap (ms) | gap p50 (ms) "
-          "| gap p99 (ms) | gaps |")
-    print("|---|---|---|---|---|---|---|")
+          "| gap p99 (ms) | gaps | behind it: TTFT p50 (ms) |")
+    print("|---|---|---|---|---|---|---|---|")
     for cap in caps:
         mine = [r for r in rows if r[1] == cap]
 
         def med(i: int, mine=mine) -> float:
             return sorted(r[i] for r in mine)[len(mine) // 2]
         print(f"| {cap or 'none'} | {med(2):.0f} | {med(3):.0f} | {med(4):.0f} | {med(5):.1f} | {med(6):.1f} "
-              f"| {med(7):.0f} |")
+              f"| {med(7):.0f} | {med(8):.0f} |")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ new tokens to each request's event queue. A prompt that would compute more than 
 missing documents prefilled ahead, a slice of at most ``max_prefill_tokens`` tokens an iteration
 (``Engine.prefill_ahead``), so the running requests go on decoding between slices instead of
 waiting for the whole prompt: the segment-level counterpart of chunked prefill, the same
-computation because a cold document is prefilled standalone anyway.
+computation because a cold document is prefilled standalone anyway. Between two slices, the
+requests behind it that fit the limit are admitted (a warm prompt does not wait for a cold one's
+slices).
 The waiting queue is bounded (``QueueFull`` lets a server answer 429/503).
 A cancelled request leaves at the next iteration — a waiting one frees its place in the queue
 then, or at the next submission, not only when it would have been admitted; shutdown stops
@@ -102,6 +104,7 @@ class Scheduler:
         self._waiting: deque[Submission] = deque()
         self._running: list[Submission] = []
         self._prefilling = 0  # taken off the queue by _admit, not yet running nor ended
+        self._sliced: Submission | None = None  # the head the last iteration sliced: those behind it go first
         self._cost_errors: set[type] = set()  # exception types _cost has logged
         self._cv = threading.Condition()
         self._stopping = False
@@ -145,28 +148,53 @@ class Scheduler:
             sub.events.put(Event("done", output=out))
 
     def _admit(self) -> None:
+        """This iteration's prefill call. While the queue head is prefilled ahead, iterations
+        alternate: one slice of its documents, then the requests behind it that fit the limit (a warm
+        prompt behind a cold one need not wait for all its slices, and the head still gets a slice
+        every other iteration at least), then the next slice."""
+        sliced, self._sliced = self._sliced, None
+        if sliced is not None and self._admit_waiting(behind=sliced):
+            return
         if self._prefill_ahead():
-            return  # this iteration's prefill was a slice of the queue head's documents
+            return
+        self._admit_waiting()
+
+    def _admit_waiting(self, behind: Submission | None = None) -> bool:
+        """Prefill waiting requests in arrival order, at most ``max_prefill_tokens`` tokens computed
+        (the first one whole when it alone costs more). ``behind``: the head being prefilled ahead —
+        while it is first in the queue it is left waiting, with a place kept for it, and only the
+        requests that fit the limit go, each that does not skipped. Whether any was admitted."""
         with self._cv:
-            candidates = list(itertools.islice(self._waiting, max(0, self.max_running - len(self._running))))
+            ahead = int(bool(self._waiting) and self._waiting[0] is behind)
+            room = max(0, self.max_running - len(self._running) - ahead)
+            candidates = list(itertools.islice(self._waiting, ahead, ahead + room))
         # what each would compute, costed outside the queue's lock: that takes the store's, and a
         # submit (on the server's event loop) must not wait for a store call
         costs = [self._cost(s) for s in candidates]
+        limit = self.max_prefill_tokens
         with self._cv:
+            waiting = {id(s) for s in self._waiting}  # the cancelled were dropped meanwhile
             tokens, batch = 0, []
             for sub, n in zip(candidates, costs, strict=True):
-                if not self._waiting or self._waiting[0] is not sub:
-                    continue  # cancelled and dropped meanwhile (or the queue cleared at shutdown)
-                if batch and self.max_prefill_tokens is not None and tokens + n > self.max_prefill_tokens:
+                if id(sub) not in waiting:
+                    continue
+                if limit is not None and tokens + n > limit and (batch or ahead):
+                    if ahead:
+                        continue  # it waits for its turn at the head (to be sliced there)
                     break  # first come, first served: the next call takes it
-                batch.append(self._waiting.popleft())
+                batch.append(sub)
                 tokens += n
+            taken = {id(s) for s in batch}
+            self._waiting = deque(s for s in self._waiting if id(s) not in taken)
             self._prefilling = len(batch)
+        if not batch:
+            return False
         try:
             self._prefill(batch)
         finally:
             with self._cv:
                 self._prefilling = 0
+        return True
 
     def _cost(self, sub: Submission) -> int:
         """The tokens its prefill would compute now (``Engine.uncached_tokens``); the prompt's length
@@ -218,6 +246,8 @@ class Scheduler:
         head.warm_s += time.perf_counter() - t0
         head.warmed |= built
         head.ahead = bool(built)
+        if built:
+            self._sliced = head
         return bool(built)
 
     def _settled(self, n: int) -> None:

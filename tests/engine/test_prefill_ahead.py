@@ -110,6 +110,52 @@ def test_a_long_prompts_documents_are_prefilled_in_slices_between_decode_steps(l
     assert llm.engine.store.check_integrity()
 
 
+def _burst(llm, prompts, sp, **limits) -> tuple[list, "Calls"]:
+    """``prompts`` submitted in one burst, in order, while a request decodes; their last events and
+    the engine's calls."""
+    sched = Scheduler(llm.engine, **limits)
+    decoding = Decoding(sched)
+    calls = Calls(llm.engine)
+    try:
+        with sched._cv:  # the loop cannot look at the queue before all are in
+            subs = [sched.submit(p, sp) for p in prompts]
+        outs = [list(s.stream(timeout=60))[-1] for s in subs]
+        decoding.stop()
+        sched.shutdown()
+    finally:
+        calls.restore()
+    return outs, calls
+
+
+def test_requests_behind_a_sliced_prompt_that_fit_the_limit_go_between_its_slices(llm) -> None:
+    """A warm prompt queued behind a cold one is admitted after the cold one's first slice, not after
+    its last; one that does not fit the limit (another long cold prompt) keeps its turn, and a
+    place is kept for the head: with no place to spare, nobody overtakes it."""
+    llm.engine.store.clear()
+    sp = SamplingParams(max_tokens=3)
+    long, cold, warm = _long(30), _long(31), _long(32, docs=2)  # warm: 8 + 2 * 8 + 6 = 30 tokens computed
+    want = [llm.generate([p], sp)[0].token_ids for p in (long, cold, warm)]
+    llm.engine.store.clear()
+    llm.engine.prewarm(warm[1:-1])
+    outs, calls = _burst(llm, [long, cold, warm], sp, max_running=4, max_prefill_tokens=64)
+    assert [o.kind for o in outs] == ["done"] * 3
+    assert [o.output.token_ids for o in outs] == want
+    label = {id(long): "long", id(cold): "cold", id(warm): "warm"}  # the loop passes the submitted lists
+    names = [("slice " if c[0] == "prefill_ahead" else "start ") + label[id(c[1][0] if c[0] == "prefill_ahead"
+                                                                          else c[1][0][0])]
+             for c in calls.log if c[0] != "step" and (c[0] != "prefill_ahead" or c[3])]
+    assert names == ["slice long", "start warm", "slice long", "slice long", "start long",
+                     "slice cold", "slice cold", "slice cold", "start cold"]
+    assert outs[2].output.metrics.segment_hits == 2  # prewarmed: not built by anyone here
+    # no place to spare: the warm prompt waits for the head rather than take the place it needs
+    llm.engine.store.clear()
+    llm.engine.prewarm(warm[1:-1])
+    outs, calls = _burst(llm, [long, warm], sp, max_running=2, max_prefill_tokens=64)
+    assert [o.kind for o in outs] == ["done"] * 2
+    starts = [c[1][0] for c in calls.log if c[0] == "start"]
+    assert len(calls.slices(long)) == 3 and starts.index([long]) < starts.index([warm])
+
+
 def test_a_prompt_is_prefilled_whole_within_the_limit_when_nothing_decodes_and_without_entries(llm) -> None:
     llm.engine.store.clear()
     sp = SamplingParams(max_tokens=2)
