@@ -175,13 +175,14 @@ class LLM:
     def _ended(run: Any, text: Any | None) -> None:
         """The output's text (none without a tokenizer), and what stopped it: the stop string, a stop
         token's id, or None."""
+        from hypic.server.text import stop_reason
+
         out = run.output
         if text is not None:
             out.text = text.text
         if text is not None and text.stop_string is not None:
-            out.finish_reason, out.stop_reason = "stop", text.stop_string
-        elif out.finish_reason == "stop" and out.token_ids and out.token_ids[-1] in run.params.stop_token_ids:
-            out.stop_reason = out.token_ids[-1]
+            out.finish_reason = "stop"
+        out.stop_reason = stop_reason(text, out.token_ids, out.finish_reason, run.params.stop_token_ids)
 
     def stream(self, prompt: Prompt, sampling: SamplingParams | None = None, *, mode: str = "hypic",
                cache_salt: str | None = None, sampling_params: SamplingParams | None = None) -> Iterator[Delta]:

@@ -316,27 +316,33 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         state.responses.delete(rid)
         return {"id": rid, "object": "response.deleted", "deleted": True}
 
-    async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]]]:
-        """A /v1/segments* body and its documents' token ids (each tokenized alone), or a 4xx."""
+    async def segments_body(request: Request) -> tuple[SegmentsRequest, list[list[int]], list[dict[str, Any]]]:
+        """A /v1/segments* body, its documents' token ids (each tokenized alone) and what to say of
+        each (a message's segments name their message), or a 4xx."""
         req = await read_body(request, SegmentsRequest, settings.max_body_bytes)
         check_model(req.model)
+        if req.messages is not None:
+            found = await asyncio.to_thread(prompts.message_segments, llm, state.template, req.messages,
+                                            req.chat_template_kwargs, settings)
+            return req, [ids for _, ids in found], [{"message": m} for m, _ in found]
         if len(req.segments) > settings.max_segments:
             raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
                               f"{settings.max_segments}", "segments")
         return req, [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
-                     for i, text in enumerate(req.segments)]
+                     for i, text in enumerate(req.segments)], [{} for _ in req.segments]
 
     @v1.post("/segments")
     async def prewarm(request: Request) -> dict[str, Any]:
-        req, ids = await segments_body(request)
-        for i, seg in enumerate(ids):
-            prompts.token_budget(llm, [seg], f"segments[{i}]", 1, 1, settings)
+        req, ids, said = await segments_body(request)
+        for i, (seg, about) in enumerate(zip(ids, said, strict=True)):
+            field = f"messages[{about['message']}]" if about else f"segments[{i}]"
+            prompts.token_budget(llm, [seg], field, 1, 1, settings)
         state.live_runner()
         async with state.prewarm_lock:
             cached = await asyncio.to_thread(llm.engine.prewarm, ids, salt=req.cache_salt)
         metrics.prewarmed_segments.inc(len({tuple(s) for s, c in zip(ids, cached, strict=True) if c is False}))
-        data = [{"index": i, "tokens": len(seg), "cached": c is True, "cacheable": c is not None}
-                for i, (seg, c) in enumerate(zip(ids, cached, strict=True))]
+        data = [{"index": i, **about, "tokens": len(seg), "cached": c is True, "cacheable": c is not None}
+                for i, (seg, c, about) in enumerate(zip(ids, cached, said, strict=True))]
         return {"object": "list", "model": settings.model_name, "data": data,
                 "usage": {"prompt_tokens": sum(len(s) for s in ids),
                           "cached_tokens": sum(len(s) for s, c in zip(ids, cached, strict=True) if c)}}
@@ -344,7 +350,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     @v1.post("/segments/evict")
     async def evict(request: Request) -> dict[str, Any]:
         """Forget documents: their cache entries (every tier) and the prefix states holding them."""
-        req, ids = await segments_body(request)
+        req, ids, said = await segments_body(request)
         async with state.prewarm_lock:
             try:
                 evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
@@ -354,8 +360,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                kind="internal", type="server_error") from None
         metrics.evicted_segments.inc(sum(evicted))
         return {"object": "list", "model": settings.model_name,
-                "data": [{"index": i, "tokens": len(seg), "evicted": e}
-                         for i, (seg, e) in enumerate(zip(ids, evicted, strict=True))]}
+                "data": [{"index": i, **about, "tokens": len(seg), "evicted": e}
+                         for i, (seg, e, about) in enumerate(zip(ids, evicted, said, strict=True))]}
 
     @v1.post("/segments/save")
     async def save_segments() -> dict[str, Any]:

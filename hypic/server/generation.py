@@ -31,7 +31,7 @@ from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs, completion_
 from hypic.server.metrics import Metrics
 from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
-from hypic.server.text import answer_text
+from hypic.server.text import answer_text, stop_reason
 from hypic.server.tools import StreamedCalls, ToolCalling
 
 
@@ -94,6 +94,7 @@ class Responder:
         self.id = id_ or f"{'chatcmpl' if gen.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.ended = False  # the answer is complete (finish_reason known)
+        self.stop_reason: str | int | None = None  # vLLM's: the stop string or stop token that ended it
         self.last_token_at: float | None = None  # when the scheduler emitted the previous token
         # a chat answer told apart as it streams: reasoning from content, tool calls from text
         self.think = None if gen.think is None else ThinkSplit(gen.think)
@@ -108,7 +109,10 @@ class Responder:
                 self.ended = True
                 self.metrics.request_seconds.observe(event.at - self.job.arrival)
                 text = self.text.finish()  # a stop string may show only now (an incomplete character flushed)
-                yield Piece(text, [], "stop" if self.text.stopped else event.output.finish_reason)
+                out = event.output
+                self.stop_reason = stop_reason(self.text, out.token_ids, out.finish_reason,
+                                               self.gen.params.stop_token_ids)
+                yield Piece(text, [], "stop" if self.text.stopped else out.finish_reason)
                 return
             if self.job.tokens == 1:
                 self.metrics.first_token(self.job.metrics, self.job.first_token_at - self.job.arrival)
@@ -120,6 +124,7 @@ class Responder:
             text = self.text.push(event.token)
             if self.text.stopped:  # a stop string: the engine need not go on
                 self.job.cancel()
+                self.stop_reason = self.text.stop_string
                 self.ended = True
                 self.metrics.request_seconds.observe(event.at - self.job.arrival)
                 yield Piece(text, scored, "stop")
@@ -161,7 +166,8 @@ class Responder:
         if delta is None:
             delta = {"content": piece.text} if self.gen.chat else {"text": piece.text}
         choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
-                  "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish}
+                  "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish,
+                  "stop_reason": None if piece.finish is None else self.stop_reason}
         return {**self._envelope(True), "choices": [choice]}
 
     def stream_delta(self, piece: Piece) -> tuple[dict[str, Any], str | None]:
@@ -202,14 +208,16 @@ class Responder:
             body["text"] = self.gen.echo.text + text
             if self.gen.echo.logprobs is not None:
                 logprobs = joined(echo_logprobs(self.tokenizer, self.gen.echo), logprobs)
-        return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish,
+                "stop_reason": self.stop_reason}
 
     def echo_chunk(self, finish: str | None = None) -> dict:
         """A stream's first chunk of this choice when the prompt is echoed: the prompt and its logprobs."""
         echo = self.gen.echo
         assert echo is not None
         logprobs = None if echo.logprobs is None else echo_logprobs(self.tokenizer, echo)
-        choice = {"index": self.index, "text": echo.text, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": self.index, "text": echo.text, "logprobs": logprobs, "finish_reason": finish,
+                  "stop_reason": None}
         return {**self._envelope(True), "choices": [choice]}
 
 
@@ -252,7 +260,8 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
             for r in rs:
                 yield _sse({**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
                                                                                            "content": ""},
-                                                                "logprobs": None, "finish_reason": None}]})
+                                                                "logprobs": None, "finish_reason": None,
+                                                                "stop_reason": None}]})
         tasks = [asyncio.ensure_future(pump(r)) for r in rs]
         open_choices = len(rs)
         held: dict[int, list] = {}  # log-probabilities of tokens whose text is held back (reasoning, calls)
@@ -386,8 +395,8 @@ def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Respo
         echo = gen.echo
         assert echo is not None and not gen.chat
         logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo)
-        choices += [{"index": len(choices) + i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length"}
-                    for i in range(gen.n)]
+        choices += [{"index": len(choices) + i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length",
+                     "stop_reason": None} for i in range(gen.n)]
         tokens += len(echo.tokens)
         scored += len(echo.tokens) if echo.logprobs is not None else 0
     usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens,

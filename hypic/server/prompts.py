@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
-from hypic.server.protocol import ChatRequest, Common, CompletionRequest, NamedToolChoice
+from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Message, NamedToolChoice
 from hypic.server.settings import ServerSettings
 from hypic.server.text import text_offsets
 from hypic.server.tools import ToolCalling, plan
@@ -75,6 +75,27 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
         raise from_value_error(e, "messages") from None
     _check_count(len(segments), "messages", settings)
     return tokenize(llm, [s.text for s in segments], "messages", lambda i: f"messages[{segments[i].message}]")
+
+
+def message_segments(llm: LLM, template: ChatTemplate, messages: list[Message],
+                     template_kwargs: dict[str, Any] | None, settings: ServerSettings) -> list[tuple[int, list[int]]]:
+    """Each message's segments (with the message's index) as a chat request renders them ahead of a
+    question — where a retriever puts documents: what /v1/segments caches and evicts for
+    ``messages``. The question (a user message of its own) is rendered and left out; a template
+    that does not let it be cut off leaves the last message out with it."""
+    turns = [(m.role, m.parts) for m in messages] + [("user", ["?"])]
+    _check_count(sum(len(parts) for _, parts in turns) - 1, "messages", settings)
+    try:
+        segments = template.segments(turns, {**(template_kwargs or {}), "tools": None},
+                                     [m.extras for m in messages] + [{}])
+    except ValueError as e:
+        raise from_value_error(e, "messages") from None
+    question = [i for i, s in enumerate(segments) if s.message == len(messages)]
+    kept = (segments[:question[0]] if question  # else the last message's segment holds the question too
+            else [s for s in segments if s.message < len(messages) - 1])
+    _check_count(len(kept), "messages", settings)
+    ids = tokenize(llm, [s.text for s in kept], "messages", lambda i: f"messages[{kept[i].message}]")
+    return [(s.message, t) for s, t in zip(kept, ids, strict=True)]
 
 
 def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,

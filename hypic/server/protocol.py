@@ -344,6 +344,12 @@ class NamedToolChoice(Strict):
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
+def _check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    taken = sorted(set(kwargs or {}) & TEMPLATE_VARIABLES)
+    if taken:
+        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is set by the server, not the request")
+
+
 class ChatRequest(Common):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -367,9 +373,7 @@ class ChatRequest(Common):
     def _logprobs(self) -> ChatRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
-        taken = sorted(set(self.chat_template_kwargs or {}) & TEMPLATE_VARIABLES)
-        if taken:
-            raise ValueError(f"chat_template_kwargs: {taken[0]!r} is set by the server, not the request")
+        _check_template_kwargs(self.chat_template_kwargs)
         return self
 
     @property
@@ -384,8 +388,21 @@ class ChatRequest(Common):
 
 class SegmentsRequest(Strict):
     """POST /v1/segments (and /evict): documents to prefill into the cache ahead of the queries that
-    use them (or to forget), as texts or token ids."""
+    use them (or to forget), as texts or token ids — or as chat messages, each cached as a chat
+    request's template renders it among others (its wrapper included), so that a document a chat
+    sends as a message is warmed as the chat will read it."""
 
     model: str | None = None
-    segments: Annotated[list[Text | TokenIds], Field(min_length=1)]
+    segments: Annotated[list[Text | TokenIds], Field(min_length=1)] | None = None
+    messages: Annotated[list[Message], Field(min_length=1)] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # as on chat: a template that reads them renders differently
     cache_salt: Salt | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SegmentsRequest:
+        if (self.segments is None) == (self.messages is None):
+            raise ValueError("segments: send the documents as segments or as messages, one of the two")
+        if self.chat_template_kwargs is not None and self.messages is None:
+            raise ValueError("chat_template_kwargs: only with messages")
+        _check_template_kwargs(self.chat_template_kwargs)
+        return self

@@ -103,6 +103,17 @@ def answer_text(tokenizer: Any, params: Any, eos: Collection[int], *, stops: lis
                       include_stop=params.include_stop_str_in_output)
 
 
+def stop_reason(text: TextStream | None, token_ids: list[int], finish_reason: str | None,
+                stop_token_ids: Collection[int]) -> str | int | None:
+    """What stopped an output, as vLLM reports it: the stop string found, else the stop token it
+    ended on (one of ``stop_token_ids``: EOS is not one, unless listed), else None."""
+    if text is not None and text.stop_string is not None:
+        return text.stop_string
+    if finish_reason == "stop" and token_ids and token_ids[-1] in stop_token_ids:
+        return token_ids[-1]
+    return None
+
+
 def text_offsets(tokenizer: Any, ids: list[int]) -> list[int]:
     """Where each token's text starts in the decoding of ``ids`` (special tokens kept): where the
     incrementally decoded text stood before it, so the parts of a split character start where it does."""

@@ -125,6 +125,15 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/segments", {"segments": ["doc"] * 17}, 400, "segments"),
     ("/v1/segments", {"segments": [LONG]}, 400, "segments[0]"),
     ("/v1/segments", {"documents": ["x"]}, 400, "documents"),
+    ("/v1/segments", {}, 400, "segments"),
+    ("/v1/segments", {"segments": ["x"], "messages": OK_CHAT}, 400, "segments"),  # one or the other
+    ("/v1/segments", {"segments": ["x"], "chat_template_kwargs": {}}, 400, "chat_template_kwargs"),
+    ("/v1/segments", {"messages": OK_CHAT, "chat_template_kwargs": {"tools": []}}, 400, "chat_template_kwargs"),
+    ("/v1/segments", {"messages": []}, 400, "messages"),
+    ("/v1/segments", {"messages": [{"role": "user"}]}, 400, "messages[0].content"),
+    ("/v1/segments", {"messages": OK_CHAT * 17}, 400, "messages"),
+    ("/v1/segments", {"messages": [*OK_CHAT, {"role": "user", "content": LONG}]}, 400, "messages"),
+    ("/v1/segments/evict", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role"),
 ]
 
 

@@ -3,6 +3,7 @@ cache hits across document orders; tenant salts; pre-warming; logprobs and stop 
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -186,6 +187,40 @@ def test_prewarm_then_query_hits(http: httpx.Client, client: OpenAI, llm: LLM) -
     seam = llm.engine.seam
     assert out.model_extra["hypic"]["segment_misses"] == 1  # the head was not pre-warmed
     assert out.usage.prompt_tokens_details.cached_tokens == sum(len(s) - seam for s in llm.tokenize(docs))
+
+
+def test_documents_sent_as_chat_messages_are_prewarmed_and_evicted_as_messages(http: httpx.Client,
+                                                                               client: OpenAI, llm: LLM) -> None:
+    """``/v1/segments`` with ``messages``: each message cached as a chat request's template renders it
+    among others, so a chat sending those documents as messages — in any order, with its own
+    question — finds them all; a message of text parts is a segment a part (and its wrapper one);
+    evicting by messages forgets the same entries."""
+    docs = rag(9)[1:-1]
+    messages = [{"role": "user", "content": d} for d in docs]
+    messages.append({"role": "user", "content": [{"type": "text", "text": d} for d in docs[:2]]})
+    body = {"messages": messages, "cache_salt": "chat-warm"}
+    first = http.post("/v1/segments", json=body)
+    assert first.status_code == 200, first.text
+    data = first.json()["data"]
+    assert [d["message"] for d in data] == [*range(len(docs)), len(docs), len(docs), len(docs)]
+    assert not any(d["cached"] for d in data)
+    # the parts' wrapper (<|im_start|>user\n) is shorter than the seam: nothing of it is cached
+    assert [d["cacheable"] for d in data] == [True] * len(docs) + [False, True, True]
+    again = http.post("/v1/segments", json=body).json()["data"]
+    assert [d["cached"] for d in again] == [d["cacheable"] for d in data]
+    question = {"role": "user", "content": "Question: who?"}
+    chat = client.chat.completions.create(model=MODEL, messages=[*messages[::-1][1:], question], max_tokens=1,
+                                          temperature=0, extra_body={"cache_salt": "chat-warm"})
+    ext = chat.model_extra["hypic"]
+    assert ext["segment_hits"] == len(docs) and ext["segment_misses"] == 0  # the question is not looked up
+    parts = client.chat.completions.create(model=MODEL, messages=[messages[-1], question], max_tokens=1,
+                                           temperature=0, extra_body={"cache_salt": "chat-warm"})
+    assert parts.model_extra["hypic"]["segment_hits"] == 2  # both parts (the wrapper is all seam)
+    assert parts.model_extra["hypic"]["segment_misses"] == 0
+    gone = http.post("/v1/segments/evict", json={"messages": messages[:1], "cache_salt": "chat-warm"}).json()
+    assert [d["evicted"] for d in gone["data"]] == [True]
+    after = http.post("/v1/segments", json=body).json()["data"]
+    assert [d["cached"] for d in after] == [False] + [d["cacheable"] for d in data[1:]]
 
 
 def test_evicted_documents_are_recomputed_and_other_tenants_keep_theirs(http: httpx.Client, client: OpenAI,
@@ -543,6 +578,38 @@ def test_a_stop_string_seen_only_as_the_output_ends_answers_stop(client: OpenAI,
     assert whole.choices[0].text == "" and whole.choices[0].finish_reason == "stop"
     streamed = list(complete(client, rag(5), stream=True, **kw))
     assert "".join(c.choices[0].text for c in streamed) == "" and streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_choices_name_what_stopped_them_as_vllm_and_the_library(client: OpenAI, http: httpx.Client,
+                                                                  llm: LLM) -> None:
+    """vLLM's ``stop_reason`` on every choice: the stop string found, the stop token's id, or null (the
+    length reached, EOS) — whole and in a stream's last chunk, null in the chunks before; the same as
+    the library's ``stop_reason``; chat answers too."""
+    segments = rag(5)
+    ids = llm.generate([segments], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
+    text = llm.tokenizer.decode(ids, skip_special_tokens=True)
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    body = {"model": MODEL, "prompt": SEPARATOR.join(segments), "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True}
+    cases = [({"stop": [stop]}, SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop]), stop),
+             ({"stop_token_ids": [ids[4]]}, SamplingParams(max_tokens=12, ignore_eos=True, stop_token_ids=[ids[4]]),
+              ids[4]),
+             ({}, SamplingParams(max_tokens=12, ignore_eos=True), None)]
+    for extra, params, want in cases:
+        assert llm.generate([segments], params)[0].stop_reason == want
+        whole = http.post("/v1/completions", json={**body, **extra}).json()["choices"][0]
+        assert "stop_reason" in whole and whole["stop_reason"] == want, extra
+        assert whole["finish_reason"] == ("length" if want is None else "stop")
+        lines = http.post("/v1/completions", json={**body, **extra, "stream": True}).text.splitlines()
+        chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert [c["choices"][0]["stop_reason"] for c in chunks] == [None] * (len(chunks) - 1) + [want], extra
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Question: who?"}],
+                                          max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    said = chat.choices[0].message.content
+    assert len(said) > 3 and chat.choices[0].model_extra["stop_reason"] is None
+    cut = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Question: who?"}],
+                                         max_tokens=8, temperature=0, stop=said[2:4], extra_body={"ignore_eos": True})
+    assert cut.choices[0].model_extra["stop_reason"] == said[2:4] and cut.choices[0].finish_reason == "stop"
 
 
 def test_include_stop_str_in_output_and_skip_special_tokens_as_the_library(client: OpenAI, llm: LLM) -> None:
