@@ -7,7 +7,9 @@ a list of token ids — whose last element is the query, or one string split on 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,9 @@ from hypic.engine.request import RequestOutput, SamplingParams
 from hypic.models.loader import load_model
 
 SEPARATOR = "<<PIC_SEP>>"
-Prompt = str | list[str | list[int]]
+# a string (split on SEPARATOR), a list of segments (strings or token-id lists), one segment's token ids,
+# or vLLM's prompt dicts: {"prompt": text} and {"prompt_token_ids": ids}
+Prompt = str | list[str | list[int]] | list[int] | dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -43,20 +47,40 @@ class LLM:
                  dtype: str | torch.dtype | None = None, seam: int = 8, cold: str = "standalone",
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
-                 cache_host_dtype: str | None = AUTO) -> None:
+                 cache_host_dtype: str | None = AUTO, max_model_len: int | None = None,
+                 seed: int | None = None) -> None:
+        """vLLM's ``dtype="auto"`` (the default: the checkpoint's on a GPU, fp32 on the CPU),
+        ``max_model_len`` (a context shorter than the model's) and ``seed`` (torch's global generator,
+        which requests without a seed draw from: their answers repeat from run to run) mean what
+        they mean there; ``model`` is a local folder (nothing is downloaded)."""
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():
                 raise ValueError("model: no bundled default model in this installation; pass a model folder")
         _folder(model, "model")
-        self.loaded = load_model(model, device=device, dtype=dtype)
+        if isinstance(model, str) and not Path(model).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
+            raise ValueError(f"model: {model} is not a folder here; hypic loads local folders and downloads "
+                             f"nothing (fetch it first, e.g. `huggingface-cli download {model} --local-dir DIR`)")
+        if seed is not None:
+            if not isinstance(seed, int) or isinstance(seed, bool):
+                raise ValueError(f"seed: expected an integer or None, got {seed!r}")
+            torch.manual_seed(seed)
+        self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
                              cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route,
                              cache_host_dtype=cache_host_dtype)
         self.tokenizer = self.loaded.tokenizer
         self._chat_template = None  # the model's chat template, read at the first chat() (hypic.server.chat)
+        self._hf_tokenizer = None  # get_tokenizer's, made at its first call
         self.max_positions = self.loaded.model.max_positions
+        if max_model_len is not None:
+            if (not isinstance(max_model_len, int) or isinstance(max_model_len, bool)
+                    or not 2 <= max_model_len <= self.max_positions):
+                raise ValueError(f"max_model_len: expected an integer in [2, {self.max_positions}] (the model's "
+                                 f"context), got {max_model_len!r}")
+            self.max_positions = self.engine.max_positions = max_model_len
         self.vocab_size = self.loaded.model.vocab_size
+        self._requests = itertools.count()  # request ids, as vLLM numbers them
 
     def _segment_ids(self, segment: Any, where: str) -> list[int]:
         if isinstance(segment, str):
@@ -81,10 +105,13 @@ class LLM:
 
     def tokenize(self, prompt: Prompt, where: str = "prompt") -> list[list[int]]:
         """A prompt → token ids per segment (validated)."""
+        prompt = _undict(prompt, where)
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError(f"{where}: empty prompt")
             parts: list[Any] = prompt.split(SEPARATOR)
+        elif _is_ids(prompt):  # one segment's token ids (vLLM's token prompt)
+            parts = [prompt]
         elif isinstance(prompt, (list, tuple)):
             parts = list(prompt)
         else:
@@ -108,7 +135,7 @@ class LLM:
                              f"the model's context of {self.max_positions} tokens")
 
     def _normalize(self, prompts: Prompt | list[Prompt]) -> list[Prompt]:
-        if isinstance(prompts, str):
+        if isinstance(prompts, (str, dict)) or _is_ids(prompts):
             return [prompts]
         if isinstance(prompts, (list, tuple)):
             if not prompts:
@@ -118,46 +145,65 @@ class LLM:
 
     def generate(self, prompts: Prompt | list[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None,
                  *, mode: str = "hypic", cache_salt: str | None = None,
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Answer each prompt (``sampling_params``: vLLM's name for ``sampling``). The runs decode
-        together; one whose text reaches a stop string ends there, the others go on."""
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool | Callable[..., Any] = True) -> list[RequestOutput]:
+        """Answer each prompt (``sampling_params``: vLLM's name for ``sampling``; ``use_tqdm`` is
+        taken for vLLM's callers and shows nothing). The runs decode together; one whose text reaches a
+        stop string ends there, the others go on. A prompt with ``n`` answers runs n requests (answer
+        i seeded seed + i), returned as one output whose ``outputs`` lists them."""
         items = self._normalize(prompts)
         ids = [self.tokenize(p, f"prompts[{i}]") for i, p in enumerate(items)]
         sampling = _sampling(sampling, sampling_params) or SamplingParams()
-        params = sampling if isinstance(sampling, list) else [sampling] * len(ids)
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(ids)
         if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
         for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
             self.check_context(sum(len(s) for s in segments), p.max_tokens,
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
             self._check_text_options(p)
-        runs = self.engine.start(ids, params, mode=mode, salts=[self._salt(cache_salt)] * len(ids))
+        answers = [(i, j) for i, p in enumerate(params) for j in range(p.n)]
+        outputs = self._run([ids[i] for i, _ in answers], [params[i].for_choice(j) for i, j in answers],
+                            mode, self._salt(cache_salt))
+        result, at = [], 0
+        for item, segments, p in zip(items, ids, params, strict=True):
+            group, at = outputs[at:at + p.n], at + p.n
+            rid = str(next(self._requests))
+            for j, out in enumerate(group):
+                out.index, out.request_id, out.prompt = j, rid, _prompt_text(item)
+                out.prompt_token_ids = [t for s in segments for t in s]
+            if p.n > 1:
+                group[0].choices = group
+            result.append(group[0])
+        return result
+
+    def _run(self, ids: list[list[list[int]]], params: list[SamplingParams], mode: str,
+             salt: str | None) -> list[RequestOutput]:
+        """One answer per prompt, decoded together to the end (texts and stop strings with a tokenizer)."""
+        runs = self.engine.start(ids, params, mode=mode, salts=[salt] * len(ids))
         if self.tokenizer is None:
             self.engine.finish(runs)
             for run in runs:
                 self._ended(run, None)
-        else:
-            texts = [self._text_stream(p) for p in params]
-            read = [0] * len(runs)
-            try:
-                while True:
-                    for k, (run, text) in enumerate(zip(runs, texts, strict=True)):
-                        for t in run.output.token_ids[read[k]:]:
-                            text.push(t)
-                        read[k] = len(run.output.token_ids)
-                        if text.stopped and not run.done:  # a stop string: this run ends, the others go on
-                            self.engine.forget([run])  # (_ended says why)
-                    if all(r.done for r in runs):
-                        break
-                    self.engine.step(runs)
-            finally:
-                if not all(r.done for r in runs):  # a failure or an interrupt: no decode state left behind
-                    self.engine.forget([r for r in runs if not r.done])
-            for run, text in zip(runs, texts, strict=True):
-                text.finish()
-                self._ended(run, text)
-        for run, segments in zip(runs, ids, strict=True):
-            run.output.prompt_token_ids = [t for s in segments for t in s]
+            return [r.output for r in runs]
+        texts = [self._text_stream(p) for p in params]
+        read = [0] * len(runs)
+        try:
+            while True:
+                for k, (run, text) in enumerate(zip(runs, texts, strict=True)):
+                    for t in run.output.token_ids[read[k]:]:
+                        text.push(t)
+                    read[k] = len(run.output.token_ids)
+                    if text.stopped and not run.done:  # a stop string: this run ends, the others go on
+                        self.engine.forget([run])  # (_ended says why)
+                if all(r.done for r in runs):
+                    break
+                self.engine.step(runs)
+        finally:
+            if not all(r.done for r in runs):  # a failure or an interrupt: no decode state left behind
+                self.engine.forget([r for r in runs if not r.done])
+        for run, text in zip(runs, texts, strict=True):
+            text.finish()
+            self._ended(run, text)
         return [r.output for r in runs]
 
     def _check_text_options(self, p: SamplingParams) -> None:
@@ -190,17 +236,23 @@ class LLM:
         last one when it ends), whose texts joined equal ``generate``'s text and whose token ids joined
         equal the output's. A step's text may be empty — a special token, or the first bytes of a
         character split across tokens (its text comes with the token that completes it) — but its ids
-        are never held back. Leaving the loop early (``break``) lets go of the request's decode state."""
+        are never held back. Each delta's ``output`` is the request's one output, live (read after
+        the loop, every delta shows the ended answer; copy what a step must keep). ``prompt`` is one
+        prompt: a list of strings is its segments here, where ``generate`` reads a batch. Leaving the
+        loop early (``break``) lets go of the request's decode state."""
         if self.tokenizer is None:
             raise ValueError("stream: this model has no tokenizer.json; generate() returns token ids")
         ids = self.tokenize(prompt)
         params = _sampling(sampling, sampling_params) or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
+        if params.n != 1:
+            raise ValueError(f"n: stream yields one answer, got n={params.n}; generate returns n")
         self.check_context(sum(len(s) for s in ids), params.max_tokens)
         runs = self.engine.start([ids], [params], mode=mode, salts=[self._salt(cache_salt)])
         run, text, sent = runs[0], self._text_stream(params), 0
         run.output.prompt_token_ids = [t for s in ids for t in s]
+        run.output.prompt, run.output.request_id = _prompt_text(prompt), str(next(self._requests))
         try:
             while True:
                 new = run.output.token_ids[sent:]
@@ -224,29 +276,81 @@ class LLM:
              sampling: SamplingParams | list[SamplingParams] | None = None, *, mode: str = "hypic",
              cache_salt: str | None = None, tools: list[dict[str, Any]] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             sampling_params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+             sampling_params: SamplingParams | list[SamplingParams] | None = None,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, use_tqdm: bool | Callable[..., Any] = True) -> list[RequestOutput]:
         """One conversation (OpenAI's messages) or a list of them, rendered with the model's chat
-        template (ChatML without one) and answered. As in the server's chat route, each message — each
-        text part of a message — is a segment of its own: documents sent as messages hit the cache
-        wherever they sit. ``tools`` and ``chat_template_kwargs`` go to the template; the answer is text
-        (the server turns it into tool calls or reasoning)."""
+        template (ChatML without one; ``chat_template``: this Jinja text instead) and answered. As in
+        the server's chat route, each message — each text part of a message — is a segment of its own:
+        documents sent as messages hit the cache wherever they sit. ``tools`` and
+        ``chat_template_kwargs`` go to the template; ``add_generation_prompt`` and
+        ``continue_final_message`` mean what they mean in vLLM (the answer begins a new assistant turn,
+        or continues the last message); the answer is text (the server turns it into tool calls or
+        reasoning); each output's ``prompt`` is the rendered conversation."""
         from hypic.server.chat import ChatTemplate  # the server package imports this module
+        from hypic.server.protocol import check_template_kwargs
 
         if not isinstance(conversations, (list, tuple)) or not conversations:
             raise ValueError("conversations: expected a list of messages or a list of conversations")
         batch = [conversations] if isinstance(conversations[0], dict) else list(conversations)
-        if self._chat_template is None:
-            self._chat_template = ChatTemplate.from_model(self.loaded.tokenizer_config, self.loaded.path)
+        if chat_template is not None:
+            if not isinstance(chat_template, str) or not chat_template:
+                raise ValueError("chat_template: expected the template's Jinja text")
+            try:
+                template = ChatTemplate(chat_template, bos_token=self._template().bos_token,
+                                        eos_token=self._template().eos_token)
+            except Exception as e:  # noqa: BLE001 — jinja's syntax errors, named
+                raise ValueError(f"chat_template: {type(e).__name__}: {e}") from None
+        else:
+            template = self._template()
         if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
             raise ValueError(f"chat_template_kwargs: expected a dict, got {type(chat_template_kwargs).__name__}")
+        check_template_kwargs(chat_template_kwargs)  # messages, tools, add_generation_prompt: arguments here
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
             raise ValueError("tools: expected a list of tool objects (dicts)")
+        for name, value in (("add_generation_prompt", add_generation_prompt),
+                            ("continue_final_message", continue_final_message)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name}: expected a boolean, got {value!r}")
         context = {**(chat_template_kwargs or {}), "tools": tools}
         prompts = []
         for k, messages in enumerate(batch):
             turns, extras = _messages(messages, f"conversations[{k}]")
-            prompts.append([seg.text for seg in self._chat_template.segments(turns, context, extras)])
-        return self.generate(prompts, _sampling(sampling, sampling_params), mode=mode, cache_salt=cache_salt)
+            prompts.append([seg.text for seg in template.segments(
+                turns, context, extras, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message)])
+        outs = self.generate(prompts, _sampling(sampling, sampling_params), mode=mode, cache_salt=cache_salt)
+        for out, segments in zip(outs, prompts, strict=True):
+            for choice in out.outputs:
+                choice.prompt = "".join(segments)  # the conversation as the template rendered it (vLLM's)
+        return outs
+
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer as transformers' (vLLM's ``get_tokenizer``): ``encode`` → ids,
+        ``decode``, ``apply_chat_template`` with the template ``chat`` uses, ``eos_token_id``. Needs
+        transformers; ``llm.tokenizer`` is the ``tokenizers`` one, ``llm.tokenize(prompt)`` ids per segment."""
+        if self.tokenizer is None:
+            raise ValueError("get_tokenizer: this model has no tokenizer.json")
+        if self._hf_tokenizer is None:
+            try:
+                from transformers import PreTrainedTokenizerFast
+            except ImportError:
+                raise ValueError("get_tokenizer: needs transformers (pip install transformers); llm.tokenizer is "
+                                 "the model's tokenizers.Tokenizer") from None
+            template = self._template()
+            self._hf_tokenizer = PreTrainedTokenizerFast(
+                tokenizer_object=self.tokenizer, chat_template=template.source,
+                bos_token=template.bos_token or None, eos_token=template.eos_token or None,
+                model_max_length=self.max_positions)
+        return self._hf_tokenizer
+
+    def _template(self) -> Any:
+        """The model's chat template (hypic.server.chat), read once."""
+        from hypic.server.chat import ChatTemplate
+
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.from_model(self.loaded.tokenizer_config, self.loaded.path)
+        return self._chat_template
 
     def prewarm(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool | None]:
         """Prefill documents (text or token ids) into the cache before the prompts that use them: per
@@ -300,6 +404,40 @@ def _sampling(sampling: Any, sampling_params: Any) -> Any:
     if sampling is not None and sampling_params is not None:
         raise ValueError("sampling_params: the same as sampling; pass one of them")
     return sampling if sampling is not None else sampling_params
+
+
+def _is_ids(value: object) -> bool:
+    """A non-empty list of token ids (integers): one segment, never a list of segments."""
+    return (isinstance(value, (list, tuple)) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in value))
+
+
+def _undict(prompt: object, where: str) -> object:
+    """vLLM's prompt dicts as hypic prompts: ``{"prompt": text}`` the text, ``{"prompt_token_ids": ids}``
+    one segment of ids (as token ids, it is never split)."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if set(prompt) == {"prompt"}:
+        return prompt["prompt"]
+    if set(prompt) == {"prompt_token_ids"}:
+        ids = prompt["prompt_token_ids"]
+        if not _is_ids(ids):
+            raise ValueError(f"{where}.prompt_token_ids: expected a non-empty list of token ids")
+        return [list(ids)]
+    raise ValueError(f"{where}: a prompt dict holds 'prompt' (text) or 'prompt_token_ids' alone, "
+                     f"got keys {sorted(map(str, prompt))}")
+
+
+def _prompt_text(prompt: object) -> str | None:
+    """A prompt as text (RequestOutput.prompt): as given, its segments joined by SEPARATOR (so it
+    means the same prompt again); None when any part is token ids."""
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(s, str) for s in prompt):
+        return SEPARATOR.join(prompt)
+    return None
 
 
 def _folder(path: object, name: str) -> str | Path:

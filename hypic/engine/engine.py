@@ -147,6 +147,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         if not any(p.requires_grad for p in self.model.parameters()):  # never a model being trained
             fuse_projections(self.model)  # sibling projections as one matmul: fewer launches per layer
         self.seam, self.cold = seam, cold
+        self.max_positions = self.model.max_positions  # the context served (LLM's max_model_len may lower it)
         # decode steps replayed as CUDA graphs (hypic.models.step_graph); HYPIC_DECODE_GRAPHS=0: eager
         self.decode_graphs = self.device.type == "cuda" and os.environ.get("HYPIC_DECODE_GRAPHS", "1") != "0"
         self.decode_stats = DecodeStats()
@@ -435,6 +436,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         params = [self._bounded(p, sum(len(s) for s in prompt)) for p, prompt in zip(params, prompts, strict=True)]
         vocab = self.model.vocab_size
         for p in params:
+            if p.n != 1:  # LLM.generate and the server run n answers as n requests (SamplingParams.for_choice)
+                raise ValueError(f"n: the engine runs one answer per request, got n={p.n}; pass each answer's "
+                                 "params (SamplingParams.for_choice)")
             for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
@@ -669,10 +673,10 @@ class Engine(ColdPrefill, PrefixPrefill):
         """``max_tokens=None`` (vLLM's meaning): up to the model's context."""
         if p.max_tokens is not None:
             return p
-        left = self.model.max_positions - prompt_tokens
+        left = self.max_positions - prompt_tokens
         if left < max(1, p.min_tokens):
             raise ValueError(f"max_tokens: the prompt's {prompt_tokens} tokens leave {max(left, 0)} of the model's "
-                             f"context of {self.model.max_positions} tokens, fewer than min_tokens "
+                             f"context of {self.max_positions} tokens, fewer than min_tokens "
                              f"({p.min_tokens}) or 1")
         return replace(p, max_tokens=left)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 def check_top(top: object) -> int:
@@ -12,12 +12,15 @@ def check_top(top: object) -> int:
     return top
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """What to generate and how, with vLLM's names and meanings — except ``temperature``, greedy (0)
     unless asked (vLLM's default is 1.0; hypic's server follows OpenAI's 1.0), so a library call is
-    reproducible by default — and ``max_tokens``, 16 by default (None: up to the model's context)."""
+    reproducible by default — and ``max_tokens``, 16 by default (None: up to the model's context).
+    Keyword arguments only (vLLM's first positional field is ``n``: ``SamplingParams(2)`` must not
+    quietly mean two tokens here). Immutable: ``clone(**changes)`` makes a changed copy."""
 
+    n: int = 1  # answers per prompt: answer i samples with seed + i when a seed is given (RequestOutput.outputs)
     max_tokens: int | None = 16
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -50,6 +53,11 @@ class SamplingParams:
     skip_special_tokens: bool = True  # special tokens left out of the text (token_ids keep them)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"n: expected an integer ≥ 1, got {self.n!r}")
+        for name in ("stop", "stop_token_ids"):  # vLLM's None for none
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, ())
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
                                             or self.max_tokens < 1):
             raise ValueError(f"max_tokens: expected an integer ≥ 1 or None, got {self.max_tokens!r}")
@@ -111,6 +119,17 @@ class SamplingParams:
                 if getattr(self, name):
                     raise ValueError(f"{name}: not with json_schema (the JSON value's end ends the output)")
 
+    def clone(self, **changes: object) -> SamplingParams:
+        """A copy with ``changes`` (checked as a new one is)."""
+        return replace(self, **changes)
+
+    def for_choice(self, i: int) -> SamplingParams:
+        """Answer ``i`` of ``n``: one answer, its own seed when a seed was given (wrapped into int64) —
+        the server's choices are drawn the same way."""
+        if self.seed is None or i == 0:
+            return self if self.n == 1 else replace(self, n=1)
+        return replace(self, n=1, seed=(self.seed + i + 2**63) % 2**64 - 2**63)
+
     @property
     def penalized(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
@@ -138,7 +157,8 @@ class RequestMetrics:
 @dataclass
 class RequestOutput:
     """One prompt's answer. Its fields are vLLM's CompletionOutput's (``outputs[0]`` is the output
-    itself, for code written against vLLM's RequestOutput) plus the prompt's and the cache's."""
+    itself, for code written against vLLM's RequestOutput; with ``n`` answers, ``outputs`` lists
+    them, this one first) plus the prompt's and the cache's."""
 
     text: str
     token_ids: list[int]
@@ -152,8 +172,23 @@ class RequestOutput:
     # what stopped it (vLLM's meaning): the stop string, a stop token's id, or None (EOS, the length)
     stop_reason: str | int | None = None
     prompt_token_ids: list[int] | None = None  # the prompt's tokens, segments joined (the offline API sets it)
-    index: int = 0
+    index: int = 0  # which of the prompt's n answers
+    # the prompt as text (vLLM's): as given (segments joined by <<PIC_SEP>>), a chat's render; None for token ids
+    prompt: str | None = None
+    request_id: str | None = None  # the offline API numbers its prompts
+    choices: list[RequestOutput] | None = field(default=None, repr=False)  # the prompt's n answers (n > 1)
 
     @property
     def outputs(self) -> list[RequestOutput]:
-        return [self]
+        return self.choices if self.choices is not None else [self]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """The sampled tokens' log-probabilities summed (vLLM's); None without ``logprobs``."""
+        if self.logprobs is None:
+            return None
+        return float(sum(top[t] for t, top in zip(self.token_ids, self.logprobs, strict=False) if t in top))

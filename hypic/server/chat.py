@@ -112,12 +112,26 @@ class ChatTemplate:
         return len(prefix) if lo <= len(prefix) <= hi and full.startswith(prefix) else hi
 
     def segments(self, messages: list[tuple[str, list[str]]], context: dict[str, Any] | None = None,
-                 extras: list[dict[str, Any]] | None = None) -> list[ChatSegment]:
+                 extras: list[dict[str, Any]] | None = None, *, add_generation_prompt: bool = True,
+                 continue_final_message: bool = False) -> list[ChatSegment]:
         """(role, text parts) per message → the rendered prompt as segments, the query last.
         ``context`` (``tools``: OpenAI's function definitions; the request's chat_template_kwargs,
         e.g. ``enable_thinking``) and each message's ``extras`` (an assistant's ``tool_calls``, a tool
         answer's ``tool_call_id``) go to the template as they are; a ``developer`` message goes as
-        ``system`` unless the template names that role."""
+        ``system`` unless the template names that role. ``add_generation_prompt``: the template's
+        opening of the answer ends the prompt (vLLM's default); ``continue_final_message`` (vLLM's,
+        not with it): the prompt ends where the last message's content does — the answer continues
+        that message (a prefilled start of the reply) instead of beginning a new one."""
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError("continue_final_message: not with add_generation_prompt (set it false)")
+            if not "".join(messages[-1][1]):
+                raise ValueError("continue_final_message: the last message has no content to continue")
+        out = self._segments(messages, context, extras, add_generation_prompt)
+        return _cut_after(out, PART_SEPARATOR.join(messages[-1][1])) if continue_final_message else out
+
+    def _segments(self, messages: list[tuple[str, list[str]]], context: dict[str, Any] | None,
+                  extras: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[ChatSegment]:
         mark = self._mark
         extras = extras or [{} for _ in messages]
         messages = [(self.developer_role if role == "developer" else role, parts) for role, parts in messages]
@@ -125,8 +139,8 @@ class ChatTemplate:
                   for (role, parts), extra in zip(messages, extras, strict=True)]
         plain_messages = [{**extra, "role": role, "content": PART_SEPARATOR.join(parts)}
                           for (role, parts), extra in zip(messages, extras, strict=True)]
-        plain = self.render(plain_messages, add_generation_prompt=True, context=context)
-        full = self.render(marked, add_generation_prompt=True, context=context)
+        plain = self.render(plain_messages, add_generation_prompt=add_generation_prompt, context=context)
+        full = self.render(marked, add_generation_prompt=add_generation_prompt, context=context)
         marks = [m.start() for m in re.finditer(re.escape(mark), full)]
         if len(marks) != sum(len(parts) for _, parts in messages):
             # the template cuts or repeats content (Qwen3 keeps an assistant's text after </think>
@@ -169,6 +183,23 @@ class ChatTemplate:
                 cuts.append((len(prefix), i))
         ends = [c for c, _ in cuts[1:]] + [len(plain)]
         return [ChatSegment(plain[a:b], m) for (a, m), b in zip(cuts, ends, strict=True) if b > a]
+
+
+def _cut_after(segments: list[ChatSegment], content: str) -> list[ChatSegment]:
+    """``segments`` ending where the last occurrence of ``content`` (the last message's) does: what the
+    template closes the message with (an end-of-turn token) is left out."""
+    text = "".join(s.text for s in segments)
+    at = text.rfind(content)
+    if at < 0:
+        raise ValueError("continue_final_message: the chat template changes the last message's content; "
+                         "cannot continue it")
+    end, out, start = at + len(content), [], 0
+    for s in segments:
+        if start >= end:
+            break
+        out.append(ChatSegment(s.text[:end - start], s.message))
+        start += len(s.text)
+    return out
 
 
 def _align(marked: str, plain: str, cuts: list[int]) -> list[int]:

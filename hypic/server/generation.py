@@ -19,7 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -68,12 +68,6 @@ class Generation:
     tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
     think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
     eos: tuple[int, ...] = ()  # the model's end tokens: kept out of the text (answer_text)
-
-    def choice_params(self, i: int) -> SamplingParams:
-        """Choice ``i``'s sampling: its own seed when one was given (wrapped into int64)."""
-        if self.params.seed is None or i == 0:
-            return self.params
-        return replace(self.params, seed=(self.params.seed + i + 2**63) % 2**64 - 2**63)
 
 
 @dataclass
@@ -353,7 +347,7 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     try:  # all choices or none: a choice refused (429/503) takes back the ones already queued
         for gen in gens:
             for i in range(gen.n):
-                jobs.append(runner.submit(gen.prompt, gen.choice_params(i), gen.mode, gen.salt, arrival))
+                jobs.append(runner.submit(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt, arrival))
                 owners.append(gen)
     except APIError:
         for job in jobs:

@@ -70,7 +70,9 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
     context = {**(req.chat_template_kwargs or {}),
                "tools": None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]}
     try:
-        segments = template.segments(messages, context, [m.extras for m in req.messages])
+        segments = template.segments(messages, context, [m.extras for m in req.messages],
+                                     add_generation_prompt=req.add_generation_prompt,
+                                     continue_final_message=req.continue_final_message)
     except ValueError as e:
         raise from_value_error(e, "messages") from None
     _check_count(len(segments), "messages", settings)

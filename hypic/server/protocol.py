@@ -344,10 +344,11 @@ class NamedToolChoice(Strict):
 TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
 
 
-def _check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
     taken = sorted(set(kwargs or {}) & TEMPLATE_VARIABLES)
     if taken:
-        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is set by the server, not the request")
+        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is not set through them (messages, tools and "
+                         "add_generation_prompt have fields of their own; bos and eos tokens are the model's)")
 
 
 class ChatRequest(Common):
@@ -360,6 +361,10 @@ class ChatRequest(Common):
     parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
     # vLLM's extension: more variables for the chat template (Qwen3's enable_thinking, …)
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the template's opening of the answer ends the prompt; or the answer continues the last
+    # message (an assistant's prefilled start), not with the first
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     # OpenAI's: a completion kept for its evals and distillation (hypic keeps none: store false or null
     # only), and outputs hypic does not produce (null only; modalities ["text"])
     store: Annotated[bool | None, BeforeValidator(_stored_never)] = None
@@ -373,7 +378,7 @@ class ChatRequest(Common):
     def _logprobs(self) -> ChatRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: needs logprobs to be true")
-        _check_template_kwargs(self.chat_template_kwargs)
+        check_template_kwargs(self.chat_template_kwargs)
         return self
 
     @property
@@ -404,5 +409,5 @@ class SegmentsRequest(Strict):
             raise ValueError("segments: send the documents as segments or as messages, one of the two")
         if self.chat_template_kwargs is not None and self.messages is None:
             raise ValueError("chat_template_kwargs: only with messages")
-        _check_template_kwargs(self.chat_template_kwargs)
+        check_template_kwargs(self.chat_template_kwargs)
         return self

@@ -125,6 +125,8 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/segments", {"segments": ["doc"] * 17}, 400, "segments"),
     ("/v1/segments", {"segments": [LONG]}, 400, "segments[0]"),
     ("/v1/segments", {"documents": ["x"]}, 400, "documents"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "continue_final_message": True}, 400, "continue_final_message"),
+    ("/v1/chat/completions", {"messages": OK_CHAT, "add_generation_prompt": "no"}, 400, "add_generation_prompt"),
     ("/v1/segments", {}, 400, "segments"),
     ("/v1/segments", {"segments": ["x"], "messages": OK_CHAT}, 400, "segments"),  # one or the other
     ("/v1/segments", {"segments": ["x"], "chat_template_kwargs": {}}, 400, "chat_template_kwargs"),

@@ -612,6 +612,19 @@ def test_choices_name_what_stopped_them_as_vllm_and_the_library(client: OpenAI, 
     assert cut.choices[0].model_extra["stop_reason"] == said[2:4] and cut.choices[0].finish_reason == "stop"
 
 
+def test_chat_continues_a_prefilled_answer_as_the_library(client: OpenAI, llm: LLM) -> None:
+    """vLLM's ``continue_final_message`` / ``add_generation_prompt`` on the chat route: the answer continues
+    the last message's content, as ``LLM.chat`` does it."""
+    messages = [{"role": "user", "content": "Question: who?"}, {"role": "assistant", "content": "The answer is"}]
+    flags = {"continue_final_message": True, "add_generation_prompt": False}
+    want = llm.chat(messages, SamplingParams(max_tokens=6), **flags)[0]
+    got = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_body=flags)
+    assert got.choices[0].message.content == want.text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    fresh = llm.chat(messages, SamplingParams(max_tokens=6))[0]  # a new turn: a prompt of its own
+    assert len(fresh.prompt_token_ids) > len(want.prompt_token_ids)
+
+
 def test_include_stop_str_in_output_and_skip_special_tokens_as_the_library(client: OpenAI, llm: LLM) -> None:
     """vLLM's two text options reach the server's answer as the library's, whole and streamed."""
     segments = rag(5)

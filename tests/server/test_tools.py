@@ -251,7 +251,7 @@ def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
      "forces a call"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", "pattern"),
-    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by the server"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "not set through them"),
 ])
 def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, client: OpenAI, body, param,
                                                             needle) -> None:

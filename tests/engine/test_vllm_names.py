@@ -1,0 +1,129 @@
+"""The offline API as code written against vLLM's calls it (on the bundled model): its quickstart loop,
+token-id and dict prompts, ``n`` answers, ``cumulative_logprob``, ``SamplingParams`` keyword-only
+with ``None`` for no stops and ``clone``, ``LLM(dtype="auto", max_model_len=, seed=)``, ``chat`` with
+``add_generation_prompt`` / ``continue_final_message`` / ``chat_template``, and ``get_tokenizer``."""
+
+import math
+
+import pytest
+
+from hypic import LLM, SamplingParams
+
+MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Where does Mira live?"}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM()
+
+
+def test_vllms_quickstart_loop_runs(llm: LLM) -> None:
+    prompts = ["Hello, my name is", "The president of the United States is"]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.8, top_p=0.95, seed=0), use_tqdm=False)
+    assert [o.prompt for o in outputs] == prompts
+    assert all(o.finished and o.outputs[0].text == o.text for o in outputs)
+    assert len({o.request_id for o in outputs}) == 2
+    assert llm.generate(["a<<PIC_SEP>>b"], SamplingParams(max_tokens=1))[0].prompt == "a<<PIC_SEP>>b"
+    assert llm.generate([["a", "b"]], SamplingParams(max_tokens=1))[0].prompt == "a<<PIC_SEP>>b"  # the same prompt
+    assert llm.generate([[[5, 6], "b"]], SamplingParams(max_tokens=1))[0].prompt is None  # ids have no text here
+
+
+def test_token_id_and_dict_prompts_take_vllms_shapes(llm: LLM) -> None:
+    ids = llm.tokenize("Hello, my name is")[0]
+    sp = SamplingParams(max_tokens=4)
+    want = llm.generate([[ids]], sp)[0].token_ids  # hypic's own shape: a batch of one prompt of one segment
+    other = llm.tokenize("The capital")[0]
+    assert [o.token_ids for o in llm.generate([ids, other], sp)] == [want, llm.generate([[other]], sp)[0].token_ids]
+    assert llm.generate(ids, sp)[0].token_ids == want
+    assert llm.generate({"prompt_token_ids": ids}, sp)[0].token_ids == want
+    assert llm.generate([{"prompt_token_ids": ids}], sp)[0].prompt_token_ids == ids
+    assert llm.generate([{"prompt": "Hello, my name is"}], sp)[0].token_ids == want
+    assert [d.token_ids for d in llm.stream({"prompt_token_ids": ids}, sp)][0] == want[:1]
+    for bad, message in [({"prompt_token_ids": ids, "multi_modal_data": {}}, "'prompt_token_ids' alone"),
+                         ({"prompt_token_ids": []}, "prompt_token_ids"), ({"text": "x"}, "'prompt' \\(text\\)")]:
+        with pytest.raises(ValueError, match=message):
+            llm.generate([bad], sp)
+
+
+def test_n_answers_are_the_prompts_runs_seeded_one_apart(llm: LLM) -> None:
+    sp = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6, logprobs=0)
+    out = llm.generate("Hello, my name is", sp)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.outputs[0] is out
+    for i, c in enumerate(out.outputs):  # answer i is the request seeded seed + i
+        alone = llm.generate("Hello, my name is", sp.clone(n=1, seed=5 + i))[0]
+        assert c.token_ids == alone.token_ids and c.text == alone.text and c.request_id == out.request_id
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    unseeded = llm.generate("Hello, my name is", sp.clone(seed=None))[0]
+    assert len({tuple(c.token_ids) for c in unseeded.outputs}) > 1
+    both = llm.generate(["Hello", "The capital"], [SamplingParams(n=2, max_tokens=2), SamplingParams(max_tokens=3)])
+    assert [len(o.outputs) for o in both] == [2, 1] and len(both[1].token_ids) == 3
+    with pytest.raises(ValueError, match="n: stream yields one answer"):
+        next(llm.stream("Hello", SamplingParams(n=2)))
+    with pytest.raises(ValueError, match="n: the engine runs one answer"):
+        llm.engine.start([[[5, 6, 7]]], [SamplingParams(n=2)])
+    with pytest.raises(ValueError, match="n: expected an integer ≥ 1"):
+        SamplingParams(n=0)
+
+
+def test_cumulative_logprob_is_the_answers_score_as_the_prompt_scores_it(llm: LLM) -> None:
+    """Independently: the answer appended to the prompt, scored by prompt_logprobs (a full forward)."""
+    prompt = llm.tokenize("Hello, my name is")[0]
+    out = llm.generate([[prompt]], SamplingParams(max_tokens=5, logprobs=0, ignore_eos=True), mode="full")[0]
+    scored = llm.generate([[prompt + out.token_ids]], SamplingParams(max_tokens=1, prompt_logprobs=0), mode="full")[0]
+    want = sum(lp[t] for t, lp in zip(out.token_ids, scored.prompt_logprobs[len(prompt):], strict=True))
+    assert math.isclose(out.cumulative_logprob, want, abs_tol=1e-3)
+    assert llm.generate([[prompt]], SamplingParams(max_tokens=2))[0].cumulative_logprob is None  # logprobs off
+
+
+def test_sampling_params_as_vllm_callers_write_them() -> None:
+    assert SamplingParams(stop=None, stop_token_ids=None).stop == () == SamplingParams().stop_token_ids
+    with pytest.raises(TypeError):
+        SamplingParams(2)  # vLLM's first field is n: positional arguments would mean something else here
+    sp = SamplingParams(max_tokens=3, temperature=0.5)
+    assert sp.clone(max_tokens=5) == SamplingParams(max_tokens=5, temperature=0.5) and sp.max_tokens == 3
+    with pytest.raises(ValueError, match="max_tokens"):
+        sp.clone(max_tokens=0)
+
+
+def test_a_tuple_of_sampling_params_is_one_per_prompt(llm: LLM) -> None:
+    outs = llm.generate(["Hello", "The capital"], (SamplingParams(max_tokens=2), SamplingParams(max_tokens=3)))
+    assert [len(o.token_ids) for o in outs] == [2, 3]
+
+
+def test_llm_takes_vllms_dtype_max_model_len_and_seed() -> None:
+    short = LLM(dtype="auto", max_model_len=64, seed=3)
+    with pytest.raises(ValueError, match="limit of 63"):
+        short.generate("Hello " * 70)
+    out = short.generate("Hello", SamplingParams(max_tokens=None, ignore_eos=True))[0]
+    assert len(out.token_ids) == 64 - len(out.prompt_token_ids) and out.finish_reason == "length"
+    drawn = short.generate("Hello", SamplingParams(temperature=1.0, max_tokens=8))[0].token_ids  # no seed of its own
+    again = LLM(seed=3).generate("Hello", SamplingParams(temperature=1.0, max_tokens=8))[0].token_ids
+    assert drawn == again
+    with pytest.raises(ValueError, match=r"max_model_len: expected an integer in \[2, "):
+        LLM(max_model_len=10**9)
+    with pytest.raises(ValueError, match="downloads nothing"):
+        LLM("Qwen/Qwen3-0.6B")
+
+
+def test_chat_renders_as_vllm_asks_and_as_transformers_renders(llm: LLM) -> None:
+    sp = SamplingParams(max_tokens=4)
+    hf = llm.get_tokenizer()  # transformers' rendering of the same template: the independent reference
+    assert hf.encode("hi there") == llm.tokenize("hi there")[0] and hf.eos_token_id in llm.engine.eos
+    for add in (True, False):
+        out = llm.chat(MESSAGES, sp, add_generation_prompt=add, use_tqdm=False)[0]
+        assert out.prompt == hf.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=add)
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "Mira lives in"}]
+    out = llm.chat(prefilled, sp, continue_final_message=True, add_generation_prompt=False)[0]
+    rendered = hf.apply_chat_template(prefilled, tokenize=False, continue_final_message=True)
+    assert out.prompt == rendered and rendered.endswith("Mira lives in")
+    tail = llm.tokenizer.decode(out.prompt_token_ids[-6:], skip_special_tokens=False)
+    assert tail.endswith("Mira lives in")  # the model reads no end of turn after it
+    custom = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    assert llm.chat(MESSAGES, sp, chat_template=custom)[0].prompt == "[You are helpful.][Where does Mira live?]"
+    for kwargs, message in [(dict(continue_final_message=True), "not with add_generation_prompt"),
+                            (dict(chat_template_kwargs={"tools": []}), "chat_template_kwargs: 'tools'"),
+                            (dict(chat_template_kwargs={"add_generation_prompt": False}), "add_generation_prompt"),
+                            (dict(chat_template="{% for m in messages %"), "chat_template: TemplateSyntaxError"),
+                            (dict(add_generation_prompt=1), "add_generation_prompt: expected a boolean")]:
+        with pytest.raises(ValueError, match=message):
+            llm.chat(MESSAGES, sp, **kwargs)
