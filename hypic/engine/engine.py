@@ -33,7 +33,7 @@ from hypic.engine.plan import RequestPlan, SegmentPlan, all_seam, effective_seam
 from hypic.engine.prefix import PrefixCache
 from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
-from hypic.engine.sampling import TokenCounts, sample
+from hypic.engine.sampling import TokenCounts, sample, token_mask
 from hypic.engine.scoring import score_prompt
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
@@ -72,10 +72,16 @@ class Running:
     first_logits: torch.Tensor | None = None
     counts: TokenCounts | None = None  # its tokens on the device, for the penalties (sampling.TokenCounts)
     constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
+    only: torch.Tensor | None = None  # SamplingParams.allowed_token_ids as a mask, made at the first draw
 
     def allowed(self, size: int, device: torch.device) -> torch.Tensor | None:
-        """What this run may draw next (structured output) as a [size] boolean mask on ``device``
-        (empty ids: nothing can follow), else None (any)."""
+        """What this run may draw next (structured output, or ``allowed_token_ids``: the two are
+        not taken together) as a [size] boolean mask on ``device`` (empty ids: nothing can follow),
+        else None (any)."""
+        if self.params.allowed_token_ids is not None:
+            if self.only is None:
+                self.only = token_mask(list(self.params.allowed_token_ids), size, device)
+            return self.only
         return None if self.constraint is None else self.constraint.allowed_mask(size, device)
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
@@ -439,7 +445,8 @@ class Engine(ColdPrefill, PrefixPrefill):
             if p.n != 1:  # LLM.generate and the server run n answers as n requests (SamplingParams.for_choice)
                 raise ValueError(f"n: the engine runs one answer per request, got n={p.n}; pass each answer's "
                                  "params (SamplingParams.for_choice)")
-            for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids)):
+            for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids),
+                              ("allowed_token_ids", p.allowed_token_ids or ())):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")

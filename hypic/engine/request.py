@@ -38,6 +38,7 @@ class SamplingParams:
     # over the prompt's and the generated tokens: a positive logit divided by it, a negative multiplied
     repetition_penalty: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept in token_ids, not in text)
+    allowed_token_ids: tuple[int, ...] | None = None  # draw among these tokens only (None: all)
     ignore_eos: bool = False  # EOS does not end the output (max_tokens or a stop token does)
     min_tokens: int = 0  # EOS and the stop tokens cannot be drawn before this many tokens
     # per prompt token, its log-probability and the n likeliest (None: off) — a full forward over the
@@ -96,6 +97,12 @@ class SamplingParams:
                 not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids: expected non-negative integer token ids, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if self.allowed_token_ids is not None:
+            if not isinstance(self.allowed_token_ids, (tuple, list)) or not self.allowed_token_ids or any(
+                    not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.allowed_token_ids):
+                raise ValueError("allowed_token_ids: expected a non-empty list of non-negative token ids, got "
+                                 f"{self.allowed_token_ids!r}")
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a boolean, got {self.ignore_eos!r}")
         if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0
@@ -115,6 +122,8 @@ class SamplingParams:
             from hypic.engine.structured import compile_schema
 
             compile_schema(self.json_schema)  # refused now, by name, not at the first step
+            if self.allowed_token_ids is not None:
+                raise ValueError("allowed_token_ids: not with json_schema (the grammar says what may be drawn)")
             for name in ("min_tokens", "ignore_eos"):  # the value's end is the output's end
                 if getattr(self, name):
                     raise ValueError(f"{name}: not with json_schema (the JSON value's end ends the output)")

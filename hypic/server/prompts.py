@@ -152,10 +152,11 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                                   f"[0, {vocab_size})", "logit_bias")
             bias[int(key)] = value
     stop_ids = tuple(req.stop_token_ids or ())
-    outside = [t for t in stop_ids if t >= vocab_size]
-    if outside:
-        raise bad_request(f"stop_token_ids: {outside[0]} is not a token id of this model's vocabulary "
-                          f"[0, {vocab_size})", "stop_token_ids")
+    for name, ids in (("stop_token_ids", stop_ids), ("allowed_token_ids", req.allowed_token_ids or ())):
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise bad_request(f"{name}: {outside[0]} is not a token id of this model's vocabulary "
+                              f"[0, {vocab_size})", name)
     schema = None if req.response_format is None else req.response_format.constraint
     if calling is not None and calling.forced:
         schema = calling.schema
@@ -167,6 +168,7 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
                               ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema,
+                              allowed_token_ids=req.allowed_token_ids,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
     except ValueError as e:

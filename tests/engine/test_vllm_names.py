@@ -127,3 +127,24 @@ def test_chat_renders_as_vllm_asks_and_as_transformers_renders(llm: LLM) -> None
                             (dict(add_generation_prompt=1), "add_generation_prompt: expected a boolean")]:
         with pytest.raises(ValueError, match=message):
             llm.chat(MESSAGES, sp, **kwargs)
+
+
+def test_allowed_token_ids_limit_every_draw(llm: LLM) -> None:
+    """vLLM's ``allowed_token_ids``: greedy takes the likeliest of them (here the 2nd and 3rd likeliest
+    first tokens, read from the unconstrained logprobs), sampling never leaves them."""
+    free = llm.generate("Hello, my name is", SamplingParams(max_tokens=1, logprobs=5))[0]
+    ranked = sorted(free.logprobs[0], key=free.logprobs[0].get, reverse=True)
+    only = llm.generate("Hello, my name is", SamplingParams(max_tokens=1, allowed_token_ids=ranked[1:3]))[0]
+    assert only.token_ids == [ranked[1]]
+    allowed = [ranked[2], ranked[4], 15, 261]
+    drawn = llm.generate("Hello, my name is", SamplingParams(n=4, max_tokens=6, temperature=1.5, seed=2,
+                                                             allowed_token_ids=allowed))[0]
+    assert all(t in allowed for c in drawn.outputs for t in c.token_ids)
+    assert len({t for c in drawn.outputs for t in c.token_ids}) > 1
+    with pytest.raises(ValueError, match="allowed_token_ids: token id"):
+        llm.generate("Hello", SamplingParams(allowed_token_ids=[llm.vocab_size]))
+    for bad in ([], [-1], "12"):
+        with pytest.raises(ValueError, match="allowed_token_ids: expected a non-empty list"):
+            SamplingParams(allowed_token_ids=bad)
+    with pytest.raises(ValueError, match="allowed_token_ids: not with json_schema"):
+        SamplingParams(allowed_token_ids=[1], json_schema=True)

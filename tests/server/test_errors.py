@@ -127,6 +127,10 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/segments", {"documents": ["x"]}, 400, "documents"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "continue_final_message": True}, 400, "continue_final_message"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "add_generation_prompt": "no"}, 400, "add_generation_prompt"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": [99999999]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": [5], "response_format": {"type": "json_object"}}, 400,
+     "allowed_token_ids"),
     ("/v1/segments", {}, 400, "segments"),
     ("/v1/segments", {"segments": ["x"], "messages": OK_CHAT}, 400, "segments"),  # one or the other
     ("/v1/segments", {"segments": ["x"], "chat_template_kwargs": {}}, 400, "chat_template_kwargs"),

@@ -96,6 +96,10 @@ def test_vllm_sampling_extensions_reach_the_engine(client: OpenAI, llm: LLM) -> 
     assert got.choices[0].text == want and got.choices[0].finish_reason == "stop"
     streamed = list(complete(client, segments, max_tokens=8, stream=True, extra_body={"stop_token_ids": [stop]}))
     assert "".join(c.choices[0].text for c in streamed) == want and streamed[-1].choices[0].finish_reason == "stop"
+    allowed = sorted(set(plain.token_ids[2:6]))
+    only = complete(client, segments, max_tokens=8, temperature=1.0, seed=4, extra_body={"allowed_token_ids": allowed})
+    assert only.choices[0].text == llm.generate([segments], SamplingParams(max_tokens=8, temperature=1.0, seed=4,
+                                                                           allowed_token_ids=allowed))[0].text
     late = complete(client, segments, max_tokens=8, extra_body={"stop_token_ids": [stop], "min_tokens": 8})
     assert late.choices[0].finish_reason == "length" and late.usage.completion_tokens == 8  # no stop before 8
     assert late.choices[0].text == llm.generate([segments], SamplingParams(max_tokens=8, stop_token_ids=[stop],
