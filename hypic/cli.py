@@ -252,6 +252,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     try:
         settings = ServerSettings(
             model_name=args.served_model_name or _served_name(args.model),
+            model_aliases=_aliases(args.model, args.served_model_name),
             api_key=api_key, max_segments=args.max_segments,
             max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
@@ -277,6 +278,14 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     return llm, settings
+
+
+def _aliases(model: str | None, served_model_name: str | None) -> tuple[str, ...]:
+    """Other names requests may give the model: without --served-model-name, the --model path as typed
+    and resolved (vLLM serves the --model string; clients loading the tokenizer from it send it)."""
+    if served_model_name or model is None:
+        return ()
+    return tuple(dict.fromkeys((model, str(Path(model).resolve()))))
 
 
 def _served_name(model: str | None) -> str:

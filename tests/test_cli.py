@@ -127,3 +127,14 @@ def test_the_bundled_model_is_served_as_hypic_however_it_is_named(tmp_path) -> N
     assert _served_name(os.path.relpath(bundled_model_path())) == "hypic"
     (tmp_path / "my-model").mkdir()
     assert _served_name(str(tmp_path / "my-model")) == "my-model"
+
+
+def test_the_model_path_given_is_an_alias_unless_a_name_is_served(tmp_path) -> None:
+    from hypic.cli import _aliases
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    rel = os.path.relpath(folder)
+    assert _aliases(rel, None) == (rel, str(folder.resolve()))
+    assert _aliases(str(folder.resolve()), None) == (str(folder.resolve()),)
+    assert _aliases(rel, "mine") == () == _aliases(None, None)

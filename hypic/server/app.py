@@ -133,13 +133,14 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                            kind="authentication", code="invalid_api_key")
 
     def check_model(name: str | None) -> None:
-        if name is not None and name != settings.model_name:
+        if name is not None and name != settings.model_name and name not in settings.model_aliases:
             raise APIError(404, f"model: {name!r} is not served here (serving {settings.model_name!r})",
                            param="model", kind="not_found", code="model_not_found")
 
     def choices(n: int) -> int:
         if n > settings.max_choices:
-            raise bad_request(f"n: {n} choices exceed this server's limit of {settings.max_choices}", "n")
+            raise bad_request(f"n: {n} choices exceed this server's limit of {settings.max_choices} "
+                              "(hypic serve --max-choices)", "n")
         return n
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
@@ -327,7 +328,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             return req, [ids for _, ids in found], [{"message": m} for m, _ in found]
         if len(req.segments) > settings.max_segments:
             raise bad_request(f"segments: {len(req.segments)} segments exceed this server's limit of "
-                              f"{settings.max_segments}", "segments")
+                              f"{settings.max_segments} (hypic serve --max-segments)", "segments")
         return req, [prompts.tokenize(llm, [text], f"segments[{i}]", lambda _, i=i: f"segments[{i}]")[0]
                      for i, text in enumerate(req.segments)], [{} for _ in req.segments]
 
@@ -382,7 +383,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     def model_object() -> dict[str, Any]:
         return {"id": settings.model_name, "object": "model", "created": state.created, "owned_by": "hypic",
-                "max_model_len": llm.max_positions}
+                "root": str(llm.loaded.path), "parent": None, "max_model_len": llm.max_positions}
 
     @v1.get("/models")
     async def models() -> dict[str, Any]:

@@ -250,17 +250,20 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
         for r in rs:
             if r.gen.echo is not None:
                 yield _sse(r.echo_chunk())
-        if r0.gen.chat:
-            for r in rs:
+        tasks = [asyncio.ensure_future(pump(r)) for r in rs]
+        open_choices = len(rs)
+        held: dict[int, list] = {}  # log-probabilities of tokens whose text is held back (reasoning, calls)
+        opened: set[int] = set()  # chat choices whose role chunk went out
+        while open_choices:
+            r, item = await queue.get()
+            if r0.gen.chat and r.index not in opened and not isinstance(item, Exception):
+                # with its first token, not before the prefill (as vLLM): a client timing the first
+                # chunk — vLLM's benchmark does — reads the time to the first token
+                opened.add(r.index)
                 yield _sse({**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
                                                                                            "content": ""},
                                                                 "logprobs": None, "finish_reason": None,
                                                                 "stop_reason": None}]})
-        tasks = [asyncio.ensure_future(pump(r)) for r in rs]
-        open_choices = len(rs)
-        held: dict[int, list] = {}  # log-probabilities of tokens whose text is held back (reasoning, calls)
-        while open_choices:
-            r, item = await queue.get()
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):

@@ -37,7 +37,8 @@ def tokenize(llm: LLM, texts: list[str], field: str, name: Callable[[int], str])
 
 def _check_count(count: int, field: str, settings: ServerSettings) -> None:
     if count > settings.max_segments:
-        raise bad_request(f"{field}: {count} segments exceed this server's limit of {settings.max_segments}", field)
+        raise bad_request(f"{field}: {count} segments exceed this server's limit of {settings.max_segments} "
+                          "(hypic serve --max-segments)", field)
 
 
 def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[list[int]]]:
@@ -49,7 +50,7 @@ def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettin
     items = req.prompt_items
     if len(items) > settings.max_prompts:
         raise bad_request(f"prompt: a batch of {len(items)} prompts exceeds this server's limit of "
-                          f"{settings.max_prompts}", "prompt")
+                          f"{settings.max_prompts} (hypic serve --max-prompts)", "prompt")
     return [_one_prompt(llm, item, "prompt" if len(items) == 1 else f"prompt[{k}]", settings)
             for k, item in enumerate(items)]
 
@@ -67,7 +68,8 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
     """Each message (each text part) its own segment, wrapped by the model's chat template."""
     messages = [(m.role, m.parts) for m in req.messages]
     _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
-    context = {**(req.chat_template_kwargs or {}),
+    effort = {} if req.reasoning_effort is None else {"reasoning_effort": req.reasoning_effort}
+    context = {**effort, **(req.chat_template_kwargs or {}),
                "tools": None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]}
     try:
         segments = template.segments(messages, context, [m.extras for m in req.messages],
@@ -107,13 +109,14 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
     n = sum(len(s) for s in segments)
     limit = settings.max_prompt_tokens
     if limit is not None and n > limit:
-        raise bad_request(f"{field}: {n} tokens exceed this server's limit of {limit}", field)
+        raise bad_request(f"{field}: {n} tokens exceed this server's limit of {limit} (hypic serve "
+                          "--max-prompt-tokens)", field)
     room = llm.max_positions - n
     if requested is None:
         return max(1, min(default, settings.max_completion_tokens, room))
     if requested > settings.max_completion_tokens:
         raise bad_request(f"{budget_field}: {requested} exceeds this server's limit of "
-                          f"{settings.max_completion_tokens}", budget_field)
+                          f"{settings.max_completion_tokens} (hypic serve --max-completion-tokens)", budget_field)
     try:
         llm.check_context(n, requested)
     except ValueError as e:  # the library's message names its own parameter, max_tokens

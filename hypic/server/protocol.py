@@ -51,7 +51,7 @@ def not_supported(why: str) -> Callable[[object], None]:
     return refuse
 
 
-MAX_STOPS = 8  # stop strings a request may give (OpenAI allows 4)
+MAX_STOPS = 32  # stop strings a request may give (OpenAI allows 4; vLLM sets no bound)
 
 
 def _at_most_max_stops(stops: list[str]) -> list[str]:
@@ -67,7 +67,7 @@ def _stop_shape(value: object) -> str | None:
 
 
 Stop = Annotated[Annotated[Text, Tag("str")]
-                 | Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]], Field(min_length=1),
+                 | Annotated[list[Annotated[str, Field(min_length=1), AfterValidator(_utf8)]],  # []: none (vLLM's)
                              AfterValidator(_at_most_max_stops), Tag("list[str]")],
                  Discriminator(_stop_shape, custom_error_type="stop_shape",
                                custom_error_message="expected a string or a list of strings")]
@@ -96,6 +96,16 @@ def _defaulted(model: type[BaseModel]) -> frozenset[str]:
     request is validated through ``Strict``)."""
     return frozenset(f.alias or name for name, f in model.model_fields.items()
                      if not f.is_required() and f.default is not None)
+
+
+class Lenient(Strict):
+    """A nested part of a request that clients build from other APIs' objects (a message, a content
+    part, a tool call): keys hypic does not read are ignored, as vLLM ignores them — lm-eval marks
+    every message ``"type": "text"``, an OpenAI SDK message dumped back into the history carries
+    ``refusal`` and ``annotations``, a streamed tool call its ``index``. A request's own fields stay
+    strict: a typo there (``max_token``) is named, not ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(Strict):
@@ -254,7 +264,7 @@ class CompletionRequest(Common):
         return list(p)  # type: ignore[arg-type]
 
 
-class TextPart(Strict):
+class TextPart(Lenient):
     type: Literal["text"]
     text: Text
 
@@ -262,12 +272,12 @@ class TextPart(Strict):
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
-class CalledFunction(Strict):
+class CalledFunction(Lenient):
     name: FunctionName
     arguments: Text  # JSON text, as OpenAI sends it back
 
 
-class MessageToolCall(Strict):
+class MessageToolCall(Lenient):
     id: str = Field(max_length=128)
     type: Literal["function"]
     function: CalledFunction
@@ -281,7 +291,7 @@ def needs_content(role: str, tool_calls: object) -> bool:
     return not (role == "assistant" and tool_calls)
 
 
-class Message(Strict):
+class Message(Lenient):
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: str | None = None
@@ -291,6 +301,9 @@ class Message(Strict):
     # too): a client sending the answer back as it came was refused; templates that read it get it
     reasoning_content: Text | None = None
     reasoning: Text | None = None
+    # OpenAI's, read by nothing here: refused when set rather than ignored (the answer would leave them out)
+    function_call: Annotated[None, BeforeValidator(not_supported("the legacy function_call; send tool_calls"))] = None
+    audio: Annotated[None, BeforeValidator(not_supported("hypic reads text only"))] = None
 
     @model_validator(mode="after")
     def _has_content(self) -> Message:
@@ -366,6 +379,10 @@ class ChatRequest(Common):
     # message (an assistant's prefilled start), not with the first
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # OpenAI's: to the chat template as ``reasoning_effort`` (as vLLM hands it; templates that do not
+    # read it ignore it); verbosity is a hint, accepted
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
     # OpenAI's: a completion kept for its evals and distillation (hypic keeps none: store false or null
     # only), and outputs hypic does not produce (null only; modalities ["text"])
     store: Annotated[bool | None, BeforeValidator(_stored_never)] = None

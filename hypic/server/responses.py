@@ -24,7 +24,17 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+)
 
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
@@ -99,6 +109,10 @@ class FunctionTool(Strict):
     strict: bool | None = None
 
 
+def _included(value: str) -> str:
+    raise ValueError(f"not supported: include {value!r} (hypic adds nothing more to a response)")
+
+
 class NamedFunction(Strict):
     type: Literal["function"]
     name: FunctionName
@@ -114,8 +128,21 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    verbosity: Annotated[None, BeforeValidator(not_supported("the answer's length follows max_output_tokens "
-                                                             "and the prompt"))] = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint: accepted, the answer is the model's
+
+
+EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+class ReasoningConfig(Strict):
+    """OpenAI's reasoning settings: the effort reaches the chat template as ``reasoning_effort`` (as
+    vLLM hands it; a template that reads it — gpt-oss's — acts on it, others ignore it); summaries
+    are not made."""
+
+    effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    summary: Annotated[None, BeforeValidator(not_supported("reasoning summaries: with --reasoning-parser the "
+                                                           "reasoning comes back whole"))] = None
+    generate_summary: Annotated[None, BeforeValidator(not_supported("reasoning summaries"))] = None
 
 
 class ResponsesRequest(Strict):
@@ -137,12 +164,13 @@ class ResponsesRequest(Strict):
     service_tier: Literal["auto", "default"] | None = None
     store: bool | None = None  # None: kept, as OpenAI's default (in memory, the latest few: ResponseStore)
     previous_response_id: str | None = Field(None, max_length=128)
-    # what hypic does not do, accepted at the values that ask for nothing more
-    truncation: Literal["disabled"] | None = None
-    include: Annotated[list[str], Field(max_length=0)] | None = None
+    # what hypic does not do, accepted at the values that ask for nothing more ("auto" truncation: a
+    # prompt too long for the context is a 400 either way, nothing is dropped from it)
+    truncation: Literal["disabled", "auto"] | None = None
+    include: Annotated[list[Annotated[str, AfterValidator(_included)]], Field(max_length=16)] | None = None
     background: Literal[False] | None = None
-    reasoning: Annotated[None, BeforeValidator(not_supported("no reasoning effort or summary settings; a model "
-                                                             "reasons as its chat template asks"))] = None
+    prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted: hypic's cache has its own budget
+    reasoning: ReasoningConfig | None = None
     # hypic's extensions, as on the other routes
     seed: int | None = Field(None, **INT64)
     cache_salt: Salt | None = None
@@ -220,9 +248,10 @@ def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
         choice = {"type": "function", "function": {"name": choice["name"]}}
     body = {"model": req.model, "messages": messages(req, earlier), "max_completion_tokens": req.max_output_tokens,
             "temperature": req.temperature, "top_p": req.top_p, "stream": req.stream, "seed": req.seed,
-            "tools": None if req.tools is None else [
+            "tools": None if not req.tools else [  # [] (the Agents SDK's, an agent without tools): none
                 {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                 for t in req.tools],
+            "reasoning_effort": None if req.reasoning is None else req.reasoning.effort,
             "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format, "cache_salt": req.cache_salt, "mode": req.mode}
     try:
@@ -268,8 +297,9 @@ def envelope(req: ResponsesRequest, model: str, rid: str, created: int, stored: 
                             else req.tool_choice or "auto"),
             "parallel_tool_calls": req.parallel_tool_calls is not False, "text": _text_format(req),
             "metadata": req.metadata or {}, "previous_response_id": req.previous_response_id,
-            "store": stored, "reasoning": None,
-            "truncation": "disabled", "user": req.user}
+            "store": stored,
+            "reasoning": None if req.reasoning is None else {"effort": req.reasoning.effort, "summary": None},
+            "truncation": req.truncation or "disabled", "user": req.user}
 
 
 def _usage(r: Responder, output: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,6 +14,9 @@ MAX_WAIT_S = 86_400.0  # a timeout longer than a day is a typo (inf crashed uvic
 @dataclass(frozen=True)
 class ServerSettings:
     model_name: str = "hypic"  # the id clients pass as ``model``
+    # other names a request's ``model`` may give (the --model path as typed and resolved, as vLLM serves
+    # the --model string: clients that load the tokenizer from that path send it as the model)
+    model_aliases: tuple[str, ...] = ()
     api_key: str | None = None  # None: no authentication
     max_segments: int = 256  # per request (and per /v1/segments call)
     max_prompt_tokens: int | None = None  # None: the model's position limit
@@ -34,6 +37,8 @@ class ServerSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.model_name, str) or not self.model_name:
             raise ValueError("model_name: expected a non-empty string")
+        if not isinstance(self.model_aliases, tuple) or not all(isinstance(a, str) and a for a in self.model_aliases):
+            raise ValueError("model_aliases: expected a tuple of non-empty strings")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key: expected a non-empty string or None")
         if self.api_key is not None:  # as clients' tokens are read: a key from a file keeps its newline

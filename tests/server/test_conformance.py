@@ -89,11 +89,12 @@ def test_a_refused_budget_names_the_field_sent(no_developer: LiveServer) -> None
 
 
 def test_a_field_not_served_is_refused_in_words(http: httpx.Client) -> None:
-    """Insertion (``suffix``) and Responses' reasoning settings: a 400 saying they are not supported,
+    """Insertion (``suffix``) and Responses' reasoning summaries: a 400 saying they are not supported,
     not pydantic's "Input should be None"; null is still the field left out."""
     for path, body, param in (("/v1/completions", {"prompt": "hi", "max_tokens": 3, "suffix": "end"}, "suffix"),
-                              ("/v1/responses", {"input": "hi", "reasoning": {"effort": "low"}}, "reasoning"),
-                              ("/v1/responses", {"input": "hi", "text": {"verbosity": "low"}}, "text.verbosity")):
+                              ("/v1/responses", {"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+                              ("/v1/responses", {"input": "hi", "include": ["reasoning.encrypted_content"]},
+                               "include[0]")):
         r = http.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert r.json()["error"]["message"].startswith(f"{param}: not supported: "), r.text

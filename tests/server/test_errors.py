@@ -68,7 +68,7 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
     ("/v1/completions", {"prompt": "hi", "seed": 2**70}, 400, "seed"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop[0]"),
-    ("/v1/completions", {"prompt": "hi", "stop": ["a"] * 9}, 400, "stop"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["a"] * 33}, 400, "stop"),
     ("/v1/completions", {"prompt": "hi", "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 1}}, 400,
      "stream_options.include_usage"),
@@ -165,8 +165,8 @@ def test_a_message_says_the_real_problem(server: LiveServer) -> None:
     """A field with several shapes is reported in the shape it was sent in: too many stop strings is
     their count, not "should be a valid string" (the string shape's complaint)."""
     for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions", {"messages": OK_CHAT})):
-        r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": ["a"] * 9})
-        assert r.status_code == 400 and _error_shape(r)["message"] == "stop: at most 8 stop strings, got 9"
+        r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": ["a"] * 33})
+        assert r.status_code == 400 and _error_shape(r)["message"] == "stop: at most 32 stop strings, got 33"
         r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "stop": 5})
         assert r.status_code == 400 and _error_shape(r)["message"] == "stop: expected a string or a list of strings"
         # NaN (Python's json reads it) is not a number out of range; an empty salt would share entries

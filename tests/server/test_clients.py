@@ -1,0 +1,143 @@
+"""What popular clients send, served (from a review of lm-evaluation-harness, the OpenAI Agents SDK,
+LangChain, LlamaIndex and vLLM's benchmark against this server): keys other APIs' objects carry inside
+messages, ``tools: []`` and reasoning settings on the Responses API, ``stop: []``, the model named by
+its path, and a streamed chat's first chunk sent with its first token, not before the prefill."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from hypic import LLM, SamplingParams
+from hypic.server import ServerSettings
+from hypic.server.chat import ChatTemplate
+from hypic.server.prompts import chat_segments
+from hypic.server.protocol import ChatRequest
+from tests.server.conftest import API_KEY, MODEL, serve
+
+USER = {"role": "user", "content": "Question: who?"}
+
+
+def _chat(http: httpx.Client, messages: list[dict], **kw) -> httpx.Response:
+    return http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 4,
+                                                   "temperature": 0, **kw})
+
+
+def test_keys_other_apis_put_in_messages_are_ignored_as_vllm_ignores_them(http: httpx.Client) -> None:
+    want = _chat(http, [USER]).json()["choices"][0]["message"]["content"]
+    lm_eval = [{**USER, "type": "text"}]  # lm-eval's local-chat-completions marks every message so
+    assert _chat(http, lm_eval).json()["choices"][0]["message"]["content"] == want
+    sdk = [USER, {"role": "assistant", "content": "Mira.", "refusal": None, "annotations": [], "audio": None,
+                  "function_call": None}, USER]  # an OpenAI SDK answer dumped back into the history
+    assert _chat(http, sdk).status_code == 200
+    called = [USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}, USER]  # a streamed call kept with its index
+    assert _chat(http, called).status_code == 200
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Question: who?",
+                                           "cache_control": {"type": "ephemeral"}}]}]
+    assert _chat(http, parts).status_code == 200
+    for key, value in (("function_call", {"name": "f", "arguments": "{}"}), ("audio", {"id": "a1"})):
+        r = _chat(http, [USER, {"role": "assistant", "content": "x", key: value}, USER])
+        assert r.status_code == 400 and r.json()["error"]["param"] == f"messages[1].{key}", r.text
+        assert "not supported" in r.json()["error"]["message"]
+    typo = _chat(http, [USER], max_token=3)  # the request's own fields stay strict
+    assert typo.status_code == 400 and typo.json()["error"]["param"] == "max_token"
+
+
+def test_an_empty_stop_list_is_no_stop_strings(http: httpx.Client) -> None:
+    plain = _chat(http, [USER]).json()["choices"][0]["message"]["content"]
+    r = _chat(http, [USER], stop=[])
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == plain
+
+
+def test_the_responses_api_takes_what_the_agents_sdk_sends(http: httpx.Client) -> None:
+    base = {"model": MODEL, "input": [USER], "instructions": "Be brief.", "max_output_tokens": 4, "temperature": 0}
+    want = http.post("/v1/responses", json=base).json()["output"][-1]["content"][0]["text"]
+    sent = {**base, "tools": [], "include": [], "truncation": "auto", "prompt_cache_retention": "24h",
+            "reasoning": {"effort": "low", "summary": None}, "text": {"format": {"type": "text"}, "verbosity": "low"}}
+    r = http.post("/v1/responses", json=sent)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["output"][-1]["content"][0]["text"] == want and body["tools"] == []
+    assert body["reasoning"] == {"effort": "low", "summary": None} and body["truncation"] == "auto"
+    streamed = http.post("/v1/responses", json={**sent, "stream": True})
+    assert streamed.status_code == 200 and '"type": "response.incomplete"' in streamed.text  # 4 tokens: cut
+    for extra, param in (({"include": ["message.output_text.logprobs"]}, "include[0]"),
+                         ({"reasoning": {"summary": "auto"}}, "reasoning.summary")):
+        r = http.post("/v1/responses", json={**base, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "not supported" in r.json()["error"]["message"]
+    assert _chat(http, [USER], reasoning_effort="low", verbosity="low").status_code == 200
+
+
+def test_reasoning_effort_reaches_the_chat_template(llm: LLM) -> None:
+    """As vLLM hands it: a template that reads ``reasoning_effort`` (gpt-oss's) renders it."""
+    template = ChatTemplate("{{ reasoning_effort or 'unset' }}|{% for m in messages %}{{ m['content'] }}|{% endfor %}")
+    settings = ServerSettings()
+    for effort, shown in ((None, "unset"), ("high", "high")):
+        req = ChatRequest.model_validate({"messages": [USER], "reasoning_effort": effort})
+        ids = chat_segments(llm, template, req, settings)
+        assert llm.tokenizer.decode([t for s in ids for t in s]).strip().startswith(shown)
+
+
+def test_the_model_is_found_by_its_path_and_listed_with_its_root(llm: LLM) -> None:
+    """``vllm bench serve`` reads ``root``; clients that load the tokenizer from the model's path send
+    that path as the model (vLLM serves the --model string)."""
+    path = str(llm.loaded.path)
+    live = serve(llm, model_aliases=(path,))
+    try:
+        with httpx.Client(base_url=live.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as h:
+            card = h.get("/v1/models").json()["data"][0]
+            assert card["id"] == MODEL and card["root"] == path
+            ok = h.post("/v1/completions", json={"model": path, "prompt": "hi", "max_tokens": 1})
+            assert ok.status_code == 200 and ok.json()["model"] == MODEL
+            other = h.post("/v1/completions", json={"model": path + "-not", "prompt": "hi", "max_tokens": 1})
+            assert other.status_code == 404
+    finally:
+        live.stop()
+    with pytest.raises(ValueError, match="model_aliases"):
+        ServerSettings(model_aliases=["x"])
+
+
+def test_a_streamed_chat_says_nothing_before_its_first_token(http: httpx.Client, llm: LLM) -> None:
+    """The role chunk comes with the first token (vLLM's order): a client timing the first chunk (vLLM's
+    benchmark) reads the time to the first token. Held here: nothing may arrive while the engine is
+    held, before any prefill."""
+    got: list[tuple[float, dict]] = []
+
+    def read() -> None:
+        body = {"model": MODEL, "messages": [USER], "max_tokens": 3, "temperature": 0, "stream": True}
+        with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    got.append((time.monotonic(), json.loads(line[6:])))
+
+    with llm.engine._lock:  # the prefill cannot start
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(1.0)
+        held = list(got)
+        released = time.monotonic()
+    reader.join(60)
+    assert held == []  # before the fix, the role chunk was out at once
+    deltas = [c["choices"][0]["delta"] for _, c in got]
+    assert deltas[0] == {"role": "assistant", "content": ""} and "content" in deltas[1]
+    assert got[0][0] >= released
+
+
+def test_the_library_reads_an_empty_stop_list_as_none(llm: LLM) -> None:
+    assert SamplingParams(stop=[]).stop == ()
+
+
+def test_a_server_limit_names_the_flag_that_raises_it(http: httpx.Client) -> None:
+    """lm-eval's aime asks 32 768 tokens, a batch of 64 prompts is its batch_size 64: what to raise."""
+    for body, flag in (({"prompt": "hi", "max_tokens": 10**6}, "--max-completion-tokens"),
+                       ({"prompt": ["hi"] * 64, "max_tokens": 1}, "--max-prompts"),
+                       ({"prompt": "hi", "max_tokens": 1, "n": 64}, "--max-choices")):
+        r = http.post("/v1/completions", json={"model": MODEL, **body})
+        assert r.status_code == 400 and f"(hypic serve {flag})" in r.json()["error"]["message"], r.text
