@@ -200,8 +200,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     async def structured_ready(req: Common, forced_call: bool = False) -> None:
         """Structured output's trie, built once and off the event loop (≈ 3 s for 151 000 tokens)."""
-        if forced_call or (req.response_format is not None and req.response_format.constraint is not None):
-            await asyncio.to_thread(prompts.check_structured, llm)
+        if forced_call or req.constraint_field is not None:
+            await asyncio.to_thread(prompts.check_structured, llm, req.constraint_field)
 
     async def names_ready(top: int | None) -> None:
         """Log-probabilities' token names (``hypic.server.logprobs``), read from the vocabulary once and
@@ -228,7 +228,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
-                                       eos=tuple(sorted(llm.engine.eos))))
+                                       eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id))
             return gens
 
         gens = await asyncio.to_thread(prepare)
@@ -269,7 +269,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
-                          eos=tuple(sorted(llm.engine.eos)))
+                          eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -23,6 +23,23 @@ _FIELD = re.compile(r"^([A-Za-z_][\w.\[\]]*): (.*)$", re.S)
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[A-Z].*|.*[\[\-].*)$")  # union-member tags in pydantic locs
 
 
+# fields other servers (vLLM, OpenAI) take and hypic does not: refused in words, not as a typo
+NOT_SERVED = {
+    "truncate_prompt_tokens": "hypic does not cut prompts (a prompt too long for the context is a 400)",
+    "use_beam_search": "hypic does not search beams", "length_penalty": "hypic does not search beams",
+    "prompt_logprobs": "on completions, echo with logprobs scores the prompt",
+    "return_tokens_as_token_ids": "tokens are spelled as text (a byte that is no text as bytes:\\xNN)",
+    "return_token_ids": "tokens are spelled as text", "bad_words": "use logit_bias",
+    "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",
+    "guided_choice": "use response_format json_schema", "guided_regex": "use response_format json_schema",
+    "guided_grammar": "use response_format json_schema", "guided_decoding_backend": "use response_format",
+    "guided_whitespace_pattern": "use response_format", "functions": "the legacy functions; send tools",
+    "function_call": "the legacy function_call; send tool_choice", "documents": "send documents as messages",
+    "chat_template": "the server uses the model's template", "mm_processor_kwargs": "hypic reads text only",
+    "kv_transfer_params": "hypic has no disaggregated prefill", "vllm_xargs": "no vLLM plugin arguments",
+}
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request",
                  type: str = "invalid_request_error", code: str | None = None,
@@ -80,7 +97,8 @@ def from_validation_error(e: ValidationError) -> APIError:
             param = f"{param}.{m.group(1)}"        # messages[0] + "content: …" → messages[0].content
             return bad_request(f"{param}: {m.group(2)}", param)
     elif first["type"] == "extra_forbidden":
-        message = "unrecognized field"
+        why = NOT_SERVED.get(str(first["loc"][-1])) if first["loc"] else None
+        message = "unrecognized field" if why is None else f"not supported: {why}"
     elif first["type"] == "missing":
         message = "required field is missing"
     elif first["type"] == "model_type":

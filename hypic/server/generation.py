@@ -68,6 +68,7 @@ class Generation:
     tools: ToolCalling | None = None  # chat with tools: the answer may be calls (hypic.server.tools)
     think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
     eos: tuple[int, ...] = ()  # the model's end tokens: kept out of the text (answer_text)
+    request_id: str | None = None  # the client's (vLLM's field): the response's id after its prefix
 
 
 @dataclass
@@ -215,6 +216,15 @@ class Responder:
         return {**self._envelope(True), "choices": [choice]}
 
 
+def one_call_each(delta: dict[str, Any]) -> list[dict[str, Any]]:
+    """A streamed delta holding several tool calls as one delta a call (OpenAI's and vLLM's way; clients
+    such as LlamaIndex read a chunk's first call only), the rest of it with the first."""
+    calls = delta.get("tool_calls") or []
+    if len(calls) < 2:
+        return [delta]
+    return [{**delta, "tool_calls": calls[:1]}, *({"tool_calls": [c]} for c in calls[1:])]
+
+
 def _usage(rs: list[Responder]) -> dict:
     """Each prompt once (a batch has several), every choice's completion tokens."""
     firsts: dict[int, Responder] = {}
@@ -272,7 +282,10 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                 tokens = held.pop(r.index, []) + item.tokens
                 delta, finish = r.stream_delta(item)
                 if delta or finish is not None:
-                    yield _sse(r.chunk(Piece("", tokens, finish), delta))
+                    parts = one_call_each(delta)
+                    for k, part in enumerate(parts):  # the finish reason with the last
+                        yield _sse(r.chunk(Piece("", tokens if k == 0 else [],
+                                                 finish if k == len(parts) - 1 else None), part))
                 else:
                     held[r.index] = tokens
             elif item.text or item.finish or r.gen.top_logprobs is not None:
@@ -359,18 +372,22 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     gen = gens[0]
     metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
     stream_body, whole_body = shape or (_stream, _whole)
-    first = Responder(gen, jobs[0], tokenizer, metrics)
+    # the client's id (the body's request_id, else the X-Request-Id header, as vLLM takes them), echoed
+    # in the X-Request-Id header: a client's log and the server's name the request alike
+    base = gen.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
+    first = Responder(gen, jobs[0], tokenizer, metrics, id_=None if shape else
+                      f"{'chatcmpl' if gen.chat else 'cmpl'}-{base}")
     rs = [first] + [Responder(g, job, tokenizer, metrics, k, first.id, first.created)
                     for k, (g, job) in enumerate(zip(owners[1:], jobs[1:], strict=True), 1)]
     if gen.stream:
         return _JobStream(jobs, stream_body(rs), media_type="text/event-stream",
-                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": base})
     consumer = asyncio.ensure_future(whole_body(rs))
     watcher = asyncio.ensure_future(until_disconnected(request.receive))
     try:
         await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if consumer.done():
-            return JSONResponse(consumer.result())
+            return JSONResponse(consumer.result(), headers={"X-Request-Id": base})
         metrics.count_error("cancelled")
         return Response(status_code=499)
     finally:

@@ -134,10 +134,9 @@ def tool_calling(req: ChatRequest) -> ToolCalling | None:
         calling = plan(None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools], choice)
     except ValueError as e:
         raise from_value_error(e, "tools") from None
-    if calling is not None and calling.forced and req.response_format is not None \
-            and req.response_format.constraint is not None:
-        raise bad_request("response_format: not with a tool_choice that forces a call (the call has its own shape)",
-                          "response_format")
+    if calling is not None and calling.forced and req.constraint_field is not None:
+        field = req.constraint_field.split(".")[0]
+        raise bad_request(f"{field}: not with a tool_choice that forces a call (the call has its own shape)", field)
     return calling
 
 
@@ -160,7 +159,10 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
         if outside:
             raise bad_request(f"{name}: {outside[0]} is not a token id of this model's vocabulary "
                               f"[0, {vocab_size})", name)
-    schema = None if req.response_format is None else req.response_format.constraint
+    try:
+        schema = req.constraint
+    except ValueError as e:  # structured_outputs.json given as text that is no JSON
+        raise from_value_error(e, "structured_outputs") from None
     if calling is not None and calling.forced:
         schema = calling.schema
     try:
@@ -175,22 +177,24 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
     except ValueError as e:
-        raise from_value_error(_in_response_format(e), None) from None
+        raise from_value_error(_in_response_format(e, req.constraint_field), None) from None
 
 
-def check_structured(llm: LLM) -> None:
+def check_structured(llm: LLM, field: str | None = None) -> None:
     """Whether the tokenizer can spell every JSON text (its trie built now, once): a 400 now, not a
     failure in the serving loop. Slow the first time on a large vocabulary: run off the event loop."""
     try:
         llm.engine.token_vocab()
     except ValueError as e:
-        raise from_value_error(_in_response_format(e), "response_format") from None
+        field = field or "response_format.json_schema.schema"
+        raise from_value_error(_in_response_format(e, field), field.split(".")[0]) from None
 
 
-def _in_response_format(e: ValueError) -> ValueError:
-    """The library names the schema ``json_schema``; a request holds it at response_format.json_schema.schema."""
+def _in_response_format(e: ValueError, field: str | None) -> ValueError:
+    """The library names the schema ``json_schema``; a request holds it where ``field`` says
+    (response_format.json_schema.schema, structured_outputs.json, guided_json)."""
     text = str(e)
-    return ValueError("response_format.json_schema.schema" + text.removeprefix("json_schema")
+    return ValueError((field or "response_format.json_schema.schema") + text.removeprefix("json_schema")
                       if text.startswith("json_schema") else text)
 
 

@@ -14,6 +14,7 @@ implement are accepted only at their neutral values.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -49,6 +50,12 @@ def not_supported(why: str) -> Callable[[object], None]:
         if value is not None:
             raise ValueError(f"not supported: {why}")
     return refuse
+
+
+def _no_continuous_usage(value: bool) -> bool:
+    if value:
+        raise ValueError("not supported: usage comes in the last chunk (include_usage)")
+    return value
 
 
 MAX_STOPS = 32  # stop strings a request may give (OpenAI allows 4; vLLM sets no bound)
@@ -108,8 +115,40 @@ class Lenient(Strict):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+def _first_come(value: int) -> int:
+    if value != 0:
+        raise ValueError("not supported: hypic serves requests first come, first served (priority 0 only)")
+    return value
+
+
 class StreamOptions(Strict):
     include_usage: bool = False
+    include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none is added
+    continuous_usage_stats: Annotated[bool, AfterValidator(_no_continuous_usage)] = False  # vLLM's
+
+
+class StructuredOutputs(Strict):
+    """vLLM's ``structured_outputs``: ``json`` (a schema, or its JSON text) constrains decoding as
+    ``response_format`` json_schema does; the other kinds are not served."""
+
+    json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    choice: Annotated[None, BeforeValidator(not_supported("choice; a json schema with an enum is the nearest"))] \
+        = None
+    regex: Annotated[None, BeforeValidator(not_supported("regex; use json"))] = None
+    grammar: Annotated[None, BeforeValidator(not_supported("grammar; use json"))] = None
+    structural_tag: Annotated[None, BeforeValidator(not_supported("structural_tag"))] = None
+
+    @property
+    def constraint(self) -> dict[str, Any] | bool | None:
+        if self.json_object:
+            return {"type": "object"}
+        if isinstance(self.json_, str):
+            try:
+                return json.loads(self.json_)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json: not JSON: {e}") from None
+        return self.json_
 
 
 class JsonSchemaFormat(Strict):
@@ -190,11 +229,41 @@ class Common(Strict):
     cache_salt: Salt | None = None
     mode: Literal[MODES] = "hypic"  # type: ignore[valid-type]
     response_format: ResponseFormat | None = None
+    # vLLM's: the same constraint as response_format (``guided_json`` its older name)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | bool | None = None
+    # vLLM's: the response's id ("cmpl-" / "chatcmpl-" + it; else the X-Request-Id header, else random)
+    request_id: str | None = Field(None, pattern=r"^[!-~]{1,256}$")  # visible ASCII: it goes in a header too
+    # vLLM's priority scheduling: hypic serves first come, first served (0 only)
+    priority: Annotated[int, AfterValidator(_first_come)] = 0
+
+    @property
+    def constraint_field(self) -> str | None:
+        """Where the JSON constraint was given (what a refusal of its schema names), None if nowhere."""
+        if self.structured_outputs is not None:
+            return "structured_outputs.json"
+        if self.guided_json is not None:
+            return "guided_json"
+        if self.response_format is not None and self.response_format.constraint is not None:
+            return "response_format.json_schema.schema"
+        return None
+
+    @property
+    def constraint(self) -> dict[str, Any] | bool | None:
+        """The JSON constraint asked, by whichever name (one of them at most)."""
+        given = [c for c in (self.response_format and self.response_format.constraint,
+                             self.structured_outputs and self.structured_outputs.constraint, self.guided_json)
+                 if c is not None]
+        return given[0] if given else None
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> Common:
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
             raise ValueError("stream_options: only allowed when stream is true")
+        named = [n for n in ("response_format", "structured_outputs", "guided_json") if getattr(self, n) is not None
+                 and (n != "response_format" or self.response_format.constraint is not None)]
+        if len(named) > 1:
+            raise ValueError(f"{named[1]}: one constraint a request (with {named[0]})")
         return self
 
     @property

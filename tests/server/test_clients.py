@@ -141,3 +141,46 @@ def test_a_server_limit_names_the_flag_that_raises_it(http: httpx.Client) -> Non
                        ({"prompt": "hi", "max_tokens": 1, "n": 64}, "--max-choices")):
         r = http.post("/v1/completions", json={"model": MODEL, **body})
         assert r.status_code == 400 and f"(hypic serve {flag})" in r.json()["error"]["message"], r.text
+
+
+def test_vllms_structured_outputs_constrain_as_response_format(http: httpx.Client) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    body = {"model": MODEL, "prompt": "Answer in JSON:", "max_tokens": 24, "temperature": 0}
+    want = http.post("/v1/completions", json={**body, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}).json()["choices"][0]["text"]
+    free = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    assert json.loads(want) is not None and free != want  # the constraint acts
+    for extra in ({"structured_outputs": {"json": schema}}, {"structured_outputs": {"json": json.dumps(schema)}},
+                  {"guided_json": schema}):
+        r = http.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (extra, r.text)
+    obj = http.post("/v1/completions", json={**body, "structured_outputs": {"json_object": True}})
+    fmt = http.post("/v1/completions", json={**body, "response_format": {"type": "json_object"}})
+    assert obj.status_code == 200 and obj.json()["choices"][0]["text"] == fmt.json()["choices"][0]["text"]
+    assert obj.json()["choices"][0]["text"].startswith("{")
+    for extra, param in (({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs.choice"),
+                         ({"guided_choice": ["a", "b"]}, "guided_choice"),
+                         ({"guided_json": schema, "structured_outputs": {"json": schema}}, "guided_json"),
+                         ({"structured_outputs": {"json": "{no"}}, "structured_outputs"),
+                         ({"guided_json": {"type": "string", "format": "hostname"}}, "guided_json")):
+        r = http.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (extra, r.text)
+
+
+def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) -> None:
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    mine = http.post("/v1/completions", json={**body, "request_id": "abc-1", "priority": 0})
+    assert mine.status_code == 200 and mine.json()["id"] == "cmpl-abc-1" and mine.headers["x-request-id"] == "abc-1"
+    header = http.post("/v1/chat/completions", headers={"X-Request-Id": "bench-7"},
+                       json={"model": MODEL, "messages": [USER], "max_tokens": 2, "stream": True,
+                             "stream_options": {"include_usage": True, "include_obfuscation": False}})
+    assert header.headers["x-request-id"] == "bench-7" and '"id": "chatcmpl-bench-7"' in header.text
+    for extra, param, why in (({"priority": 1}, "priority", "first come"),
+                              ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens", "does not cut"),
+                              ({"use_beam_search": True}, "use_beam_search", "beams"),
+                              ({"request_id": "é"}, "request_id", ""),
+                              ({"stream": True, "stream_options": {"continuous_usage_stats": True}},
+                               "stream_options.continuous_usage_stats", "last chunk")):
+        r = http.post("/v1/completions", json={**body, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert why in r.json()["error"]["message"]

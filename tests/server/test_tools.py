@@ -15,6 +15,7 @@ import pytest
 from openai import OpenAI
 
 from hypic.server.chat import ChatTemplate
+from hypic.server.generation import one_call_each
 from hypic.server.tools import OPENS, StreamedCalls, ToolCalling, parse_calls
 from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve_with_template
 
@@ -326,3 +327,19 @@ def test_a_forced_call_cut_by_a_stop_string_answers_as_text(client: OpenAI) -> N
                                          temperature=0, stop=['"'])  # the first quote ends it: not a call
     c = out.choices[0]
     assert c.finish_reason == "stop" and not c.message.tool_calls and c.message.content.startswith("{")
+
+
+def test_a_streamed_answer_s_calls_go_one_a_chunk() -> None:
+    """OpenAI and vLLM stream each call in a chunk of its own, and LlamaIndex reads only a chunk's first:
+    MiniMax's two-call block, streamed, is two chunks, content with the first, each with its index."""
+    text = ('Two at once.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
+            '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>')
+    s = StreamedCalls(ToolCalling(False, ("get_weather", "lookup"), None))
+    sent = s.push(text)
+    delta, _ = s.finish("stop")
+    parts = one_call_each(delta)
+    assert [[c["function"]["name"] for c in p["tool_calls"]] for p in parts] == [["lookup"], ["get_weather"]]
+    assert [p["tool_calls"][0]["index"] for p in parts] == [0, 1]
+    assert "content" not in parts[1] and parts[0].get("content") == delta.get("content")
+    assert sent == "Two at once.\n" or sent + delta.get("content", "") == "Two at once.\n"
+    assert one_call_each({"content": "x"}) == [{"content": "x"}]
