@@ -166,6 +166,8 @@ class Scheduler:
         requests that fit the limit go, each that does not skipped. Whether any was admitted."""
         with self._cv:
             ahead = int(bool(self._waiting) and self._waiting[0] is behind)
+            if behind is not None and not ahead:
+                return False  # the sliced head left (cancelled): the new head may need slicing itself
             room = max(0, self.max_running - len(self._running) - ahead)
             candidates = list(itertools.islice(self._waiting, ahead, ahead + room))
         # what each would compute, costed outside the queue's lock: that takes the store's, and a

@@ -127,11 +127,11 @@ class ChatTemplate:
                 raise ValueError("continue_final_message: not with add_generation_prompt (set it false)")
             if not "".join(messages[-1][1]):
                 raise ValueError("continue_final_message: the last message has no content to continue")
-        out = self._segments(messages, context, extras, add_generation_prompt)
-        return _cut_after(out, PART_SEPARATOR.join(messages[-1][1])) if continue_final_message else out
+        return self._segments(messages, context, extras, add_generation_prompt, continue_final_message)
 
     def _segments(self, messages: list[tuple[str, list[str]]], context: dict[str, Any] | None,
-                  extras: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[ChatSegment]:
+                  extras: list[dict[str, Any]] | None, add_generation_prompt: bool,
+                  continue_final: bool = False) -> list[ChatSegment]:
         mark = self._mark
         extras = extras or [{} for _ in messages]
         messages = [(self.developer_role if role == "developer" else role, parts) for role, parts in messages]
@@ -145,7 +145,7 @@ class ChatTemplate:
         if len(marks) != sum(len(parts) for _, parts in messages):
             # the template cuts or repeats content (Qwen3 keeps an assistant's text after </think>
             # only, dropping the mark): cut where the plain render's message prefixes end instead
-            return self._by_message(plain_messages, plain, context)
+            return self._by_message(plain_messages, plain, context, continue_final)
         cuts: dict[int, int] = {0: 0}  # position in ``full`` → message index
         first = 0
         for i, (_, parts) in enumerate(messages):
@@ -160,19 +160,29 @@ class ChatTemplate:
         # Positions without the marks, then in the plain render (a template that trims content
         # trims nothing behind a mark: ``_align`` maps across the whitespace it would have removed).
         bounds = sorted((c - len(mark) * sum(m < c for m in marks), cuts[c]) for c in cuts)
+        # continuing the last message: the prompt ends where its last part does, found by its mark
+        # (a search for the text would also find it inside the template's own tokens: "im" in <|im_end|>)
+        end = _part_end(full, marks[-1] + len(mark), messages[-1][1][-1]) if continue_final else len(full)
+        end -= len(mark) * sum(m < end for m in marks)
         text = full.replace(mark, "")
+        at = [b for b, _ in bounds] + [end]
         try:
-            positions = [b for b, _ in bounds] if text == plain else _align(text, plain, [b for b, _ in bounds])
+            mapped = at if text == plain else _align(text, plain, at)
         except ValueError:  # the template changes content beyond whitespace
-            return self._by_message(plain_messages, plain, context)
-        ends = [*positions[1:], len(plain)]
-        return [ChatSegment(plain[a:b], m) for a, b, (_, m) in zip(positions, ends, bounds, strict=True) if b > a]
+            return self._by_message(plain_messages, plain, context, continue_final)
+        positions, stop = mapped[:-1], mapped[-1]
+        ends = [*positions[1:], stop]
+        return [ChatSegment(plain[a:min(b, stop)], m) for a, b, (_, m) in zip(positions, ends, bounds, strict=True)
+                if min(b, stop) > a]
 
     def _by_message(self, plain_messages: list[dict[str, Any]], plain: str,
-                    context: dict[str, Any] | None) -> list[ChatSegment]:
+                    context: dict[str, Any] | None, continue_final: bool = False) -> list[ChatSegment]:
         """Segments of the plain render cut where the render of each leading run of messages ends,
         when that is a prefix of it (a message's parts are not told apart): what can still be cached
         when the template rewrites content; the prompt as one segment when nothing lines up."""
+        if continue_final:
+            raise ValueError("continue_final_message: the chat template rewrites the messages' content, so where "
+                             "the last one ends cannot be found")
         cuts = [(0, 0)]
         for i in range(1, len(plain_messages)):
             try:
@@ -185,21 +195,14 @@ class ChatTemplate:
         return [ChatSegment(plain[a:b], m) for (a, m), b in zip(cuts, ends, strict=True) if b > a]
 
 
-def _cut_after(segments: list[ChatSegment], content: str) -> list[ChatSegment]:
-    """``segments`` ending where the last occurrence of ``content`` (the last message's) does: what the
-    template closes the message with (an end-of-turn token) is left out."""
-    text = "".join(s.text for s in segments)
-    at = text.rfind(content)
-    if at < 0:
-        raise ValueError("continue_final_message: the chat template changes the last message's content; "
-                         "cannot continue it")
-    end, out, start = at + len(content), [], 0
-    for s in segments:
-        if start >= end:
-            break
-        out.append(ChatSegment(s.text[:end - start], s.message))
-        start += len(s.text)
-    return out
+def _part_end(full: str, start: int, part: str) -> int:
+    """Where a message's last part, rendered from ``start``, ends: the part whole, or without the
+    trailing whitespace a template's ``trim`` took (transformers continues such a message the same way)."""
+    for kept in (part, part.rstrip()):
+        if kept and full.startswith(kept, start):
+            return start + len(kept)
+    raise ValueError("continue_final_message: the chat template changes the last message's content; cannot "
+                     "continue it")
 
 
 def _align(marked: str, plain: str, cuts: list[int]) -> list[int]:

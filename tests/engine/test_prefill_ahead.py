@@ -156,6 +156,37 @@ def test_requests_behind_a_sliced_prompt_that_fit_the_limit_go_between_its_slice
     assert len(calls.slices(long)) == 3 and starts.index([long]) < starts.index([warm])
 
 
+def test_the_next_head_is_sliced_when_the_sliced_one_leaves(llm) -> None:
+    """The head cancelled after its first slice (its client left): the prompt now first is sliced in
+    its turn, not admitted whole while others decode."""
+    llm.engine.store.clear()
+    sp = SamplingParams(max_tokens=2)
+    head, after = _long(40), _long(41)
+    sched = Scheduler(llm.engine, max_running=4, max_prefill_tokens=64)
+    decoding = Decoding(sched)
+    calls = Calls(llm.engine)
+    real, subs = llm.engine.prefill_ahead, {}  # Calls' wrapper: the slices are logged
+
+    def cancelling(prompt, **kwargs):
+        built = real(prompt, **kwargs)
+        if prompt is head:
+            subs["head"].cancel()
+        return built
+
+    llm.engine.prefill_ahead = cancelling
+    try:
+        with sched._cv:
+            subs["head"], nxt = sched.submit(head, sp), sched.submit(after, sp)
+        ends = [list(s.stream(timeout=60))[-1] for s in (subs["head"], nxt)]
+        decoding.stop()
+        sched.shutdown()
+    finally:
+        llm.engine.prefill_ahead = real
+        calls.restore()
+    assert [e.kind for e in ends] == ["error", "done"]
+    assert len(calls.slices(head)) == 1 and len(calls.slices(after)) == 3
+
+
 def test_a_prompt_is_prefilled_whole_within_the_limit_when_nothing_decodes_and_without_entries(llm) -> None:
     llm.engine.store.clear()
     sp = SamplingParams(max_tokens=2)

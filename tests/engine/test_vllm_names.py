@@ -118,6 +118,15 @@ def test_chat_renders_as_vllm_asks_and_as_transformers_renders(llm: LLM) -> None
     assert out.prompt == rendered and rendered.endswith("Mira lives in")
     tail = llm.tokenizer.decode(out.prompt_token_ids[-6:], skip_special_tokens=False)
     assert tail.endswith("Mira lives in")  # the model reads no end of turn after it
+    for content in ("im", ">", "\n", "The answer is "):  # "im" is in <|im_end|> too: found by its place, not text
+        conv = [MESSAGES[1], {"role": "assistant", "content": content}]
+        got = llm.chat(conv, sp, continue_final_message=True, add_generation_prompt=False)[0].prompt
+        assert got == hf.apply_chat_template(conv, tokenize=False, continue_final_message=True), content
+    trim = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    conv = [MESSAGES[1], {"role": "assistant", "content": " Mira lives in "}]  # a template that trims content
+    got = llm.chat(conv, sp, chat_template=trim, continue_final_message=True, add_generation_prompt=False)[0].prompt
+    assert got.endswith("<|im_start|>assistant\nMira lives in")
     custom = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
     assert llm.chat(MESSAGES, sp, chat_template=custom)[0].prompt == "[You are helpful.][Where does Mira live?]"
     for kwargs, message in [(dict(continue_final_message=True), "not with add_generation_prompt"),
