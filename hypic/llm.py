@@ -162,8 +162,10 @@ class LLM:
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
             self._check_text_options(p)
         answers = [(i, j) for i, p in enumerate(params) for j in range(p.n)]
-        outputs = self._run([ids[i] for i, _ in answers], [params[i].for_choice(j) for i, j in answers],
-                            mode, self._salt(cache_salt))
+        # the prompt is scored once (prompt_logprobs, a full forward), by its first answer
+        outputs = self._run([ids[i] for i, _ in answers],
+                            [params[i].for_choice(j).clone(prompt_logprobs=None) if j else params[i].for_choice(j)
+                             for i, j in answers], mode, self._salt(cache_salt))
         result, at = [], 0
         for item, segments, p in zip(items, ids, params, strict=True):
             group, at = outputs[at:at + p.n], at + p.n
@@ -171,8 +173,8 @@ class LLM:
             for j, out in enumerate(group):
                 out.index, out.request_id, out.prompt = j, rid, _prompt_text(item)
                 out.prompt_token_ids = [t for s in segments for t in s]
-            if p.n > 1:
-                group[0].choices = group
+                out.prompt_logprobs = group[0].prompt_logprobs
+            group[0].others = group[1:]
             result.append(group[0])
         return result
 

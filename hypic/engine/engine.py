@@ -445,6 +445,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             if p.n != 1:  # LLM.generate and the server run n answers as n requests (SamplingParams.for_choice)
                 raise ValueError(f"n: the engine runs one answer per request, got n={p.n}; pass each answer's "
                                  "params (SamplingParams.for_choice)")
+            p.check_enders(self.eos)
             for name, ids in (("logit_bias", p.logit_bias or ()), ("stop_token_ids", p.stop_token_ids),
                               ("allowed_token_ids", p.allowed_token_ids or ())):
                 outside = [t for t in ids if t >= vocab]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 
@@ -128,6 +129,16 @@ class SamplingParams:
                 if getattr(self, name):
                     raise ValueError(f"{name}: not with json_schema (the JSON value's end ends the output)")
 
+    def check_enders(self, eos: Collection[int]) -> None:
+        """A ValueError when every allowed token would end the output before ``min_tokens`` may
+        (the model's ``eos`` given): no token could be drawn."""
+        if self.allowed_token_ids is None or not self.min_tokens:
+            return
+        enders = set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos))
+        if set(self.allowed_token_ids) <= enders:
+            raise ValueError(f"allowed_token_ids: every allowed token ends the output (EOS or a stop token), which "
+                             f"min_tokens forbids before {self.min_tokens} tokens: nothing could be drawn")
+
     def clone(self, **changes: object) -> SamplingParams:
         """A copy with ``changes`` (checked as a new one is)."""
         return replace(self, **changes)
@@ -185,11 +196,13 @@ class RequestOutput:
     # the prompt as text (vLLM's): as given (segments joined by <<PIC_SEP>>), a chat's render; None for token ids
     prompt: str | None = None
     request_id: str | None = None  # the offline API numbers its prompts
-    choices: list[RequestOutput] | None = field(default=None, repr=False)  # the prompt's n answers (n > 1)
+    # the prompt's other answers (n > 1; not this one: an output holding itself could not be walked —
+    # dataclasses.asdict recursed for ever)
+    others: list[RequestOutput] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def outputs(self) -> list[RequestOutput]:
-        return self.choices if self.choices is not None else [self]
+        return [self, *self.others]
 
     @property
     def finished(self) -> bool:

@@ -225,7 +225,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             for k, segments in enumerate(batch):
                 field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
                 max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
-                params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size)  # checked even for 0
+                params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size,  # checked even for 0
+                                          eos=llm.engine.eos)
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
                                        eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id))
@@ -239,7 +240,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 echoed = await asyncio.to_thread(prompts.echo_text, llm, req, k, gen.prompt)
                 gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scores)
             if req.max_tokens == 0:  # the prompt's tokens named and offset: off the event loop too
-                return await asyncio.to_thread(echo_only, gens, llm.tokenizer, metrics)
+                return await asyncio.to_thread(echo_only, request, gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
 
     async def chat_generation(req: ChatRequest, field: str = "messages") -> Generation:
@@ -262,7 +263,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                           settings.max_completion_tokens, settings, req.token_budget_field)
         top = (req.top_logprobs or 0) if req.logprobs else None
         await names_ready(top)
-        params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling)
+        params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling,
+                                         llm.engine.eos)
         think = None
         # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
         if settings.reasoning_parser is not None and params.json_schema is None:

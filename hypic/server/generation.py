@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -372,22 +373,22 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     gen = gens[0]
     metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
     stream_body, whole_body = shape or (_stream, _whole)
-    # the client's id (the body's request_id, else the X-Request-Id header, as vLLM takes them), echoed
-    # in the X-Request-Id header: a client's log and the server's name the request alike
-    base = gen.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
+    given = client_id(request, gen)
+    base = given or uuid.uuid4().hex
     first = Responder(gen, jobs[0], tokenizer, metrics, id_=None if shape else
                       f"{'chatcmpl' if gen.chat else 'cmpl'}-{base}")
+    named = {"X-Request-Id": base} if given or not shape else {}  # a Responses id is its own (resp_…)
     rs = [first] + [Responder(g, job, tokenizer, metrics, k, first.id, first.created)
                     for k, (g, job) in enumerate(zip(owners[1:], jobs[1:], strict=True), 1)]
     if gen.stream:
         return _JobStream(jobs, stream_body(rs), media_type="text/event-stream",
-                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Request-Id": base})
+                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named})
     consumer = asyncio.ensure_future(whole_body(rs))
     watcher = asyncio.ensure_future(until_disconnected(request.receive))
     try:
         await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if consumer.done():
-            return JSONResponse(consumer.result(), headers={"X-Request-Id": base})
+            return JSONResponse(consumer.result(), headers=named)
         metrics.count_error("cancelled")
         return Response(status_code=499)
     finally:
@@ -398,11 +399,23 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
                 job.cancel()
 
 
-def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Response:
+_REQUEST_ID = re.compile(r"[!-~]{1,256}")  # visible ASCII, as the body's request_id
+
+
+def client_id(request: Request, gen: Generation) -> str | None:
+    """The client's name for the request (vLLM's ``request_id``, else an ``X-Request-Id`` header of
+    visible ASCII; another header value is left unused), echoed in ``X-Request-Id`` and in the
+    response's id: a client's log and the server's name the request alike."""
+    header = request.headers.get("x-request-id")
+    return gen.request_id or (header if header and _REQUEST_ID.fullmatch(header) else None)
+
+
+def echo_only(request: Request, gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Response:
     """``max_tokens: 0`` with ``echo``: each prompt (and its log-probabilities) is the whole answer,
     and nothing is queued — how a harness scores a context's continuation (lm-eval's loglikelihood)."""
     metrics.requests.labels("completions").inc()
-    rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+    base = client_id(request, gens[0]) or uuid.uuid4().hex
+    rid, created, named = f"cmpl-{base}", int(time.time()), {"X-Request-Id": base}
     envelope = {"id": rid, "object": "text_completion", "created": created, "model": gens[0].model}
     choices, tokens, scored = [], 0, 0
     for gen in gens:
@@ -419,7 +432,7 @@ def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Respo
     extension = {"mode": "full", "segments": sum(len(g.prompt) for g in gens), "segment_hits": 0,
                  "segment_misses": 0, "recomputed_tokens": scored, "prefill_s": None, "ttft_s": None}
     if not gens[0].stream:
-        return JSONResponse({**envelope, "choices": choices, "usage": usage, "hypic": extension})
+        return JSONResponse({**envelope, "choices": choices, "usage": usage, "hypic": extension}, headers=named)
 
     async def chunks() -> AsyncIterator[str]:
         for c in choices:
@@ -428,4 +441,4 @@ def echo_only(gens: list[Generation], tokenizer: Any, metrics: Metrics) -> Respo
             yield _sse({**envelope, "choices": [], "usage": usage, "hypic": extension})
         yield _sse("[DONE]")
     return StreamingResponse(chunks(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **named})

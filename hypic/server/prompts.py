@@ -7,12 +7,12 @@ is always a 4xx naming the field and the engine only ever sees inputs it accepts
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR
-from hypic.server.chat import ChatTemplate
+from hypic.server.chat import ChatSegment, ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Message, NamedToolChoice
 from hypic.server.settings import ServerSettings
@@ -83,23 +83,40 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
 
 def message_segments(llm: LLM, template: ChatTemplate, messages: list[Message],
                      template_kwargs: dict[str, Any] | None, settings: ServerSettings) -> list[tuple[int, list[int]]]:
-    """Each message's segments (with the message's index) as a chat request renders them ahead of a
-    question — where a retriever puts documents: what /v1/segments caches and evicts for
-    ``messages``. The question (a user message of its own) is rendered and left out; a template
-    that does not let it be cut off leaves the last message out with it."""
-    turns = [(m.role, m.parts) for m in messages] + [("user", ["?"])]
-    _check_count(sum(len(parts) for _, parts in turns) - 1, "messages", settings)
+    """Each message's segments (with the message's index) as a chat request renders them between a
+    system prompt and a question — where a retriever puts documents: what /v1/segments caches and
+    evicts for ``messages``. Both are placeholders, rendered and left out (a template's preamble —
+    a BOS, a default system prompt — goes with the first message of a chat, so a document cached
+    first would miss behind a system prompt); messages that begin with their own system message
+    are rendered from the start. A template that does not let a placeholder be cut off leaves the
+    message beside it out with it."""
+    lead = messages[0].role not in ("system", "developer")  # a system prompt placeholder goes first
+    body = [(m.role, m.parts) for m in messages]
+    _check_count(sum(len(parts) for _, parts in body), "messages", settings)
+    context = {**(template_kwargs or {}), "tools": None}
     try:
-        segments = template.segments(turns, {**(template_kwargs or {}), "tools": None},
-                                     [m.extras for m in messages] + [{}])
+        try:
+            segments = _rendered(template, body, [m.extras for m in messages], context, lead)
+        except ValueError:
+            if not lead:
+                raise
+            lead = False  # a template that refuses a system message: the messages from the start
+            segments = _rendered(template, body, [m.extras for m in messages], context, lead)
     except ValueError as e:
         raise from_value_error(e, "messages") from None
-    question = [i for i, s in enumerate(segments) if s.message == len(messages)]
-    kept = (segments[:question[0]] if question  # else the last message's segment holds the question too
-            else [s for s in segments if s.message < len(messages) - 1])
+    first, question = int(lead), len(messages) + int(lead)
+    asked = [i for i, s in enumerate(segments) if s.message == question]
+    kept = [s for s in (segments[:asked[0]] if asked else segments)
+            if s.message >= first and (asked or s.message < question - 1)]  # else the last holds the question
     _check_count(len(kept), "messages", settings)
-    ids = tokenize(llm, [s.text for s in kept], "messages", lambda i: f"messages[{kept[i].message}]")
-    return [(s.message, t) for s, t in zip(kept, ids, strict=True)]
+    ids = tokenize(llm, [s.text for s in kept], "messages", lambda i: f"messages[{kept[i].message - first}]")
+    return [(s.message - first, t) for s, t in zip(kept, ids, strict=True)]
+
+
+def _rendered(template: ChatTemplate, body: list[tuple[str, list[str]]], extras: list[dict[str, Any]],
+              context: dict[str, Any], lead: bool) -> list[ChatSegment]:
+    turns = ([("system", ["?"])] if lead else []) + body + [("user", ["?"])]
+    return template.segments(turns, context, ([{}] if lead else []) + extras + [{}])
 
 
 def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,
@@ -141,7 +158,7 @@ def tool_calling(req: ChatRequest) -> ToolCalling | None:
 
 
 def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size: int,
-             calling: ToolCalling | None = None) -> SamplingParams:
+             calling: ToolCalling | None = None, eos: Collection[int] = ()) -> SamplingParams:
     """The engine always reports the chosen token's log-probability when any are asked for; a
     forced tool call constrains decoding to the call's schema."""
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
@@ -166,7 +183,7 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
     if calling is not None and calling.forced:
         schema = calling.schema
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=top_logprobs,
                               presence_penalty=float(req.presence_penalty),
                               frequency_penalty=float(req.frequency_penalty), logit_bias=bias,
@@ -176,8 +193,11 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               allowed_token_ids=req.allowed_token_ids,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
+        params.check_enders(eos)
+        return params
     except ValueError as e:
-        raise from_value_error(_in_response_format(e, req.constraint_field), None) from None
+        given = req.constraint_field or ("tool_choice" if calling is not None and calling.forced else None)
+        raise from_value_error(_in_response_format(e, req.constraint_field, given), None) from None
 
 
 def check_structured(llm: LLM, field: str | None = None) -> None:
@@ -190,10 +210,13 @@ def check_structured(llm: LLM, field: str | None = None) -> None:
         raise from_value_error(_in_response_format(e, field), field.split(".")[0]) from None
 
 
-def _in_response_format(e: ValueError, field: str | None) -> ValueError:
+def _in_response_format(e: ValueError, field: str | None, given: str | None = None) -> ValueError:
     """The library names the schema ``json_schema``; a request holds it where ``field`` says
-    (response_format.json_schema.schema, structured_outputs.json, guided_json)."""
+    (response_format.json_schema.schema, structured_outputs.json, guided_json), and asked for it by
+    ``given`` (that, or tool_choice: a forced call's schema)."""
     text = str(e)
+    if given is not None:  # "min_tokens: not with json_schema": the field the request gave it in
+        text = text.replace("not with json_schema", f"not with {given.split('.')[0]}")
     return ValueError((field or "response_format.json_schema.schema") + text.removeprefix("json_schema")
                       if text.startswith("json_schema") else text)
 

@@ -140,6 +140,11 @@ class StructuredOutputs(Strict):
     structural_tag: Annotated[None, BeforeValidator(not_supported("structural_tag"))] = None
 
     @property
+    def given(self) -> bool:
+        """Whether it asks for a constraint at all ({} and json_object false do not)."""
+        return self.json_ is not None or bool(self.json_object)
+
+    @property
     def constraint(self) -> dict[str, Any] | bool | None:
         if self.json_object:
             return {"type": "object"}
@@ -240,7 +245,7 @@ class Common(Strict):
     @property
     def constraint_field(self) -> str | None:
         """Where the JSON constraint was given (what a refusal of its schema names), None if nowhere."""
-        if self.structured_outputs is not None:
+        if self.structured_outputs is not None and self.structured_outputs.given:
             return "structured_outputs.json"
         if self.guided_json is not None:
             return "guided_json"
@@ -251,17 +256,24 @@ class Common(Strict):
     @property
     def constraint(self) -> dict[str, Any] | bool | None:
         """The JSON constraint asked, by whichever name (one of them at most)."""
-        given = [c for c in (self.response_format and self.response_format.constraint,
-                             self.structured_outputs and self.structured_outputs.constraint, self.guided_json)
-                 if c is not None]
-        return given[0] if given else None
+        field = self.constraint_field
+        if field is None:
+            return None
+        if field == "guided_json":
+            return self.guided_json
+        if field.startswith("structured_outputs"):
+            return self.structured_outputs.constraint
+        return self.response_format.constraint
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> Common:
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
             raise ValueError("stream_options: only allowed when stream is true")
-        named = [n for n in ("response_format", "structured_outputs", "guided_json") if getattr(self, n) is not None
-                 and (n != "response_format" or self.response_format.constraint is not None)]
+        named = [n for n, given in (("response_format", self.response_format is not None
+                                     and self.response_format.constraint is not None),
+                                    ("structured_outputs", self.structured_outputs is not None
+                                     and self.structured_outputs.given),
+                                    ("guided_json", self.guided_json is not None)) if given]
         if len(named) > 1:
             raise ValueError(f"{named[1]}: one constraint a request (with {named[0]})")
         return self

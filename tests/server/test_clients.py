@@ -184,3 +184,66 @@ def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) ->
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert why in r.json()["error"]["message"]
+
+
+def test_messages_prewarmed_are_the_segments_a_chat_with_a_system_prompt_reads(llm: LLM) -> None:
+    """A template with a preamble (Qwen2.5's default system prompt when none is sent): the documents
+    are cached as they read behind a system prompt, not with the preamble glued to the first."""
+    from hypic.server.prompts import message_segments
+
+    template = ChatTemplate("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nDefault.<|im_end|>\n"
+                            "{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                            "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    docs = [{"role": "user", "content": "Mira lives in Quorvane."}, {"role": "user", "content": "Tal plays the harp."}]
+    settings = ServerSettings()
+    warmed = message_segments(llm, template, [ChatRequest.model_validate({"messages": docs}).messages[i]
+                                             for i in range(2)], None, settings)
+    assert [m for m, _ in warmed] == [0, 1]
+    asked = ChatRequest.model_validate({"messages": [{"role": "system", "content": "Be brief."}, *docs[::-1], USER]})
+    read = chat_segments(llm, template, asked, settings)
+    assert all(ids in read for _, ids in warmed)
+    own = ChatRequest.model_validate({"messages": [{"role": "system", "content": "Be brief."}, *docs]})
+    mine = message_segments(llm, template, own.messages, None, settings)  # its own system prompt, first
+    assert [m for m, _ in mine] == [0, 1, 2] and mine[0][1] == read[0]
+
+
+def test_fixes_from_the_diff_review(http: httpx.Client, llm: LLM) -> None:
+    """allowed_token_ids that can only end the output under min_tokens is a 400 naming it (it drew
+    tokens outside the set, or a 500); an empty structured_outputs constrains nothing (and blocks no
+    response_format); an echo-only completion takes the client's id; a header id that is not visible
+    ASCII is left unused; a refusal names the field the constraint came in."""
+    eos = sorted(llm.engine.eos)
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "min_tokens": 2,
+                                           "allowed_token_ids": eos, "logprobs": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "allowed_token_ids", r.text
+    with pytest.raises(ValueError, match="allowed_token_ids: every allowed token ends the output"):
+        llm.generate("hi", SamplingParams(max_tokens=3, min_tokens=2, allowed_token_ids=eos))
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer"}}}
+    both = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3,
+                                              "response_format": fmt, "structured_outputs": {"json_object": False}})
+    assert both.status_code == 200, both.text
+    named = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "min_tokens": 1,
+                                               "guided_json": {"type": "integer"}})
+    assert named.status_code == 400 and "not with guided_json" in named.json()["error"]["message"], named.text
+    echo = http.post("/v1/completions", headers={"X-Request-Id": "ll-1"},
+                     json={"model": MODEL, "prompt": "hi", "max_tokens": 0, "echo": True, "logprobs": 0})
+    assert echo.json()["id"] == "cmpl-ll-1" and echo.headers["x-request-id"] == "ll-1"
+    odd = http.post("/v1/completions", headers={"X-Request-Id": "a b"}, json={"model": MODEL, "prompt": "hi",
+                                                                             "max_tokens": 1})
+    assert odd.status_code == 200 and " " not in odd.json()["id"] and odd.headers["x-request-id"] != "a b"
+    resp = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
+    assert "x-request-id" not in resp.headers and resp.json()["id"].startswith("resp_")
+
+
+def test_n_answers_share_one_scoring_and_hold_no_cycle(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    import hypic.engine.engine as engine_module
+
+    scored = []
+    real = engine_module.score_prompt
+    monkeypatch.setattr(engine_module, "score_prompt", lambda *a, **k: scored.append(1) or real(*a, **k))
+    out = llm.generate("Hello there", SamplingParams(n=3, max_tokens=2, prompt_logprobs=1, temperature=1.0, seed=1))[0]
+    assert len(scored) == 1  # the prompt scored once, by the first answer
+    assert all(o.prompt_logprobs == out.prompt_logprobs is not None for o in out.outputs)
+    assert dataclasses.asdict(out)["others"][1]["index"] == 2  # no cycle: asdict walks it
