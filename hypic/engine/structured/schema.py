@@ -57,11 +57,17 @@ _LEAP = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00
 _DATE = (rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)"
          rf"|02-(0[1-9]|1\d|2[0-8]))|{_LEAP}-02-29)")
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_LABEL = r"[a-z0-9]+(-[a-z0-9]+)*"
+_URL_CHAR = r"[A-Za-z0-9._~!$&'()*+,;=:@-]"
 FORMATS = {
     "date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[Tt]{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
     "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
     "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
+    # an http(s) URL of a plain host name, port, path, query and fragment (no percent escapes): a
+    # subset of RFC 3986's URIs that pydantic's HttpUrl and AnyUrl — which emit this format — accept
+    "uri": (rf"^https?://{_LABEL}(\.{_LABEL})*(:[1-9]\d{{0,3}})?(/{_URL_CHAR}*)*(\?({_URL_CHAR}|[/?])*)?"
+            rf"(#({_URL_CHAR}|[/?])*)?$"),
 }
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 # Bits of mask updates a pattern's length masks (``Regex.lengths``) may cost; a loop costs about
