@@ -229,7 +229,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                           eos=llm.engine.eos)
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
-                                       eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id))
+                                       eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
+                                       continuous_usage=req.continuous_usage))
             return gens
 
         gens = await asyncio.to_thread(prepare)
@@ -271,7 +272,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
-                          eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id)
+                          eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
+                          continuous_usage=req.continuous_usage)
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -70,6 +70,7 @@ class Generation:
     think: bool | None = None  # chat: split <think> reasoning off (hypic.server.reasoning); True: opened by the prompt
     eos: tuple[int, ...] = ()  # the model's end tokens: kept out of the text (answer_text)
     request_id: str | None = None  # the client's (vLLM's field): the response's id after its prefix
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage
 
 
 @dataclass
@@ -257,10 +258,18 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
             await queue.put((r, e))
 
     tasks, failed = [], False
+
+    def sent(r: Responder, chunk: dict) -> str:
+        """A choice's chunk; with continuous_usage_stats, its usage so far (vLLM's per-choice counts)."""
+        if r.gen.continuous_usage:
+            u = r.usage()
+            chunk["usage"] = {k: u[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        return _sse(chunk)
+
     try:
         for r in rs:
             if r.gen.echo is not None:
-                yield _sse(r.echo_chunk())
+                yield sent(r, r.echo_chunk())
         tasks = [asyncio.ensure_future(pump(r)) for r in rs]
         open_choices = len(rs)
         held: dict[int, list] = {}  # log-probabilities of tokens whose text is held back (reasoning, calls)
@@ -271,10 +280,10 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                 # with its first token, not before the prefill (as vLLM): a client timing the first
                 # chunk — vLLM's benchmark does — reads the time to the first token
                 opened.add(r.index)
-                yield _sse({**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
-                                                                                           "content": ""},
-                                                                "logprobs": None, "finish_reason": None,
-                                                                "stop_reason": None}]})
+                yield sent(r, {**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
+                                                                                              "content": ""},
+                                                                   "logprobs": None, "finish_reason": None,
+                                                                   "stop_reason": None}]})
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
@@ -285,12 +294,12 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                 if delta or finish is not None:
                     parts = one_call_each(delta)
                     for k, part in enumerate(parts):  # the finish reason with the last
-                        yield _sse(r.chunk(Piece("", tokens if k == 0 else [],
-                                                 finish if k == len(parts) - 1 else None), part))
+                        yield sent(r, r.chunk(Piece("", tokens if k == 0 else [],
+                                                    finish if k == len(parts) - 1 else None), part))
                 else:
                     held[r.index] = tokens
             elif item.text or item.finish or r.gen.top_logprobs is not None:
-                yield _sse(r.chunk(item))
+                yield sent(r, r.chunk(item))
         if r0.gen.include_usage:
             yield _sse({**r0._envelope(True), "choices": [], "usage": _usage(rs), "hypic": r0.extension()})
     except APIError as e:

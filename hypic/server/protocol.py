@@ -52,12 +52,6 @@ def not_supported(why: str) -> Callable[[object], None]:
     return refuse
 
 
-def _no_continuous_usage(value: bool) -> bool:
-    if value:
-        raise ValueError("not supported: usage comes in the last chunk (include_usage)")
-    return value
-
-
 MAX_STOPS = 32  # stop strings a request may give (OpenAI allows 4; vLLM sets no bound)
 
 
@@ -124,7 +118,7 @@ def _first_come(value: int) -> int:
 class StreamOptions(Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none is added
-    continuous_usage_stats: Annotated[bool, AfterValidator(_no_continuous_usage)] = False  # vLLM's
+    continuous_usage_stats: bool = False  # vLLM's: every chunk carries its choice's usage so far
 
 
 class StructuredOutputs(Strict):
@@ -285,6 +279,10 @@ class Common(Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]

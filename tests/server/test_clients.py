@@ -178,9 +178,7 @@ def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) ->
     for extra, param, why in (({"priority": 1}, "priority", "first come"),
                               ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens", "does not cut"),
                               ({"use_beam_search": True}, "use_beam_search", "beams"),
-                              ({"request_id": "é"}, "request_id", ""),
-                              ({"stream": True, "stream_options": {"continuous_usage_stats": True}},
-                               "stream_options.continuous_usage_stats", "last chunk")):
+                              ({"request_id": "é"}, "request_id", "")):
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert why in r.json()["error"]["message"]
@@ -247,3 +245,18 @@ def test_n_answers_share_one_scoring_and_hold_no_cycle(llm: LLM, monkeypatch: py
     assert len(scored) == 1  # the prompt scored once, by the first answer
     assert all(o.prompt_logprobs == out.prompt_logprobs is not None for o in out.outputs)
     assert dataclasses.asdict(out)["others"][1]["index"] == 2  # no cycle: asdict walks it
+
+
+def test_continuous_usage_stats_put_each_choices_usage_in_every_chunk(http: httpx.Client) -> None:
+    """vLLM's ``stream_options.continuous_usage_stats`` (monitoring scripts read tokens/s off it)."""
+    body = {"model": MODEL, "messages": [USER], "max_tokens": 5, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "ignore_eos": True}
+    lines = http.post("/v1/chat/completions", json=body).text.splitlines()
+    chunks = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    counted = [c["usage"] for c in chunks if c["choices"]]
+    final = chunks[-1]["usage"]
+    assert len(counted) == len([c for c in chunks if c["choices"]]) >= 2
+    assert all(u["prompt_tokens"] == final["prompt_tokens"] for u in counted)
+    done = [u["completion_tokens"] for u in counted]
+    assert done == sorted(done) and done[-1] == final["completion_tokens"] == 5
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in counted)
