@@ -162,10 +162,8 @@ class LLM:
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
             self._check_text_options(p)
         answers = [(i, j) for i, p in enumerate(params) for j in range(p.n)]
-        # the prompt is scored once (prompt_logprobs, a full forward), by its first answer
-        outputs = self._run([ids[i] for i, _ in answers],
-                            [params[i].for_choice(j).clone(prompt_logprobs=None) if j else params[i].for_choice(j)
-                             for i, j in answers], mode, self._salt(cache_salt))
+        outputs = self._run([ids[i] for i, _ in answers], [params[i].for_choice(j) for i, j in answers],
+                            mode, self._salt(cache_salt))
         result, at = [], 0
         for item, segments, p in zip(items, ids, params, strict=True):
             group, at = outputs[at:at + p.n], at + p.n
@@ -173,7 +171,7 @@ class LLM:
             for j, out in enumerate(group):
                 out.index, out.request_id, out.prompt = j, rid, _prompt_text(item)
                 out.prompt_token_ids = [t for s in segments for t in s]
-                out.prompt_logprobs = group[0].prompt_logprobs
+                out.prompt_logprobs = group[0].prompt_logprobs  # scored by the first answer only
             group[0].others = group[1:]
             result.append(group[0])
         return result
@@ -298,9 +296,9 @@ class LLM:
         if chat_template is not None:
             if not isinstance(chat_template, str) or not chat_template:
                 raise ValueError("chat_template: expected the template's Jinja text")
+            model = self._template()  # its bos and eos tokens
             try:
-                template = ChatTemplate(chat_template, bos_token=self._template().bos_token,
-                                        eos_token=self._template().eos_token)
+                template = ChatTemplate(chat_template, bos_token=model.bos_token, eos_token=model.eos_token)
             except Exception as e:  # noqa: BLE001 — jinja's syntax errors, named
                 raise ValueError(f"chat_template: {type(e).__name__}: {e}") from None
         else:

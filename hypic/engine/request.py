@@ -144,11 +144,13 @@ class SamplingParams:
         return replace(self, **changes)
 
     def for_choice(self, i: int) -> SamplingParams:
-        """Answer ``i`` of ``n``: one answer, its own seed when a seed was given (wrapped into int64) —
-        the server's choices are drawn the same way."""
-        if self.seed is None or i == 0:
+        """Answer ``i`` of ``n``: one answer, its own seed when a seed was given (wrapped into int64),
+        the prompt scored (``prompt_logprobs``) by the first answer only — the server's choices are
+        drawn the same way."""
+        if i == 0:
             return self if self.n == 1 else replace(self, n=1)
-        return replace(self, n=1, seed=(self.seed + i + 2**63) % 2**64 - 2**63)
+        seed = None if self.seed is None else (self.seed + i + 2**63) % 2**64 - 2**63
+        return replace(self, n=1, seed=seed, prompt_logprobs=None)
 
     @property
     def penalized(self) -> bool:

@@ -30,6 +30,7 @@ from hypic.engine.request import SamplingParams
 from hypic.server.errors import APIError
 from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs, completion_logprobs, joined, prompt_logprobs
 from hypic.server.metrics import Metrics
+from hypic.server.protocol import REQUEST_ID
 from hypic.server.reasoning import ThinkSplit, split
 from hypic.server.runner import Job, Runner, event_error, until_disconnected
 from hypic.server.text import answer_text, stop_reason
@@ -408,7 +409,7 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
                 job.cancel()
 
 
-_REQUEST_ID = re.compile(r"[!-~]{1,256}")  # visible ASCII, as the body's request_id
+_REQUEST_ID = re.compile(REQUEST_ID)  # the header's value held to the body's request_id rule
 
 
 def client_id(request: Request, gen: Generation) -> str | None:

@@ -91,17 +91,17 @@ def message_segments(llm: LLM, template: ChatTemplate, messages: list[Message],
     are rendered from the start. A template that does not let a placeholder be cut off leaves the
     message beside it out with it."""
     lead = messages[0].role not in ("system", "developer")  # a system prompt placeholder goes first
-    body = [(m.role, m.parts) for m in messages]
+    body, extras = [(m.role, m.parts) for m in messages], [m.extras for m in messages]
     _check_count(sum(len(parts) for _, parts in body), "messages", settings)
     context = {**(template_kwargs or {}), "tools": None}
     try:
         try:
-            segments = _rendered(template, body, [m.extras for m in messages], context, lead)
+            segments = _rendered(template, body, extras, context, lead)
         except ValueError:
             if not lead:
                 raise
             lead = False  # a template that refuses a system message: the messages from the start
-            segments = _rendered(template, body, [m.extras for m in messages], context, lead)
+            segments = _rendered(template, body, extras, context, lead)
     except ValueError as e:
         raise from_value_error(e, "messages") from None
     first, question = int(lead), len(messages) + int(lead)

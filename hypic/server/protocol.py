@@ -109,6 +109,11 @@ class Lenient(Strict):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
+REQUEST_ID = r"[!-~]{1,256}"  # a client's request id: visible ASCII (it goes in a header too)
+EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's reasoning efforts
+VERBOSITY = ("low", "medium", "high")  # OpenAI's verbosity hints
+
+
 def _first_come(value: int) -> int:
     if value != 0:
         raise ValueError("not supported: hypic serves requests first come, first served (priority 0 only)")
@@ -232,20 +237,23 @@ class Common(Strict):
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | bool | None = None
     # vLLM's: the response's id ("cmpl-" / "chatcmpl-" + it; else the X-Request-Id header, else random)
-    request_id: str | None = Field(None, pattern=r"^[!-~]{1,256}$")  # visible ASCII: it goes in a header too
+    request_id: str | None = Field(None, pattern=f"^{REQUEST_ID}$")
     # vLLM's priority scheduling: hypic serves first come, first served (0 only)
     priority: Annotated[int, AfterValidator(_first_come)] = 0
 
+    def _constraints(self) -> list[str]:
+        """Where a JSON constraint is given, each as a refusal of its schema names it (at most one
+        passes validation)."""
+        given = (("response_format.json_schema.schema",
+                  self.response_format is not None and self.response_format.constraint is not None),
+                 ("structured_outputs.json", self.structured_outputs is not None and self.structured_outputs.given),
+                 ("guided_json", self.guided_json is not None))
+        return [field for field, asked in given if asked]
+
     @property
     def constraint_field(self) -> str | None:
-        """Where the JSON constraint was given (what a refusal of its schema names), None if nowhere."""
-        if self.structured_outputs is not None and self.structured_outputs.given:
-            return "structured_outputs.json"
-        if self.guided_json is not None:
-            return "guided_json"
-        if self.response_format is not None and self.response_format.constraint is not None:
-            return "response_format.json_schema.schema"
-        return None
+        """Where the JSON constraint was given, None if nowhere."""
+        return next(iter(self._constraints()), None)
 
     @property
     def constraint(self) -> dict[str, Any] | bool | None:
@@ -263,11 +271,7 @@ class Common(Strict):
     def _stream_options_with_stream(self) -> Common:
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
             raise ValueError("stream_options: only allowed when stream is true")
-        named = [n for n, given in (("response_format", self.response_format is not None
-                                     and self.response_format.constraint is not None),
-                                    ("structured_outputs", self.structured_outputs is not None
-                                     and self.structured_outputs.given),
-                                    ("guided_json", self.guided_json is not None)) if given]
+        named = [field.split(".")[0] for field in self._constraints()]
         if len(named) > 1:
             raise ValueError(f"{named[1]}: one constraint a request (with {named[0]})")
         return self
@@ -460,8 +464,8 @@ class ChatRequest(Common):
     continue_final_message: bool = False
     # OpenAI's: to the chat template as ``reasoning_effort`` (as vLLM hands it; templates that do not
     # read it ignore it); verbosity is a hint, accepted
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    verbosity: Literal[VERBOSITY] | None = None  # type: ignore[valid-type]
     # OpenAI's: a completion kept for its evals and distillation (hypic keeps none: store false or null
     # only), and outputs hypic does not produce (null only; modalities ["text"])
     store: Annotated[bool | None, BeforeValidator(_stored_never)] = None

@@ -39,7 +39,18 @@ from pydantic import (
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
 from hypic.server.generation import Responder, collect
-from hypic.server.protocol import INT64, ChatRequest, FunctionName, Metadata, Salt, Strict, Text, not_supported
+from hypic.server.protocol import (
+    EFFORTS,
+    INT64,
+    VERBOSITY,
+    ChatRequest,
+    FunctionName,
+    Metadata,
+    Salt,
+    Strict,
+    Text,
+    not_supported,
+)
 
 
 class ContentText(Strict):
@@ -128,10 +139,7 @@ class TextFormat(Strict):
 
 class TextConfig(Strict):
     format: TextFormat | None = None
-    verbosity: Literal["low", "medium", "high"] | None = None  # a hint: accepted, the answer is the model's
-
-
-EFFORTS = ("none", "minimal", "low", "medium", "high")
+    verbosity: Literal[VERBOSITY] | None = None  # type: ignore[valid-type]  # a hint: accepted, the answer is the model's
 
 
 class ReasoningConfig(Strict):
