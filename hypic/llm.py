@@ -287,8 +287,7 @@ class LLM:
         ``continue_final_message`` mean what they mean in vLLM (the answer begins a new assistant turn,
         or continues the last message); the answer is text (the server turns it into tool calls or
         reasoning); each output's ``prompt`` is the rendered conversation."""
-        from hypic.server.chat import ChatTemplate  # the server package imports this module
-        from hypic.server.protocol import check_template_kwargs
+        from hypic.server.chat import ChatTemplate, check_template_kwargs  # the server package imports this module
 
         if not isinstance(conversations, (list, tuple)) or not conversations:
             raise ValueError("conversations: expected a list of messages or a list of conversations")
@@ -449,7 +448,7 @@ def _folder(path: object, name: str) -> str | Path:
 def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:
     """OpenAI's messages → (role, text parts) per message and what else the template reads; the
     server's rules for roles and content (``hypic.server.protocol``)."""
-    from hypic.server.protocol import ROLES, needs_content
+    from hypic.server.chat import ROLES, needs_content
 
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"{where}: expected a non-empty list of messages")

@@ -34,7 +34,7 @@ from hypic.engine.prefix import PrefixCache
 from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import TokenCounts, sample, token_mask
-from hypic.engine.scoring import score_prompt
+from hypic.engine.scoring import score_prompts
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeBatch, DecodeStats, gather
@@ -425,10 +425,13 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.output.metrics.ttft_s = ttft
                 r.first_logits = row if keep_logits else None
                 r.accept(t, lp, self.eos)
-            for r, p, prompt in zip(runs, params, prompts, strict=True):  # after the first token: not in TTFT
-                if p.prompt_logprobs is not None:
-                    r.output.prompt_logprobs = score_prompt(self.model, self.device, [t for s in prompt for t in s],
-                                                            p.prompt_logprobs)
+            # after the first token: not in TTFT; the prompts asking, scored together
+            asking = [(r, prompt) for r, prompt in zip(runs, prompts, strict=True)
+                      if r.params.prompt_logprobs is not None]
+            scores = score_prompts(self.model, self.device, [[t for s in prompt for t in s] for _, prompt in asking],
+                                   [r.params.prompt_logprobs for r, _ in asking])
+            for (r, _), scored in zip(asking, scores, strict=True):
+                r.output.prompt_logprobs = scored
         return runs
 
     def checked(self, prompts: list[list[list[int]]], params: list[SamplingParams]) -> list[SamplingParams]:
@@ -471,8 +474,13 @@ class Engine(ColdPrefill, PrefixPrefill):
         ``top`` likeliest alternatives: a ``full`` forward over the whole prompt, whatever the cache
         holds, in pieces that each hold the engine's lock; ``stop`` may end it between them
         (``hypic.engine.scoring``)."""
-        ids = [t for s in prompt for t in s]
-        return score_prompt(self.model, self.device, ids, top, lock=self._lock, stop=stop)
+        return self.prompts_logprobs([prompt], top, stop)[0]
+
+    def prompts_logprobs(self, prompts: list[list[list[int]]], top: int = 0,
+                         stop: Callable[[], str | None] | None = None) -> list[list[dict[int, float] | None]]:
+        """``prompt_logprobs`` for several prompts, scored together (packed into shared forwards)."""
+        return score_prompts(self.model, self.device, [[t for s in p for t in s] for p in prompts],
+                             [top] * len(prompts), lock=self._lock, stop=stop)
 
     def evict_segments(self, segments: list[list[int]], *, salt: str | None = None,
                        saved: str | Path | None = None) -> list[bool]:

@@ -8,10 +8,11 @@ The language-model head runs over chunks of rows, so a long prompt never holds i
 [tokens × vocabulary] logits at once (at the 9B shape's 248 320-token vocabulary, 1 GiB per 1 000
 rows): at most 128 MiB of them, beside a serving store that keeps the device nearly full.
 
-The forward runs in pieces of ``PIECE`` tokens, each continuing the last's state, under the lock
-the caller names: between pieces the engine serves its other requests (a 15 000-token prompt held
-every stream's decoding for 10 s on a CPU), and a scorer whose client left or whose time ran out
-stops there (``stop``).
+Several prompts (a harness's batch) are scored together: packed into forwards of at most ``PIECE``
+tokens, each prompt its own sequence there, a long one cut into pieces that each continue the last's
+state. Every forward runs under the lock the caller names: between forwards the engine serves its
+other requests (a 15 000-token prompt held every stream's decoding for 10 s on a CPU), and a scorer
+whose client left or whose time ran out stops there (``stop``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ class ScoringStopped(Exception):
     """``stop`` said why between two pieces: the rest of the prompt was not scored."""
 
 
-@torch.no_grad()
 def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int, *,
                  lock: threading.Lock | threading.RLock | None = None,
                  stop: Callable[[], str | None] | None = None) -> list[dict[int, float] | None]:
@@ -44,34 +44,81 @@ def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int
     those of the ``top`` likeliest tokens at its position, token → log-probability (fp32 softmax).
     Each piece's forward holds ``lock``; before each, ``stop()`` (a reason, or None to go on) may end
     the scoring with ``ScoringStopped``."""
-    check_top(top)
-    if not ids:
-        raise ValueError("prompt: expected at least one token")
-    outside = [t for t in ids if not 0 <= t < model.vocab_size]
-    if outside:
-        raise ValueError(f"prompt: token id {outside[0]} is outside the vocabulary [0, {model.vocab_size})")
-    state, out = SequenceState(), [None]
+    return score_prompts(model, device, [ids], [top], lock=lock, stop=stop)[0]
+
+
+def _check(model: HybridLM, prompts: list[list[int]], tops: list[int]) -> None:
+    if len(tops) != len(prompts):
+        raise ValueError(f"top: expected one per prompt ({len(prompts)}), got {len(tops)}")
+    for k, (ids, top) in enumerate(zip(prompts, tops, strict=True)):
+        name = "prompt" if len(prompts) == 1 else f"prompt[{k}]"
+        check_top(top)
+        if not ids:
+            raise ValueError(f"{name}: expected at least one token")
+        outside = [t for t in ids if not 0 <= t < model.vocab_size]
+        if outside:
+            raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {model.vocab_size})")
+
+
+def _packs(lengths: list[int]) -> list[list[tuple[int, int, int]]]:
+    """The forwards: each at most ``PIECE`` tokens of (prompt, start, stop) spans, every prompt's
+    spans in order and at most one of them per forward (each continues the state the last left).
+    Short prompts share a forward (lm-eval sends its contexts in batches of a few hundred tokens
+    each: one forward apiece cost a whole model's fixed cost per prompt)."""
+    done, packs = [0] * len(lengths), []
+    while any(d < n for d, n in zip(done, lengths, strict=True)):
+        room, pack = PIECE, []
+        for k, n in enumerate(lengths):
+            if done[k] < n and room > 0:
+                take = min(n - done[k], room)
+                pack.append((k, done[k], done[k] + take))
+                done[k] += take
+                room -= take
+        packs.append(pack)
+    return packs
+
+
+@torch.no_grad()
+def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]], tops: list[int], *,
+                  lock: threading.Lock | threading.RLock | None = None,
+                  stop: Callable[[], str | None] | None = None) -> list[list[dict[int, float] | None]]:
+    """``score_prompt`` for each of ``prompts`` (its own ``top``), packed together into forwards of
+    at most ``PIECE`` tokens: each prompt is its own sequence in them, its state carried from one
+    forward to the next."""
+    _check(model, prompts, tops)
+    if not prompts:
+        return []
+    states = [SequenceState() for _ in prompts]
+    out: list[list[dict[int, float] | None]] = [[None] for _ in prompts]
     rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
-    for p in range(0, len(ids), PIECE):
+    most = max(tops)
+    for pack in _packs([len(p) for p in prompts]):
         reason = stop() if stop is not None else None
         if reason is not None:
             raise ScoringStopped(reason)
-        piece = ids[p:p + PIECE]
+        # per scored row (a token whose next one is in its prompt): where it is, what follows, whose
+        where, nxt, whose = [], [], []
+        offset = 0
+        for k, a, b in pack:
+            scored = min(b, len(prompts[k]) - 1) - a
+            where += range(offset, offset + scored)
+            nxt += prompts[k][a + 1:a + 1 + scored]
+            whose += [k] * scored
+            offset += b - a
         with lock if lock is not None else contextlib.nullcontext():
-            ctx = SequenceContext([state], [len(piece)], device)
-            hidden = model.hidden_states(to_device(piece, device), ctx)
+            ctx = SequenceContext([states[k] for k, _, _ in pack], [b - a for _, a, b in pack], device)
+            hidden = model.hidden_states(to_device([t for k, a, b in pack for t in prompts[k][a:b]], device), ctx)
             ctx.finish()
-            scored = min(len(piece), len(ids) - 1 - p)  # rows predicting a next token: all but the prompt's last
-            nxt = to_device(ids[p + 1:p + 1 + scored], device)
-            for a in range(0, scored, rows):
-                b = min(a + rows, scored)
+            at, nxt_d = to_device(where, device), to_device(nxt, device)
+            for a in range(0, len(where), rows):
+                b = min(a + rows, len(where))
                 # gathered and ranked where the logits are: only [rows × (1 + top)] numbers leave the device
-                logp = model.lm_head(hidden[a:b]).float().log_softmax(-1)
-                actual = logp.gather(1, nxt[a:b, None])[:, 0].tolist()
-                values, indices = (logp.topk(top, dim=-1) if top else (logp[:, :0], logp[:, :0].long()))
-                for token, lp, vs, ix in zip(ids[p + a + 1:p + b + 1], actual, values.tolist(), indices.tolist(),
-                                             strict=True):
-                    row = dict(zip(ix, vs, strict=True))
+                logp = model.lm_head(hidden[at[a:b]]).float().log_softmax(-1)
+                actual = logp.gather(1, nxt_d[a:b, None])[:, 0].tolist()
+                values, indices = (logp.topk(most, dim=-1) if most else (logp[:, :0], logp[:, :0].long()))
+                for k, token, lp, vs, ix in zip(whose[a:b], nxt[a:b], actual, values.tolist(), indices.tolist(),
+                                                strict=True):
+                    row = dict(zip(ix[:tops[k]], vs[:tops[k]], strict=True))
                     row[token] = lp
-                    out.append(row)
+                    out[k].append(row)
     return out

@@ -178,9 +178,12 @@ class SequenceContext(ForwardContext):
         return [slice(a, b) for a, b in zip(cu[:-1], cu[1:], strict=True)]
 
     def conv_tails(self, layer: int, raw: Tensor) -> Tensor | None:
-        if all(layer not in s.conv for s in self.states):
+        have = [s.conv[layer] for s in self.states if layer in s.conv]
+        if not have:
             return None
-        return torch.stack([s.conv[layer] for s in self.states]).to(raw.dtype)
+        # a sequence with no tail yet starts here: its inputs before it are zeros (as with None)
+        zero = torch.zeros_like(have[0])
+        return torch.stack([s.conv.get(layer, zero) for s in self.states]).to(raw.dtype)
 
     def save_conv(self, layer: int, tails: Tensor) -> None:
         if not self.keep_state:
@@ -189,10 +192,11 @@ class SequenceContext(ForwardContext):
             s.conv[layer] = t
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
-        have = [layer in s.linear for s in self.states]
-        initial = torch.stack([s.linear[layer] for s in self.states]) if any(have) else None
-        if any(have) and not all(have):
-            raise ValueError(f"layer {layer}: some sequences have a linear state and some do not")
+        have = [s.linear[layer] for s in self.states if layer in s.linear]
+        initial = None
+        if have:  # sequences starting here beside ones going on (scoring packs both): theirs is zero
+            zero = torch.zeros_like(have[0])
+            initial = torch.stack([s.linear.get(layer, zero) for s in self.states])
         out = run(self.cu_seqlens, initial, False)
         if self.keep_state:
             for s, f in zip(self.states, out.final_state, strict=True):

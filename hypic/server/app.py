@@ -145,10 +145,10 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 
-    async def score(request: Request, prompt: list[list[int]], top: int, arrival: float
-                    ) -> list[dict[int, float] | None]:
-        """The prompt's own log-probabilities (echo): a full forward in pieces between the
-        scheduler's calls, one prompt at a time, and held as any request is: at most --max-queue
+    async def score(request: Request, prompts: list[list[list[int]]], top: int, arrival: float
+                    ) -> list[list[dict[int, float] | None]]:
+        """The prompts' own log-probabilities (echo): full forwards packing them together, between
+        the scheduler's calls, one request's prompts at a time, and held as any request is: at most --max-queue
         wait to be scored (429), the request's timeout bounds the wait and the scoring (504), a
         client that leaves is dropped, waiting or scoring, and past the shutdown timeout it ends
         with a 503 (``hypic.engine.scoring`` stops between pieces); out of device memory, a 503 to
@@ -184,7 +184,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 raise ended_error(CANCELLED if ended.is_set() else TIMEOUT)
             state.live_runner()  # the shutdown began while it waited: refused as any new request
             try:
-                scores = await asyncio.to_thread(llm.engine.prompt_logprobs, prompt, top, stop)
+                scores = await asyncio.to_thread(llm.engine.prompts_logprobs, prompts, top, stop)
             except ScoringStopped as e:
                 raise ended_error(str(e)) from None
             except torch.OutOfMemoryError:  # the device is busy serving: later, not never
@@ -195,7 +195,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             watcher.cancel()
             if held:
                 state.scoring_lock.release()
-        metrics.scored_tokens.inc(len(scores))
+        metrics.scored_tokens.inc(sum(len(s) for s in scores))
         return scores
 
     async def structured_ready(req: Common, forced_call: bool = False) -> None:
@@ -236,10 +236,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         gens = await asyncio.to_thread(prepare)
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
-            for k, gen in enumerate(gens):
-                scores = None if req.logprobs is None else await score(request, gen.prompt, req.logprobs, arrival)
+            scores = ([None] * len(gens) if req.logprobs is None else
+                      await score(request, [gen.prompt for gen in gens], req.logprobs, arrival))
+            for k, (gen, scored) in enumerate(zip(gens, scores, strict=True)):
                 echoed = await asyncio.to_thread(prompts.echo_text, llm, req, k, gen.prompt)
-                gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scores)
+                gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scored)
             if req.max_tokens == 0:  # the prompt's tokens named and offset: off the event loop too
                 return await asyncio.to_thread(echo_only, request, gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)

@@ -37,6 +37,23 @@ PART_SEPARATOR = "\n"
 _DEVELOPER = re.compile(r"""["']developer["']""")  # a template that names the role handles it
 
 
+# The library's chat (``LLM.chat``) reads these too: kept free of the server's pydantic models.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def needs_content(role: str, tool_calls: object) -> bool:
+    """OpenAI's rule: every message has content but an assistant's that makes tool calls."""
+    return not (role == "assistant" and tool_calls)
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    taken = sorted(set(kwargs or {}) & TEMPLATE_VARIABLES)
+    if taken:
+        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is not set through them (messages, tools and "
+                         "add_generation_prompt have fields of their own; bos and eos tokens are the model's)")
+
+
 @dataclass(frozen=True)
 class ChatSegment:
     text: str

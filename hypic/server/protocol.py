@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from hypic.engine.modes import MODES
+from hypic.server.chat import ROLES, check_template_kwargs, needs_content  # noqa: F401 (re-exported)
 
 
 def _utf8(text: str) -> str:
@@ -366,14 +367,6 @@ class MessageToolCall(Lenient):
     function: CalledFunction
 
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-
-
-def needs_content(role: str, tool_calls: object) -> bool:
-    """OpenAI's rule: every message has content but an assistant's that makes tool calls."""
-    return not (role == "assistant" and tool_calls)
-
-
 class Message(Lenient):
     role: Literal[ROLES]  # type: ignore[valid-type]
     content: Text | Annotated[list[TextPart], Field(min_length=1)] | None = None
@@ -436,16 +429,6 @@ class ChosenFunction(Strict):
 class NamedToolChoice(Strict):
     type: Literal["function"]
     function: ChosenFunction
-
-
-TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
-
-
-def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
-    taken = sorted(set(kwargs or {}) & TEMPLATE_VARIABLES)
-    if taken:
-        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is not set through them (messages, tools and "
-                         "add_generation_prompt have fields of their own; bos and eos tokens are the model's)")
 
 
 class ChatRequest(Common):

@@ -50,6 +50,45 @@ def test_every_prompt_token_matches_fp64_transformers(llm, reference, monkeypatc
             assert abs(lp - float(want[i - 1, t])) < 1e-4, (i, t)
 
 
+@pytest.mark.parametrize("piece", [scoring.PIECE, 13, 40])
+def test_prompts_scored_together_match_fp64_transformers_each(llm, reference, monkeypatch, piece: int) -> None:
+    """A batch packed into shared forwards (a harness's contexts): each prompt's scores are its own —
+    with forwards of 13 or 40 tokens, prompts start beside others already going on and continue
+    across forwards — each with its own ``top``; and one prompt's scores do not depend on its company."""
+    monkeypatch.setattr(scoring, "PIECE", piece)
+    prompts = [[t for s in _prompt(10 + k, [n]) for t in s] for k, n in enumerate([1, 30, 7, 52, 2, 19])]
+    tops = [0, 3, 1, 5, 2, 0]
+    got = scoring.score_prompts(llm.engine.model, llm.engine.device, prompts, tops)
+    assert len(got) == len(prompts)
+    for ids, top, scores in zip(prompts, tops, got, strict=True):
+        with torch.no_grad():
+            want = reference(torch.tensor([ids])).logits[0].log_softmax(-1)
+        assert len(scores) == len(ids) and scores[0] is None
+        for i in range(1, len(ids)):
+            row = scores[i]
+            assert abs(row[ids[i]] - float(want[i - 1, ids[i]])) < 1e-4, (len(ids), i)
+            assert set(row) == set(want[i - 1].topk(top).indices.tolist()) | {ids[i]}, (len(ids), i)
+    alone = scoring.score_prompt(llm.engine.model, llm.engine.device, prompts[3], 5)
+    assert all(abs(a[t] - b[t]) < 1e-5 for a, b in zip(alone[1:], got[3][1:], strict=True) for t in a)
+
+
+def test_packs_cover_each_prompt_in_order_within_the_piece(monkeypatch) -> None:
+    """Every token scored once, each prompt's spans consecutive and in order, at most one span of a
+    prompt per forward, no forward over ``PIECE`` tokens and every forward but the last full."""
+    monkeypatch.setattr(scoring, "PIECE", 10)
+    lengths = [3, 25, 1, 9, 14]
+    packs = scoring._packs(lengths)
+    seen = {k: 0 for k in range(len(lengths))}
+    for pack in packs:
+        assert len({k for k, _, _ in pack}) == len(pack) and sum(b - a for _, a, b in pack) <= 10
+        for k, a, b in pack:
+            assert a == seen[k] and b > a
+            seen[k] = b
+    assert seen == dict(enumerate(lengths))
+    assert all(sum(b - a for _, a, b in pack) == 10 for pack in packs[:-1])
+    assert len(packs) == -(-sum(lengths) // 10)
+
+
 def test_the_last_prompt_position_scores_the_generated_token(llm) -> None:
     """Scoring the prompt plus the greedy token generated after it gives that token as the likeliest at
     the last position, with the log-probability the generation reported."""
@@ -101,6 +140,14 @@ def test_on_a_gpu_scores_equal_the_models_own_logits_and_the_cpus() -> None:
         ctx = SequenceContext([SequenceState()], [len(ids)], gpu.device)
         want = gpu.model(torch.tensor(ids, device="cuda"), ctx).log_softmax(-1).cpu()
     on_cpu = cpu.prompt_logprobs([ids], top=3)
+    short = [[t % SHAPES["tiny"]["vocab_size"] for t in _prompt(4 + k, [n])[0]] for k, n in enumerate([40, 9, 120])]
+    packed = gpu.prompts_logprobs([[ids], *([p] for p in short)], top=3)  # fla's varlen runs, one forward
+    assert max(abs(a[t] - b[t]) for a, b in zip(packed[0][1:], got[1:], strict=True) for t in b) < 1e-3
+    for p, scores in zip(short, packed[1:], strict=True):
+        alone = gpu.prompts_logprobs([[p]], top=3)[0]
+        # scored in other company, fla's varlen kernels cut and sum in tf32 otherwise: 3.1e-3 measured
+        # (session 30); a row read at a wrong position or from another prompt's state is ≫ 0.1 off
+        assert max(abs(a[t] - b[t]) for a, b in zip(scores[1:], alone[1:], strict=True) for t in b) < 1e-2
     for i in range(1, len(ids)):
         assert abs(got[i][ids[i]] - float(want[i - 1, ids[i]])) < 1e-3, i
     # against the CPU a looser bound: fla's kernels multiply fp32 in tf32 (10-bit mantissas), the CPU

@@ -157,3 +157,45 @@ def test_allowed_token_ids_limit_every_draw(llm: LLM) -> None:
             SamplingParams(allowed_token_ids=bad)
     with pytest.raises(ValueError, match="allowed_token_ids: not with json_schema"):
         SamplingParams(allowed_token_ids=[1], json_schema=True)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_n_answers_allowed_ids_and_a_continued_message_run_as_on_the_cpu(llm: LLM) -> None:
+    """The same paths on the device (the draw, the allowed-ids mask and the prompt built on CUDA):
+    answer i is the run seeded seed + i there too, sampling stays in the allowed ids, and a continued
+    assistant message renders as on the CPU and is continued greedily."""
+    gpu = LLM(device="cuda", dtype="float32")
+    sp = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=6)
+    out = gpu.generate("Hello, my name is", sp)[0]
+    for i, c in enumerate(out.outputs):
+        assert c.token_ids == gpu.generate("Hello, my name is", sp.clone(n=1, seed=5 + i))[0].token_ids
+    free = gpu.generate("Hello, my name is", SamplingParams(max_tokens=1, logprobs=5))[0]
+    ranked = sorted(free.logprobs[0], key=free.logprobs[0].get, reverse=True)
+    assert gpu.generate("Hello, my name is", SamplingParams(max_tokens=1, allowed_token_ids=ranked[1:3]))[0] \
+        .token_ids == [ranked[1]]
+    allowed = [ranked[2], ranked[4], 15, 261]
+    drawn = gpu.generate("Hello, my name is", SamplingParams(n=4, max_tokens=6, temperature=1.5, seed=2,
+                                                             allowed_token_ids=allowed))[0]
+    assert all(t in allowed for c in drawn.outputs for t in c.token_ids)
+    prefilled = [*MESSAGES, {"role": "assistant", "content": "Mira lives in"}]
+    kw = dict(continue_final_message=True, add_generation_prompt=False)
+    on_gpu = gpu.chat(prefilled, SamplingParams(max_tokens=4), **kw)[0]
+    on_cpu = llm.chat(prefilled, SamplingParams(max_tokens=4), **kw)[0]
+    assert on_gpu.prompt == on_cpu.prompt and on_gpu.prompt_token_ids == on_cpu.prompt_token_ids
+    assert on_gpu.token_ids == on_cpu.token_ids
+
+
+def test_the_library_chats_without_the_servers_packages() -> None:
+    """``LLM.chat`` renders with the server's templating but needs none of its web packages (the GPU
+    machine has no pydantic or FastAPI): a fresh interpreter with them blocked chats and continues."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfor m in ('pydantic', 'fastapi', 'uvicorn', 'starlette'): sys.modules[m] = None\n"
+            "from hypic import LLM, SamplingParams\n"
+            f"conv = {MESSAGES!r} + [{{'role': 'assistant', 'content': 'Mira lives in'}}]\n"
+            "out = LLM().chat(conv, SamplingParams(max_tokens=2), continue_final_message=True,\n"
+            "                 add_generation_prompt=False)[0]\n"
+            "assert out.prompt.endswith('Mira lives in') and len(out.token_ids) == 2\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

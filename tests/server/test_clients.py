@@ -239,10 +239,10 @@ def test_n_answers_share_one_scoring_and_hold_no_cycle(llm: LLM, monkeypatch: py
     import hypic.engine.engine as engine_module
 
     scored = []
-    real = engine_module.score_prompt
-    monkeypatch.setattr(engine_module, "score_prompt", lambda *a, **k: scored.append(1) or real(*a, **k))
+    real = engine_module.score_prompts
+    monkeypatch.setattr(engine_module, "score_prompts", lambda *a, **k: scored.append(len(a[2])) or real(*a, **k))
     out = llm.generate("Hello there", SamplingParams(n=3, max_tokens=2, prompt_logprobs=1, temperature=1.0, seed=1))[0]
-    assert len(scored) == 1  # the prompt scored once, by the first answer
+    assert sum(scored) == 1  # the prompt scored once, by the first answer
     assert all(o.prompt_logprobs == out.prompt_logprobs is not None for o in out.outputs)
     assert dataclasses.asdict(out)["others"][1]["index"] == 2  # no cycle: asdict walks it
 

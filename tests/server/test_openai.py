@@ -385,7 +385,7 @@ def test_scoring_out_of_memory_is_a_503_to_retry(http: httpx.Client, llm: LLM, m
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
 
-    monkeypatch.setattr(llm.engine, "prompt_logprobs", full)
+    monkeypatch.setattr(llm.engine, "prompts_logprobs", full)
     r = http.post("/v1/completions", json={"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1})
     assert r.status_code == 503 and "out of device memory" in r.json()["error"]["message"] and r.headers["Retry-After"]
     monkeypatch.undo()

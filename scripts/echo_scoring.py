@@ -1,0 +1,107 @@
+"""What scoring a harness's batch of prompts costs (``echo`` + ``logprobs``: lm-eval's
+loglikelihood requests), one prompt per forward against packed together (``hypic.engine.scoring``).
+
+A batch of ``--batch`` prompts of ``--min-tokens``…``--max-tokens`` random tokens (lm-eval's
+multiple-choice contexts are a few hundred tokens) is scored both ways on one engine, alternated,
+medians of ``--reps``; a warm-up pass first. For scale, the same batch's one-token generation in
+``hypic`` mode (what the server does next for ``max_tokens: 1``, cold: every prompt new) is timed too.
+Both ways give the same scores (``tests/engine/test_scoring.py``); the script reports the largest
+difference, beside that between the one-per-forward scores and the same cut into 100-token pieces (not the kernels' 64-token chunks) (two
+ways exact in exact arithmetic: what the dtype alone makes of them).
+
+    python3 scripts/echo_scoring.py [--batches 1,8,32,64] [--shape qwen3.5-9b] [--device cuda] [--reps 3]
+"""
+
+import argparse
+import random
+import statistics
+import time
+from unittest.mock import patch
+
+import torch
+
+from hypic.bench.shapes import SHAPES
+from hypic.engine import scoring
+from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
+from hypic.engine.scoring import score_prompts
+from hypic.models.random_init import random_model
+
+
+def _largest(a: list, b: list) -> float:
+    """The largest difference of a token's log-probability between two scorings of the same prompts."""
+    return max(abs(x[t] - y[t]) for pa, pb in zip(a, b, strict=True)
+               for x, y in zip(pa[1:], pb[1:], strict=True) for t in x if t in y)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--min-tokens", type=int, default=100)
+    ap.add_argument("--max-tokens", type=int, default=400)
+    ap.add_argument("--top", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--shape", default="qwen3.5-9b")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    engine = Engine(random_model(SHAPES[args.shape], device=args.device,
+                                 dtype=torch.bfloat16 if cuda else torch.float32))
+    vocab, rng = engine.model.vocab_size, random.Random(0)
+
+    def batch(n: int) -> list[list[int]]:
+        return [[rng.randrange(vocab) for _ in range(rng.randint(args.min_tokens, args.max_tokens))]
+                for _ in range(n)]
+
+    def timed(fn) -> tuple[float, object]:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, out
+
+    def one_by_one(prompts):
+        return [score_prompts(engine.model, engine.device, [p], [args.top], lock=engine._lock)[0] for p in prompts]
+
+    def in_pieces(prompts):  # the same math cut otherwise: the dtype's own disagreement (noise floor)
+        with patch.object(scoring, "PIECE", 100):
+            return one_by_one(prompts)
+
+    def packed(prompts):
+        return score_prompts(engine.model, engine.device, prompts, [args.top] * len(prompts), lock=engine._lock)
+
+    def generate(prompts):
+        return engine.generate([[p] for p in prompts], [SamplingParams(max_tokens=1)] * len(prompts), mode="hypic")
+
+    for n in (8, 64):  # warm-up: kernels for every shape the arms meet
+        w = batch(n)
+        one_by_one(w), packed(w), generate(batch(n))
+    rows = []
+    for n in [int(b) for b in args.batches.split(",")]:
+        times: dict[str, list[float]] = {"one": [], "packed": [], "gen": []}
+        worst = floor = 0.0
+        for _ in range(args.reps):
+            prompts = batch(n)
+            t1, a = timed(lambda: one_by_one(prompts))
+            t2, b = timed(lambda: packed(prompts))
+            t3, _ = timed(lambda: generate(batch(n)))  # new prompts: cold, as lm-eval's are
+            worst = max(worst, _largest(a, b))
+            floor = max(floor, _largest(a, in_pieces(prompts)))
+            for k, t in (("one", t1), ("packed", t2), ("gen", t3)):
+                times[k].append(t)
+        tokens = sum(len(p) for p in prompts)
+        one, pk, gen = (statistics.median(times[k]) * 1e3 for k in ("one", "packed", "gen"))
+        rows.append((n, tokens, one, pk, one / pk, gen, worst, floor))
+    print(f"shape {args.shape}, {args.device}, prompts of {args.min_tokens}-{args.max_tokens} tokens, "
+          f"top {args.top}, medians of {args.reps}")
+    print("| prompts | tokens (last rep) | one per forward ms | packed ms | ratio | 1-token generation ms "
+          "| largest score difference, packed | the same, cut in 100-token pieces |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n, tokens, one, pk, ratio, gen, worst, floor in rows:
+        print(f"| {n} | {tokens} | {one:.1f} | {pk:.1f} | {ratio:.2f}× | {gen:.1f} | {worst:.1e} | {floor:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
