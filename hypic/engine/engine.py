@@ -476,11 +476,13 @@ class Engine(ColdPrefill, PrefixPrefill):
         (``hypic.engine.scoring``)."""
         return self.prompts_logprobs([prompt], top, stop)[0]
 
-    def prompts_logprobs(self, prompts: list[list[list[int]]], top: int = 0,
+    def prompts_logprobs(self, prompts: list[list[list[int]]], top: int | list[int] = 0,
                          stop: Callable[[], str | None] | None = None) -> list[list[dict[int, float] | None]]:
-        """``prompt_logprobs`` for several prompts, scored together (packed into shared forwards)."""
+        """``prompt_logprobs`` for several prompts, scored together (packed into shared forwards);
+        ``top``: one for all, or one per prompt."""
+        tops = top if isinstance(top, list) else [top] * len(prompts)
         return score_prompts(self.model, self.device, [[t for s in p for t in s] for p in prompts],
-                             [top] * len(prompts), lock=self._lock, stop=stop)
+                             tops, lock=self._lock, stop=stop)
 
     def evict_segments(self, segments: list[list[int]], *, salt: str | None = None,
                        saved: str | Path | None = None) -> list[bool]:

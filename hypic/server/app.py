@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -41,6 +40,7 @@ from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Segmen
 from hypic.server.reasoning import opened_by
 from hypic.server.responses import ResponsesRequest, ResponseStore
 from hypic.server.runner import TIMEOUT, Runner, ended_error, until_disconnected
+from hypic.server.scorer import Ask, Overloaded, Scorer
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
 from hypic.server.tools import KIMI_OPEN
@@ -58,8 +58,7 @@ class ServerState:
     runner: Runner | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     prewarm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one prewarm thread at a time
-    scoring_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one echo's prompt scored at a time
-    scoring_waiting: int = 0  # echoes waiting for it: held to the request queue's limit
+    scorer: Scorer | None = None  # echo scoring: rounds of every request waiting
 
     def live_runner(self) -> Runner:
         if self.runner is None or self.runner.closing:
@@ -116,11 +115,13 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     def depth() -> tuple[int, int]:
         """(waiting, running): the scheduler's requests and the echoes scored beside them."""
         waiting, running = state.runner.scheduler.depth if state.runner else (0, 0)
-        return waiting + state.scoring_waiting, running + int(state.scoring_lock.locked())
+        return waiting + state.scorer.waiting, running + state.scorer.scoring
 
     metrics = Metrics(llm.engine.store, depth, llm.engine)
     state = ServerState(llm, settings, ChatTemplate.from_model(llm.loaded.tokenizer_config, llm.loaded.path), metrics,
                         ResponseStore(settings.max_stored_responses))
+    state.scorer = Scorer(llm.engine, settings.max_queue,
+                          lambda: SHUTDOWN if state.runner is not None and state.runner.overdue() else None)
     app.state.hypic = state
     install_handlers(app, metrics.count_error)
 
@@ -147,54 +148,35 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     async def score(request: Request, prompts: list[list[list[int]]], top: int, arrival: float
                     ) -> list[list[dict[int, float] | None]]:
-        """The prompts' own log-probabilities (echo): full forwards packing them together, between
-        the scheduler's calls, one request's prompts at a time, and held as any request is: at most --max-queue
-        wait to be scored (429), the request's timeout bounds the wait and the scoring (504), a
-        client that leaves is dropped, waiting or scoring, and past the shutdown timeout it ends
-        with a 503 (``hypic.engine.scoring`` stops between pieces); out of device memory, a 503 to
-        retry."""
-        runner = state.live_runner()
-        deadline = arrival + settings.request_timeout_s
-        if state.scoring_waiting >= settings.max_queue:
-            raise APIError(429, f"the server is busy: {state.scoring_waiting} prompts wait to be scored; retry later",
-                           kind="overloaded", type="rate_limit_error",
-                           headers={"Retry-After": str(settings.retry_after_s)})
-        ended = threading.Event()  # the client left, or this handler ended (cancelled): the scorer stops
+        """The prompts' own log-probabilities (echo), scored with every other request's waiting then
+        (``hypic.server.scorer``), between the scheduler's calls, and held as any request is: at most
+        --max-queue wait to be scored (429), the request's timeout bounds the wait and the scoring
+        (504), a client that leaves is dropped, waiting or scoring, and past the shutdown timeout it
+        ends with a 503; out of device memory, a 503 to retry."""
+        state.live_runner()
+        ask = Ask(prompts, top)
         watcher = asyncio.ensure_future(until_disconnected(request.receive))
-        watcher.add_done_callback(lambda _: ended.set())
-
-        def stop() -> str | None:
-            if ended.is_set():
-                return CANCELLED
-            return SHUTDOWN if runner.overdue() else TIMEOUT if time.monotonic() > deadline else None
-
-        held = False
+        scoring = asyncio.ensure_future(state.scorer.score(ask))
         try:
-            state.scoring_waiting += 1
-            acquire = asyncio.ensure_future(state.scoring_lock.acquire())
-            try:
-                await asyncio.wait({acquire, watcher}, timeout=max(0.0, deadline - time.monotonic()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                state.scoring_waiting -= 1
-                if not acquire.done():
-                    acquire.cancel()
-                held = acquire.done() and not acquire.cancelled()
-            if ended.is_set() or not held:
-                raise ended_error(CANCELLED if ended.is_set() else TIMEOUT)
-            state.live_runner()  # the shutdown began while it waited: refused as any new request
-            try:
-                scores = await asyncio.to_thread(llm.engine.prompts_logprobs, prompts, top, stop)
-            except ScoringStopped as e:
-                raise ended_error(str(e)) from None
-            except torch.OutOfMemoryError:  # the device is busy serving: later, not never
-                raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
-                               type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
+            await asyncio.wait({scoring, watcher}, timeout=max(0.0, arrival + settings.request_timeout_s
+                                                                - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not scoring.done():
+                raise ended_error(CANCELLED if watcher.done() else TIMEOUT)
+            scores = scoring.result()
+        except Overloaded:
+            raise APIError(429, f"the server is busy: {state.scorer.waiting} requests wait to be scored; retry "
+                           "later", kind="overloaded", type="rate_limit_error",
+                           headers={"Retry-After": str(settings.retry_after_s)}) from None
+        except ScoringStopped as e:
+            raise ended_error(str(e)) from None
+        except torch.OutOfMemoryError:  # the device is busy serving: later, not never
+            raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
+                           type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
         finally:
-            ended.set()
+            state.scorer.abandon(ask)  # a no-op once scored
+            scoring.cancel()
             watcher.cancel()
-            if held:
-                state.scoring_lock.release()
         metrics.scored_tokens.inc(sum(len(s) for s in scores))
         return scores
 

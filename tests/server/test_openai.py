@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -411,10 +413,54 @@ def test_scoring_beside_generation_under_concurrency(http: httpx.Client, llm: LL
         scores = [pool.submit(score, i) for i in range(6)]
         codes = [pool.submit(generate, i) for i in range(6)]
         assert all(c.result() == 200 for c in codes)
-        for i, f in enumerate(scores):
-            assert f.result()["choices"][0]["logprobs"]["token_logprobs"] == \
-                alone[i % 3]["choices"][0]["logprobs"]["token_logprobs"]
+        for i, f in enumerate(scores):  # scored in other company: the same up to fp32 rounding
+            got = f.result()["choices"][0]["logprobs"]["token_logprobs"]
+            want = alone[i % 3]["choices"][0]["logprobs"]["token_logprobs"]
+            assert got[0] is None and len(got) == len(want)
+            assert max(abs(a - b) for a, b in zip(got[1:], want[1:], strict=True)) < 1e-4
     assert llm.engine.store.check_integrity()
+
+
+def test_requests_waiting_to_be_scored_are_scored_together(http: httpx.Client, llm: LLM, monkeypatch) -> None:
+    """A harness sending several echoes at once (lm-eval's ``num_concurrent``): those waiting while
+    one is scored go into the next round together — one engine call for all their prompts — and each
+    gets its own prompts' scores with its own ``logprobs`` count."""
+    calls: list[tuple[int, list[int]]] = []
+    real, gate = llm.engine.prompts_logprobs, threading.Event()
+
+    def counted(prompts, top, stop=None):
+        calls.append((len(prompts), top))
+        if len(calls) == 1:
+            gate.wait(30)  # the first round held until the others wait
+        return real(prompts, top, stop)
+
+    texts = [SEPARATOR.join(rag(i)) for i in (9, 10, 11)]
+    bodies = [{"prompt": texts[0], "max_tokens": 0, "echo": True, "logprobs": 0},
+              {"prompt": texts[1], "max_tokens": 0, "echo": True, "logprobs": 2},
+              {"prompt": [texts[2], texts[0]], "max_tokens": 0, "echo": True, "logprobs": 1},
+              {"prompt": texts[1], "max_tokens": 1, "echo": True, "logprobs": 3}]
+    monkeypatch.setattr(llm.engine, "prompts_logprobs", counted)
+    with ThreadPoolExecutor(5) as pool:
+        first = pool.submit(http.post, "/v1/completions", json=bodies[0])
+        while not calls:
+            time.sleep(0.01)
+        rest = [pool.submit(http.post, "/v1/completions", json=b) for b in bodies]
+        deadline = time.monotonic() + 30
+        while scrape(http).get("hypic_queue_depth", 0) < len(bodies):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gate.set()
+        answers = [first.result().json(), *(f.result().json() for f in rest)]
+    assert calls == [(1, [0]), (5, [0, 2, 1, 1, 3])]  # the waiting four's five prompts in one call
+    monkeypatch.undo()
+    for body, answer in zip([bodies[0], *bodies], answers, strict=True):
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        for text, choice in zip(prompts, answer["choices"], strict=True):
+            want = llm.engine.prompt_logprobs(llm.tokenize(text), top=body["logprobs"])
+            lp = choice["logprobs"]
+            ids = [t for s in llm.tokenize(text) for t in s]
+            assert all(abs(lp["token_logprobs"][i] - want[i][ids[i]]) < 1e-4 for i in range(1, len(ids)))
+            assert all(len(top) == len(want[i]) for i, top in enumerate(lp["top_logprobs"][1:len(ids)], 1))
 
 
 def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM) -> None:
