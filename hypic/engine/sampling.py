@@ -74,6 +74,9 @@ def _adjusts(p: SamplingParams, generated: int) -> bool:
                 or generated < p.min_tokens)
 
 
+LOGIT_LIMIT = 1e30  # what a penalty can push a logit to, at most (``adjust``)
+
+
 def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
            counts: list[TokenCounts | None] | None = None, eos: Collection[int] = (),
            allowed: list[Tensor | None] | None = None) -> Tensor:
@@ -103,7 +106,11 @@ def adjust(logits: Tensor, params: list[SamplingParams], generated: list[int],
     if repeat:
         seen = torch.stack([counts[i].seen() for i in repeat])
         penalty = _column([params[i].repetition_penalty for i in repeat], out)
-        each(repeat, lambda v: torch.where(seen, torch.where(v > 0, v / penalty, v * penalty), v))
+        # clamped: a penalty near zero (1e-300 reads as 0 in fp32) would divide a logit into +inf
+        # and NaN the row's softmax; ±LOGIT_LIMIT is past any logit and still finite at the
+        # smallest temperature drawn (``sample``: 1e-5)
+        each(repeat, lambda v: torch.where(seen, torch.where(v > 0, v / penalty, v * penalty), v)
+             .clamp(-LOGIT_LIMIT, LOGIT_LIMIT))
     penalized = [i for i in rows if params[i].penalized and generated[i]]
     if penalized:
         c = torch.stack([counts[i].counts for i in penalized])
@@ -146,6 +153,7 @@ def _filter(probs: Tensor, params: list[SamplingParams]) -> Tensor:
     sorted_p = torch.where(sorted_p >= kth, sorted_p, 0.0)  # the k-th's ties stay
     norm = sorted_p / sorted_p.sum(-1, keepdim=True)
     keep = norm.cumsum(-1) - norm < _column(top_p, probs)  # the smallest prefix reaching top_p (inf: all)
+    keep[:, 0] = True  # that prefix always holds the likeliest, even for a top_p fp32 reads as 0
     return torch.zeros_like(probs).scatter(1, order, torch.where(keep, norm, 0.0))
 
 

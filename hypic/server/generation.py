@@ -48,6 +48,12 @@ class Echo:
     logprobs: list[dict[int, float] | None] | None  # None: no log-probabilities asked for
 
 
+async def json_response(content: Any, headers: dict[str, str] | None = None) -> Response:
+    """A ``JSONResponse`` rendered on a worker thread: writing a long prompt's log-probabilities or
+    /tokenize's million ids takes seconds, which on the event loop would stall every stream."""
+    return await asyncio.to_thread(JSONResponse, content, headers=headers)
+
+
 def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
     assert echo.logprobs is not None
     return prompt_logprobs(TokenTexts(tokenizer), echo.tokens, echo.logprobs, echo.offsets)
@@ -398,7 +404,7 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     try:
         await asyncio.wait({consumer, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if consumer.done():
-            return JSONResponse(consumer.result(), headers=named)
+            return await json_response(consumer.result(), named)
         metrics.count_error("cancelled")
         return Response(status_code=499)
     finally:

@@ -166,8 +166,9 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
     if req.logit_bias is not None:
         bias = {}
         for key, value in req.logit_bias.items():
-            if not key.isascii() or not key.isdigit() or int(key) >= vocab_size:
-                raise bad_request(f"logit_bias: {key!r} is not a token id of this model's vocabulary "
+            # the length first: Python refuses int() of a string over 4 300 digits (a 500)
+            if not key.isascii() or not key.isdigit() or len(key) > 12 or int(key) >= vocab_size:
+                raise bad_request(f"logit_bias: {key[:40]!r} is not a token id of this model's vocabulary "
                                   f"[0, {vocab_size})", "logit_bias")
             bias[int(key)] = value
     stop_ids = tuple(req.stop_token_ids or ())

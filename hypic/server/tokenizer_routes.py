@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
 from pydantic import Field
 
 from hypic.llm import LLM, SEPARATOR
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request
+from hypic.server.generation import json_response
 from hypic.server.protocol import Strict, Text
 
 
@@ -49,7 +51,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
                 "model_max_length": llm.max_positions, "vocab_size": llm.vocab_size}
 
     @router.post("/tokenize")
-    async def tokenize(request: Request) -> dict[str, Any]:
+    async def tokenize(request: Request) -> Response:
         req = await read_body(request, TokenizeRequest, max_body_bytes)
         check_model(req.model)
         # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
@@ -58,8 +60,9 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
             return [t for part in req.prompt.split(SEPARATOR)
                     for t in tokenizer.encode(part, add_special_tokens=req.add_special_tokens).ids]
 
-        tokens = await asyncio.to_thread(ids)  # a long prompt takes seconds: off the event loop
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": llm.max_positions}
+        tokens = await asyncio.to_thread(ids)  # a long prompt takes seconds: off the event loop, and so
+        return await json_response({"tokens": tokens, "count": len(tokens),  # is writing its ids
+                                    "max_model_len": llm.max_positions})
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The offline API: generation, sampling, logprobs, metrics, concurrency, and bad input."""
 
 import json
+import math
 import random
 import threading
 
@@ -176,6 +177,26 @@ def test_repetition_penalty_follows_its_definition_token_by_token(llm, penalty: 
         want[ids] = torch.where(want[ids] > 0, want[ids] / penalty, want[ids] * penalty)
         assert want[tok] >= want.max() - 1e-4, (i, tok, int(want.argmax()))
         assert abs(got.logprobs[i][tok] - torch.log_softmax(want, -1)[tok].item()) < 1e-4
+
+
+def test_penalties_and_cuts_that_read_as_zero_in_fp32_leave_the_batch_drawing(llm) -> None:
+    """A repetition penalty or top-p too small for fp32 (1e-300 reads as 0): the penalty's quotient
+    stays finite (a seen token's logit at most ``LOGIT_LIMIT``), top-p keeps the likeliest — the row
+    draws finite log-probabilities and the requests beside it get the tokens they get alone (they
+    all failed with "logits are not finite", a decode step later for the penalty)."""
+    prompts = [_segments(20 + i, [30, 8]) for i in range(3)]
+    plain = SamplingParams(max_tokens=8, logprobs=1, ignore_eos=True)
+    alone = [llm.generate([p], plain)[0].token_ids for p in prompts]
+    for odd in (SamplingParams(max_tokens=8, logprobs=1, temperature=1.0, seed=1, repetition_penalty=1e-300,
+                               ignore_eos=True),
+                SamplingParams(max_tokens=8, logprobs=1, repetition_penalty=1e-300, ignore_eos=True),
+                SamplingParams(max_tokens=8, logprobs=1, temperature=1.0, seed=1, top_p=1e-300, ignore_eos=True)):
+        outs = llm.generate([*prompts, [[9]]], [plain, plain, plain, odd])
+        assert [o.token_ids for o in outs[:3]] == alone
+        assert all(math.isfinite(v) for lp in outs[3].logprobs for v in lp.values()), odd
+    greedy = llm.generate([prompts[0]], plain)[0].token_ids  # top-p ≈ 0 keeps only the likeliest: greedy
+    assert llm.generate([prompts[0]], SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0, seed=3,
+                                                     top_p=1e-300))[0].token_ids == greedy
 
 
 def test_min_p_top_k_and_top_p_keep_what_they_define_in_vllm_order() -> None:

@@ -557,6 +557,8 @@ def test_an_enum_keeps_only_the_values_the_keywords_beside_it_accept() -> None:
 
 @pytest.mark.parametrize("schema, needle", [
     ({"enum": [float("nan")]}, "not JSON"),
+    ({"type": "string", "enum": ["\ud800"]}, "lone surrogate"),  # was told "NaN or an infinity"
+    ({"type": "object", "properties": {"a\udfff": {"type": "string"}}}, "lone surrogate"),
     ({"type": "string", "pattern": "^a{5}$", "maxLength": 3}, "no string of 0 to 3 characters matches its pattern"),
     ({"type": "string", "pattern": "^$", "minLength": 1}, "no string of 1 to any characters"),
     ({"$ref": "#/$defs/A", "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"}]}}},

@@ -161,6 +161,10 @@ def compile_schema(schema: object) -> Node:
     wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
     try:
         text = json.dumps(schema, sort_keys=True, allow_nan=False)
+        json.dumps(schema, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
+    except UnicodeEncodeError as e:
+        raise ValueError(f"json_schema: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
+                         "no UTF-8 text holds") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"json_schema: not JSON ({e})") from None
     except RecursionError:
