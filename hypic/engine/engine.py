@@ -35,7 +35,7 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import TokenCounts, sample, token_mask
 from hypic.engine.scoring import score_prompts
-from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
+from hypic.engine.structured import JsonConstraint, TokenVocab, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeBatch, DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
@@ -405,7 +405,7 @@ class Engine(ColdPrefill, PrefixPrefill):
         mode = check_mode(mode)
         salts = salts or [None] * len(prompts)
         params = self.checked(prompts, params)
-        token_vocab = self.token_vocab() if any(p.json_schema is not None for p in params) else None
+        token_vocab = self.token_vocab() if any(p.constraint_kinds for p in params) else None
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
@@ -415,8 +415,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                             counts=self._token_counts(p, prompt))
                     for p, st, m, prompt in zip(params, states, metrics, prompts, strict=True)]
             for r in runs:
-                if r.params.json_schema is not None:
-                    r.constraint = JsonConstraint(token_vocab, compile_schema(r.params.json_schema), self.eos)
+                if r.params.constraint_kinds:
+                    r.constraint = JsonConstraint(token_vocab, r.params.constraint(), self.eos)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
                                   [r.counts for r in runs], self.eos,
                                   [r.allowed(logits.shape[-1], logits.device) for r in runs])
@@ -454,7 +454,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 outside = [t for t in ids if t >= vocab]
                 if outside:
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
-        if any(p.json_schema is not None for p in params):
+        if any(p.constraint_kinds for p in params):
             self.token_vocab()  # structured output needs the tokenizer's tokens (built once)
         return params
 

@@ -48,6 +48,10 @@ class SamplingParams:
     # structured output: the text generated is JSON this schema accepts (True: any JSON value;
     # OpenAI's json_object is {"type": "object"}); hypic.engine.structured says which keywords it enforces
     json_schema: dict | bool | None = None
+    # vLLM's plain-text constraints: the whole text matches this regular expression (the subset
+    # hypic.engine.structured.regex reads), or is exactly one of these strings
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
     # stop strings: the output ends where one first appears in its text (vLLM's meaning: the text ends
     # before it unless include_stop_str_in_output; the tokens generated so far are kept)
     stop: tuple[str, ...] = ()
@@ -119,15 +123,39 @@ class SamplingParams:
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
         if self.prompt_logprobs is not None:
             check_top(self.prompt_logprobs)
-        if self.json_schema is not None:
-            from hypic.engine.structured import compile_schema
-
-            compile_schema(self.json_schema)  # refused now, by name, not at the first step
+        if self.choice is not None:
+            if not isinstance(self.choice, (tuple, list)) or not self.choice or any(
+                    not isinstance(c, str) for c in self.choice):
+                raise ValueError(f"choice: expected a non-empty list of strings, got {self.choice!r}")
+            object.__setattr__(self, "choice", tuple(self.choice))
+        if self.regex is not None and not isinstance(self.regex, str):
+            raise ValueError(f"regex: expected a string, got {self.regex!r}")
+        kinds = self.constraint_kinds
+        if len(kinds) > 1:
+            raise ValueError(f"{kinds[1]}: one constraint at a time (with {kinds[0]})")
+        if kinds:
+            self.constraint()  # refused now, by name, not at the first step
             if self.allowed_token_ids is not None:
-                raise ValueError("allowed_token_ids: not with json_schema (the grammar says what may be drawn)")
+                raise ValueError(f"allowed_token_ids: not with {kinds[0]} (the grammar says what may be drawn)")
             for name in ("min_tokens", "ignore_eos"):  # the value's end is the output's end
                 if getattr(self, name):
-                    raise ValueError(f"{name}: not with json_schema (the JSON value's end ends the output)")
+                    raise ValueError(f"{name}: not with {kinds[0]} (the constrained text's end ends the output)")
+
+    @property
+    def constraint_kinds(self) -> list[str]:
+        """The structured-output fields given (at most one is valid)."""
+        return [name for name in ("json_schema", "regex", "choice") if getattr(self, name) is not None]
+
+    def constraint(self):  # -> hypic.engine.structured node, or None
+        """The compiled grammar the output must follow (``hypic.engine.structured``), None when
+        unconstrained; compiled once per schema, expression or choice list (cached)."""
+        from hypic.engine.structured import compile_schema, compile_text
+
+        if self.json_schema is not None:
+            return compile_schema(self.json_schema)
+        if self.regex is not None or self.choice is not None:
+            return compile_text(self.regex, self.choice)
+        return None
 
     def check_enders(self, eos: Collection[int]) -> None:
         """A ValueError when every allowed token would end the output before ``min_tokens`` may

@@ -36,19 +36,20 @@ class Summary(NamedTuple):
 
 def transition_step(family: Family, x: Tensor, k: Tensor, g: Tensor | None, beta: Tensor | None,
                     a: Tensor | None, b: Tensor | None) -> Tensor:
-    """``A_t·x`` for one token, x: [H, K, N] (a state or a running transition). Inputs per token."""
+    """``A_t·x`` for one token, x: [..., H, K, N] (a state or a running transition). Inputs per token,
+    with the same leading dimensions (a decode step: one token of each of N sequences)."""
     if family.gate == "head":
-        decay = g.exp()[:, None, None]  # [H, 1, 1]
+        decay = g.exp()[..., None, None]  # [..., H, 1, 1]
     elif family.gate == "key":
-        decay = g.exp()[:, :, None]  # [H, K, 1]
+        decay = g.exp()[..., None]  # [..., H, K, 1]
     else:
         decay = None
     if family.lowrank:  # (Diag(e^g) + b aᵀ)·x
-        return decay * x + b[:, :, None] * torch.einsum("hk,hkn->hn", a, x)[:, None, :]
+        return decay * x + b[..., None] * torch.einsum("...hk,...hkn->...hn", a, x)[..., None, :]
     if decay is not None:
         x = decay * x
     if family.beta:  # (I − β k kᵀ)·x, applied after the decay (gdn, kda)
-        x = x - (beta[:, None, None] * k[:, :, None]) * torch.einsum("hk,hkn->hn", k, x)[:, None, :]
+        x = x - (beta[..., None, None] * k[..., None]) * torch.einsum("...hk,...hkn->...hn", k, x)[..., None, :]
     return x
 
 

@@ -251,7 +251,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                                          llm.engine.eos)
         think = None
         # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
-        if settings.reasoning_parser is not None and params.json_schema is None:
+        if settings.reasoning_parser is not None and not params.constraint_kinds:
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,

@@ -127,21 +127,25 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool = False  # vLLM's: every chunk carries its choice's usage so far
 
 
+Choices = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(min_length=1, max_length=1024)]
+Pattern = Annotated[str, Field(max_length=16384)]
+
+
 class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: ``json`` (a schema, or its JSON text) constrains decoding as
-    ``response_format`` json_schema does; the other kinds are not served."""
+    ``response_format`` json_schema does; ``regex`` (the whole answer matches it) and ``choice`` (the
+    answer is one of the strings) as ``SamplingParams.regex`` / ``choice``; grammars are not served."""
 
     json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
     json_object: bool | None = None
-    choice: Annotated[None, BeforeValidator(not_supported("choice; a json schema with an enum is the nearest"))] \
-        = None
-    regex: Annotated[None, BeforeValidator(not_supported("regex; use json"))] = None
-    grammar: Annotated[None, BeforeValidator(not_supported("grammar; use json"))] = None
+    choice: Choices | None = None
+    regex: Pattern | None = None
+    grammar: Annotated[None, BeforeValidator(not_supported("grammar; use json or regex"))] = None
     structural_tag: Annotated[None, BeforeValidator(not_supported("structural_tag"))] = None
 
     @property
-    def given(self) -> bool:
-        """Whether it asks for a constraint at all ({} and json_object false do not)."""
+    def json_given(self) -> bool:
+        """Whether it asks for a JSON constraint ({} and json_object false do not)."""
         return self.json_ is not None or bool(self.json_object)
 
     @property
@@ -237,42 +241,63 @@ class Common(Strict):
     # vLLM's: the same constraint as response_format (``guided_json`` its older name)
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | bool | None = None
+    guided_regex: Pattern | None = None
+    guided_choice: Choices | None = None
     # vLLM's: the response's id ("cmpl-" / "chatcmpl-" + it; else the X-Request-Id header, else random)
     request_id: str | None = Field(None, pattern=f"^{REQUEST_ID}$")
     # vLLM's priority scheduling: hypic serves first come, first served (0 only)
     priority: Annotated[int, AfterValidator(_first_come)] = 0
 
     def _constraints(self) -> list[str]:
-        """Where a JSON constraint is given, each as a refusal of its schema names it (at most one
-        passes validation)."""
+        """Where a constraint is given, each as a refusal of it names it (at most one passes
+        validation)."""
+        so = self.structured_outputs
         given = (("response_format.json_schema.schema",
                   self.response_format is not None and self.response_format.constraint is not None),
-                 ("structured_outputs.json", self.structured_outputs is not None and self.structured_outputs.given),
-                 ("guided_json", self.guided_json is not None))
+                 ("structured_outputs.json", so is not None and so.json_given),
+                 ("structured_outputs.regex", so is not None and so.regex is not None),
+                 ("structured_outputs.choice", so is not None and so.choice is not None),
+                 ("guided_json", self.guided_json is not None),
+                 ("guided_regex", self.guided_regex is not None),
+                 ("guided_choice", self.guided_choice is not None))
         return [field for field, asked in given if asked]
 
     @property
     def constraint_field(self) -> str | None:
-        """Where the JSON constraint was given, None if nowhere."""
+        """Where the constraint was given, None if nowhere."""
         return next(iter(self._constraints()), None)
 
     @property
     def constraint(self) -> dict[str, Any] | bool | None:
-        """The JSON constraint asked, by whichever name (one of them at most)."""
+        """The JSON constraint asked, by whichever name (one of them at most); None for a plain-text one."""
         field = self.constraint_field
-        if field is None:
-            return None
         if field == "guided_json":
             return self.guided_json
-        if field.startswith("structured_outputs"):
+        if field == "structured_outputs.json":
             return self.structured_outputs.constraint
-        return self.response_format.constraint
+        if field == "response_format.json_schema.schema":
+            return self.response_format.constraint
+        return None
+
+    @property
+    def text_constraint(self) -> tuple[str | None, list[str] | None]:
+        """The plain-text constraint asked (``SamplingParams.regex``, ``choice``), by either name."""
+        so = self.structured_outputs
+        field = self.constraint_field
+        if field == "structured_outputs.regex":
+            return so.regex, None
+        if field == "structured_outputs.choice":
+            return None, so.choice
+        return self.guided_regex, self.guided_choice
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> Common:
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
             raise ValueError("stream_options: only allowed when stream is true")
-        named = [field.split(".")[0] for field in self._constraints()]
+        fields = self._constraints()
+        named = [field.split(".")[0] for field in fields]
+        if len(named) > 1 and named[0] == named[1]:  # structured_outputs' own two: named in full
+            named = fields
         if len(named) > 1:
             raise ValueError(f"{named[1]}: one constraint a request (with {named[0]})")
         return self

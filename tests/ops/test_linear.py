@@ -50,6 +50,29 @@ def test_chunked_fp64_is_exact(family: str) -> None:
     assert _rel(out.o, ref.o) < 1e-12 and _rel(out.final_state, ref.final_state) < 1e-12
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("with_state", [False, True])
+def test_a_decode_step_of_one_token_per_sequence_matches_run(family: str, with_state: bool) -> None:
+    """The decode step's path (every sequence one token: the recurrence applied once, batched) against
+    the token loop per sequence, GVA heads, fp32 and its output dtype; a summary asks the chunked path."""
+    n = 5
+    x = family_inputs(family, n, heads=2, value_heads=4, seed=21)
+    s0 = torch.randn(n, 4, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) if with_state \
+        else None
+    x32 = {name: t.float() for name, t in x.items()}
+    out = linear_attention(family, x32["q"], x32["k"], x32["v"], **token_kwargs(x32), cu_seqlens=torch.arange(n + 1),
+                           initial_state=None if s0 is None else s0.float())
+    assert out.o.dtype == torch.float32 and out.final_state.shape == (n, 4, 8, 4)
+    for i in range(n):
+        sl = slice(i, i + 1)
+        ref = R.run(family, x["q"][sl], x["k"][sl], x["v"][sl], initial_state=None if s0 is None else s0[i],
+                    **token_kwargs(x, sl))
+        assert _rel(out.o[sl], ref.o) <= 1e-6 and _rel(out.final_state[i], ref.final_state) <= 1e-6
+    low = {name: t.half() if name in ("q", "k", "v", "a", "b") else t for name, t in x32.items()}
+    half = linear_attention(family, low["q"], low["k"], low["v"], **token_kwargs(low), cu_seqlens=torch.arange(n + 1))
+    assert half.o.dtype == torch.float16 and half.final_state.dtype == torch.float32
+
+
 @pytest.mark.parametrize("family", ["gdn", "kda", "scalar"])
 def test_packed_equals_alone(family: str) -> None:
     """Two sequences in one varlen call give what each gives alone (chunks never cross sequences)."""

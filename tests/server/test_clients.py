@@ -6,6 +6,7 @@ its path, and a streamed chat's first chunk sent with its first token, not befor
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -158,13 +159,47 @@ def test_vllms_structured_outputs_constrain_as_response_format(http: httpx.Clien
     fmt = http.post("/v1/completions", json={**body, "response_format": {"type": "json_object"}})
     assert obj.status_code == 200 and obj.json()["choices"][0]["text"] == fmt.json()["choices"][0]["text"]
     assert obj.json()["choices"][0]["text"].startswith("{")
-    for extra, param in (({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs.choice"),
-                         ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    for extra, param in (({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar"),
+                         ({"guided_choice": []}, "guided_choice"),
                          ({"guided_json": schema, "structured_outputs": {"json": schema}}, "guided_json"),
                          ({"structured_outputs": {"json": "{no"}}, "structured_outputs"),
                          ({"guided_json": {"type": "string", "format": "hostname"}}, "guided_json")):
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (extra, r.text)
+
+
+def test_vllms_choice_and_regex_constrain_the_whole_answer(http: httpx.Client) -> None:
+    """``structured_outputs.choice`` / ``regex`` (and the older ``guided_choice`` / ``guided_regex``):
+    every answer — sampled, whole or streamed, completions or chat — is one of the choices or matches
+    the expression whole; refusals name the field the request used."""
+    choices = ["positive", "negative", "neutral (maybe?)"]
+    pattern = r"[A-Z][a-z]+ lives in [A-Z][a-z]+\."
+    base = {"model": MODEL, "max_tokens": 24, "temperature": 1.0}
+    for k, extra in enumerate(({"structured_outputs": {"choice": choices}}, {"guided_choice": choices})):
+        for route, body in (("/v1/completions", {"prompt": "Review: great film. Sentiment:"}),
+                            ("/v1/chat/completions", {"messages": [USER]})):
+            r = http.post(route, json={**base, **body, **extra, "seed": k, "n": 3})
+            texts = [c["text"] if "text" in c else c["message"]["content"] for c in r.json()["choices"]]
+            assert r.status_code == 200 and all(t in choices for t in texts), (route, r.text)
+    for extra in ({"structured_outputs": {"regex": pattern}}, {"guided_regex": pattern}):
+        r = http.post("/v1/completions", json={**base, "prompt": "Profile of Mira. Mira lives in Quorvane.", "n": 2,
+                                                "seed": 5, **extra})
+        for c in r.json()["choices"]:
+            assert re.fullmatch(pattern, c["text"]) or c["finish_reason"] == "length", c
+        lines = http.post("/v1/completions", json={**base, "prompt": "Mira", "stream": True, "seed": 5,
+                                                    **extra}).text.splitlines()
+        streamed = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+        whole = http.post("/v1/completions", json={**base, "prompt": "Mira", "seed": 5, **extra}).json()
+        assert streamed == whole["choices"][0]["text"]
+    for extra, param, words in (
+            ({"guided_regex": "(?=a)"}, "guided_regex", "look-arounds"),
+            ({"structured_outputs": {"regex": "a{3,1}"}}, "structured_outputs", "repetition must be ordered"),
+            ({"guided_regex": "a", "min_tokens": 2}, "min_tokens", "not with guided_regex"),
+            ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice", "one constraint"),
+            ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs", "one constraint")):
+        r = http.post("/v1/completions", json={**base, "prompt": "hi", **extra})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"].startswith(param) and words in error["message"], r.text
 
 
 def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) -> None:

@@ -1,4 +1,6 @@
-"""Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``).
+"""Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``),
+or to plain text a regular expression matches or one of a list of choices (``regex``, ``choice``:
+``text``).
 
 ``schema`` compiles the schema (``regex`` its patterns and formats, ``bounds`` its numeric bounds),
 ``matcher`` reads JSON byte by byte (``strings``, ``numbers``: their frames), ``vocab`` turns a
@@ -6,6 +8,7 @@ matcher state into the tokens allowed next; the engine masks every other token's
 """
 
 from hypic.engine.structured.schema import compile_schema
+from hypic.engine.structured.text import compile_text
 from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes
 
-__all__ = ["JsonConstraint", "TokenVocab", "compile_schema", "token_bytes"]
+__all__ = ["JsonConstraint", "TokenVocab", "compile_schema", "compile_text", "token_bytes"]

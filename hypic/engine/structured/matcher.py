@@ -46,6 +46,7 @@ from hypic.engine.structured.schema import (
     needs,
 )
 from hypic.engine.structured.strings import string
+from hypic.engine.structured.text import Text, initial, text
 
 WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
 MAX_WS = 1
@@ -102,6 +103,8 @@ def _between_tokens(stack: Stack) -> bool:
     """Whether the next byte falls between tokens, not inside a string, a declared key or a literal
     (whose spaces are text)."""
     node, local = stack[0], stack[1]
+    if isinstance(node, Text):  # its spaces are text
+        return False
     if isinstance(node, Str):
         return local == ("open",)
     if isinstance(node, Obj):
@@ -159,7 +162,9 @@ def _feed(stack: Stack, byte: int, hops: int, fed: set | None = None) -> list[St
     return found
 
 
-def _initial(node: Node) -> object:
+def _initial(node: Node | Text) -> object:
+    if isinstance(node, Text):
+        return initial(node)
     if isinstance(node, (Lit,)):
         return b""
     if isinstance(node, Num):
@@ -170,6 +175,8 @@ def _initial(node: Node) -> object:
 def _handle(node: object, local: object, b: int) -> list[Outcome]:
     if isinstance(node, Root):
         if local == "before":
+            if isinstance(node.node, Text):  # plain text: every byte its own, an empty answer too
+                return [Outcome("after", node.node, False)]
             if b in WS:
                 return [Outcome("before", None, True)]
             return [] if b == END else [Outcome("after", node.node, False)]
@@ -189,6 +196,8 @@ def _handle(node: object, local: object, b: int) -> list[Outcome]:
         return _array(node, local, b)
     if isinstance(node, Str):
         return string(node, local, b)
+    if isinstance(node, Text):
+        return text(node, local, b)
     if isinstance(node, Num):
         return number(node, local, b)
     return _literal(node, local, b)

@@ -33,8 +33,8 @@ def string(node: Str, local: tuple, b: int) -> list[Outcome]:
             return [Outcome(("esc", count), None, True)]
         if b < 0x80:
             return [Outcome(_in_string(grown), None, True)]
-        lead = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
-        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        lead = lead_bytes(b)
+        low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
         return [Outcome(("in", grown, lead, low, high), None, True)] if lead else []
     if kind == "esc":
         if b in _JSON_ESCAPES:
@@ -60,8 +60,14 @@ def _in_string(count: int) -> tuple:
     return ("in", count, 0, 0, 0)
 
 
+def lead_bytes(b: int) -> int:
+    """How many continuation bytes UTF-8's lead byte ``b`` announces; 0: ``b`` leads no character
+    (a continuation byte, an overlong form's lead C0/C1, or past U+10FFFF)."""
+    return 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+
+
 # UTF-8's lead bytes whose first continuation byte is narrower than 80–BF (RFC 3629)
-_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 _JSON_ESCAPES = {ord('"'): 34, ord("\\"): 92, ord("/"): 47, ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13,
                  ord("t"): 9}
 
@@ -106,11 +112,11 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
             return [Outcome(("esc", count, states), None, True)] if ok else []
         if b < 0x80:
             return char(b)
-        need = 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
+        need = lead_bytes(b)
         if not need:
             return []
         value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
-        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
         # the characters this lead byte can begin, its first continuation's bounds applied (no
         # overlong forms, surrogates or code points past U+10FFFF)
         shift = 6 * (need - 1)

@@ -1,0 +1,96 @@
+"""Plain-text structured output: the whole answer matched by a regular expression, or one of a list
+of choices (vLLM's ``regex`` and ``choice`` constraints).
+
+Where a JSON schema's string reads its characters between quotes and through JSON escapes, a ``Text``
+node reads the answer's raw UTF-8 — every byte is text, spaces included — and feeds each decoded
+character to the expression's automaton (``hypic.engine.structured.regex``, the same subset a
+schema's ``pattern`` takes). The expression must match the whole answer (vLLM's meaning; ``^`` and
+``$`` may be written or not). ``choice`` is the alternation of its strings, each matched literally.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hypic.engine.structured.frames import END, POP, Outcome
+from hypic.engine.structured.regex import Regex, Window, compile_regex
+from hypic.engine.structured.strings import FIRST_CONTINUATION, lead_bytes
+
+ANY_LENGTH = Window.between(0, None)  # an answer has no length bound here (max_tokens has)
+_SPECIAL = set("\\^$.|?*+()[]{}/-")  # written escaped in a choice's expression
+
+
+@dataclass(eq=False, frozen=True)
+class Text:
+    """The whole answer, matched by ``pattern``."""
+
+    pattern: Regex
+
+
+@lru_cache(maxsize=64)
+def compile_text(regex: str | None = None, choice: tuple[str, ...] | None = None) -> Text:
+    """The node for ``regex`` or ``choice`` (exactly one given); ValueError naming which and why."""
+    if (regex is None) == (choice is None):
+        raise ValueError("regex, choice: give exactly one")
+    if choice is not None:
+        body = "|".join("".join("\\" + c if c in _SPECIAL else c for c in option) for option in choice)
+        name = "choice"
+    else:
+        head = regex.startswith("^")
+        tail = regex.endswith("$") and not regex.endswith("\\$")
+        body, name = regex[int(head):len(regex) - int(tail)], "regex"
+    wrapped = f"^(?:{body})$"
+    try:
+        return Text(compile_regex(wrapped))
+    except ValueError as e:  # told of the expression as given (the parser saw it wrapped: positions 3 on)
+        why = str(e)
+        for seen in (wrapped, wrapped[1:-1]):
+            why = why.removeprefix(f"pattern {seen!r}: ")
+        why = re.sub(r" \(at (\d+)\)$", lambda m: f" (at {max(0, int(m[1]) - 3)})", why)
+        what = f"{regex!r}" if regex is not None else "the choices' alternation"
+        raise ValueError(f"{name}: {what}: {why}") from None
+
+
+def initial(node: Text) -> tuple:
+    return ("in", node.pattern.start, 0, 0, 0, 0)
+
+
+def text(node: Text, local: tuple, b: int) -> list[Outcome]:
+    """A ``Text`` frame reads byte ``b`` (or END). Locals: ("in", states, need, value, low, high):
+    the automaton's states and, inside a multi-byte character, the continuation bytes still due, the
+    bits read so far and the next byte's range. A byte is let through only if some character it may
+    begin or continue keeps the answer matchable."""
+    rx = node.pattern
+    _, states, need, value, low, high = local
+
+    def char(c: int) -> list[Outcome]:
+        nxt = rx.step(states, c)
+        return [Outcome(("in", nxt, 0, 0, 0, 0), None, True)] if nxt and rx.finishes(nxt, ANY_LENGTH) else []
+
+    if need:  # a continuation byte
+        if b == END or not low <= b <= high:
+            return []
+        value, need = (value << 6) | (b & 0x3F), need - 1
+        if need == 0:
+            return char(value)
+        lo = value << (6 * need)
+        if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), ANY_LENGTH):
+            return []
+        return [Outcome(("in", states, need, value, 0x80, 0xBF), None, True)]
+    if b == END:  # the answer ends here: the frame is done if the expression is; the root reads END
+        return [Outcome(POP, None, False)] if rx.accepts(states) else []
+    if b < 0x80:
+        return char(b)
+    need = lead_bytes(b)
+    if not need:
+        return []
+    value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
+    low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+    shift = 6 * (need - 1)
+    lo = (value << (6 * need)) | ((low & 0x3F) << shift)
+    hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+    if not rx.can_step(states, lo, hi, ANY_LENGTH):
+        return []
+    return [Outcome(("in", states, need, value, low, high), None, True)]
