@@ -24,6 +24,7 @@ from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve, resolve_host_dtype
 from hypic.cache.keys import SegmentKey, segment_key
 from hypic.cache.store import SegmentStore
+from hypic.engine.bad_words import BadWords, bad_words
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
 from hypic.engine.combine import CombineContext
@@ -73,16 +74,32 @@ class Running:
     counts: TokenCounts | None = None  # its tokens on the device, for the penalties (sampling.TokenCounts)
     constraint: JsonConstraint | None = None  # structured output: what the grammar allows next
     only: torch.Tensor | None = None  # SamplingParams.allowed_token_ids as a mask, made at the first draw
+    bad: BadWords | None = None  # SamplingParams.bad_words as token sequences
+    _unbanned: torch.Tensor | None = None  # the mask less the one-token bad words, made at the first draw
 
     def allowed(self, size: int, device: torch.device) -> torch.Tensor | None:
         """What this run may draw next (structured output, or ``allowed_token_ids``: the two are
-        not taken together) as a [size] boolean mask on ``device`` (empty ids: nothing can follow),
-        else None (any)."""
+        not taken together; less the bad words' tokens banned now) as a [size] boolean mask on
+        ``device`` (empty ids: nothing can follow), else None (any)."""
         if self.params.allowed_token_ids is not None:
             if self.only is None:
                 self.only = token_mask(list(self.params.allowed_token_ids), size, device)
-            return self.only
-        return None if self.constraint is None else self.constraint.allowed_mask(size, device)
+            base = self.only
+        else:
+            base = None if self.constraint is None else self.constraint.allowed_mask(size, device)
+        if self.bad is None or (base is not None and base.dtype != torch.bool):  # nothing can follow anyway
+            return base
+        banned = self.bad.banned(self.output.token_ids)
+        if not banned:
+            return base
+        if base is None and len(banned) == len(self.bad.always):  # the usual step: a mask made once
+            if self._unbanned is None:
+                self._unbanned = _without(torch.ones(size, dtype=torch.bool, device=device), banned)
+            return self._unbanned
+        mask = _without(torch.ones(size, dtype=torch.bool, device=device) if base is None else base.clone(), banned)
+        # the grammar allows only banned tokens: it wins (a ban must not leave the draw nothing, nor
+        # the text outside the grammar)
+        return base if base is not None and not bool(mask.any()) else mask
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
         if self.constraint is not None and not self.constraint.accept(token):
@@ -101,6 +118,11 @@ class Running:
         elif len(self.output.token_ids) >= self.params.max_tokens:
             self.output.finish_reason, self.done = "length", True
         self.state.done = self.done  # a finished run's decode state is dropped from its batch, not unpacked
+
+
+def _without(mask: torch.Tensor, banned: list[int]) -> torch.Tensor:
+    mask[to_device(banned, mask.device)] = False
+    return mask
 
 
 def _eos_ids(loaded: LoadedModel) -> set[int]:
@@ -417,6 +439,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             for r in runs:
                 if r.params.constraint_kinds:
                     r.constraint = JsonConstraint(token_vocab, r.params.constraint(), self.eos)
+                r.bad = bad_words(self.loaded.tokenizer, r.params.bad_words)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
                                   [r.counts for r in runs], self.eos,
                                   [r.allowed(logits.shape[-1], logits.device) for r in runs])
@@ -456,6 +479,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
         if any(p.constraint_kinds for p in params):
             self.token_vocab()  # structured output needs the tokenizer's tokens (built once)
+        if self.loaded.tokenizer is None and any(p.bad_words for p in params):
+            raise ValueError("bad_words: this model has no tokenizer.json to spell them with")
         return params
 
     def token_vocab(self) -> TokenVocab:

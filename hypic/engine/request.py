@@ -40,6 +40,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop_token_ids: tuple[int, ...] = ()  # tokens that end the output like EOS (kept in token_ids, not in text)
     allowed_token_ids: tuple[int, ...] | None = None  # draw among these tokens only (None: all)
+    # words never generated: each word's tokens (as written, and after a space) cannot be completed —
+    # its last token is banned where the output ends with the ones before it (vLLM's meaning)
+    bad_words: tuple[str, ...] = ()
     ignore_eos: bool = False  # EOS does not end the output (max_tokens or a stop token does)
     min_tokens: int = 0  # EOS and the stop tokens cannot be drawn before this many tokens
     # per prompt token, its log-probability and the n likeliest (None: off) — a full forward over the
@@ -61,7 +64,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
             raise ValueError(f"n: expected an integer ≥ 1, got {self.n!r}")
-        for name in ("stop", "stop_token_ids"):  # vLLM's None for none
+        for name in ("stop", "stop_token_ids", "bad_words"):  # vLLM's None for none
             if getattr(self, name) is None:
                 object.__setattr__(self, name, ())
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool)
@@ -108,6 +111,10 @@ class SamplingParams:
                 raise ValueError("allowed_token_ids: expected a non-empty list of non-negative token ids, got "
                                  f"{self.allowed_token_ids!r}")
             object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+        if not isinstance(self.bad_words, (tuple, list)) or any(
+                not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words: expected a list of words (non-blank strings), got {self.bad_words!r}")
+        object.__setattr__(self, "bad_words", tuple(self.bad_words))
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a boolean, got {self.ignore_eos!r}")
         if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0

@@ -29,7 +29,7 @@ NOT_SERVED = {
     "use_beam_search": "hypic does not search beams", "length_penalty": "hypic does not search beams",
     "prompt_logprobs": "on completions, echo with logprobs scores the prompt",
     "return_tokens_as_token_ids": "tokens are spelled as text (a byte that is no text as bytes:\\xNN)",
-    "return_token_ids": "tokens are spelled as text", "bad_words": "use logit_bias",
+    "return_token_ids": "tokens are spelled as text",
     "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",
     "guided_grammar": "use response_format json_schema or guided_regex",
     "guided_decoding_backend": "use response_format",

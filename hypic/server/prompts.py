@@ -192,7 +192,8 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
                               ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema,
-                              regex=regex, choice=choice, allowed_token_ids=req.allowed_token_ids,
+                              regex=regex, choice=choice, bad_words=req.bad_words,
+                              allowed_token_ids=req.allowed_token_ids,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
         params.check_enders(eos)

@@ -243,6 +243,9 @@ class Common(Strict):
     guided_json: dict[str, Any] | bool | None = None
     guided_regex: Pattern | None = None
     guided_choice: Choices | None = None
+    # vLLM's: words the answer never holds (SamplingParams.bad_words)
+    bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=256)] | None \
+        = None
     # vLLM's: the response's id ("cmpl-" / "chatcmpl-" + it; else the X-Request-Id header, else random)
     request_id: str | None = Field(None, pattern=f"^{REQUEST_ID}$")
     # vLLM's priority scheduling: hypic serves first come, first served (0 only)

@@ -199,3 +199,34 @@ def test_the_library_chats_without_the_servers_packages() -> None:
             "assert out.prompt.endswith('Mira lives in') and len(out.token_ids) == 2\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_bad_words_are_never_completed(llm: LLM) -> None:
+    """vLLM's ``bad_words``: the greedy answer's word banned, the answer changes; no output — greedy
+    or sampled — holds a banned word's token sequence contiguously, a one-token word ("Quorvane")
+    or a two-token phrase ("is employed", which the same sampling writes unbanned); a grammar that
+    needs a banned word wins over the ban."""
+    from hypic.engine.bad_words import bad_words
+
+    prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
+    free = llm.generate(prompt, SamplingParams(max_tokens=12))[0]
+    assert "Quorvane" in free.text
+    (one,), (two,) = (bad_words(llm.tokenizer, (w,)).sequences for w in ("Quorvane", "is employed"))
+    assert len(one) == 1 and len(two) == 2
+
+    def holds(ids: list[int], seq: tuple[int, ...]) -> bool:
+        return any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids) - len(seq) + 1))
+
+    banned = llm.generate(prompt, SamplingParams(max_tokens=12, bad_words=["Quorvane"]))[0]
+    assert banned.token_ids != free.token_ids and not holds(banned.token_ids, one)
+    echo = "Mira Quorvane Mira Quorvane Mira Quorvane Mira"
+    sp = SamplingParams(n=8, max_tokens=12, temperature=1.0, seed=2)
+    unbanned = llm.generate(echo, sp)[0].outputs
+    assert any(holds(o.token_ids, two) for o in unbanned)
+    for o in llm.generate(echo, sp.clone(bad_words=["is employed", "Quorvane"]))[0].outputs:
+        assert not holds(o.token_ids, two) and not holds(o.token_ids, one), o.token_ids
+    forced = llm.generate(prompt, SamplingParams(max_tokens=8, choice=["Quorvane"], bad_words=["Quorvane"]))[0]
+    assert forced.text == "Quorvane"
+    for bad in ([""], [" "], ["a", 5], "word"):
+        with pytest.raises(ValueError, match="bad_words: expected a list of words"):
+            SamplingParams(bad_words=bad)

@@ -202,6 +202,17 @@ def test_vllms_choice_and_regex_constrain_the_whole_answer(http: httpx.Client) -
         assert r.status_code == 400 and error["param"].startswith(param) and words in error["message"], r.text
 
 
+def test_vllms_bad_words_keep_a_word_out_of_the_answer(http: httpx.Client) -> None:
+    body = {"model": MODEL, "prompt": "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?",
+            "max_tokens": 12, "temperature": 0}
+    free = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    word = free.split()[1]  # a word of the greedy answer, banned: the answer changes (the library's
+    banned = http.post("/v1/completions", json={**body, "bad_words": [word]})  # test checks the tokens)
+    assert banned.status_code == 200 and banned.json()["choices"][0]["text"] != free, (word, banned.text)
+    r = http.post("/v1/completions", json={**body, "bad_words": [""]})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("bad_words"), r.text
+
+
 def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) -> None:
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
     mine = http.post("/v1/completions", json={**body, "request_id": "abc-1", "priority": 0})

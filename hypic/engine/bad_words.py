@@ -1,0 +1,51 @@
+"""Words a request never generates (``SamplingParams.bad_words``, vLLM's meaning).
+
+A word is banned as token sequences: how the tokenizer spells it alone and after a space (a word
+in the middle of a text is usually one token with its space). A sequence's last token is banned
+at a step when the output so far ends with the tokens before it — a one-token word at every step —
+so the sequence is never completed; its first tokens stay free (they may begin other words). Only
+the generated tokens count, not the prompt's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BadWords:
+    sequences: tuple[tuple[int, ...], ...]
+
+    @property
+    def always(self) -> tuple[int, ...]:
+        """The one-token words' tokens: banned at every step."""
+        return tuple(sorted({s[0] for s in self.sequences if len(s) == 1}))
+
+    def banned(self, output: list[int]) -> list[int]:
+        """The tokens banned after ``output`` (the generated tokens so far)."""
+        out = set(self.always)
+        for s in self.sequences:
+            n = len(s) - 1
+            if n and len(output) >= n and tuple(output[len(output) - n:]) == s[:-1]:
+                out.add(s[-1])
+        return sorted(out)
+
+
+def bad_words(tokenizer: Any, words: tuple[str, ...]) -> BadWords | None:
+    """The words' token sequences under ``tokenizer`` (a ``tokenizers.Tokenizer``); None for none."""
+    if not words:
+        return None
+    return _sequences(tokenizer, words)
+
+
+@lru_cache(maxsize=256)
+def _sequences(tokenizer: Any, words: tuple[str, ...]) -> BadWords:
+    found: dict[tuple[int, ...], None] = {}
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+            if ids:
+                found[ids] = None
+    return BadWords(tuple(found))
