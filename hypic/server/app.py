@@ -173,6 +173,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         except torch.OutOfMemoryError:  # the device is busy serving: later, not never
             raise APIError(503, "scoring the prompt ran out of device memory; retry later", kind="overloaded",
                            type="server_error", headers={"Retry-After": str(settings.retry_after_s)}) from None
+        except APIError:
+            raise
+        except Exception as e:  # noqa: BLE001 — the round's engine call failed (as a generation's failure)
+            raise APIError(500, f"scoring failed: {type(e).__name__}: {e}", kind="engine",
+                           type="server_error") from None
         finally:
             state.scorer.abandon(ask)  # a no-op once scored
             scoring.cancel()

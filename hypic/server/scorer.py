@@ -19,10 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from hypic.engine.engine import Engine
-from hypic.engine.scoring import ScoringStopped
 
 Scores = list[dict[int, float] | None]
 ROUND_TOKENS = 1 << 16  # prompt tokens a round takes at most (more than that: the next round's)
@@ -62,7 +59,8 @@ class Scorer:
 
     async def score(self, ask: Ask) -> list[Scores]:
         """``ask``'s scores, one list per prompt. Raises ``Overloaded``, ``ScoringStopped`` (the
-        shutdown), ``torch.OutOfMemoryError``; a caller that stops waiting (cancelled, its deadline)
+        shutdown), ``torch.OutOfMemoryError`` (the whole round's: a 503 to retry), or whatever else
+        the round's engine call raised; a caller that stops waiting (cancelled, its deadline)
         calls ``abandon``."""
         if len(self.queue) >= self.max_waiting:
             raise Overloaded
@@ -100,8 +98,8 @@ class Scorer:
         tops = [a.top for a in batch for _ in a.prompts]
         try:
             scores = await asyncio.to_thread(self.engine.prompts_logprobs, prompts, tops, stop)
-        except (ScoringStopped, torch.OutOfMemoryError, ValueError) as e:
-            for a in batch:
+        except Exception as e:  # noqa: BLE001 — every request of the round told at once (a bug: a 500),
+            for a in batch:  # and the rounds go on: the worker must not die with requests waiting
                 self._settle(a, e)
             return
         at = 0

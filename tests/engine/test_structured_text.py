@@ -16,19 +16,20 @@ from hypic.engine.structured import compile_text
 from hypic.engine.structured.matcher import accepting, accepts, advance_bytes, finished, start
 
 PATTERNS = [r"(yes|no), because .{1,10}", r"\d{3}-\d{4}", r"a*", r"[A-Z][a-z]+ (lives|works) in [^.]+\.",
-            r"(é|ü|日本)+ ok", r"x?y{2,3}z*", r"\w+@\w+\.(com|org)", r"^\s*-?\d+(\.\d+)?$", r"[^a]", r"(ab|a)(bc|c)"]
-ALPHABET = "abcyxzn, .-é日本ü0123456789@ABcom\t\n"
+            r"(é|ü|日本)+ ok", r"x?y{2,3}z*", r"\w+@\w+\.(com|org)", r"^\s*-?\d+(\.\d+)?$", r"[^a]", r"(ab|a)(bc|c)",
+            r"^a$|^b$", r"ab|^c|d$", r"a\\$", r"a\$", r"[|]x|\|y", "éa+é日本é"]
+ALPHABET = "abcdyxzn, .-é日本ü0123456789@ABcom\t\n|$\\"
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_the_matcher_accepts_what_re_fullmatch_accepts(pattern: str) -> None:
     node = compile_text(regex=pattern)
     rng = random.Random(pattern)
-    body = pattern.removeprefix("^").removesuffix("$")
     texts = ["", "yes, because x", "123-4567", "日本日本 ok", "Mira lives in Quorvane.", "a@b.com", " -1.5", "b",
-             "abc", *("".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 12))) for _ in range(300))]
-    for t in texts:
-        want = re.fullmatch(body, t) is not None
+             "abc", "a", "c", "d", "a\\", "a$", "|x", "|y", "éaaé日本é",
+             *("".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 12))) for _ in range(300))]
+    for t in texts:  # \w and \d are ASCII, as in JSON Schema's (ECMA-262's) patterns
+        want = re.fullmatch(pattern, t, flags=re.ASCII) is not None
         assert accepts(node, t.encode()) == want, (pattern, t)
         # every prefix of a matching text stays alive (the matcher never dead-ends a match early)
         if want:
@@ -42,6 +43,14 @@ def test_a_choice_accepts_its_strings_and_nothing_else(options: list[str], other
     for o in options:
         assert accepts(node, o.encode()), o
     assert accepts(node, other.encode()) == (other in options)
+
+
+def test_a_thousand_choices_compile_and_a_prefix_choice_may_end_or_go_on() -> None:
+    labels = tuple(f"label {i} of the set" for i in range(1000))
+    node = compile_text(choice=labels)
+    assert accepts(node, b"label 999 of the set") and not accepts(node, b"label 1000 of the set")
+    state = advance_bytes(start(compile_text(choice=("a", "ab"))), b"a")
+    assert accepting(state) and not finished(state) and accepting(advance_bytes(state, b"b"))
 
 
 def test_the_last_byte_of_the_only_match_finishes_the_output() -> None:
@@ -77,6 +86,8 @@ def test_every_draw_of_the_bundled_model_matches(llm: LLM) -> None:
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(regex="(?=a)"), r"regex: '\(\?=a\)': look-arounds"),
     (dict(regex="a{3,1}"), r"regex: 'a\{3,1\}': a repetition must be ordered"),
+    (dict(regex=r"[^\s\S]"), "matches no text"),
+    (dict(regex=r"x[^\s\S]|y[^\s\S]"), "matches no text"),
     (dict(regex=5), "regex: expected a string"),
     (dict(choice=[]), "choice: expected a non-empty list"),
     (dict(choice="yes"), "choice: expected a non-empty list"),

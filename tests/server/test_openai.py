@@ -395,6 +395,28 @@ def test_scoring_out_of_memory_is_a_503_to_retry(http: httpx.Client, llm: LLM, m
                                               "logprobs": 1}).status_code == 200
 
 
+def test_a_round_that_fails_tells_its_requests_at_once_and_the_next_round_runs(http: httpx.Client, llm: LLM,
+                                                                              monkeypatch) -> None:
+    """Anything the engine raises in a scoring round (a kernel error, a bug) is every request's of
+    that round at once — a 500, not a wait for the request timeout — and the rounds go on."""
+    real, calls = llm.engine.prompts_logprobs, []
+
+    def broken_once(prompts, top, stop=None):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(prompts, top, stop)
+
+    monkeypatch.setattr(llm.engine, "prompts_logprobs", broken_once)
+    body = {"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1}
+    t0 = time.monotonic()
+    r = http.post("/v1/completions", json=body)
+    assert r.status_code == 500 and time.monotonic() - t0 < 10, r.text
+    assert r.json()["error"]["message"].startswith("scoring failed: RuntimeError: CUDA error")
+    assert http.post("/v1/completions", json=body).status_code == 200 and calls == [1, 1]
+    assert scrape(http).get("hypic_queue_depth", 0) == 0
+
+
 def test_scoring_beside_generation_under_concurrency(http: httpx.Client, llm: LLM) -> None:
     """Echo scoring runs beside the scheduler's calls (the engine's lock between them): concurrent
     scoring and generating requests all succeed, and each score equals the one computed alone."""

@@ -172,6 +172,15 @@ class Regex:
 Node = tuple  # ("char", Ranges) | ("cat", [Node]) | ("alt", [Node]) | ("rep", Node, low, high | None)
 
 
+def anchored_end(pattern: str) -> bool:
+    r"""Whether ``pattern`` ends with the ``$`` anchor: a ``$`` after an even number of backslashes
+    (``a\\$`` is a backslash, then the anchor; ``a\$`` a literal dollar)."""
+    if not pattern.endswith("$"):
+        return False
+    body = pattern[:-1]
+    return (len(body) - len(body.rstrip("\\"))) % 2 == 0
+
+
 def compile_regex(pattern: str) -> Regex:
     """ValueError naming what is not supported or not well formed."""
     tree = _Parser(pattern).parse()
@@ -189,7 +198,8 @@ def _build(rx: Regex, node: Node) -> tuple[int, int]:
     kind = node[0]
     if kind == "char":
         a, b = rx.new(), rx.new()
-        rx.edges[a].append((node[1], b))
+        if node[1]:  # an empty class ([^\s\S]) matches no character: no edge, so no path through it
+            rx.edges[a].append((node[1], b))
         return a, b
     if kind == "cat":
         a = rx.new()
@@ -245,7 +255,7 @@ class _Parser:
 
     def parse(self) -> Node:
         head = self.s.startswith("^")
-        tail = self.s.endswith("$") and not self.s.endswith("\\$")
+        tail = anchored_end(self.s)
         body = self.s[int(head):len(self.s) - int(tail)]
         self.s, self.i = body, 0
         tree = self.alternation()

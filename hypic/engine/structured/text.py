@@ -5,7 +5,8 @@ Where a JSON schema's string reads its characters between quotes and through JSO
 node reads the answer's raw UTF-8 — every byte is text, spaces included — and feeds each decoded
 character to the expression's automaton (``hypic.engine.structured.regex``, the same subset a
 schema's ``pattern`` takes). The expression must match the whole answer (vLLM's meaning; ``^`` and
-``$`` may be written or not). ``choice`` is the alternation of its strings, each matched literally.
+``$`` may be written or not, around the whole or any top-level branch). A ``choice`` is matched as its
+literal strings, byte by byte.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hypic.engine.structured.frames import END, POP, Outcome
-from hypic.engine.structured.regex import Regex, Window, compile_regex
+from hypic.engine.structured.regex import Regex, Window, anchored_end, compile_regex
+from hypic.engine.structured.schema import Lit
 from hypic.engine.structured.strings import FIRST_CONTINUATION, lead_bytes
 
 ANY_LENGTH = Window.between(0, None)  # an answer has no length bound here (max_tokens has)
-_SPECIAL = set("\\^$.|?*+()[]{}/-")  # written escaped in a choice's expression
 
 
 @dataclass(eq=False, frozen=True)
 class Text:
-    """The whole answer, matched by ``pattern``."""
+    """The whole answer: matched by ``pattern``, or exactly one of ``words`` (a choice: its strings
+    as sorted UTF-8, read by binary search — an automaton of 1 000 labels would be tens of
+    thousands of states)."""
 
-    pattern: Regex
+    pattern: Regex | None = None
+    words: Lit | None = None
 
 
 @lru_cache(maxsize=64)
@@ -35,12 +39,10 @@ def compile_text(regex: str | None = None, choice: tuple[str, ...] | None = None
     if (regex is None) == (choice is None):
         raise ValueError("regex, choice: give exactly one")
     if choice is not None:
-        body = "|".join("".join("\\" + c if c in _SPECIAL else c for c in option) for option in choice)
-        name = "choice"
-    else:
-        head = regex.startswith("^")
-        tail = regex.endswith("$") and not regex.endswith("\\$")
-        body, name = regex[int(head):len(regex) - int(tail)], "regex"
+        return Text(words=Lit(frozenset(c.encode() for c in choice)))
+    # matched whole, so an anchor at either end of any top-level branch says nothing more: dropped
+    # (the pattern parser takes anchors only at a pattern's ends)
+    body = "|".join(_unanchored(branch) for branch in _top_level_branches(regex))
     wrapped = f"^(?:{body})$"
     try:
         return Text(compile_regex(wrapped))
@@ -49,12 +51,51 @@ def compile_text(regex: str | None = None, choice: tuple[str, ...] | None = None
         for seen in (wrapped, wrapped[1:-1]):
             why = why.removeprefix(f"pattern {seen!r}: ")
         why = re.sub(r" \(at (\d+)\)$", lambda m: f" (at {max(0, int(m[1]) - 3)})", why)
-        what = f"{regex!r}" if regex is not None else "the choices' alternation"
-        raise ValueError(f"{name}: {what}: {why}") from None
+        raise ValueError(f"regex: {regex!r}: {why}") from None
 
 
-def initial(node: Text) -> tuple:
-    return ("in", node.pattern.start, 0, 0, 0, 0)
+def _top_level_branches(pattern: str) -> list[str]:
+    """``pattern`` cut at its ``|`` outside groups, classes and escapes."""
+    branches, depth, start, i, in_class = [], 0, 0, 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "^":
+                i += 1
+            if pattern[i + 1:i + 2] == "]":  # a ']' first in a class is itself
+                i += 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            branches.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return [*branches, pattern[start:]]
+
+
+def _unanchored(branch: str) -> str:
+    branch = branch.removeprefix("^")
+    return branch[:-1] if anchored_end(branch) else branch
+
+
+def initial(node: Text) -> tuple | bytes:
+    return b"" if node.words is not None else ("in", node.pattern.start, 0, 0, 0, 0)
+
+
+def _word(words: Lit, prefix: bytes, b: int) -> list[Outcome]:
+    """A choice reads byte ``b`` (or END); the local is the answer's bytes so far."""
+    if b == END:
+        return [Outcome(POP, None, False)] if prefix in words.values else []
+    grown = prefix + bytes([b])
+    return [Outcome(grown, None, True)] if grown in words.values or words.continues(grown) else []
 
 
 def text(node: Text, local: tuple, b: int) -> list[Outcome]:
@@ -62,6 +103,8 @@ def text(node: Text, local: tuple, b: int) -> list[Outcome]:
     the automaton's states and, inside a multi-byte character, the continuation bytes still due, the
     bits read so far and the next byte's range. A byte is let through only if some character it may
     begin or continue keeps the answer matchable."""
+    if node.words is not None:
+        return _word(node.words, local, b)
     rx = node.pattern
     _, states, need, value, low, high = local
 
