@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
@@ -11,6 +12,41 @@ def check_top(top: object) -> int:
     if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
         raise ValueError(f"prompt_logprobs: expected an integer in [0, 20], got {top!r}")
     return top
+
+
+@dataclass(frozen=True, kw_only=True)
+class StructuredOutputsParams:
+    """vLLM's offline structured-output request, for code written against it
+    (``SamplingParams(structured_outputs=StructuredOutputsParams(choice=[...]))``): one of ``json`` (a
+    schema, or its JSON text), ``json_object``, ``regex`` or ``choice``; SamplingParams reads it into
+    its own ``json_schema`` / ``regex`` / ``choice``. Grammars are not served."""
+
+    json: dict | bool | str | None = None
+    regex: str | None = None
+    choice: list[str] | tuple[str, ...] | None = None
+    json_object: bool | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+
+    def fields(self) -> dict[str, object]:
+        """The SamplingParams fields it stands for; ValueError for what is not served or not one."""
+        for name in ("grammar", "structural_tag"):
+            if getattr(self, name) is not None:
+                raise ValueError(f"structured_outputs.{name}: not supported; use json, regex or choice")
+        asked = {name: getattr(self, name) for name in ("json", "regex", "choice") if getattr(self, name) is not None}
+        if self.json_object:
+            asked["json_object"] = True
+        if len(asked) != 1:
+            raise ValueError(f"structured_outputs: expected exactly one of json, json_object, regex, choice, got "
+                             f"{sorted(asked) or 'none'}")
+        (name, value), = asked.items()
+        if name == "json" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json: not JSON: {e}") from None
+        return {"json": {"json_schema": value}, "json_object": {"json_schema": {"type": "object"}},
+                "regex": {"regex": value}, "choice": {"choice": value}}[name]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +91,8 @@ class SamplingParams:
     # hypic.engine.structured.regex reads), or is exactly one of these strings
     regex: str | None = None
     choice: tuple[str, ...] | None = None
+    # vLLM's object for the three above: read into them (and left None) as the params are made
+    structured_outputs: StructuredOutputsParams | None = None
     # stop strings: the output ends where one first appears in its text (vLLM's meaning: the text ends
     # before it unless include_stop_str_in_output; the tokens generated so far are kept)
     stop: tuple[str, ...] = ()
@@ -130,6 +168,15 @@ class SamplingParams:
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
         if self.prompt_logprobs is not None:
             check_top(self.prompt_logprobs)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError("structured_outputs: expected a StructuredOutputsParams, got "
+                                 f"{type(self.structured_outputs).__name__}")
+            for name, value in self.structured_outputs.fields().items():
+                if self.constraint_kinds:
+                    raise ValueError(f"structured_outputs: not with {self.constraint_kinds[0]}")
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "structured_outputs", None)  # read: a clone must not read it again
         if self.choice is not None:
             if not isinstance(self.choice, (tuple, list)) or not self.choice or any(
                     not isinstance(c, str) for c in self.choice):

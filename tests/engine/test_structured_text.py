@@ -100,3 +100,26 @@ def test_every_draw_of_the_bundled_model_matches(llm: LLM) -> None:
 def test_bad_constraints_are_refused_by_name(kwargs, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         SamplingParams(**kwargs)
+
+
+def test_vllms_structured_outputs_params_read_into_the_same_constraints(llm: LLM) -> None:
+    """Code written against vLLM's ``SamplingParams(structured_outputs=StructuredOutputsParams(...))``:
+    each kind becomes hypic's own field (the same answers), a clone keeps it, and what vLLM would not
+    take either (none, two, a grammar) is refused by name."""
+    from hypic import StructuredOutputsParams as S
+
+    prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
+    for vllms, own in ((S(choice=["north", "south"]), dict(choice=["north", "south"])),
+                       (S(regex=r"\d{2}"), dict(regex=r"\d{2}")),
+                       (S(json='{"type": "integer"}'), dict(json_schema={"type": "integer"})),
+                       (S(json_object=True), dict(json_schema={"type": "object"}))):
+        sp = SamplingParams(max_tokens=10, structured_outputs=vllms)
+        assert sp.structured_outputs is None and sp.clone(max_tokens=9).constraint_kinds == sp.constraint_kinds
+        assert llm.generate(prompt, sp)[0].text == llm.generate(prompt, SamplingParams(max_tokens=10, **own))[0].text
+    for kwargs, needle in ((dict(structured_outputs=S()), "exactly one of"),
+                           (dict(structured_outputs=S(regex="a", choice=["a"])), "exactly one of"),
+                           (dict(structured_outputs=S(grammar="root ::= 'a'")), "grammar: not supported"),
+                           (dict(structured_outputs=S(regex="a"), choice=["a"]), "structured_outputs: not with choice"),
+                           (dict(structured_outputs={"choice": ["a"]}), "expected a StructuredOutputsParams")):
+        with pytest.raises(ValueError, match=needle):
+            SamplingParams(**kwargs)
