@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -31,6 +31,8 @@ from hypic.ops.transfer import to_device
 ROWS = 512  # rows of logits at once, at most …
 CHUNK_BYTES = 128 << 20  # … and at most this many bytes of fp32 logits (the 9B shape's vocabulary: 135 rows)
 PIECE = 2048  # prompt tokens per forward
+STATE_BYTES = 512 << 20  # the sequences of one forward hold at most about this much state ...
+FIRST_SEQS = 4  # ... and the first forward, before a state's size is known, at most this many
 
 
 class ScoringStopped(Exception):
@@ -60,22 +62,33 @@ def _check(model: HybridLM, prompts: list[list[int]], tops: list[int]) -> None:
             raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {model.vocab_size})")
 
 
-def _packs(lengths: list[int]) -> list[list[tuple[int, int, int]]]:
-    """The forwards: each at most ``PIECE`` tokens of (prompt, start, stop) spans, every prompt's
-    spans in order and at most one of them per forward (each continues the state the last left).
-    Short prompts share a forward (lm-eval sends its contexts in batches of a few hundred tokens
-    each: one forward apiece cost a whole model's fixed cost per prompt)."""
-    done, packs = [0] * len(lengths), []
-    while any(d < n for d, n in zip(done, lengths, strict=True)):
-        room, pack = PIECE, []
-        for k, n in enumerate(lengths):
-            if done[k] < n and room > 0:
-                take = min(n - done[k], room)
-                pack.append((k, done[k], done[k] + take))
-                done[k] += take
-                room -= take
-        packs.append(pack)
-    return packs
+def _next_pack(lengths: list[int], done: list[int], max_seqs: int) -> list[tuple[int, int, int]]:
+    """The next forward: at most ``PIECE`` tokens of at most ``max_seqs`` prompts, as (prompt, start,
+    stop) spans, every prompt's spans in order and at most one of them per forward (each continues
+    the state the last left); ``done`` (tokens scored per prompt) moves on. Short prompts share a
+    forward (lm-eval sends its contexts in batches of a few hundred tokens each: one forward apiece
+    cost a whole model's fixed cost per prompt)."""
+    room, pack = PIECE, []
+    for k, n in enumerate(lengths):
+        if done[k] < n and room > 0 and len(pack) < max_seqs:
+            take = min(n - done[k], room)
+            pack.append((k, done[k], done[k] + take))
+            done[k] += take
+            room -= take
+    return pack
+
+
+def _packs(lengths: list[int], max_seqs: int = 1 << 30) -> Iterator[list[tuple[int, int, int]]]:
+    done = [0] * len(lengths)
+    while pack := _next_pack(lengths, done, max_seqs):
+        yield pack
+
+
+def _state_bytes(state: SequenceState) -> int:
+    """What one sequence's state holds on the device (its linear states, conv tails, keys and values)."""
+    tensors = [*state.linear.values(), *state.conv.values(),
+               *(t for kv in state.kv.values() for t in (kv.keys, kv.values))]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 @torch.no_grad()
@@ -88,11 +101,15 @@ def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]
     _check(model, prompts, tops)
     if not prompts:
         return []
-    states = [SequenceState() for _ in prompts]
+    states: list[SequenceState | None] = [SequenceState() for _ in prompts]
     out: list[list[dict[int, float] | None]] = [[None] for _ in prompts]
     rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
     most = max(tops)
-    for pack in _packs([len(p) for p in prompts]):
+    lengths, done = [len(p) for p in prompts], [0] * len(prompts)
+    # a forward's sequences each hold a whole state (48 MiB at the 9B shape): as many as STATE_BYTES
+    # of them, once the first forward has shown one's size
+    max_seqs, sized = FIRST_SEQS, False
+    while pack := _next_pack(lengths, done, max_seqs):
         reason = stop() if stop is not None else None
         if reason is not None:
             raise ScoringStopped(reason)
@@ -109,6 +126,11 @@ def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]
             ctx = SequenceContext([states[k] for k, _, _ in pack], [b - a for _, a, b in pack], device)
             hidden = model.hidden_states(to_device([t for k, a, b in pack for t in prompts[k][a:b]], device), ctx)
             ctx.finish()
+            if not sized:
+                max_seqs, sized = max(1, STATE_BYTES // max(1, _state_bytes(states[pack[0][0]]))), True
+            for k, _, b in pack:
+                if b == len(prompts[k]):
+                    states[k] = None  # scored whole: its state is not needed any more
             at, nxt_d = to_device(where, device), to_device(nxt, device)
             for a in range(0, len(where), rows):
                 b = min(a + rows, len(where))

@@ -77,7 +77,7 @@ def test_packs_cover_each_prompt_in_order_within_the_piece(monkeypatch) -> None:
     prompt per forward, no forward over ``PIECE`` tokens and every forward but the last full."""
     monkeypatch.setattr(scoring, "PIECE", 10)
     lengths = [3, 25, 1, 9, 14]
-    packs = scoring._packs(lengths)
+    packs = list(scoring._packs(lengths))
     seen = {k: 0 for k in range(len(lengths))}
     for pack in packs:
         assert len({k for k, _, _ in pack}) == len(pack) and sum(b - a for _, a, b in pack) <= 10
@@ -87,6 +87,40 @@ def test_packs_cover_each_prompt_in_order_within_the_piece(monkeypatch) -> None:
     assert seen == dict(enumerate(lengths))
     assert all(sum(b - a for _, a, b in pack) == 10 for pack in packs[:-1])
     assert len(packs) == -(-sum(lengths) // 10)
+    capped = list(scoring._packs([2, 2, 2, 2, 2], max_seqs=2))  # room for five, two sequences a forward
+    assert [[k for k, _, _ in p] for p in capped] == [[0, 1], [2, 3], [4]]
+
+
+def test_a_forwards_sequences_are_capped_by_their_states_size(llm, monkeypatch) -> None:
+    """Each sequence of a forward holds a whole state (48 MiB at the 9B shape): the first forward
+    takes FIRST_SEQS prompts, the next as many as STATE_BYTES of states allow (measured on the
+    first), and a prompt scored whole lets its state go; the scores stay each prompt's own."""
+    seen = []
+    real = scoring.SequenceContext.__init__
+
+    def counted(self, states, lengths, device, **kw):
+        seen.append(len(states))
+        return real(self, states, lengths, device, **kw)
+
+    one = scoring._state_bytes(_scored_state(llm))
+    monkeypatch.setattr(scoring.SequenceContext, "__init__", counted)
+    monkeypatch.setattr(scoring, "STATE_BYTES", 3 * one)
+    prompts = [[t for s in _prompt(40 + k, [6]) for t in s] for k in range(12)]
+    got = scoring.score_prompts(llm.engine.model, llm.engine.device, prompts, [1] * 12)
+    assert seen == [scoring.FIRST_SEQS, 3, 3, 2]  # 4, then 3 a forward: 12 prompts
+    for ids, scores in zip(prompts, got, strict=True):
+        alone = scoring.score_prompt(llm.engine.model, llm.engine.device, ids, 1)
+        assert all(abs(a[t] - b[t]) < 1e-5 for a, b in zip(scores[1:], alone[1:], strict=True) for t in b)
+
+
+def _scored_state(llm):
+    from hypic.models.context import SequenceContext, SequenceState
+    from hypic.ops.transfer import to_device
+
+    state = SequenceState()
+    ctx = SequenceContext([state], [6], llm.engine.device)
+    llm.engine.model.hidden_states(to_device([5, 6, 7, 8, 9, 10], llm.engine.device), ctx)
+    return state
 
 
 def test_the_last_prompt_position_scores_the_generated_token(llm) -> None:
