@@ -9,7 +9,8 @@ forwards pack them (``hypic.engine.scoring``). Requests arriving meanwhile wait 
 Each request keeps its own limits: it waits at most its deadline and leaves when its client does —
 the handler stops waiting at once and the request is *abandoned*; a round whose requests are all
 abandoned, or that runs past the shutdown timeout, stops between two forwards. A request abandoned
-while others in its round go on costs that round its prompts' tokens, no more.
+while others in its round go on costs that round its prompts' tokens, no more. A round that runs out
+of device memory is scored again request by request: only a request that does not fit alone fails.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from hypic.engine.engine import Engine
 
@@ -59,7 +62,7 @@ class Scorer:
 
     async def score(self, ask: Ask) -> list[Scores]:
         """``ask``'s scores, one list per prompt. Raises ``Overloaded``, ``ScoringStopped`` (the
-        shutdown), ``torch.OutOfMemoryError`` (the whole round's: a 503 to retry), or whatever else
+        shutdown), ``torch.OutOfMemoryError`` (its prompts, scored alone, did not fit), or whatever else
         the round's engine call raised; a caller that stops waiting (cancelled, its deadline)
         calls ``abandon``."""
         if len(self.queue) >= self.max_waiting:
@@ -98,6 +101,13 @@ class Scorer:
         tops = [a.top for a in batch for _ in a.prompts]
         try:
             scores = await asyncio.to_thread(self.engine.prompts_logprobs, prompts, tops, stop)
+        except torch.OutOfMemoryError as e:
+            if len(batch) == 1:
+                self._settle(batch[0], e)
+            else:  # one request's prompts may not fit beside the serving: each alone, the others served
+                for a in batch:
+                    await self._round([a])
+            return
         except Exception as e:  # noqa: BLE001 — every request of the round told at once (a bug: a 500),
             for a in batch:  # and the rounds go on: the worker must not die with requests waiting
                 self._settle(a, e)

@@ -417,6 +417,39 @@ def test_a_round_that_fails_tells_its_requests_at_once_and_the_next_round_runs(h
     assert scrape(http).get("hypic_queue_depth", 0) == 0
 
 
+def test_a_round_out_of_memory_fails_only_the_request_that_does_not_fit(http: httpx.Client, llm: LLM,
+                                                                        monkeypatch) -> None:
+    """A round that runs out of device memory is scored again request by request: the request whose
+    prompt does not fit alone gets the 503 to retry, the one beside it its scores."""
+    import torch
+
+    real, gate, calls = llm.engine.prompts_logprobs, threading.Event(), []
+
+    def tight(prompts, top, stop=None):
+        calls.append(len(prompts))
+        if len(calls) == 1:
+            gate.wait(30)  # the first round held until the other two wait
+        if any(sum(len(s) for s in p) > 50 for p in prompts):  # the long prompt never fits
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(prompts, top, stop)
+
+    monkeypatch.setattr(llm.engine, "prompts_logprobs", tight)
+    short = {"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1}
+    long = {**short, "prompt": " ".join(f"w{i}" for i in range(40))}
+    with ThreadPoolExecutor(3) as pool:
+        first = pool.submit(http.post, "/v1/completions", json=short)
+        while not calls:
+            time.sleep(0.01)
+        rest = [pool.submit(http.post, "/v1/completions", json=b) for b in (long, short)]
+        deadline = time.monotonic() + 30
+        while scrape(http).get("hypic_queue_depth", 0) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        gate.set()
+        codes = [first.result().status_code, *(f.result().status_code for f in rest)]
+    assert codes == [200, 503, 200] and calls == [1, 2, 1, 1]  # the round of two, then each alone
+
+
 def test_scoring_beside_generation_under_concurrency(http: httpx.Client, llm: LLM) -> None:
     """Echo scoring runs beside the scheduler's calls (the engine's lock between them): concurrent
     scoring and generating requests all succeed, and each score equals the one computed alone."""
