@@ -223,6 +223,8 @@ class LLM:
         token's id, or None."""
         from hypic.server.text import stop_reason
 
+        if run.error is not None:  # the library's caller is told as the engine's was (the batch's call)
+            raise run.error
         out = run.output
         if text is not None:
             out.text = text.text

@@ -76,6 +76,7 @@ class Running:
     only: torch.Tensor | None = None  # SamplingParams.allowed_token_ids as a mask, made at the first draw
     bad: BadWords | None = None  # SamplingParams.bad_words as token sequences
     _unbanned: torch.Tensor | None = None  # the mask less the one-token bad words, made at the first draw
+    error: Exception | None = None  # why it ended without an answer (the scheduler tells its client)
 
     def allowed(self, size: int, device: torch.device) -> torch.Tensor | None:
         """What this run may draw next (structured output, or ``allowed_token_ids``: the two are
@@ -102,6 +103,10 @@ class Running:
         return base if base is not None and not bool(mask.any()) else mask
 
     def accept(self, token: int, logprobs: dict[int, float] | None, eos: set[int]) -> None:
+        if token < 0:  # its logits were not finite (``sample(isolate=True)``): this request fails alone
+            self.error = RuntimeError("sampling: this request's logits are not finite (NaN or infinity)")
+            self.done = self.state.done = True
+            return
         if self.constraint is not None and not self.constraint.accept(token):
             # the grammar allowed nothing (the mask was empty, so the draw was free): the output ends
             # before the token, still a prefix of an accepted value, as if cut by max_tokens
@@ -442,7 +447,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.bad = bad_words(self.loaded.tokenizer, r.params.bad_words)
             tokens, tops = sample(logits, params, [r.generator for r in runs], None,
                                   [r.counts for r in runs], self.eos,
-                                  [r.allowed(logits.shape[-1], logits.device) for r in runs])
+                                  [r.allowed(logits.shape[-1], logits.device) for r in runs], isolate=True)
             ttft = time.perf_counter() - t0
             for r, t, lp, row in zip(runs, tokens, tops, logits, strict=True):
                 r.output.metrics.ttft_s = ttft
@@ -692,7 +697,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 logits = logits[to_device(slots, self.device)]
             tokens, tops = sample(logits, [r.params for r in active], [r.generator for r in active],
                                   [len(r.output.token_ids) for r in active], [r.counts for r in active], self.eos,
-                                  [r.allowed(logits.shape[-1], logits.device) for r in active])
+                                  [r.allowed(logits.shape[-1], logits.device) for r in active], isolate=True)
             for r, t, lp in zip(active, tokens, tops, strict=True):
                 r.accept(t, lp, self.eos)
             if all(s.done for s in batch.members):

@@ -16,6 +16,7 @@ the CPU: its whole vocabulary's probabilities copied to the host, a stall per ro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 import torch
@@ -171,11 +172,13 @@ def _draw(probs: Tensor, generators: list[torch.Generator | None]) -> Tensor:
 
 def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            generated: list[int] | None = None, counts: list[TokenCounts | None] | None = None,
-           eos: Collection[int] = (), allowed: list[Tensor | None] | None = None
+           eos: Collection[int] = (), allowed: list[Tensor | None] | None = None, *, isolate: bool = False
            ) -> tuple[list[int], list[dict[int, float] | None]]:
     """logits [N, vocab] fp32 → one token per row, and each row's top-n log-probabilities, read back
     in one copy; ``generated`` (None: none yet), ``counts``, ``eos`` and ``allowed`` as ``adjust``
-    reads them."""
+    reads them. A row whose logits are not finite (its chosen token's log-probability is NaN, or
+    its draw ran past the vocabulary) is a RuntimeError — or, with ``isolate``, the token -1 for
+    that row alone (the caller fails its request, the others go on)."""
     logits = adjust(logits, params, generated if generated is not None else [0] * len(params), counts, eos, allowed)
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     # greedy below 1e-5: a tinier temperature would overflow the softmax into NaN
@@ -192,7 +195,8 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
     # one top-k per distinct k, so the alternatives a row gets among tied values are its own, whatever
     # the other rows ask for
     vocab = logits.shape[-1]
-    parts, groups = [chosen.double()], {}
+    chosen_lp = logprobs.gather(1, chosen.clamp(max=vocab - 1).unsqueeze(1)).double().flatten()  # NaN: broken
+    parts, groups = [chosen.double(), chosen_lp], {}
     for i, p in enumerate(params):
         if p.logprobs is not None:
             groups.setdefault(p.logprobs, []).append(i)
@@ -203,11 +207,14 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
         parts += [rows.gather(1, mine.unsqueeze(1)).double().flatten(), values.double().flatten(),
                   ids.double().flatten()]
     back = torch.cat(parts).tolist()  # one read-back for the batch, not one per row
-    tokens = [int(t) for t in back[:len(params)]]
-    if drawn and max(tokens) >= vocab:  # the draw's cumulative sum was NaN: never an id past the vocabulary
+    n_rows = len(params)
+    tokens = [int(t) for t in back[:n_rows]]
+    # a NaN cumulative sum draws past the vocabulary; a greedy NaN row takes its NaN's index
+    broken = [i for i in range(n_rows) if tokens[i] >= vocab or not math.isfinite(back[n_rows + i])]
+    if broken and not isolate:
         raise RuntimeError("sampling: a sampled row's logits are not finite (NaN or infinity)")
-    tops: list[dict[int, float] | None] = [None] * len(params)
-    at = len(params)
+    tops: list[dict[int, float] | None] = [None] * n_rows
+    at = 2 * n_rows
     for k, rows_asking in groups.items():
         n = len(rows_asking)
         own, values, ids = back[at:at + n], back[at + n:at + n + n * k], back[at + n + n * k:at + n + 2 * n * k]
@@ -218,4 +225,6 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
                    if v != float("-inf")}
             top.setdefault(tokens[i], own[j])
             tops[i] = top
+    for i in broken:
+        tokens[i], tops[i] = -1, None
     return tokens, tops

@@ -145,7 +145,7 @@ class Scheduler:
             sub.events.put(Event("token", out.token_ids[i], lp))
         sub.sent = len(out.token_ids)
         if sub.run.done:
-            sub.events.put(Event("done", output=out))
+            sub.events.put(Event("done", output=out) if sub.run.error is None else Event("error", error=sub.run.error))
 
     def _admit(self) -> None:
         """This iteration's prefill call. While the queue head is prefilled ahead, iterations

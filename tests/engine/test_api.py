@@ -248,6 +248,14 @@ def test_a_sampled_row_of_non_finite_logits_is_an_error_not_a_token_past_the_voc
                [None, torch.Generator().manual_seed(1)])
     tokens, _ = sample(logits[:1], [sp], [torch.Generator().manual_seed(1)])
     assert 0 <= tokens[0] < 7
+    # isolated: the broken row's token is -1 and the others keep theirs — a greedy row of NaN too
+    # (argmax took the NaN's index, a token that looked valid)
+    for broken in (sp, SamplingParams(logprobs=1)):
+        tokens, tops = sample(logits, [SamplingParams(logprobs=1), broken], [None, torch.Generator().manual_seed(1)],
+                              isolate=True)
+        assert tokens[1] == -1 and tops[1] is None and 0 <= tokens[0] < 7 and tops[0] is not None
+    with pytest.raises(RuntimeError, match="not finite"):
+        sample(logits, [SamplingParams(), SamplingParams()], [None, None])  # greedy, not isolated
 
 
 def test_a_rows_logprobs_are_its_own_whatever_the_batch_asks() -> None:

@@ -313,3 +313,38 @@ def test_prefill_tokens_count_a_shared_cold_segment_once(llm) -> None:
     other = [rng.randrange(3, 512) for _ in range(30)]
     engine.prewarm([other, other, doc], salt="shared-once")  # one new document, given twice
     assert engine.prefill_tokens - tokens == len(other)
+
+
+@pytest.mark.parametrize("at_step", [0, 3])
+def test_a_row_whose_logits_are_not_finite_fails_its_request_alone(llm, monkeypatch, at_step: int) -> None:
+    """A row that comes out NaN (here made so for one request, at its first token or a later decode
+    step; ``sample``'s detection is tested on real NaN logits in test_api) fails that request with
+    an error event, and the requests beside it — prefilled or decoding with it — end with the tokens
+    they get alone (they all failed with it)."""
+    from hypic.engine import sampling
+
+    prompts = [_prompt(30 + i) for i in range(3)]
+    plain = SamplingParams(max_tokens=6, ignore_eos=True)
+    alone = [llm.generate([p], plain)[0].token_ids for p in prompts]
+    poisoned = SamplingParams(max_tokens=6, ignore_eos=True, seed=666, temperature=1.0)
+    real = sampling.adjust
+
+    def adjust(logits, params, generated, *args, **kwargs):
+        out = real(logits, params, generated, *args, **kwargs).clone()
+        for i, p in enumerate(params):
+            if p.seed == 666 and generated[i] == at_step:
+                out[i] = float("nan")
+        return out
+
+    monkeypatch.setattr(sampling, "adjust", adjust)
+    sched = Scheduler(llm.engine, max_running=4)
+    with llm.engine._lock:  # one burst: the four are prefilled in one call and decode together
+        subs = [sched.submit(p, plain) for p in prompts] + [sched.submit(_prompt(40), poisoned)]
+    ends = [list(s.stream(timeout=60))[-1] for s in subs]
+    sched.shutdown()
+    assert [e.kind for e in ends] == ["done", "done", "done", "error"]
+    assert "not finite" in str(ends[3].error)
+    assert [e.output.token_ids for e in ends[:3]] == alone
+    with pytest.raises(RuntimeError, match="not finite"):  # the library's caller is told
+        llm.generate([_prompt(40)], poisoned)
+    assert llm.engine.store.check_integrity()
