@@ -455,7 +455,7 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.accept(t, lp, self.eos)
             # after the first token: not in TTFT; the prompts asking, scored together
             asking = [(r, prompt) for r, prompt in zip(runs, prompts, strict=True)
-                      if r.params.prompt_logprobs is not None]
+                      if r.params.prompt_logprobs is not None and r.error is None]
             scores = score_prompts(self.model, self.device, [[t for s in prompt for t in s] for _, prompt in asking],
                                    [r.params.prompt_logprobs for r, _ in asking])
             for (r, _), scored in zip(asking, scores, strict=True):
@@ -755,9 +755,13 @@ class Engine(ColdPrefill, PrefixPrefill):
         return [r.output for r in runs]
 
     def finish(self, runs: list[Running]) -> None:
-        """Decode every run of ``runs`` to its end."""
+        """Decode every run of ``runs`` to its end; a run that failed (``Running.error``: its logits
+        were not finite) raises its error once all have ended."""
         while not all(r.done for r in runs):
             self.step(runs)
+        failed = next((r.error for r in runs if r.error is not None), None)
+        if failed is not None:
+            raise failed
 
 
 def _check_prompts(prompts: list[list[list[int]]]) -> None:

@@ -99,18 +99,21 @@ class Scorer:
 
         prompts = [p for a in batch for p in a.prompts]
         tops = [a.top for a in batch for _ in a.prompts]
+        short: torch.OutOfMemoryError | None = None
         try:
             scores = await asyncio.to_thread(self.engine.prompts_logprobs, prompts, tops, stop)
         except torch.OutOfMemoryError as e:
-            if len(batch) == 1:
-                self._settle(batch[0], e)
-            else:  # one request's prompts may not fit beside the serving: each alone, the others served
-                for a in batch:
-                    await self._round([a])
-            return
+            short = e.with_traceback(None)  # no frame of the failed round (its states) outlives the handler
         except Exception as e:  # noqa: BLE001 — every request of the round told at once (a bug: a 500),
             for a in batch:  # and the rounds go on: the worker must not die with requests waiting
-                self._settle(a, e)
+                self._settle(a, e.with_traceback(None))
+            return
+        if short is not None:
+            if len(batch) == 1:
+                self._settle(batch[0], short)
+            else:  # one request's prompts may not fit beside the serving: each alone (the failed round's
+                for a in batch:  # memory freed first), the others served
+                    await self._round([a])
             return
         at = 0
         for a in batch:

@@ -347,4 +347,6 @@ def test_a_row_whose_logits_are_not_finite_fails_its_request_alone(llm, monkeypa
     assert [e.output.token_ids for e in ends[:3]] == alone
     with pytest.raises(RuntimeError, match="not finite"):  # the library's caller is told
         llm.generate([_prompt(40)], poisoned)
+    with pytest.raises(RuntimeError, match="not finite"):  # and the engine's (evaluation, benchmarks)
+        llm.engine.generate([_prompt(40), prompts[0]], [poisoned, plain])
     assert llm.engine.store.check_integrity()
