@@ -33,8 +33,8 @@ def string(node: Str, local: tuple, b: int) -> list[Outcome]:
             return [Outcome(("esc", count), None, True)]
         if b < 0x80:
             return [Outcome(_in_string(grown), None, True)]
-        lead = lead_bytes(b)
-        low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+        lead = _lead_bytes(b)
+        low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
         return [Outcome(("in", grown, lead, low, high), None, True)] if lead else []
     if kind == "esc":
         if b in _JSON_ESCAPES:
@@ -60,14 +60,14 @@ def _in_string(count: int) -> tuple:
     return ("in", count, 0, 0, 0)
 
 
-def lead_bytes(b: int) -> int:
+def _lead_bytes(b: int) -> int:
     """How many continuation bytes UTF-8's lead byte ``b`` announces; 0: ``b`` leads no character
     (a continuation byte, an overlong form's lead C0/C1, or past U+10FFFF)."""
     return 1 if 0xC2 <= b <= 0xDF else 2 if 0xE0 <= b <= 0xEF else 3 if 0xF0 <= b <= 0xF4 else 0
 
 
 # UTF-8's lead bytes whose first continuation byte is narrower than 80–BF (RFC 3629)
-FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
+_FIRST_CONTINUATION = {0xE0: (0xA0, 0xBF), 0xED: (0x80, 0x9F), 0xF0: (0x90, 0xBF), 0xF4: (0x80, 0x8F)}
 _JSON_ESCAPES = {ord('"'): 34, ord("\\"): 92, ord("/"): 47, ord("b"): 8, ord("f"): 12, ord("n"): 10, ord("r"): 13,
                  ord("t"): 9}
 
@@ -93,35 +93,20 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
 
     if kind == "in":
         need, value, low, high = local[3], local[4], local[5], local[6]
-        if need:  # a continuation byte
-            if not low <= b <= high:
+        if not need:  # between characters
+            if b == ord('"'):
+                return [Outcome(POP, None, True)] if count >= node.min_len and rx.accepts(states) else []
+            if not room or b == END or b < 0x20:
                 return []
-            value, need = (value << 6) | (b & 0x3F), need - 1
-            if need == 0:
-                return char(value)
-            lo = value << (6 * need)
-            if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), after):
-                return []
-            return [Outcome(("in", count, states, need, value, 0x80, 0xBF), None, True)]
-        if b == ord('"'):
-            return [Outcome(POP, None, True)] if count >= node.min_len and rx.accepts(states) else []
-        if not room or b == END or b < 0x20:
+            if b == ord("\\"):  # an escape can spell any character of the basic plane but a surrogate
+                ok = rx.can_step(states, 0, 0xD7FF, after) or rx.can_step(states, 0xE000, 0xFFFF, after)
+                return [Outcome(("esc", count, states), None, True)] if ok else []
+        got = utf8_byte(need, value, low, high, b)
+        if got is None:
             return []
-        if b == ord("\\"):  # an escape can spell any character of the basic plane but a surrogate
-            ok = rx.can_step(states, 0, 0xD7FF, after) or rx.can_step(states, 0xE000, 0xFFFF, after)
-            return [Outcome(("esc", count, states), None, True)] if ok else []
-        if b < 0x80:
-            return char(b)
-        need = lead_bytes(b)
-        if not need:
-            return []
-        value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
-        low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
-        # the characters this lead byte can begin, its first continuation's bounds applied (no
-        # overlong forms, surrogates or code points past U+10FFFF)
-        shift = 6 * (need - 1)
-        lo = (value << (6 * need)) | ((low & 0x3F) << shift)
-        hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+        if isinstance(got, int):
+            return char(got)
+        need, value, low, high, lo, hi = got
         if not rx.can_step(states, lo, hi, after):
             return []
         return [Outcome(("in", count, states, need, value, low, high), None, True)]
@@ -141,6 +126,34 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
     if not (rx.can_step(states, lo, min(hi, 0xD7FF), after) or rx.can_step(states, max(lo, 0xE000), hi, after)):
         return []
     return [Outcome(("hex", count, states, left, value), None, True)]
+
+
+def utf8_byte(need: int, value: int, low: int, high: int, b: int) -> int | tuple[int, int, int, int, int, int] | None:
+    """UTF-8 read a byte at a time, from a character's decoding so far — ``need`` continuation bytes
+    still due, ``value`` its bits, the next byte in [``low``, ``high``] (0, 0, 0, 0 between
+    characters). Byte ``b`` gives the whole character's code point; or the decoding after it with
+    the code points [lo, hi] it may still become, (need, value, low, high, lo, hi) — its first
+    continuation's bounds applied (no overlong forms, surrogates or code points past U+10FFFF);
+    or None when it cannot come here."""
+    if need:  # a continuation byte
+        if not low <= b <= high:
+            return None
+        value, need = (value << 6) | (b & 0x3F), need - 1
+        if need == 0:
+            return value
+        lo = value << (6 * need)
+        return need, value, 0x80, 0xBF, lo, lo | ((1 << (6 * need)) - 1)
+    if b < 0x80:
+        return b
+    need = _lead_bytes(b)
+    if not need:
+        return None
+    value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
+    low, high = _FIRST_CONTINUATION.get(b, (0x80, 0xBF))
+    shift = 6 * (need - 1)
+    lo = (value << (6 * need)) | ((low & 0x3F) << shift)
+    hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+    return need, value, low, high, lo, hi
 
 
 def _window(node: Str, count: int) -> Window:

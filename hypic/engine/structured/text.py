@@ -18,7 +18,7 @@ from functools import lru_cache
 from hypic.engine.structured.frames import END, POP, Outcome
 from hypic.engine.structured.regex import Regex, Window, anchored_end, compile_regex
 from hypic.engine.structured.schema import Lit
-from hypic.engine.structured.strings import FIRST_CONTINUATION, lead_bytes
+from hypic.engine.structured.strings import utf8_byte
 
 ANY_LENGTH = Window.between(0, None)  # an answer has no length bound here (max_tokens has)
 
@@ -112,28 +112,14 @@ def text(node: Text, local: tuple, b: int) -> list[Outcome]:
         nxt = rx.step(states, c)
         return [Outcome(("in", nxt, 0, 0, 0, 0), None, True)] if nxt and rx.finishes(nxt, ANY_LENGTH) else []
 
-    if need:  # a continuation byte
-        if b == END or not low <= b <= high:
-            return []
-        value, need = (value << 6) | (b & 0x3F), need - 1
-        if need == 0:
-            return char(value)
-        lo = value << (6 * need)
-        if not rx.can_step(states, lo, lo | ((1 << (6 * need)) - 1), ANY_LENGTH):
-            return []
-        return [Outcome(("in", states, need, value, 0x80, 0xBF), None, True)]
-    if b == END:  # the answer ends here: the frame is done if the expression is; the root reads END
+    if b == END and not need:  # the answer ends here: done if the expression is; the root reads END
         return [Outcome(POP, None, False)] if rx.accepts(states) else []
-    if b < 0x80:
-        return char(b)
-    need = lead_bytes(b)
-    if not need:
+    got = utf8_byte(need, value, low, high, b)
+    if got is None:
         return []
-    value = b & (0x1F if need == 1 else 0x0F if need == 2 else 0x07)
-    low, high = FIRST_CONTINUATION.get(b, (0x80, 0xBF))
-    shift = 6 * (need - 1)
-    lo = (value << (6 * need)) | ((low & 0x3F) << shift)
-    hi = (value << (6 * need)) | ((high & 0x3F) << shift) | ((1 << shift) - 1)
+    if isinstance(got, int):
+        return char(got)
+    need, value, low, high, lo, hi = got
     if not rx.can_step(states, lo, hi, ANY_LENGTH):
         return []
     return [Outcome(("in", states, need, value, low, high), None, True)]
