@@ -10,7 +10,7 @@ the generated tokens count, not the prompt's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 
@@ -18,9 +18,9 @@ from typing import Any
 class BadWords:
     sequences: tuple[tuple[int, ...], ...]
 
-    @property
+    @cached_property
     def always(self) -> tuple[int, ...]:
-        """The one-token words' tokens: banned at every step."""
+        """The one-token words' tokens: banned at every step (read every step: computed once)."""
         return tuple(sorted({s[0] for s in self.sequences if len(s) == 1}))
 
     def banned(self, output: list[int]) -> list[int]:

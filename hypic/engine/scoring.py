@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -76,12 +76,6 @@ def _next_pack(lengths: list[int], done: list[int], max_seqs: int) -> list[tuple
             done[k] += take
             room -= take
     return pack
-
-
-def _packs(lengths: list[int], max_seqs: int = 1 << 30) -> Iterator[list[tuple[int, int, int]]]:
-    done = [0] * len(lengths)
-    while pack := _next_pack(lengths, done, max_seqs):
-        yield pack
 
 
 def _state_bytes(state: SequenceState) -> int:

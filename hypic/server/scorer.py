@@ -81,8 +81,9 @@ class Scorer:
     async def _work(self) -> None:
         while self.queue:
             batch = [self.queue.popleft()]
-            while self.queue and batch[0].tokens + sum(a.tokens for a in batch[1:]) + self.queue[0].tokens \
-                    <= ROUND_TOKENS:
+            tokens = batch[0].tokens
+            while self.queue and tokens + self.queue[0].tokens <= ROUND_TOKENS:
+                tokens += self.queue[0].tokens
                 batch.append(self.queue.popleft())
             self.scoring = len(batch)
             try:

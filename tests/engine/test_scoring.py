@@ -72,12 +72,20 @@ def test_prompts_scored_together_match_fp64_transformers_each(llm, reference, mo
     assert all(abs(a[t] - b[t]) < 1e-5 for a, b in zip(alone[1:], got[3][1:], strict=True) for t in a)
 
 
+def _packs(lengths: list[int], max_seqs: int = 1 << 30) -> list[list[tuple[int, int, int]]]:
+    """Every forward ``score_prompts`` would run for prompts of ``lengths``, its cap fixed."""
+    done, packs = [0] * len(lengths), []
+    while pack := scoring._next_pack(lengths, done, max_seqs):
+        packs.append(pack)
+    return packs
+
+
 def test_packs_cover_each_prompt_in_order_within_the_piece(monkeypatch) -> None:
     """Every token scored once, each prompt's spans consecutive and in order, at most one span of a
     prompt per forward, no forward over ``PIECE`` tokens and every forward but the last full."""
     monkeypatch.setattr(scoring, "PIECE", 10)
     lengths = [3, 25, 1, 9, 14]
-    packs = list(scoring._packs(lengths))
+    packs = _packs(lengths)
     seen = {k: 0 for k in range(len(lengths))}
     for pack in packs:
         assert len({k for k, _, _ in pack}) == len(pack) and sum(b - a for _, a, b in pack) <= 10
@@ -87,7 +95,7 @@ def test_packs_cover_each_prompt_in_order_within_the_piece(monkeypatch) -> None:
     assert seen == dict(enumerate(lengths))
     assert all(sum(b - a for _, a, b in pack) == 10 for pack in packs[:-1])
     assert len(packs) == -(-sum(lengths) // 10)
-    capped = list(scoring._packs([2, 2, 2, 2, 2], max_seqs=2))  # room for five, two sequences a forward
+    capped = _packs([2, 2, 2, 2, 2], max_seqs=2)  # room for five, two sequences a forward
     assert [[k for k, _, _ in p] for p in capped] == [[0, 1], [2, 3], [4]]
 
 
