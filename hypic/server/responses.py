@@ -11,7 +11,8 @@ Streamed, it is the API's typed events (``response.created`` … ``response.outp
 are kept in memory (``ResponseStore``, bounded; ``store: false`` keeps none) with the items they
 answered, so ``previous_response_id`` continues a conversation — its items, then the new ones,
 each a segment that hits the cache — and ``GET`` / ``DELETE /v1/responses/{id}`` read and forget
-one; a restart forgets them all.
+one; a restart forgets them all. ``include: ["message.output_text.logprobs"]`` (with ``top_logprobs``)
+gives the message's text its tokens' log-probabilities, whole and in each text delta (``MessageTokens``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from pydantic import (
 
 from hypic.engine.modes import MODES
 from hypic.server.errors import APIError, bad_request, loc_to_param
-from hypic.server.generation import Responder, collect
+from hypic.server.generation import Piece, Responder
+from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs
 from hypic.server.protocol import (
     EFFORTS,
     INT64,
@@ -120,8 +122,18 @@ class FunctionTool(Strict):
     strict: bool | None = None
 
 
+LOGPROBS = "message.output_text.logprobs"
+# what ``include`` may ask for: the message's log-probabilities, and the reasoning's encrypted content
+# (which the Agents SDK and Codex ask for when nothing is stored) — hypic's reasoning comes back as
+# plain text and a continuation leaves past reasoning out of the prompt, so nothing is encrypted
+INCLUDABLE = (LOGPROBS, "reasoning.encrypted_content")
+
+
 def _included(value: str) -> str:
-    raise ValueError(f"not supported: include {value!r} (hypic adds nothing more to a response)")
+    if value not in INCLUDABLE:
+        raise ValueError(f"not supported: include {value!r} (hypic serves {' and '.join(map(repr, INCLUDABLE))}; "
+                         "it has no built-in tools, files or images)")
+    return value
 
 
 class NamedFunction(Strict):
@@ -176,6 +188,7 @@ class ResponsesRequest(Strict):
     # prompt too long for the context is a 400 either way, nothing is dropped from it)
     truncation: Literal["disabled", "auto"] | None = None
     include: Annotated[list[Annotated[str, AfterValidator(_included)]], Field(max_length=16)] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # with include's LOGPROBS: the likeliest per token
     background: Literal[False] | None = None
     prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted: hypic's cache has its own budget
     reasoning: ReasoningConfig | None = None
@@ -234,6 +247,10 @@ def messages(req: ResponsesRequest, earlier: list[Any] = ()) -> list[dict[str, A
     return out
 
 
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return LOGPROBS in (req.include or ())
+
+
 def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
     """The chat request this one is (after ``earlier`` items); a 400 names the Responses field at fault."""
     fmt = req.text.format if req.text is not None else None
@@ -261,7 +278,8 @@ def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
                 for t in req.tools],
             "reasoning_effort": None if req.reasoning is None else req.reasoning.effort,
             "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
-            "response_format": response_format, "cache_salt": req.cache_salt, "mode": req.mode}
+            "response_format": response_format, "cache_salt": req.cache_salt, "mode": req.mode,
+            **({"logprobs": True, "top_logprobs": req.top_logprobs or 0} if wants_logprobs(req) else {})}
     try:
         return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})
     except ValidationError as e:  # only what the conversion carries over unchecked: a message's shape
@@ -307,7 +325,7 @@ def envelope(req: ResponsesRequest, model: str, rid: str, created: int, stored: 
             "metadata": req.metadata or {}, "previous_response_id": req.previous_response_id,
             "store": stored,
             "reasoning": None if req.reasoning is None else {"effort": req.reasoning.effort, "summary": None},
-            "truncation": req.truncation or "disabled", "user": req.user}
+            "truncation": req.truncation or "disabled", "user": req.user, "top_logprobs": req.top_logprobs}
 
 
 def _usage(r: Responder, output: list[dict[str, Any]]) -> dict[str, Any]:
@@ -333,9 +351,10 @@ def _reasoning_item(text: str, rid: str | None = None, status: str = "completed"
             "content": [{"type": "reasoning_text", "text": text}], "status": status}
 
 
-def _message_item(text: str, mid: str | None = None, status: str = "completed") -> dict[str, Any]:
+def _message_item(text: str, mid: str | None = None, status: str = "completed",
+                  logprobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
     return {"type": "message", "id": mid or _id("msg"), "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}]}
 
 
 def _call_item(call: dict[str, Any]) -> dict[str, Any]:
@@ -346,9 +365,51 @@ def _call_item(call: dict[str, Any]) -> dict[str, Any]:
 Keep = Callable[[dict[str, Any]], None] | None  # what is done with the finished response (ResponseStore.keep)
 
 
+class MessageTokens:
+    """The message's log-probabilities (``include``'s LOGPROBS), read off the answer piece by piece as
+    the stream sends it — the whole answer goes through the same pieces, so the two agree: the
+    message's tokens are those after the last token that carried reasoning text (a closing tag's
+    among them) up to the message text they came with; a tool call's are not."""
+
+    def __init__(self, r: Responder) -> None:
+        self.r = r
+        self.texts = None if r.gen.top_logprobs is None else TokenTexts(r.tokenizer)
+        self.pending: list[Scored] = []  # tokens whose text has not gone out (held, or none yet)
+        self.message: list[dict[str, Any]] = []  # the message's so far
+
+    def delta(self, piece: Piece) -> tuple[dict[str, Any], str | None, list[dict[str, Any]]]:
+        """``piece`` as the chat route's stream delta, its finish reason, and the log-probabilities of
+        the message text in it."""
+        r = self.r
+        if r.think is not None or r.calls is not None:
+            delta, finish = r.stream_delta(piece)
+        else:
+            delta, finish = {"content": piece.text}, piece.finish
+        if self.texts is None:
+            return delta, finish, []
+        self.pending += piece.tokens
+        taken: list[dict[str, Any]] = []
+        if delta.get("content"):
+            taken = chat_logprobs(self.texts, self.pending, self.r.gen.top_logprobs or 0)["content"]
+            self.message += taken
+            self.pending = []
+        elif delta.get("reasoning_content") or delta.get("tool_calls"):
+            self.pending = []
+        return delta, finish, taken
+
+
 async def whole(r: Responder, base: dict[str, Any], keep: Keep = None) -> dict[str, Any]:
     """The response object once the answer is complete."""
-    choice = await collect(r)
+    text, tokens, message_tokens = [], [], MessageTokens(r)
+    async for piece in r.pieces():
+        text.append(piece.text)
+        tokens.extend(piece.tokens)
+        message_tokens.delta(piece)
+        if piece.finish is not None:
+            choice = r.choice("".join(text), tokens, piece.finish)
+            break
+    else:
+        raise APIError(500, "generation ended without an answer", kind="engine", type="server_error")
     message, output = choice["message"], []
     # the token limit cuts off the last text item (OpenAI's "incomplete"): the message, or the reasoning
     # when no message came
@@ -357,7 +418,7 @@ async def whole(r: Responder, base: dict[str, Any], keep: Keep = None) -> dict[s
         output.append(_reasoning_item(message["reasoning_content"],
                                       status="completed" if message.get("content") else cut))
     if message.get("content"):
-        output.append(_message_item(message["content"], status=cut))
+        output.append(_message_item(message["content"], status=cut, logprobs=message_tokens.message))
     output += [_call_item(c) for c in message.get("tool_calls") or []]
     done = _finished(base, r, output, choice["finish_reason"])
     if keep is not None:
@@ -376,11 +437,12 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
     counter = itertools.count()
     seq = lambda: next(counter)  # noqa: E731
     output: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None  # the open item: kind, id, text
+    current: dict[str, Any] | None = None  # the open item: kind, id, text, logprobs
+    message_tokens = MessageTokens(r)
 
     def open_item(kind: str) -> list[str]:
         nonlocal current
-        current = {"kind": kind, "id": _id("rs" if kind == "reasoning" else "msg"), "text": ""}
+        current = {"kind": kind, "id": _id("rs" if kind == "reasoning" else "msg"), "text": "", "logprobs": []}
         at = len(output)
         if kind == "reasoning":
             item = {**_reasoning_item("", current["id"]), "content": [], "status": "in_progress"}
@@ -388,7 +450,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                     _event(seq, "response.content_part.added", item_id=current["id"], output_index=at, content_index=0,
                            part={"type": "reasoning_text", "text": ""})]
         item = {**_message_item("", current["id"], "in_progress"), "content": []}
-        part = {"type": "output_text", "text": "", "annotations": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return [_event(seq, "response.output_item.added", output_index=at, item=item),
                 _event(seq, "response.content_part.added", item_id=current["id"], output_index=at, content_index=0,
                        part=part)]
@@ -398,7 +460,8 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
         nonlocal current
         if current is None:
             return []
-        at, (kind, iid, text) = len(output), (current["kind"], current["id"], current["text"])
+        at, (kind, iid, text, logprobs) = len(output), (current["kind"], current["id"], current["text"],
+                                                         current["logprobs"])
         current = None
         if kind == "reasoning":
             item = _reasoning_item(text, iid, status)
@@ -408,9 +471,10 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                     _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
                            part=item["content"][0]),
                     _event(seq, "response.output_item.done", output_index=at, item=item)]
-        item = _message_item(text, iid, status)
+        item = _message_item(text, iid, status, logprobs)
         output.append(item)
-        return [_event(seq, "response.output_text.done", item_id=iid, output_index=at, content_index=0, text=text),
+        return [_event(seq, "response.output_text.done", item_id=iid, output_index=at, content_index=0, text=text,
+                       logprobs=logprobs),
                 _event(seq, "response.content_part.done", item_id=iid, output_index=at, content_index=0,
                        part=item["content"][0]),
                 _event(seq, "response.output_item.done", output_index=at, item=item)]
@@ -420,10 +484,7 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
     yield _event(seq, "response.in_progress", response={**base, "status": "in_progress", "output": []})
     try:
         async for piece in r.pieces():
-            if r.think is not None or r.calls is not None:
-                delta, finish = r.stream_delta(piece)
-            else:
-                delta, finish = {"content": piece.text}, piece.finish
+            delta, finish, logprobs = message_tokens.delta(piece)
             for kind, key in (("reasoning", "reasoning_content"), ("message", "content")):
                 text = delta.get(key)
                 if not text:
@@ -432,8 +493,12 @@ async def events(r: Responder, base: dict[str, Any], keep: Keep = None) -> Async
                     for e in close_item() + open_item(kind):
                         yield e
                 current["text"] += text
-                name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-                yield _event(seq, name, item_id=current["id"], output_index=len(output), content_index=0, delta=text)
+                where = dict(item_id=current["id"], output_index=len(output), content_index=0, delta=text)
+                if kind == "reasoning":
+                    yield _event(seq, "response.reasoning_text.delta", **where)
+                else:
+                    current["logprobs"] += logprobs
+                    yield _event(seq, "response.output_text.delta", **where, logprobs=logprobs)
             if finish is None:
                 continue
             for e in close_item("incomplete" if finish == "length" else "completed"):

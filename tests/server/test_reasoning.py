@@ -107,3 +107,38 @@ def test_a_responses_answers_reasoning_is_counted_in_its_usage(think_server: Liv
     assert events[-3].part.type == "reasoning_text" and events[-3].part.text == whole.output[0].content[0].text
     assert events[-1].response.usage.output_tokens_details.reasoning_tokens == \
         whole.usage.output_tokens_details.reasoning_tokens
+
+
+@pytest.mark.parametrize("pieces, first", [  # first: the message's first token
+    (["weigh", " it", "</think>", "\n\n", "The", " mill", "."], 2),
+    (["weigh it</think>", "\n\nThe", " mill."], 1),
+    (["weigh", " it</", "think>\n", "\nThe mill", "."], 2),  # " it" goes out as reasoning, "</" is held
+])
+def test_a_responses_message_logprobs_are_the_tokens_after_the_reasoning(pieces: list[str], first: int) -> None:
+    """``include: message.output_text.logprobs`` with a reasoning parser: the message's log-probabilities
+    are of the tokens after the last one that carried reasoning text, whatever the tokenization."""
+    from tokenizers import Tokenizer
+
+    from hypic import SamplingParams
+    from hypic.server.generation import Generation, Piece, Responder
+    from hypic.server.logprobs import Scored
+    from hypic.server.responses import MessageTokens
+
+    tok = Tokenizer.from_file(str(Path(__file__).parents[2] / "hypic" / "assets" / "tokenizer" / "tokenizer.json"))
+    tok.add_tokens(list(pieces))  # each piece one token
+    ids = [tok.token_to_id(p) for p in pieces]
+    assert None not in ids and tok.decode(ids) == "".join(pieces)
+    gen = Generation(chat=True, model=MODEL, prompt=[[1]], params=SamplingParams(), mode="hypic", salt=None,
+                     stream=False, include_usage=False, stops=[], top_logprobs=0, think=True)
+    r = Responder(gen, None, tok, None)  # no job: the pieces are fed by hand
+    track = MessageTokens(r)
+    sent, message = [], ""
+    for k, t in enumerate(ids):
+        scored = Scored(t, {t: -0.5 - k}, len(r.text.text))
+        piece = Piece(r.text.push(t), [scored], "length" if k == len(ids) - 1 else None)
+        delta, _, taken = track.delta(piece)
+        message += delta.get("content", "")
+        sent += taken
+    assert message == "The mill."
+    assert [e["token"] for e in track.message] == pieces[first:] and sent == track.message
+    assert [e["logprob"] for e in track.message] == [-0.5 - k for k in range(first, len(pieces))]

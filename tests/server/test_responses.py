@@ -119,12 +119,40 @@ def test_a_json_schema_format_gives_json_the_schema_accepts(client: OpenAI) -> N
     assert r.text.format.type == "json_schema"
 
 
+def test_included_logprobs_are_the_chat_routes_whole_and_streamed(client: OpenAI) -> None:
+    ask = dict(model=MODEL, input=_input(DOCS), max_output_tokens=8, temperature=0)
+    r = client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3)
+    chat = client.chat.completions.create(model=MODEL, messages=_input(DOCS), max_tokens=8, temperature=0,
+                                          logprobs=True, top_logprobs=3)
+    part = r.output[0].content[0]
+    want = chat.choices[0].logprobs.content
+    assert len(part.logprobs) == r.usage.output_tokens == 8  # every token made text (none was EOS)
+    assert [(e.token, [t.token for t in e.top_logprobs]) for e in part.logprobs] == \
+        [(e.token, [t.token for t in e.top_logprobs]) for e in want]
+    assert [e.logprob for e in part.logprobs] == pytest.approx([e.logprob for e in want])
+    text = b"".join(bytes(e.bytes) for e in part.logprobs).decode(errors="replace")
+    assert text == r.output_text  # the random model's bytes need not be UTF-8: replaced, as in the text
+    for e in part.logprobs:  # greedy: each token its position's likeliest
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+    events = list(client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3,
+                                          stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [e.token for e in streamed] == [e.token for e in part.logprobs]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in part.logprobs])
+    assert [(e.token, e.logprob) for e in done.logprobs] == [(e.token, e.logprob) for e in streamed]
+    plain = client.responses.create(**ask, include=["reasoning.encrypted_content"])  # accepted: nothing to add
+    assert plain.output[0].content[0].logprobs == [] and plain.output_text == r.output_text
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),  # never made
     ({"input": []}, "input"),
     ({"input": [{"type": "input_image", "image_url": "x"}]}, "input[0]"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].message.content"),
     ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "include": ["file_search_call.results"]}, "include[0]"),
+    ({"input": "hi", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": {}}}}, "text.format.name"),
     ({"input": "hi", "text": {"format": {"type": "json_object", "schema": {"type": "integer"}}}},
      "text.format.schema"),  # was dropped without a word: an answer not held to it
