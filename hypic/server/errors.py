@@ -31,7 +31,6 @@ NOT_SERVED = {
     "return_tokens_as_token_ids": "tokens are spelled as text (a byte that is no text as bytes:\\xNN)",
     "return_token_ids": "tokens are spelled as text",
     "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",
-    "guided_grammar": "use response_format json_schema or guided_regex",
     "guided_decoding_backend": "use response_format",
     "guided_whitespace_pattern": "use response_format", "functions": "the legacy functions; send tools",
     "function_call": "the legacy function_call; send tool_choice", "documents": "send documents as messages",

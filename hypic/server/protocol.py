@@ -129,18 +129,20 @@ class StreamOptions(Strict):
 
 Choices = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(min_length=1, max_length=1024)]
 Pattern = Annotated[str, Field(max_length=16384)]
+Grammar = Annotated[str, Field(max_length=65536)]  # GBNF text (hypic.engine.structured.grammar.MAX_GRAMMAR)
 
 
 class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: ``json`` (a schema, or its JSON text) constrains decoding as
     ``response_format`` json_schema does; ``regex`` (the whole answer matches it) and ``choice`` (the
-    answer is one of the strings) as ``SamplingParams.regex`` / ``choice``; grammars are not served."""
+    answer is one of the strings) and ``grammar`` (GBNF: the answer derived from its ``root``) as
+    ``SamplingParams.regex`` / ``choice`` / ``grammar``; structural tags are not served."""
 
     json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
     json_object: bool | None = None
     choice: Choices | None = None
     regex: Pattern | None = None
-    grammar: Annotated[None, BeforeValidator(not_supported("grammar; use json or regex"))] = None
+    grammar: Grammar | None = None
     structural_tag: Annotated[None, BeforeValidator(not_supported("structural_tag"))] = None
 
     @property
@@ -243,6 +245,7 @@ class Common(Strict):
     guided_json: dict[str, Any] | bool | None = None
     guided_regex: Pattern | None = None
     guided_choice: Choices | None = None
+    guided_grammar: Grammar | None = None
     # vLLM's: words the answer never holds (SamplingParams.bad_words)
     bad_words: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=256)] | None \
         = None
@@ -260,9 +263,11 @@ class Common(Strict):
                  ("structured_outputs.json", so is not None and so.json_given),
                  ("structured_outputs.regex", so is not None and so.regex is not None),
                  ("structured_outputs.choice", so is not None and so.choice is not None),
+                 ("structured_outputs.grammar", so is not None and so.grammar is not None),
                  ("guided_json", self.guided_json is not None),
                  ("guided_regex", self.guided_regex is not None),
-                 ("guided_choice", self.guided_choice is not None))
+                 ("guided_choice", self.guided_choice is not None),
+                 ("guided_grammar", self.guided_grammar is not None))
         return [field for field, asked in given if asked]
 
     @property
@@ -283,15 +288,12 @@ class Common(Strict):
         return None
 
     @property
-    def text_constraint(self) -> tuple[str | None, list[str] | None]:
-        """The plain-text constraint asked (``SamplingParams.regex``, ``choice``), by either name."""
+    def text_constraint(self) -> tuple[str | None, list[str] | None, str | None]:
+        """The plain-text constraint asked (``SamplingParams.regex``, ``choice``, ``grammar``), by either name."""
         so = self.structured_outputs
-        field = self.constraint_field
-        if field == "structured_outputs.regex":
-            return so.regex, None
-        if field == "structured_outputs.choice":
-            return None, so.choice
-        return self.guided_regex, self.guided_choice
+        if so is not None and self.constraint_field is not None and self.constraint_field.startswith("structured_"):
+            return so.regex, so.choice, so.grammar
+        return self.guided_regex, self.guided_choice, self.guided_grammar
 
     @model_validator(mode="after")
     def _stream_options_with_stream(self) -> Common:

@@ -159,7 +159,7 @@ def test_vllms_structured_outputs_constrain_as_response_format(http: httpx.Clien
     fmt = http.post("/v1/completions", json={**body, "response_format": {"type": "json_object"}})
     assert obj.status_code == 200 and obj.json()["choices"][0]["text"] == fmt.json()["choices"][0]["text"]
     assert obj.json()["choices"][0]["text"].startswith("{")
-    for extra, param in (({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar"),
+    for extra, param in (({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
                          ({"guided_choice": []}, "guided_choice"),
                          ({"guided_json": schema, "structured_outputs": {"json": schema}}, "guided_json"),
                          ({"structured_outputs": {"json": "{no"}}, "structured_outputs"),
@@ -197,6 +197,38 @@ def test_vllms_choice_and_regex_constrain_the_whole_answer(http: httpx.Client) -
             ({"guided_regex": "a", "min_tokens": 2}, "min_tokens", "not with guided_regex"),
             ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice", "one constraint"),
             ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs", "one constraint")):
+        r = http.post("/v1/completions", json={**base, "prompt": "hi", **extra})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"].startswith(param) and words in error["message"], r.text
+
+
+def test_vllms_grammar_constrains_the_whole_answer(http: httpx.Client) -> None:
+    """``structured_outputs.grammar`` / ``guided_grammar`` (GBNF): every answer, whole or streamed, is
+    derived from the grammar (or, cut by max_tokens, begins one); refusals name the field and the place."""
+    from hypic.engine.structured import compile_grammar
+    from hypic.engine.structured.matcher import accepts, advance_bytes, start
+
+    grammar = 'root ::= name " lives in " name "."\nname ::= [A-Z] [a-z]{1,10}'
+    node = compile_grammar(grammar)
+    base = {"model": MODEL, "max_tokens": 24, "temperature": 1.0}
+    for k, extra in enumerate(({"structured_outputs": {"grammar": grammar}}, {"guided_grammar": grammar})):
+        for route, body in (("/v1/completions", {"prompt": "Profile of Mira. Mira lives in Quorvane."}),
+                            ("/v1/chat/completions", {"messages": [USER]})):
+            r = http.post(route, json={**base, **body, **extra, "seed": k, "n": 3})
+            assert r.status_code == 200, r.text
+            for c in r.json()["choices"]:
+                text = c["text"] if "text" in c else c["message"]["content"]
+                assert accepts(node, text.encode()) if c["finish_reason"] == "stop" else \
+                    advance_bytes(start(node), text.encode()) is not None, (route, c)
+        lines = http.post("/v1/completions", json={**base, "prompt": "Mira", "stream": True, "seed": 5,
+                                                    **extra}).text.splitlines()
+        streamed = "".join(json.loads(x[6:])["choices"][0]["text"] for x in lines if x.startswith("data: {"))
+        whole = http.post("/v1/completions", json={**base, "prompt": "Mira", "seed": 5, **extra}).json()
+        assert streamed == whole["choices"][0]["text"]
+    for extra, param, words in (
+            ({"guided_grammar": "root ::= root \"a\" | \"b\""}, "guided_grammar", "left-recursive"),
+            ({"structured_outputs": {"grammar": "root ::= \"a"}}, "structured_outputs.grammar", "line 1"),
+            ({"guided_grammar": "root ::= \"a\"", "guided_regex": "a"}, "guided_grammar", "one constraint")):
         r = http.post("/v1/completions", json={**base, "prompt": "hi", **extra})
         error = r.json()["error"]
         assert r.status_code == 400 and error["param"].startswith(param) and words in error["message"], r.text

@@ -1,14 +1,16 @@
 """Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``),
-or to plain text a regular expression matches or one of a list of choices (``regex``, ``choice``:
-``text``).
+to plain text a regular expression matches or one of a list of choices (``regex``, ``choice``:
+``text``), or to text a context-free grammar derives (``grammar``: GBNF).
 
 ``schema`` compiles the schema (``regex`` its patterns and formats, ``bounds`` its numeric bounds),
-``matcher`` reads JSON byte by byte (``strings``, ``numbers``: their frames), ``vocab`` turns a
-matcher state into the tokens allowed next; the engine masks every other token's logit before sampling.
+``grammar`` a GBNF grammar, ``matcher`` reads the text byte by byte (``strings``, ``numbers``: their
+frames), ``vocab`` turns a matcher state into the tokens allowed next; the engine masks every other
+token's logit before sampling.
 """
 
+from hypic.engine.structured.grammar import compile_grammar
 from hypic.engine.structured.schema import compile_schema
 from hypic.engine.structured.text import compile_text
 from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes
 
-__all__ = ["JsonConstraint", "TokenVocab", "compile_schema", "compile_text", "token_bytes"]
+__all__ = ["JsonConstraint", "TokenVocab", "compile_grammar", "compile_schema", "compile_text", "token_bytes"]

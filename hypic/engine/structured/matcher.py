@@ -25,6 +25,8 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
+from hypic.engine.structured.grammar import GRAMMAR_NODES, grammar_frame
+from hypic.engine.structured.grammar import initial as grammar_initial
 from hypic.engine.structured.numbers import number
 from hypic.engine.structured.schema import (
     ANY_ARR,
@@ -103,7 +105,7 @@ def _between_tokens(stack: Stack) -> bool:
     """Whether the next byte falls between tokens, not inside a string, a declared key or a literal
     (whose spaces are text)."""
     node, local = stack[0], stack[1]
-    if isinstance(node, Text):  # its spaces are text
+    if isinstance(node, (Text, *GRAMMAR_NODES)):  # its spaces are text
         return False
     if isinstance(node, Str):
         return local == ("open",)
@@ -165,6 +167,8 @@ def _feed(stack: Stack, byte: int, hops: int, fed: set | None = None) -> list[St
 def _initial(node: Node | Text) -> object:
     if isinstance(node, Text):
         return initial(node)
+    if isinstance(node, GRAMMAR_NODES):
+        return grammar_initial(node)
     if isinstance(node, (Lit,)):
         return b""
     if isinstance(node, Num):
@@ -175,7 +179,7 @@ def _initial(node: Node | Text) -> object:
 def _handle(node: object, local: object, b: int) -> list[Outcome]:
     if isinstance(node, Root):
         if local == "before":
-            if isinstance(node.node, Text):  # plain text: every byte its own, an empty answer too
+            if isinstance(node.node, (Text, *GRAMMAR_NODES)):  # plain text: every byte its own, an empty answer too
                 return [Outcome("after", node.node, False)]
             if b in WS:
                 return [Outcome("before", None, True)]
@@ -198,6 +202,8 @@ def _handle(node: object, local: object, b: int) -> list[Outcome]:
         return string(node, local, b)
     if isinstance(node, Text):
         return text(node, local, b)
+    if isinstance(node, GRAMMAR_NODES):
+        return grammar_frame(node, local, b)
     if isinstance(node, Num):
         return number(node, local, b)
     return _literal(node, local, b)

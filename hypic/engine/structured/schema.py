@@ -214,7 +214,7 @@ def _compile_text(text: str) -> Node:
             pending.remove(p)
     for check in cx.checks:
         check()
-    _check_depth(node)
+    check_depth(node)
     return node
 
 
@@ -363,7 +363,7 @@ def _kind_of(value: object) -> str:
 
 
 def _resolved(node: Node) -> Node:
-    for _ in range(64):  # a chain of references (a cycle of them is refused by _check_depth)
+    for _ in range(64):  # a chain of references (a cycle of them is refused by check_depth)
         if not isinstance(node, Ref) or node.target is None:
             return node
         node = node.target
@@ -420,11 +420,11 @@ def needs(node: Node) -> int:
     return NEEDS.get(node, 1)
 
 
-def _check_depth(root: Node) -> None:
-    """Every node's ``needs``, as a fixed point (references may recurse); a schema whose least value
-    is infinite (a ``$ref`` cycle with no way out) or nests past ``MAX_DEPTH`` is refused, since
-    generation would dead-end in it."""
-    nodes = _reachable(root)
+def check_depth(root: Node, what: str = "json_schema", endless: str = "a $ref cycle with no way out") -> None:
+    """Every node's ``needs``, as a fixed point (references may recurse); a schema (or grammar:
+    ``what``) whose least value is infinite (``endless``) or nests past ``MAX_DEPTH`` is refused,
+    since generation would dead-end in it."""
+    nodes = reachable(root)
     inf = float("inf")
     depth: dict[int, float] = {id(n): inf for n in nodes}
     changed = True
@@ -436,9 +436,9 @@ def _check_depth(root: Node) -> None:
                 depth[id(n)], changed = d, True
     need = depth[id(root)]
     if need == inf:
-        raise ValueError("json_schema: no finite value satisfies it (a $ref cycle with no way out)")
+        raise ValueError(f"{what}: no finite value satisfies it ({endless})")
     if need > MAX_DEPTH:
-        raise ValueError(f"json_schema: its least value nests {int(need)} levels deep; structured output "
+        raise ValueError(f"{what}: its least value nests {int(need)} levels deep; structured output "
                          f"allows {MAX_DEPTH}")
     for n in nodes:
         if depth[id(n)] != 1 and depth[id(n)] != inf:
@@ -447,10 +447,10 @@ def _check_depth(root: Node) -> None:
 
 def _reaches_unset(root: Node) -> bool:
     """Whether a reference without its target yet (an enum's, still to be filtered) is reachable."""
-    return any(isinstance(n, Ref) and n.target is None for n in _reachable(root))
+    return any(isinstance(n, Ref) and n.target is None for n in reachable(root))
 
 
-def _reachable(root: Node) -> list[Node]:
+def reachable(root: Node) -> list[Node]:
     """Every node reachable from ``root``, once each (references may recurse)."""
     nodes, todo, seen = [], [root], set()
     while todo:
@@ -469,7 +469,9 @@ def _children(n: Node) -> list[Node]:
         return [*n.prefix, *([] if n.items is None else [n.items])]
     if isinstance(n, Alt):
         return list(n.options)
-    return [] if not isinstance(n, Ref) or n.target is None else [n.target]
+    if isinstance(n, Ref):
+        return [] if n.target is None else [n.target]
+    return n.children() if hasattr(n, "children") else []  # a grammar's frames (grammar.py)
 
 
 def _least(n: Node, depth: dict[int, float]) -> float:
@@ -482,7 +484,7 @@ def _least(n: Node, depth: dict[int, float]) -> float:
         return min(depth[id(o)] for o in n.options)
     if isinstance(n, Ref):
         return float("inf") if n.target is None else depth[id(n.target)]
-    return 1
+    return n.least(depth) if hasattr(n, "least") else 1  # a grammar's frames (grammar.py)
 
 
 def _alone(schema: dict, word: str, where: str) -> None:
