@@ -11,6 +11,7 @@ dtype. ``unpack`` turns a buffer back into an entry whose tensors are views into
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -101,6 +102,27 @@ def layout(entry: Entry) -> Header:
 def header_of(entry: Entry) -> Header:
     """The entry's layout: the header it keeps when it is one buffer already, else worked out."""
     return entry.header if entry.buffer is not None else layout(entry)
+
+
+def mismatch(header: Header, template: Header, seams: Collection[int]) -> str | None:
+    """Why ``header`` — read from outside, a saved file — is no layout this model's entries take, or
+    None: its seam one of ``seams``, its tensors the template's (kinds, layers, shapes resized to its
+    body; dtypes the template's, summaries also a host tier's), laid out as ``layout`` lays them (no
+    overlap, no gap). ``unpack`` trusts a header; this is what may be trusted."""
+    if header.seam not in seams:
+        return f"seam {header.seam}, where this engine's entries of {header.key.length} tokens have {sorted(seams)}"
+    want = resized(template, header.key, header.token_ids, header.seam)
+    if [(f[0], f[1], f[3]) for f in header.fields] != [(f[0], f[1], f[3]) for f in want.fields]:
+        return "its tensors are not this model's (kinds, layers or shapes)"
+    offset = 0
+    for (slot, layer, dtype_name, shape, at), expected in zip(header.fields, want.fields, strict=True):
+        if dtype_name != expected[2] and not (slot in SUMMARY_SLOTS and dtype_name in HOST_DTYPES):
+            return f"{slot} of layer {layer} in {dtype_name}, not {expected[2]}"
+        if at != offset:
+            return f"{slot} of layer {layer} at byte {at}, not {offset} (tensors overlapping or apart)"
+        n = torch.Size(shape).numel() * getattr(torch, dtype_name).itemsize
+        offset += n + (-n % ALIGN)
+    return None if offset == header.nbytes else f"{header.nbytes} bytes, where its tensors take {offset}"
 
 
 def resized(template: Header, key: SegmentKey, token_ids: tuple[int, ...], seam: int) -> Header:

@@ -13,7 +13,8 @@ Every file is written under a temporary name, flushed to disk (fsync) and rename
 synced before the manifest is renamed in and again after it; files no manifest names are removed
 after it. A save cut off midway — the process killed or the machine losing power — leaves the
 folder loadable (the previous manifest, whose files a save only ever replaces with the same
-content, or the new one). Each entry's header carries a CRC-32 of its bytes: a file damaged on
+content, or the new one). Each entry's header carries a CRC-32 of its bytes and one of itself,
+and is held to the engine's own layout (its seam, tensors, dtypes and offsets): a file damaged on
 disk is refused, never served. A load that meets a damaged entry file skips it with a warning that
 names it (the segment is a miss, computed again when a prompt needs it, and the next save drops the
 file): one bad file must not keep a server from starting warm. A manifest that cannot be trusted
@@ -28,6 +29,7 @@ import json
 import os
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,8 +41,8 @@ from hypic.cache.layout import Header, header_of, pack_into, unpack
 from hypic.cache.store import SegmentStore
 from hypic.models.fingerprint import same_weights
 
-FORMAT = 2  # 2: each entry's header carries the CRC-32 of its bytes
-READS = (1, 2)
+FORMAT = 3  # 2: each entry's header carries the CRC-32 of its bytes; 3: and of itself
+READS = (1, 2, 3)
 MANIFEST = "manifest.json"
 SUFFIX = ".entry"
 
@@ -54,14 +56,21 @@ class Stamp:
     weights: list[float]  # ``hypic.models.fingerprint.weight_fingerprint``
 
 
+def _said(h: Header) -> bytes:
+    """What a header says, as its checksum reads it (the same text for the same header)."""
+    return json.dumps({"key": h.key.digest.hex(), "length": h.key.length, "token_ids": list(h.token_ids),
+                       "seam": h.seam, "fields": [list(f) for f in h.fields], "nbytes": h.nbytes}).encode()
+
+
 def _encode(h: Header, crc: int) -> bytes:
-    return (json.dumps({"key": h.key.digest.hex(), "length": h.key.length, "token_ids": list(h.token_ids),
-                        "seam": h.seam, "fields": [list(f) for f in h.fields], "nbytes": h.nbytes,
-                        "crc32": crc}) + "\n").encode()
+    said = _said(h)
+    return said[:-1] + f', "crc32": {crc}, "header_crc32": {zlib.crc32(said)}}}\n'.encode()
 
 
 def _decode(line: bytes, where: Path, fmt: int) -> tuple[Header, int | None]:
-    """The header and the CRC-32 of the bytes after it (None in a format 1 file, which has none)."""
+    """The header and the CRC-32 of the bytes after it (None in a format 1 file, which has none).
+    From format 3 the header's own CRC-32 is checked too: a bit flipped in an offset or the seam
+    would otherwise lay the bytes out wrong, silently."""
     try:
         d = json.loads(line)
         crc = int(d["crc32"]) if fmt >= 2 else None
@@ -69,8 +78,11 @@ def _decode(line: bytes, where: Path, fmt: int) -> tuple[Header, int | None]:
         fields = tuple((str(s), int(layer), str(dt), tuple(int(n) for n in shape), int(off))
                        for s, layer, dt, shape, off in d["fields"])
         header = Header(key, tuple(int(t) for t in d["token_ids"]), int(d["seam"]), fields, int(d["nbytes"]))
+        own = int(d["header_crc32"]) if fmt >= 3 else None
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"cache file {where}: not an entry header ({e})") from None
+    if own is not None and zlib.crc32(_said(header)) != own:
+        raise ValueError(f"cache file {where}: its header does not match its checksum (damaged on disk)")
     if key.length != len(header.token_ids) or where.name != key.digest.hex() + SUFFIX:
         raise ValueError(f"cache file {where}: its header does not match its name or its tokens")
     return header, crc
@@ -99,6 +111,9 @@ def sync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+Unfit = Callable[[Header], "str | None"]  # why a saved header is no layout of the engine's entries, or None
 
 
 LOCK = ".hypic.lock"  # held by the process that owns a folder: its pid inside
@@ -177,11 +192,12 @@ def forget(folder: str | Path, digests: set[bytes]) -> int:
     return len(entries) - len(keep)
 
 
-def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
+def load(store: SegmentStore, folder: str | Path, stamp: Stamp, unfit: Unfit | None = None) -> int:
     """Insert the entries saved in ``folder`` into ``store``, least recently used first (a tier that
     cannot hold them all keeps the most recent); the number the store took. ValueError, naming the
     problem, when the folder holds no saved cache, one for another model, dtype or weights, or a
-    manifest that names a file outside it; a damaged entry file is skipped with a warning."""
+    manifest that names a file outside it; a damaged entry file — or one whose header ``unfit``
+    says is no layout of the engine's entries — is skipped with a warning."""
     folder = Path(folder)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -208,7 +224,7 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(SUFFIX):
             raise ValueError(f"cache folder {folder}: {MANIFEST} names {name!r}, not an entry file of this folder")
         try:
-            entry = _read_entry(folder / name, fmt, store.device)
+            entry = _read_entry(folder / name, fmt, store.device, unfit)
         except ValueError as e:
             skipped.append(str(e))
             continue
@@ -219,15 +235,18 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     return inserted
 
 
-def _read_entry(path: Path, fmt: int, device: torch.device) -> Entry:
+def _read_entry(path: Path, fmt: int, device: torch.device, unfit: Unfit | None = None) -> Entry:
     """The entry saved in ``path``; ValueError naming the file when it is missing, unreadable, cut
-    short, damaged (its checksum) or its layout does not fit its bytes."""
+    short, damaged (its checksums), its layout is not the engine's (``unfit``) or does not fit its bytes."""
     try:
         with open(path, "rb") as f:
             header, crc = _decode(f.readline(), path, fmt)
             data = f.read()
     except OSError as e:
         raise ValueError(f"cache file {path}: unreadable ({e.strerror or e})") from None
+    why = None if unfit is None else unfit(header)
+    if why is not None:
+        raise ValueError(f"cache file {path}: not an entry of this engine's layout ({why})")
     if len(data) != header.nbytes:
         raise ValueError(f"cache file {path}: {len(data)} bytes after its header, expected {header.nbytes}")
     if crc is not None and zlib.crc32(data) != crc:

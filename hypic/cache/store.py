@@ -163,13 +163,14 @@ class SegmentStore:
         return self._bytes[tier] + nbytes <= budget
 
     def _to_host(self, entry: Entry) -> Entry | None:
-        """A host-tier copy of a device entry (room made in the host tier), or None: no room."""
-        if not self._fits("host", entry.nbytes):
-            return None
+        """A host-tier copy of a device entry (room made in the host tier for the bytes it takes
+        there: narrowed, with ``host_dtype``), or None: no room."""
         t0 = time.perf_counter()
         try:
             header = header_of(entry)
             narrow = header if self.host_dtype is None else retyped(header, torch.float32, self.host_dtype)
+            if not self._fits("host", narrow.tensor_bytes):
+                return None
             if self.arena is not None and not self.arena.slab_holds(narrow.nbytes):
                 # no slab can hold it (a region never spans slabs): dropped alone, not after emptying the
                 # tier for nothing; allocate asks the thread for a slab of its size, where capacity is left
@@ -177,7 +178,7 @@ class SegmentStore:
                 if region is not None:  # the thread pinned a slab that large just now: not this time
                     self.arena.free(region)
                 return None
-            if not self._make_room("host", entry.nbytes):
+            if not self._make_room("host", narrow.tensor_bytes):
                 return None
             staged = None  # else: the bytes to move, converted on the entry's device run by run, laid out by narrow
             if narrow != header:
@@ -268,8 +269,16 @@ class SegmentStore:
         with self._lock:
             entry = self._widened(entry)
             for tier in TIERS:
-                if entry.key in self._tiers[tier]:
+                held = self._tiers[tier].get(entry.key)
+                if held is None:
+                    continue
+                if held.token_ids == entry.token_ids:
                     return True
+                # other tokens under this key (an entry file damaged on disk, a collision): never served,
+                # so it would only block the key — replaced unless a request holds it
+                if self._pins.get(entry.key):
+                    return False
+                self._release(self._remove(tier, entry.key))
             if self._fits("device", entry.nbytes) and self._make_room("device", entry.nbytes):
                 self._add("device", entry)
                 return True
@@ -296,7 +305,9 @@ class SegmentStore:
                 if tier == "host":
                     entry.host_hits += 1
                     wide = self._device_nbytes(entry)
-                    promote = entry.host_hits >= self.promote_after and self._fits("device", wide)
+                    # a pinned entry never moves: a plan holding it may read it in place
+                    promote = (entry.host_hits >= self.promote_after and self._fits("device", wide)
+                               and not self._pins.get(key))
                 if promote:
                     self._remove("host", key)  # first, so making room on the device cannot evict it
                     try:
@@ -335,14 +346,15 @@ class SegmentStore:
                     return entry.token_ids == token_ids
             return False
 
-    def discard(self, key: SegmentKey, token_ids: tuple[int, ...]) -> str:
-        """Drop the entry for these exact tokens from whichever tier holds it (a document changed or
-        must be forgotten): "evicted", "absent", or "in_use" — pinned by a request being prefilled,
-        which still reads it, so it stays (the engine discards under its lock, when nothing is pinned)."""
+    def discard(self, key: SegmentKey) -> str:
+        """Drop the entry under ``key`` from whichever tier holds it (a document changed or must be
+        forgotten) — whatever tokens it holds: one holding others (damaged on disk) is never served
+        and must not outlive an eviction — "evicted", "absent", or "in_use" — pinned by a request
+        being prefilled, which still reads it, so it stays (the engine discards under its lock, when
+        nothing is pinned)."""
         with self._lock:
             for tier in TIERS:
-                entry = self._tiers[tier].get(key)
-                if entry is None or entry.token_ids != token_ids:
+                if key not in self._tiers[tier]:
                     continue
                 if self._pins.get(key):
                     return "in_use"
@@ -356,6 +368,8 @@ class SegmentStore:
                 self._pins[k] = self._pins.get(k, 0) + 1
 
     def unpin(self, keys: list[SegmentKey]) -> None:
+        """Release the keys; a tier left over its budget by pinned entries (a budget lowered while a
+        request held them) makes room now."""
         with self._lock:
             for k in keys:
                 left = self._pins.get(k, 0) - 1
@@ -363,6 +377,13 @@ class SegmentStore:
                     self._pins[k] = left
                 else:
                     self._pins.pop(k, None)
+            for tier in TIERS:
+                budget = self.budgets[tier]
+                if budget is not None and self._bytes[tier] > budget:
+                    try:
+                        self._make_room(tier, 0)
+                    except torch.OutOfMemoryError:  # a demotion's copy: the entries stay, the next insert tries again
+                        pass
 
     def clear(self) -> None:
         """Drop every entry and reset the counters (budgets, pins and the arena's pinned memory stay:

@@ -23,8 +23,10 @@ import torch
 from hypic.cache import persist
 from hypic.cache.budgets import AUTO, Budget, resolve, resolve_host_dtype
 from hypic.cache.keys import SegmentKey, segment_key
+from hypic.cache.layout import Header, mismatch
 from hypic.cache.store import SegmentStore
 from hypic.engine.bad_words import BadWords, bad_words
+from hypic.engine.cold import entry_template
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
 from hypic.engine.combine import CombineContext
@@ -527,7 +529,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             for ids in segments:
                 keys = self._keys_of(ids, salt)
                 digests.append({k.digest for k in keys})
-                status = [self.store.discard(k, tuple(ids)) for k in keys]
+                status = [self.store.discard(k) for k in keys]
                 assert "in_use" not in status, "an entry is pinned between engine calls"
                 dropped = self.prefix.discard_containing(digests[-1])
                 out.append("evicted" in status or dropped > 0)
@@ -647,7 +649,13 @@ class Engine(ColdPrefill, PrefixPrefill):
         """Load entries saved by ``save_cache`` for this model; how many the store took. ValueError
         when the folder holds none, or holds another model's, dtype's or weights'."""
         with self._lock:
-            return persist.load(self.store, folder, self.stamp())
+            return persist.load(self.store, folder, self.stamp(), self._unfit)
+
+    def _unfit(self, header: Header) -> str | None:
+        """Why a saved entry's header is no layout this engine's entries take (None: it is one)."""
+        if self._template is None:
+            self._template = entry_template(self.model, self.device)
+        return mismatch(header, self._template, {0, effective_seam(self.seam, header.key.length)})
 
     @torch.no_grad()
     def step(self, runs: list[Running]) -> None:

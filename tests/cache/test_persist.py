@@ -169,6 +169,57 @@ def test_an_entry_damaged_on_disk_is_refused_not_served(tmp_path) -> None:
         assert _same(got, next(e for e in _small_store().entries() if e.key == got.key))
 
 
+def _flip_in_header(path: Path, old: bytes, new: bytes, *, drop_own_checksum: bool = False) -> None:
+    head, _, data = path.read_bytes().partition(b"\n")
+    assert old in head, head[:300]
+    head = head.replace(old, new, 1)
+    if drop_own_checksum:  # as a format 2 file, whose header has no checksum of its own
+        header = json.loads(head)
+        del header["header_crc32"]
+        head = json.dumps(header).encode()
+    path.write_bytes(head + b"\n" + data)
+
+
+def test_a_bit_flipped_in_an_entrys_header_is_caught_by_the_headers_own_checksum(tmp_path) -> None:
+    """The header says where each tensor lies: a flipped digit in an offset would lay the bytes out
+    wrong — served silently, with the data's checksum intact — so the header has a checksum too."""
+    stamp = Stamp("m", "bfloat16", [1.0, 2.0])
+    save(_small_store(), tmp_path, stamp)
+    victim = sorted(tmp_path.glob("*.entry"))[0]
+    offset = json.loads(victim.read_bytes().partition(b"\n")[0])["fields"][1][4]
+    _flip_in_header(victim, f", {offset}]".encode(), f", {offset ^ 64}]".encode())
+    other = SegmentStore(torch.device("cpu"))
+    with pytest.warns(UserWarning, match=f"{victim.name}: its header does not match its checksum"):
+        assert load(other, tmp_path, stamp) == 2
+    assert other.check_integrity()
+
+
+def test_an_older_files_header_is_held_to_the_engines_layout(tmp_path) -> None:
+    """A format 2 file has no header checksum: its seam, tensors and offsets are checked against the
+    layout the engine gives its own entries, and one that differs is skipped (a miss, computed again)."""
+    params = SamplingParams(max_tokens=6, logprobs=3)
+    a = LLM(device="cpu")
+    want = a.generate([_prompt([0, 1])], params)[0]
+    folder = tmp_path / "cache"
+    a.save_cache(folder)
+    files = sorted(folder.glob("*.entry"))
+    manifest = json.loads((folder / MANIFEST).read_text())
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "format": 2}))
+    offset = json.loads(files[0].read_bytes().partition(b"\n")[0])["fields"][1][4]
+    _flip_in_header(files[0], f", {offset}]".encode(), f", {offset ^ 64}]".encode(), drop_own_checksum=True)
+    _flip_in_header(files[1], b'"seam": 8', b'"seam": 9', drop_own_checksum=True)
+    b = LLM(device="cpu")
+    with pytest.warns(UserWarning, match="2 damaged entry file.*not an entry of this engine's layout"):
+        assert b.load_cache(folder) == 0
+    got = b.generate([_prompt([0, 1])], params)[0]
+    assert got.metrics.segment_misses == 2 and got.token_ids == want.token_ids and b.engine.store.check_integrity()
+    a.save_cache(folder)  # untouched but for the missing header checksum: a format 2 file loads
+    for f in sorted(folder.glob("*.entry")):
+        _flip_in_header(f, b'"seam"', b'"seam"', drop_own_checksum=True)
+    (folder / MANIFEST).write_text(json.dumps({**manifest, "format": 2}))
+    assert LLM(device="cpu").load_cache(folder) == 2
+
+
 def test_a_folder_of_the_first_format_still_loads_and_a_bad_stamp_is_a_value_error(tmp_path) -> None:
     stamp = Stamp("m", "bfloat16", [1.0, 2.0])
     save(_small_store(), tmp_path, stamp)

@@ -83,13 +83,12 @@ def test_discard_drops_an_entry_from_either_tier_but_never_a_pinned_one() -> Non
     for e in (a, b, c):
         store.insert(e)
     assert store.stats().entries == {"device": 2, "host": 1}  # a is in the host tier
-    assert store.discard(a.key, a.token_ids) == "evicted" and store.lookup(a.key, a.token_ids) is None
-    assert store.discard(a.key, a.token_ids) == "absent"
-    assert store.discard(b.key, (999,)) == "absent"  # the key with other tokens: not this entry
+    assert store.discard(a.key) == "evicted" and store.lookup(a.key, a.token_ids) is None
+    assert store.discard(a.key) == "absent"
     store.pin([b.key])
-    assert store.discard(b.key, b.token_ids) == "in_use" and store.lookup(b.key, b.token_ids) is not None
+    assert store.discard(b.key) == "in_use" and store.lookup(b.key, b.token_ids) is not None
     store.unpin([b.key])
-    assert store.discard(b.key, b.token_ids) == "evicted" and store.discard(c.key, c.token_ids) == "evicted"
+    assert store.discard(b.key) == "evicted" and store.discard(c.key) == "evicted"
     s = store.stats()
     assert s.entries == {"device": 0, "host": 0} and s.bytes == {"device": 0, "host": 0} and store.check_integrity()
 
@@ -180,3 +179,80 @@ def test_store_promotion_out_of_memory_leaks_no_arena_region(monkeypatch) -> Non
         store.lookup(a.key, a.token_ids)
     # a left the store and its arena region with it
     assert store.check_integrity(), (store.stats().entries, arena.used)
+
+
+def _bf16_entry(doc: int) -> Entry:
+    ids = (doc,) * 10
+    e = Entry(segment_key(list(ids), model_fingerprint="m", seam=2, dtype="float32"), ids, 2)
+    e.summaries[0] = Summary(torch.full((4, 16, 16), float(doc)), torch.full((4, 16, 16), float(doc)))
+    return e
+
+
+def test_an_entry_under_its_key_with_other_tokens_is_replaced_and_discarded() -> None:
+    """Other tokens under a key (an entry file damaged on disk) are never served — and must not block
+    the key: the right entry replaces it, and a discard drops it whatever it holds."""
+    a = _entry([1, 2])
+    wrong = _entry([1, 3])
+    wrong.key = a.key  # what a flipped token id in a saved header gives
+    store = SegmentStore(torch.device("cpu"))
+    assert store.insert(wrong) and store.lookup(a.key, a.token_ids) is None  # a miss, never served
+    assert store.insert(a) and store.lookup(a.key, a.token_ids) is a  # replaced: hit from now on
+    assert store.stats().entries["device"] == 1 and store.check_integrity()
+    store.discard(a.key)
+    assert store.insert(wrong) and store.discard(a.key) == "evicted" and store.stats().entries["device"] == 0
+    store.insert(wrong)
+    store.pin([a.key])  # a request holds what is under the key: it stays, the new one is not cached
+    assert not store.insert(a) and store.check_integrity()
+
+
+def test_a_half_precision_host_tier_makes_room_for_what_it_keeps() -> None:
+    """The host tier keeps summaries in bf16: room is made for that size, not the device's fp32 one."""
+    fp32 = _bf16_entry(1).nbytes
+    store = SegmentStore(torch.device("cpu"), device_bytes=fp32, host_bytes=fp32 + 64, arena=None,
+                         host_dtype=torch.bfloat16)  # room for two bf16 entries
+    for d in (1, 2, 3):
+        store.insert(_bf16_entry(d))
+    s = store.stats()
+    assert s.entries == {"device": 1, "host": 2} and s.evictions == 0 and store.check_integrity(), s
+    assert store.lookup(_bf16_entry(1).key, (1,) * 10).summaries[0].state.dtype == torch.float32
+
+
+def test_a_pinned_host_entry_is_not_promoted_under_its_holder() -> None:
+    """A plan holding a host entry served in place (pinned) keeps reading it: a second lookup does not
+    promote it and free its arena region for the next demotion to overwrite."""
+    from hypic.cache.layout import layout, pack_into
+
+    def packed(doc: int) -> Entry:
+        e = _bf16_entry(doc)
+        h = layout(e)
+        return pack_into(e, h, torch.empty(h.nbytes, dtype=torch.uint8))
+
+    n = packed(1).nbytes
+    arena = HostArena(4 * n, slab_bytes=4 * n, pin=False, background=False)
+    arena.grow()
+    store = SegmentStore(torch.device("cpu"), device_bytes=n, host_bytes=4 * n, arena=arena, promote_after=2)
+    store.insert(packed(1))
+    store.insert(packed(2))  # 1 demoted into the arena
+    key = packed(1).key
+    held = store.lookup(key, (1,) * 10)
+    store.pin([key])
+    assert held.tier == "host"
+    store.lookup(key, (1,) * 10)  # its second host hit: would promote, but it is pinned
+    store.pin([key])
+    store.insert(packed(3))  # a demotion: must not land in 1's region
+    assert held.summaries[0].state.flatten()[0].item() == 1.0 and store.check_integrity()
+    store.unpin([key, key])
+    assert store.lookup(key, (1,) * 10).tier == "device"  # unpinned, its next hit promotes it
+
+
+def test_unpinning_after_a_smaller_budget_brings_the_tier_back_within_it() -> None:
+    a, b = _entry([1]), _entry([2])
+    store = SegmentStore(torch.device("cpu"), device_bytes=2 * a.nbytes, host_bytes=0)
+    store.insert(a)
+    store.insert(b)
+    store.pin([a.key, b.key])
+    store.set_budget("device", a.nbytes)  # both pinned: over budget, as allowed
+    assert store.stats().entries["device"] == 2 and store.check_integrity()
+    store.unpin([a.key, b.key])
+    s = store.stats()
+    assert s.entries["device"] == 1 and s.bytes["device"] <= a.nbytes and store.check_integrity()
