@@ -286,3 +286,27 @@ def test_a_folder_is_held_by_one_process_at_a_time(tmp_path) -> None:
     assert (tmp_path / persist.LOCK).read_text().strip() == str(os.getpid())
     save(_small_store(), tmp_path, Stamp("m", "bfloat16", [1.0]))
     assert (tmp_path / persist.LOCK).exists()  # a save leaves the lock file alone
+
+
+@pytest.mark.gpu
+def test_an_engine_on_the_gpu_saves_both_tiers_and_loads_them_through_its_layout_check(tmp_path) -> None:
+    """On the GPU the host tier keeps summaries in bf16: those entries are saved in bf16 and must pass
+    the engine's layout check on the way back (``layout.mismatch`` lets a host tier's dtype through)."""
+    params = SamplingParams(max_tokens=6)
+    a = LLM(device="cuda", cache_host_dtype="bfloat16", cache_host_bytes=64 << 20)
+    arena = a.engine.store.arena
+    arena.background = False  # pinned now, not while the demotions wait (they would drop the entries)
+    while arena.grow():
+        pass
+    a.generate([_prompt([0])], params)
+    size = a.engine.store.entries()[0].nbytes
+    a.engine.store.set_budget("device", 2 * size)
+    a.generate([_prompt([1, 2, 3, 4])], params)
+    assert a.cache_stats()["entries"]["host"] >= 2
+    assert a.save_cache(tmp_path / "cache") == 5
+    b = LLM(device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no file skipped
+        assert b.load_cache(tmp_path / "cache") == 5
+    got = b.generate([_prompt([4, 3, 2, 1, 0])], params)[0]
+    assert got.metrics.segment_hits == 5 and b.engine.store.check_integrity()
