@@ -68,7 +68,7 @@ def test_the_responses_api_takes_what_the_agents_sdk_sends(http: httpx.Client) -
     assert body["reasoning"] == {"effort": "low", "summary": None} and body["truncation"] == "auto"
     streamed = http.post("/v1/responses", json={**sent, "stream": True})
     assert streamed.status_code == 200 and '"type": "response.incomplete"' in streamed.text  # 4 tokens: cut
-    for extra, param in (({"include": ["message.output_text.logprobs"]}, "include[0]"),
+    for extra, param in (({"include": ["web_search_call.action.sources"]}, "include[0]"),
                          ({"reasoning": {"summary": "auto"}}, "reasoning.summary")):
         r = http.post("/v1/responses", json={**base, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

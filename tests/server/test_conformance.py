@@ -93,7 +93,7 @@ def test_a_field_not_served_is_refused_in_words(http: httpx.Client) -> None:
     not pydantic's "Input should be None"; null is still the field left out."""
     for path, body, param in (("/v1/completions", {"prompt": "hi", "max_tokens": 3, "suffix": "end"}, "suffix"),
                               ("/v1/responses", {"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
-                              ("/v1/responses", {"input": "hi", "include": ["reasoning.encrypted_content"]},
+                              ("/v1/responses", {"input": "hi", "include": ["code_interpreter_call.outputs"]},
                                "include[0]")):
         r = http.post(path, json=body)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

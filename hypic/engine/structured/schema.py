@@ -273,6 +273,9 @@ def _node(schema: object, where: str, cx: _Compiling, depth: int) -> Node:
             "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & keys else None
         if kind is None:
             return ANY
+        node = _typed(schema, kind, where, cx, depth)  # generated as that type; validated as any other too
+        UNTYPED.add(node)
+        return node
     if isinstance(kind, list):
         if not kind or any(k not in TYPES for k in kind):
             raise ValueError(f"{where}: type must be one of {list(TYPES)} or a non-empty list of them")
@@ -334,8 +337,18 @@ def _literals(schema: dict, where: str, cx: _Compiling, depth: int) -> Node:
     return holder
 
 
+# Nodes a validator reads more loosely than the matcher generates them — for ``oneOf``, which must
+# know what *validates*: a schema without "type" generated as the type its keywords imply (any other
+# type passes its validation), a string whose ``format`` the matcher enforces (validators take
+# formats as annotations by default).
+UNTYPED: weakref.WeakSet = weakref.WeakSet()
+FORMATTED: weakref.WeakSet = weakref.WeakSet()
+
+
 def _kinds(node: Node, seen: frozenset = frozenset()) -> frozenset[str] | None:
     """The JSON types a node's values can have (None: any); "integer" apart from other numbers."""
+    if node in UNTYPED:
+        return None
     if isinstance(node, Ref):
         return None if node in seen or node.target is None else _kinds(node.target, seen | {node})
     if isinstance(node, Alt):
@@ -391,9 +404,14 @@ def _disjoint(a: Node, b: Node, hops: int = 8) -> bool:
         if isinstance(b, Lit):  # JSON equality: 1 and 1.0 are one value
             others = [json.loads(v) for v in b.values]
             return not any(_kind_of(x) == _kind_of(y) and x == y for x in values for y in others)
-        if isinstance(b, Str):  # strings as written: the matcher reads them as a validator does
+        if isinstance(b, Str) and b not in FORMATTED:  # strings as written: the matcher reads them as a validator does
             from hypic.engine.structured.matcher import accepts  # the matcher imports this module
-            return all(isinstance(v, str) and not accepts(b, compact(v)) for v in values if _kind_of(v) == "string")
+            strings = [v for v in values if _kind_of(v) == "string"]
+            if b in UNTYPED and len(strings) < len(values):  # b's validation lets every non-string through
+                return False
+            return all(not accepts(b, compact(v)) for v in strings)
+        return False
+    if a in UNTYPED or b in UNTYPED:  # a discriminator says nothing of values of other types
         return False
     if isinstance(a, Obj) and isinstance(b, Obj):
         return any(k in b.required and k in b.props and _disjoint(a.props[k], b.props[k], hops - 1)
@@ -401,14 +419,42 @@ def _disjoint(a: Node, b: Node, hops: int = 8) -> bool:
     return False
 
 
+def _scalar_literals(node: Node) -> list[tuple[str, object]] | None:
+    """A literal node's values as (kind, value), hashable with JSON's equality (1 and 1.0 alike), or
+    None when it is no literal or holds an object or array."""
+    node = _resolved(node)
+    if not isinstance(node, Lit) or node in UNTYPED:
+        return None
+    values = [json.loads(v) for v in node.values]
+    return None if any(isinstance(v, (dict, list)) for v in values) else [(_kind_of(v), v) for v in values]
+
+
 def _check_one_of(options: tuple[Node, ...], where: str) -> None:
-    """``oneOf`` is generated as ``anyOf``, right only when no value satisfies two options."""
-    for i, a in enumerate(options):
-        for j in range(i + 1, len(options)):
-            if not _disjoint(a, options[j]):
-                raise ValueError(f"{where}: oneOf whose options {i} and {j} may both accept a value is not supported "
-                                 "in structured output (one value must satisfy exactly one); use anyOf, or options "
-                                 "of different types or with a required property of different const values")
+    """``oneOf`` is generated as ``anyOf``, right only when no value satisfies two options. Scalar
+    literals (a ``oneOf`` of documented consts: thousands) are told apart by one set, not pair by
+    pair; every other option is checked against every option."""
+    seen: dict[tuple[str, object], int] = {}
+    literals, rest = [], []
+    for i, node in enumerate(options):
+        values = _scalar_literals(node)
+        if values is None:
+            rest.append(i)
+            continue
+        literals.append(i)
+        for v in values:
+            first = seen.setdefault(v, i)
+            if first != i:
+                _overlap(where, first, i)
+    for k, i in enumerate(rest):
+        for j in [*rest[k + 1:], *literals]:
+            if not _disjoint(options[i], options[j]):
+                _overlap(where, min(i, j), max(i, j))
+
+
+def _overlap(where: str, i: int, j: int) -> None:
+    raise ValueError(f"{where}: oneOf whose options {i} and {j} may both accept a value is not supported "
+                     "in structured output (one value must satisfy exactly one); use anyOf, or options "
+                     "of different types or with a required property of different const values")
 
 
 NEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node → the nesting its least value needs
@@ -587,6 +633,8 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
         if high is not None and high < low:
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
         node = Str(low, high, _pattern(schema, where))
+        if "format" in schema:
+            FORMATTED.add(node)
         if node.pattern is not None:
             what = "pattern" if "pattern" in schema else "format"
             _check_length_work(node.pattern, low, high, what, where)
