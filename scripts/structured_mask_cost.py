@@ -87,9 +87,9 @@ def main() -> None:
     print("| shortcut | memo | steps | values ended | states walked | p50 (ms) | p90 (ms) | max (ms) | "
           "walked states: mean (ms) |")
     print("|---|---|---|---|---|---|---|---|---|")
-    real = vocab_module.in_free_string
+    real = vocab_module.free_string_room
     for shortcut in (True,) if args.grammar else (True, False):
-        vocab_module.in_free_string = real if shortcut else (lambda state: False)
+        vocab_module.free_string_room = real if shortcut else (lambda state: None)
         vocab.clear_memo()
         for memo in ("cold", "warm"):
             before = vocab.memo_misses
@@ -99,7 +99,7 @@ def main() -> None:
             slow = sorted(times)[-walked:] if walked else [0.0]  # a walk costs far more than a memo hit
             print(f"| {'on' if shortcut else 'off'} | {memo} | {len(times)} | {values} | {walked} "
                   f"| {statistics.median(times):.2f} | {q[8]:.2f} | {max(times):.1f} | {statistics.mean(slow):.1f} |")
-    vocab_module.in_free_string = real
+    vocab_module.free_string_room = real
 
 
 if __name__ == "__main__":

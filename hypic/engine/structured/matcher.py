@@ -91,14 +91,19 @@ def advance(state: State, byte: int) -> State | None:
     return State(tuple(out)) if out else None
 
 
-def in_free_string(state: State) -> bool:
-    """Inside a string that any further plain text keeps in the same state: one alternative, its
-    top a string with no maximum length, past its minimum, between characters."""
+UNBOUNDED = 1 << 30  # a free string's room with no maxLength
+
+
+def free_string_room(state: State) -> int | None:
+    """How many more characters a string with no pattern may take here — inside it, between
+    characters, the only alternative — (``UNBOUNDED`` without a maxLength); None when the state is
+    no such string. There any plain text that many characters long or shorter is let through."""
     if len(state.alts) != 1:
-        return False
+        return None
     node, local = state.alts[0][0][0], state.alts[0][0][1]
-    return (isinstance(node, Str) and node.max_len is None and node.pattern is None and local[0] == "in"
-            and local[2] == 0 and local[1] >= node.min_len)
+    if not isinstance(node, Str) or node.pattern is not None or local[0] != "in" or local[2] != 0:
+        return None
+    return UNBOUNDED if node.max_len is None else node.max_len - local[1]
 
 
 def _between_tokens(stack: Stack) -> bool:

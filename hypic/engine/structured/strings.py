@@ -86,10 +86,14 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
     room = node.max_len is None or count < node.max_len
     after = _window(node, count + 1)  # the characters the string may still take after the one being read
 
+    # without a maximum, counts past the minimum are all alike (``_window`` reads only how many are
+    # still due): kept equal, so states repeat and their masks are memoized
+    grown = count + 1 if node.max_len is not None else min(count + 1, node.min_len)
+
     def char(c: int) -> list[Outcome]:  # a whole character read: the automaton steps
         nxt = rx.step(states, c)
         ok = nxt and rx.finishes(nxt, after)
-        return [Outcome(("in", count + 1, nxt, 0, 0, 0, 0), None, True)] if ok else []
+        return [Outcome(("in", grown, nxt, 0, 0, 0, 0), None, True)] if ok else []
 
     if kind == "in":
         need, value, low, high = local[3], local[4], local[5], local[6]

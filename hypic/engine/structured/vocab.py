@@ -13,6 +13,7 @@ text; the end-of-sequence tokens are allowed by the constraint itself, once the 
 
 from __future__ import annotations
 
+import bisect
 import json
 import weakref
 from collections import OrderedDict
@@ -21,7 +22,7 @@ from typing import Any
 import torch
 
 from hypic.engine.sampling import token_mask
-from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, in_free_string, start
+from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, free_string_room, start
 from hypic.engine.structured.schema import Node
 
 MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
@@ -97,11 +98,12 @@ def _plain(data: bytes) -> bool:
 class TokenVocab:
     """The vocabulary's bytes in a trie, with the allowed tokens memoized per matcher state.
 
-    Inside a string with no length bound — most of a JSON text's tokens, and the one place where
+    Inside a string without a pattern — most of a JSON text's tokens, and the one place where
     almost every token is allowed — the walk would visit the whole trie. There every *plain* token
-    (``_plain``) is allowed and leaves the state as it was, so they are taken as one precomputed
-    set and only the others (``rest``: tokens holding a quote, a backslash, a control byte or part
-    of a character) are walked."""
+    (``_plain``) no longer than the string's room (maxLength) is allowed, so they are taken from one
+    precomputed list, ordered by length, and only the others (``rest``: tokens holding a quote, a
+    backslash, a control byte or part of a character) are walked (a maxLength string's every
+    character is a new state: walking all cost seconds a token at a 150 000-token vocabulary)."""
 
     def __init__(self, pieces: dict[int, bytes]) -> None:
         self.pieces = pieces
@@ -118,7 +120,11 @@ class TokenVocab:
                 for b in data:
                     node = node.children.setdefault(b, _Trie())
                 node.ids.append(i)
-        self.plain = torch.tensor(sorted(plain), dtype=torch.long)
+        # plain tokens by their length in characters: the first upto[n] of them are n characters or fewer
+        plain.sort(key=lambda i: (len(pieces[i].decode()), i))
+        self.plain = torch.tensor(plain, dtype=torch.long)
+        lengths = [len(pieces[i].decode()) for i in plain]
+        self.upto = [bisect.bisect_right(lengths, n) for n in range((lengths[-1] if lengths else 0) + 1)]
         missing = [chr(b) for b in b' "{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
         if missing:
             raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
@@ -158,8 +164,8 @@ class TokenVocab:
             return got
         self.memo_misses += 1
         ids: list[int] = []
-        free = in_free_string(state)
-        todo = [(self.rest if free else self.root, state)]
+        room = free_string_room(state)
+        todo = [(self.root if room is None else self.rest, state)]
         while todo:
             node, s = todo.pop()
             for b, child in node.children.items():
@@ -169,8 +175,8 @@ class TokenVocab:
                     if child.children:
                         todo.append((child, nxt))
         got = torch.tensor(sorted(ids), dtype=torch.long)
-        if free:
-            got = torch.cat([got, self.plain]).sort().values
+        if room is not None and self.upto:
+            got = torch.cat([got, self.plain[:self.upto[min(room, len(self.upto) - 1)]]]).sort().values
         if self._memo_ids + len(got) > MEMO_IDS:  # full: start again (recurring states come back at once)
             self._memo.clear()
             self._memo_ids = 0
