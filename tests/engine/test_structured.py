@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from hypic import LLM, SamplingParams
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
-from hypic.engine.structured.matcher import accepting, advance_bytes, start
+from hypic.engine.structured.matcher import accepting, advance, advance_bytes, start
 from hypic.engine.structured.schema import FORMATS
 from hypic.llm import bundled_model_path
 
@@ -225,6 +225,11 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
 
 
 @pytest.mark.parametrize("schema, text, ok", [
+    ({"type": "number"}, "-1.5E-99", True),
+    ({"type": "number"}, "1e999", False),  # an exponent of two digits at most: 1e999 reads as inf
+    ({"type": "string", "format": "uri"}, '"http://a.1"', False),  # pydantic: an invalid IPv4 address
+    ({"type": "string", "format": "uri"}, '"http://10.0.0.256/x"', False),
+    ({"type": "string", "format": "uri"}, '"http://localhost:8000/a"', True),
     (PERSON, '{"name": "Ann", "age": 30, "ok": true}', True),
     (PERSON, '{"ok":false,"age":-0,"name":"\\u00e9\\n","tags":["red",3,null],"score":1.5e-3}', True),
     (PERSON, '{"name": "Ann", "age": 30}', False),  # required "ok" missing
@@ -569,6 +574,8 @@ def test_an_enum_keeps_only_the_values_the_keywords_beside_it_accept() -> None:
      "no finite value satisfies it"),
     ({"$ref": "#/$defs/O", "$defs": {"O": {"type": "object", "properties": {"o": {"$ref": "#/$defs/O"}},
                                            "required": ["o"]}}}, "no finite value"),
+    ({"type": "string", "pattern": "^\\uD83D\\uDE00$"}, "matches no text \\(UTF-16 surrogates"),  # JS's emoji
+    ({"type": "string", "format": ["date"]}, "format must be a string, got list"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf whose options 0 and 1 may both accept"),
     ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "oneOf whose options"),
     # a schema without "type" validates every other type: generated as one type, it overlaps the others
@@ -617,6 +624,35 @@ def test_nesting_past_the_matchers_depth_is_refused_and_a_deep_schema_is_a_value
         very = {"type": "array", "items": very}
     with pytest.raises(ValueError, match="nested deeper than"):
         compile_schema(very)
+
+
+def test_at_the_depth_limit_no_key_or_item_is_begun_whose_value_cannot_fit() -> None:
+    """A key's bytes (or an array's comma) were let through though its value could not be finished
+    within the nesting allowed: then only a space could follow, for ever."""
+    def chain(n: int) -> dict:  # an object nesting n levels at least
+        s: dict = {"type": "integer"}
+        for _ in range(n):
+            s = {"type": "object", "properties": {"x": s}, "required": ["x"]}
+        return s
+
+    node = compile_schema({"$ref": "#/$defs/N", "$defs": {"N": {"type": "object", "properties": {
+        "kid": {"$ref": "#/$defs/N"}, "deep": chain(20)}}}})
+    near = advance_bytes(start(node), b'{"kid":' * 15 + b"{")
+    assert near is not None and advance_bytes(near, b'"d') is None  # "deep" needs 20 more levels
+    assert accepting(advance_bytes(near, b'"kid":{}' + b"}" * 16))
+    arrays = compile_schema({"type": "array", "items": {"$ref": "#/$defs/A"}, "$defs": {"A": {
+        "type": "array", "prefixItems": [{"type": "integer"}], "items": chain(31)}}})
+    assert advance_bytes(start(arrays), b"[[1,") is None and accepting(advance_bytes(start(arrays), b"[[1]]"))
+    rng = random.Random(3)
+    for _ in range(20):  # random walks from near the limit: never a state with no way on
+        state = near
+        for _ in range(120):
+            nxt = [b for b in range(256) if advance(state, b) is not None]
+            assert nxt or accepting(state)
+            if not nxt:
+                break
+            closing = [b for b in nxt if b in b'}"']
+            state = advance(state, rng.choice(closing if closing and rng.random() < 0.5 else nxt))
 
 
 def test_a_union_reaching_one_definition_many_ways_reads_each_byte_once(monkeypatch) -> None:

@@ -89,6 +89,9 @@ def test_every_draw_of_the_bundled_model_matches(llm: LLM) -> None:
     (dict(regex=r"[^\s\S]"), "matches no text"),
     (dict(regex=r"x[^\s\S]|y[^\s\S]"), "matches no text"),
     (dict(regex=5), "regex: expected a string"),
+    (dict(regex="a)(?:b"), r"regex: 'a\)\(\?:b': unbalanced parenthesis \(at 1\)"),  # the wrapping paired it
+    (dict(regex="(a"), "missing \\)"),
+    (dict(regex=r"(?:\uD83C[\uDF00-\uDFFF])+"), "matches no text \\(UTF-16 surrogates"),
     (dict(choice=[]), "choice: expected a non-empty list"),
     (dict(choice="yes"), "choice: expected a non-empty list"),
     (dict(choice=["a", 1]), "choice: expected a non-empty list"),

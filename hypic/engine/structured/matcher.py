@@ -14,7 +14,7 @@ the byte after the text: only a finished value reads it.
 
 Bounds keep an unlucky model from looping inside the grammar (a small model, asked for JSON, will
 write newlines for as long as it may): between tokens at most one space, no newline (compact JSON,
-as outlines generates it; ``MAX_WS``), ``MAX_DIGITS`` digits per part of a number, ``MAX_DEPTH``
+as outlines generates it; ``MAX_WS``), ``MAX_DIGITS`` digits per part of a number (two in an exponent), ``MAX_DEPTH``
 nested values. Strings must be well-formed UTF-8 byte by byte; control characters must be escaped,
 as JSON requires.
 """
@@ -150,7 +150,7 @@ def _feed(stack: Stack, byte: int, hops: int, fed: set | None = None) -> list[St
     node, local, parent, depth = stack
     found: list[Stack] = []
     fed = set() if fed is None else fed
-    for local2, child, consumed in _handle(node, local, byte):
+    for local2, child, consumed in _handle(node, local, byte, depth):
         if local2 is POP:
             if parent is None:
                 continue
@@ -181,7 +181,9 @@ def _initial(node: Node | Text) -> object:
     return ("open",)
 
 
-def _handle(node: object, local: object, b: int) -> list[Outcome]:
+def _handle(node: object, local: object, b: int, depth: int) -> list[Outcome]:
+    """``depth``: the frame's own — an object or array lets a key or item begin only if its value
+    can be finished within ``MAX_DEPTH`` (else the key's bytes would lead nowhere)."""
     if isinstance(node, Root):
         if local == "before":
             if isinstance(node.node, (Text, *GRAMMAR_NODES)):  # plain text: every byte its own, an empty answer too
@@ -200,9 +202,9 @@ def _handle(node: object, local: object, b: int) -> list[Outcome]:
     if isinstance(node, Ref):
         return [Outcome(POP, node.target, False)]
     if isinstance(node, Obj):
-        return _object(node, local, b)
+        return _object(node, local, b, depth)
     if isinstance(node, Arr):
-        return _array(node, local, b)
+        return _array(node, local, b, depth)
     if isinstance(node, Str):
         return string(node, local, b)
     if isinstance(node, Text):
@@ -214,9 +216,15 @@ def _handle(node: object, local: object, b: int) -> list[Outcome]:
     return _literal(node, local, b)
 
 
-def _object(node: Obj, local: tuple, b: int) -> list[Outcome]:
+def _fits(child: Node | None, depth: int) -> bool:
+    """Whether ``child``, opened above a frame at ``depth``, can be finished within MAX_DEPTH (as
+    ``_feed`` checks when it opens it)."""
+    return child is not None and depth + needs(child) <= MAX_DEPTH
+
+
+def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
     kind, used = local[0], (local[1] if len(local) > 1 else frozenset())
-    free = not node.props
+    free = not node.props and _fits(node.extra, depth)  # free keys, whose values fit here
     if kind == "open":
         return [Outcome(("k0", frozenset()), None, True)] if b == ord("{") else []
     if b in WS and kind in ("k0", "k1", "colon", "val", "after"):
@@ -227,14 +235,14 @@ def _object(node: Obj, local: tuple, b: int) -> list[Outcome]:
         if b != ord('"'):
             return []
         if free:
-            return [] if node.extra is None else [Outcome(("colon", used, None), ANY_STR, False)]
-        return [Outcome(("key", used, b""), None, True)] if any(k not in used for k in node.props) else []
+            return [Outcome(("colon", used, None), ANY_STR, False)]
+        return [Outcome(("key", used, b""), None, True)] if _open_keys(node, used, depth) else []
     if kind == "key":
         prefix = local[2]
         grown = prefix + bytes([b]) if b != END else None
         out = [Outcome(("colon", used, prefix), None, True)] if b == ord('"') and prefix in node.props \
-            and prefix not in used else []
-        if grown is not None and any(k.startswith(grown) for k in node.props if k not in used):
+            and prefix not in used and _fits(node.props[prefix], depth) else []
+        if grown is not None and any(k.startswith(grown) for k in _open_keys(node, used, depth)):
             out.append(Outcome(("key", used, grown), None, True))
         return out
     if kind == "colon":
@@ -245,14 +253,19 @@ def _object(node: Obj, local: tuple, b: int) -> list[Outcome]:
         return [] if b == END else [Outcome(("after", used if key is None else used | {key}), value, False)]
     # "after" a value
     if b == ord(","):
-        more = free or any(k not in used for k in node.props)
+        more = free or bool(_open_keys(node, used, depth))
         return [Outcome(("k1", used), None, True)] if more else []
     if b == ord("}") and node.required <= used:
         return [Outcome(POP, None, True)]
     return []
 
 
-def _array(node: Arr, local: tuple, b: int) -> list[Outcome]:
+def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
+    """The declared keys still to come whose values fit here."""
+    return [k for k, v in node.props.items() if k not in used and _fits(v, depth)]
+
+
+def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     kind = local[0]
     if kind == "open":
         return [Outcome(("a0", 0), None, True)] if b == ord("[") else []
@@ -266,8 +279,10 @@ def _array(node: Arr, local: tuple, b: int) -> list[Outcome]:
         if b not in (END, ord("]")) and room and child is not None:
             out.append(Outcome(("after", n + 1), child, False))
         return out
-    if b == ord(","):
-        return [Outcome(("next", n), None, True)] if node.max_items is None or n < node.max_items else []
+    if b == ord(","):  # only if the next item can be finished here
+        child = node.prefix[n] if n < len(node.prefix) else node.items
+        room = node.max_items is None or n < node.max_items
+        return [Outcome(("next", n), None, True)] if room and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
     return []

@@ -1,4 +1,5 @@
-"""JSON numbers for the matcher: the grammar's phases, at most ``MAX_DIGITS`` digits per part, and
+"""JSON numbers for the matcher: the grammar's phases, at most ``MAX_DIGITS`` digits per part (an
+exponent ``MAX_EXP_DIGITS``), and
 numeric bounds kept while the number is written (``hypic.engine.structured.bounds``)."""
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from hypic.engine.structured.frames import DIGITS, POP, Outcome
 from hypic.engine.structured.schema import MAX_DIGITS, Num
 
 _NUMBER_ENDS = {"zero", "int", "frac", "exp"}
+# an exponent of at most two digits keeps every number finite as a double (1e999 reads as inf, which
+# no JSON writer writes back: Python's as Infinity, pydantic's as null)
+MAX_EXP_DIGITS = 2
 
 
 def number(node: Num, local: tuple, b: int) -> list[Outcome]:
@@ -40,7 +44,8 @@ def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
     if digit and phase in ("int", "frac0", "frac", "esign", "exp0", "exp"):
         part = "frac" if phase.startswith("frac") else "exp" if phase.startswith("e") else "int"
         count = digits + 1 if phase in ("int", "frac", "exp") else 1
-        return [Outcome((part, count), None, True)] if count <= MAX_DIGITS else []
+        return [Outcome((part, count), None, True)] if count <= (MAX_EXP_DIGITS if part == "exp" else MAX_DIGITS) \
+            else []
     if not node.integer:
         if b == ord(".") and phase in ("zero", "int"):
             return [Outcome(("frac0", 0), None, True)]

@@ -13,6 +13,7 @@ frozenset of NFA states reached, its ε-closure taken, so it hashes and steps ar
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 MAX_CODE = 0x10FFFF
@@ -45,6 +46,13 @@ def _negate(ranges: Ranges) -> Ranges:
         at = hi + 1
     if at <= MAX_CODE:
         out.append((at, MAX_CODE))
+    return tuple(out)
+
+
+def _without_surrogates(ranges: Ranges) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        out += [(a, b) for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)) if a <= b]
     return tuple(out)
 
 
@@ -189,7 +197,10 @@ def compile_regex(pattern: str) -> Regex:
     rx.accept = end
     rx.start = rx.closure({begin})
     if not rx.finishes(rx.start, Window.between(0, None)):
-        raise ValueError(f"pattern {pattern!r}: matches no text")
+        surrogates = re.search(r"\\u[dD][89a-fA-F]", pattern)
+        raise ValueError(f"pattern {pattern!r}: matches no text" + (
+            " (UTF-16 surrogates, \\uD800–\\uDFFF, are no characters UTF-8 can write: write an astral "
+            "character as itself)" if surrogates else ""))
     return rx
 
 
@@ -198,8 +209,12 @@ def _build(rx: Regex, node: Node) -> tuple[int, int]:
     kind = node[0]
     if kind == "char":
         a, b = rx.new(), rx.new()
-        if node[1]:  # an empty class ([^\s\S]) matches no character: no edge, so no path through it
-            rx.edges[a].append((node[1], b))
+        # UTF-16 surrogates (D800–DFFF, a JS pattern's way to spell astral characters) are no
+        # character UTF-8 can write: taken out, so a pattern that needs one matches nothing and is
+        # refused, rather than compiled into a state no byte leaves
+        ranges = _without_surrogates(node[1])
+        if ranges:  # an empty class ([^\s\S]) matches no character: no edge, so no path through it
+            rx.edges[a].append((ranges, b))
         return a, b
     if kind == "cat":
         a = rx.new()

@@ -65,8 +65,11 @@ FORMATS = {
     "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
     "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
     # an http(s) URL of a plain host name, port, path, query and fragment (no percent escapes): a
-    # subset of RFC 3986's URIs that pydantic's HttpUrl and AnyUrl — which emit this format — accept
-    "uri": (rf"^https?://{_LABEL}(\.{_LABEL})*(:[1-9]\d{{0,3}})?(/{_URL_CHAR}*)*(\?({_URL_CHAR}|[/?])*)?"
+    # subset of RFC 3986's URIs that pydantic's HttpUrl and AnyUrl — which emit this format — accept;
+    # the host's last label begins with a letter (a numeric one reads as an IPv4 address, which
+    # pydantic refuses when it is none: http://10.0.0.256, http://a.1)
+    "uri": (rf"^https?://({_LABEL}\.)*[a-z][a-z0-9]*(-[a-z0-9]+)*(:[1-9]\d{{0,3}})?(/{_URL_CHAR}*)*"
+            rf"(\?({_URL_CHAR}|[/?])*)?"
             rf"(#({_URL_CHAR}|[/?])*)?$"),
 }
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
@@ -579,6 +582,8 @@ def _pattern(schema: dict, where: str) -> Regex | None:
     if pattern is not None and fmt is not None:
         raise ValueError(f"{where}: pattern beside format is not supported in structured output")
     if fmt is not None:
+        if not isinstance(fmt, str):
+            raise ValueError(f"{where}: format must be a string, got {type(fmt).__name__}")
         if fmt not in FORMATS:
             raise ValueError(f"{where}: format {fmt!r} is not supported in structured output "
                              f"(supported: {', '.join(sorted(FORMATS))})")

@@ -55,7 +55,8 @@ def compile_text(regex: str | None = None, choice: tuple[str, ...] | None = None
 
 
 def _top_level_branches(pattern: str) -> list[str]:
-    """``pattern`` cut at its ``|`` outside groups, classes and escapes."""
+    """``pattern`` cut at its ``|`` outside groups, classes and escapes; ValueError when its
+    parentheses do not pair (the wrapping ``^(?:…)$`` would pair a stray one: ``a)(?:b``)."""
     branches, depth, start, i, in_class = [], 0, 0, 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -74,10 +75,14 @@ def _top_level_branches(pattern: str) -> list[str]:
             depth += 1
         elif c == ")":
             depth -= 1
+            if depth < 0:
+                raise ValueError(f"regex: {pattern!r}: unbalanced parenthesis (at {i})")
         elif c == "|" and depth == 0:
             branches.append(pattern[start:i])
             start = i + 1
         i += 1
+    if depth:
+        raise ValueError(f"regex: {pattern!r}: missing ) (unbalanced parenthesis)")
     return [*branches, pattern[start:]]
 
 
