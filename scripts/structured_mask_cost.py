@@ -83,7 +83,7 @@ def main() -> None:
     t0 = time.perf_counter()
     vocab = TokenVocab(pieces)
     build = time.perf_counter() - t0
-    print(f"vocabulary of {len(pieces)} tokens, {len(vocab.plain)} plain; trie built in {build:.2f} s")
+    print(f"vocabulary of {len(pieces)} tokens, {len(vocab.plain.ids)} plain; trie built in {build:.2f} s")
     print("| shortcut | memo | steps | values ended | states walked | p50 (ms) | p90 (ms) | max (ms) | "
           "walked states: mean (ms) |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from hypic import LLM, SamplingParams
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema, token_bytes
-from hypic.engine.structured.matcher import accepting, advance, advance_bytes, start
+from hypic.engine.structured.matcher import accepting, advance, advance_bytes, start, string_loop
 from hypic.engine.structured.schema import FORMATS
 from hypic.llm import bundled_model_path
 
@@ -199,14 +199,19 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
     list by length, up to the room maxLength leaves) against trying every token's bytes from the
     state, at states met along random draws."""
     rng = random.Random(7)
-    checked = 0
+    checked = loops = 0
     bounded = {"type": "object", "required": ["a", "b", "c"], "properties": {  # plain tokens up to the room left
         "a": {"type": "string", "minLength": 2, "maxLength": 5}, "b": {"type": "string", "maxLength": 1},
         "c": {"type": "string", "minLength": 3}}}
-    for name in ("person", "free_object", "tree", "numbers", "patterns", "bounded"):
-        c = JsonConstraint(vocab, compile_schema(SCHEMAS.get(name, bounded)), set())
-        for _ in range(40):
+    looped = {"type": "object", "required": ["u", "p", "d"], "properties": {  # a pattern's loops: tokens inside
+        "u": {"type": "string", "format": "uri", "maxLength": 40}, "p": {"type": "string", "pattern": "^[a-z ]*x?y$",
+                                                                         "minLength": 4},
+        "d": {"type": "string", "pattern": "^.*[0-9]$", "maxLength": 14}}}
+    for name in ("person", "free_object", "tree", "numbers", "patterns", "bounded", "looped"):
+        c = JsonConstraint(vocab, compile_schema(SCHEMAS.get(name, bounded if name == "bounded" else looped)), set())
+        for _ in range(40 if name != "looped" else 120):
             state = c.state
+            loops += string_loop(state) is not None
             want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(state, data) is not None)
             got = c.allowed().tolist()
             assert got == want, (name, len(got), len(want))
@@ -221,7 +226,7 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
             assert c.accept(tok)
             if c.finished:
                 break
-    assert checked > 40
+    assert checked > 40 and loops > 10
 
 
 @pytest.mark.parametrize("schema, text, ok", [

@@ -106,6 +106,23 @@ def free_string_room(state: State) -> int | None:
     return UNBOUNDED if node.max_len is None else node.max_len - local[1]
 
 
+def string_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
+    """Inside a patterned string, between characters, the only alternative, at a loop of its
+    pattern: the characters that keep its automaton where it is, and how many of them a token may
+    hold (``UNBOUNDED`` without a maxLength; with one, what leaves room for the fewest characters
+    that then complete a match) — or None. Any plain text of those characters, that long or
+    shorter, is let through and leaves the pattern where it was."""
+    if len(state.alts) != 1:
+        return None
+    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    if not isinstance(node, Str) or node.pattern is None or local[0] != "in" or local[3] != 0:
+        return None
+    chars, fewest = node.pattern.loop(local[2])
+    if not chars:
+        return None
+    return chars, UNBOUNDED if node.max_len is None else node.max_len - local[1] - fewest
+
+
 def _between_tokens(stack: Stack) -> bool:
     """Whether the next byte falls between tokens, not inside a string, a declared key or a literal
     (whose spaces are text)."""

@@ -93,6 +93,7 @@ class Regex:
     accept: int = 0
     _lengths: dict[int, list[int]] = field(default_factory=dict)  # ``lengths`` per cap
     _steps: dict[tuple[frozenset[int], int], frozenset[int]] = field(default_factory=dict)
+    _loops: dict[frozenset[int], tuple[Ranges, int]] = field(default_factory=dict)  # ``loop`` per state set
 
     def new(self) -> int:
         if len(self.edges) >= MAX_STATES:
@@ -136,6 +137,31 @@ class Regex:
 
     def accepts(self, states: frozenset[int]) -> bool:
         return self.accept in states
+
+    def loop(self, states: frozenset[int]) -> tuple[Ranges, int]:
+        """The characters that leave ``states`` as they are — a loop's, such as ``.*``'s or a URL
+        path's — and the fewest characters that then still complete a match: a text inside the loop
+        may take any run of those characters, within its length bounds (``TokenVocab``'s shortcut).
+        Worked out once per state set."""
+        got = self._loops.get(states)
+        if got is None:
+            edges = [r for s in states for r, _ in self.edges[s]]
+            cuts = sorted({lo for r in edges for lo, _ in r} | {hi + 1 for r in edges for _, hi in r})
+            kept = [(a, b - 1) for a, b in zip(cuts, cuts[1:], strict=False) if self.step(states, a) == states]
+            got = self._loops[states] = (_normal(kept), self._fewest(states))
+        return got
+
+    def _fewest(self, states: frozenset[int]) -> int:
+        """The fewest characters from ``states`` to a match (a breadth-first search: ε moves are free)."""
+        level, seen, n = set(states), set(states), 0
+        while level:
+            if self.accept in level:
+                return n
+            level = {t for s in level for _, t in self.edges[s]}
+            level = set(self.closure(level)) - seen
+            seen |= level
+            n += 1
+        return MAX_CODE  # no match from here (a state the matcher never keeps)
 
     def lengths(self, cap: int, budget: int | None = None) -> list[int]:
         """Per state, a bit mask of the numbers of characters that complete a match from it: bit n

@@ -17,12 +17,21 @@ import bisect
 import json
 import weakref
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from hypic.engine.sampling import token_mask
-from hypic.engine.structured.matcher import State, accepting, advance, advance_bytes, finished, free_string_room, start
+from hypic.engine.structured.matcher import (
+    State,
+    accepting,
+    advance,
+    advance_bytes,
+    finished,
+    free_string_room,
+    start,
+    string_loop,
+)
 from hypic.engine.structured.schema import Node
 
 MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
@@ -77,12 +86,48 @@ def _read_token_bytes(tokenizer: Any) -> dict[int, bytes]:
     return out
 
 
+INSIDE_SETS = 16  # pattern loops whose tokens are kept (each: a list of ids and a trie of the others)
+
+
+class _Inside(NamedTuple):
+    tokens: ByLength  # plain tokens of a loop's characters only
+    others: _Trie  # every other token
+
+
 class _Trie:
     __slots__ = ("children", "ids")
 
     def __init__(self) -> None:
         self.children: dict[int, _Trie] = {}
         self.ids: list[int] = []
+
+
+def _trie(pieces: dict[int, bytes], ids: list[int]) -> _Trie:
+    root = _Trie()
+    for i in ids:
+        node = root
+        for b in pieces[i]:
+            node = node.children.setdefault(b, _Trie())
+        node.ids.append(i)
+    return root
+
+
+class ByLength(NamedTuple):
+    """Plain tokens ordered by their length in characters: the first ``upto[n]`` are n or fewer."""
+
+    ids: torch.Tensor
+    upto: list[int]
+
+    @staticmethod
+    def of(pieces: dict[int, bytes], ids: list[int]) -> ByLength:
+        ids = sorted(ids, key=lambda i: (len(pieces[i].decode()), i))
+        lengths = [len(pieces[i].decode()) for i in ids]
+        return ByLength(torch.tensor(ids, dtype=torch.long),
+                        [bisect.bisect_right(lengths, n) for n in range(max(lengths, default=0) + 1)])
+
+    def upto_length(self, n: int) -> torch.Tensor:
+        """The tokens of at most ``n`` characters."""
+        return self.ids[:self.upto[min(n, len(self.upto) - 1)]] if n > 0 and self.upto else self.ids[:0]
 
 
 def _plain(data: bytes) -> bool:
@@ -103,28 +148,18 @@ class TokenVocab:
     (``_plain``) no longer than the string's room (maxLength) is allowed, so they are taken from one
     precomputed list, ordered by length, and only the others (``rest``: tokens holding a quote, a
     backslash, a control byte or part of a character) are walked (a maxLength string's every
-    character is a new state: walking all cost seconds a token at a 150 000-token vocabulary)."""
+    character is a new state: walking all cost seconds a token at a 150 000-token vocabulary).
+    Inside a patterned string at a loop of its pattern (``.*``, a URL's path) the same holds for
+    the plain tokens of the loop's characters (``_inside``: a list of them and a trie of the others,
+    built once per loop)."""
 
     def __init__(self, pieces: dict[int, bytes]) -> None:
         self.pieces = pieces
-        self.root, self.rest = _Trie(), _Trie()
-        plain = []
-        for i, data in pieces.items():
-            if not data:
-                continue
-            is_plain = _plain(data)
-            if is_plain:
-                plain.append(i)
-            for trie in (self.root,) if is_plain else (self.root, self.rest):
-                node = trie
-                for b in data:
-                    node = node.children.setdefault(b, _Trie())
-                node.ids.append(i)
-        # plain tokens by their length in characters: the first upto[n] of them are n characters or fewer
-        plain.sort(key=lambda i: (len(pieces[i].decode()), i))
-        self.plain = torch.tensor(plain, dtype=torch.long)
-        lengths = [len(pieces[i].decode()) for i in plain]
-        self.upto = [bisect.bisect_right(lengths, n) for n in range((lengths[-1] if lengths else 0) + 1)]
+        tokens = [i for i, data in pieces.items() if data]
+        plain = [i for i in tokens if _plain(pieces[i])]
+        kept = set(plain)
+        self.root, self.rest = _trie(pieces, tokens), _trie(pieces, [i for i in tokens if i not in kept])
+        self.plain = ByLength.of(pieces, plain)
         missing = [chr(b) for b in b' "{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
         if missing:
             raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
@@ -133,6 +168,29 @@ class TokenVocab:
         self._memo_ids = 0
         self.memo_hits = self.memo_misses = 0
         self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()  # (state, eos, size, device) → mask
+        self._insides: OrderedDict[tuple, _Inside] = OrderedDict()  # a pattern loop's characters → its tokens
+
+    def _inside(self, chars: tuple[tuple[int, int], ...]) -> _Inside:
+        """The plain tokens all of whose characters are in ``chars`` (a pattern's loop: they keep it
+        where it is), by length, and a trie of every other token — built once per set of characters
+        (a few per pattern), the least recently used of ``INSIDE_SETS`` kept."""
+        got = self._insides.get(chars)
+        if got is not None:
+            self._insides.move_to_end(chars)
+            return got
+        starts = [lo for lo, _ in chars]
+
+        def within(c: str) -> bool:
+            k = bisect.bisect_right(starts, ord(c)) - 1
+            return k >= 0 and ord(c) <= chars[k][1]
+
+        inside = [i for i in self.plain.ids.tolist() if all(within(c) for c in self.pieces[i].decode())]
+        kept = set(inside)
+        others = _trie(self.pieces, [i for i, data in self.pieces.items() if data and i not in kept])
+        got = self._insides[chars] = _Inside(ByLength.of(self.pieces, inside), others)
+        while len(self._insides) > INSIDE_SETS:
+            self._insides.popitem(last=False)
+        return got
 
     def clear_memo(self) -> None:
         self._memo.clear()
@@ -165,7 +223,13 @@ class TokenVocab:
         self.memo_misses += 1
         ids: list[int] = []
         room = free_string_room(state)
-        todo = [(self.root if room is None else self.rest, state)]
+        trie, taken = self.root, None  # the tokens walked; the ones taken as a list
+        if room is not None:
+            trie, taken = self.rest, self.plain.upto_length(room)
+        elif (loop := string_loop(state)) is not None:
+            inside = self._inside(loop[0])
+            trie, taken = inside.others, inside.tokens.upto_length(loop[1])
+        todo = [(trie, state)]
         while todo:
             node, s = todo.pop()
             for b, child in node.children.items():
@@ -175,8 +239,8 @@ class TokenVocab:
                     if child.children:
                         todo.append((child, nxt))
         got = torch.tensor(sorted(ids), dtype=torch.long)
-        if room is not None and self.upto:
-            got = torch.cat([got, self.plain[:self.upto[min(room, len(self.upto) - 1)]]]).sort().values
+        if taken is not None and len(taken):
+            got = torch.cat([got, taken]).sort().values
         if self._memo_ids + len(got) > MEMO_IDS:  # full: start again (recurring states come back at once)
             self._memo.clear()
             self._memo_ids = 0
