@@ -14,6 +14,7 @@ text; the end-of-sequence tokens are allowed by the constraint itself, once the 
 from __future__ import annotations
 
 import bisect
+import functools
 import json
 import weakref
 from collections import OrderedDict
@@ -130,6 +131,39 @@ class ByLength(NamedTuple):
         return self.ids[:self.upto[min(n, len(self.upto) - 1)]] if n > 0 and self.upto else self.ids[:0]
 
 
+SMALL_SET = 1 << 16  # code points: a class (or its complement) this small is tested as a set
+
+
+def _all_within(text: str, chars: tuple[tuple[int, int], ...]) -> bool:
+    """Whether every character of ``text`` is in ``chars`` (ranges of code points): a set test when
+    the class or its complement is small (a URL's characters; ``.``'s few exclusions), else a search."""
+    return _class_test(chars)(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _class_test(chars: tuple[tuple[int, int], ...]):  # -> Callable[[str], bool]
+    size = sum(hi - lo + 1 for lo, hi in chars)
+    if size <= SMALL_SET:
+        inside = frozenset(chr(c) for lo, hi in chars for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF)
+        return lambda text: inside.issuperset(text)
+    if 0x110000 - size <= SMALL_SET:
+        kept, out, at = sorted(chars), [], 0
+        for lo, hi in kept:
+            out += range(at, lo)
+            at = hi + 1
+        outside = frozenset(chr(c) for c in (*out, *range(at, 0x110000)) if not 0xD800 <= c <= 0xDFFF)
+        return lambda text: outside.isdisjoint(text)
+    starts = [lo for lo, _ in chars]
+
+    def search(text: str) -> bool:
+        for c in text:
+            k = bisect.bisect_right(starts, ord(c)) - 1
+            if k < 0 or ord(c) > chars[k][1]:
+                return False
+        return True
+    return search
+
+
 def _plain(data: bytes) -> bool:
     """Whether a token is text any JSON string may hold as it is: whole UTF-8 characters, no quote,
     backslash or control character."""
@@ -178,13 +212,7 @@ class TokenVocab:
         if got is not None:
             self._insides.move_to_end(chars)
             return got
-        starts = [lo for lo, _ in chars]
-
-        def within(c: str) -> bool:
-            k = bisect.bisect_right(starts, ord(c)) - 1
-            return k >= 0 and ord(c) <= chars[k][1]
-
-        inside = [i for i in self.plain.ids.tolist() if all(within(c) for c in self.pieces[i].decode())]
+        inside = [i for i in self.plain.ids.tolist() if _all_within(self.pieces[i].decode(), chars)]
         kept = set(inside)
         others = _trie(self.pieces, [i for i, data in self.pieces.items() if data and i not in kept])
         got = self._insides[chars] = _Inside(ByLength.of(self.pieces, inside), others)
