@@ -3,6 +3,7 @@ schema accepts — checked by ``json.loads`` and a validator written here from t
 not from the matcher — the trie's allowed tokens equal a brute-force pass over the vocabulary, the
 token bytes equal the tokenizer's own decoding, and through the bundled model the output parses."""
 
+import functools
 import json
 import random
 import re
@@ -581,6 +582,11 @@ def test_an_enum_keeps_only_the_values_the_keywords_beside_it_accept() -> None:
                                            "required": ["o"]}}}, "no finite value"),
     ({"type": "string", "pattern": "^\\uD83D\\uDE00$"}, "matches no text \\(UTF-16 surrogates"),  # JS's emoji
     ({"type": "string", "format": ["date"]}, "format must be a string, got list"),
+    # past the matcher's hops a byte is never handed to the value: it compiled, and only a space came
+    ({"$ref": "#/$defs/d0", "$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(70)},
+                                      "d70": {"type": "string"}}}, "a chain of 71 \\$refs and unions"),
+    (functools.reduce(lambda s, _: {"anyOf": [s, {"type": "null"}]}, range(70), {"type": "integer"}),
+     "a chain of 70"),
     ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf whose options 0 and 1 may both accept"),
     ({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}, "oneOf whose options"),
     # a schema without "type" validates every other type: generated as one type, it overlaps the others

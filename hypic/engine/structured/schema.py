@@ -218,6 +218,7 @@ def _compile_text(text: str) -> Node:
     for check in cx.checks:
         check()
     check_depth(node)
+    _check_chains(node)
     return node
 
 
@@ -492,6 +493,33 @@ def check_depth(root: Node, what: str = "json_schema", endless: str = "a $ref cy
     for n in nodes:
         if depth[id(n)] != 1 and depth[id(n)] != inf:
             NEEDS[n] = int(depth[id(n)])
+
+
+MAX_CHAIN = 48  # references and unions crossed before a value's first byte (the matcher's MAX_HOPS is 64)
+
+
+def _check_chains(root: Node) -> None:
+    """ValueError for a chain of ``$ref``s and unions longer than ``MAX_CHAIN``: the matcher hands a
+    byte on at most MAX_HOPS times (a schema that only refers to itself must end), so a longer chain
+    compiled into a value whose first byte could never be read (70 ``$ref``s: nothing but a space)."""
+    memo: dict[int, int] = {}
+    path: set[int] = set()
+
+    def chain(n: Node) -> int:
+        if id(n) in memo or id(n) in path:  # on the path: a cycle, whose ways the matcher reads once a byte
+            return memo.get(id(n), 0)
+        kids = n.options if isinstance(n, Alt) else [n.target] if isinstance(n, Ref) and n.target else None
+        if kids is None:
+            return 0
+        path.add(id(n))
+        memo[id(n)] = got = 1 + max(chain(k) for k in kids)
+        path.discard(id(n))
+        return got
+
+    longest = max(chain(n) for n in reachable(root))
+    if longest > MAX_CHAIN:
+        raise ValueError(f"json_schema: a chain of {longest} $refs and unions leads to one value; structured "
+                         f"output follows at most {MAX_CHAIN}")
 
 
 def _reaches_unset(root: Node) -> bool:
