@@ -233,3 +233,29 @@ def test_every_draw_of_the_bundled_model_is_derived_from_the_grammar(llm: LLM) -
     vllms = llm.generate(prompt, SamplingParams(max_tokens=20, structured_outputs=S(grammar=ARITHMETIC)))[0]
     own = llm.generate(prompt, SamplingParams(max_tokens=20, grammar=ARITHMETIC))[0]
     assert vllms.text == own.text
+
+
+def test_the_tries_allowed_tokens_equal_a_pass_over_every_token_in_a_grammar() -> None:
+    """The walk and its shortcut at a grammar's character loops (the loop's plain tokens taken from
+    a list) against trying every token's bytes from the state, at states met along random draws."""
+    from tokenizers import Tokenizer
+
+    from hypic.engine.structured import JsonConstraint, TokenVocab, token_bytes
+    from hypic.engine.structured.matcher import char_loop
+    from hypic.llm import bundled_model_path
+
+    vocab = TokenVocab(token_bytes(Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))))
+    rng = random.Random(5)
+    loops = 0
+    for grammar in ('root ::= ("- " [^\\n]+ "\\n"){1,3} [a-z ]* "." [0-9]+', JSON_GBNF):
+        c = JsonConstraint(vocab, compile_grammar(grammar), set())
+        for _ in range(60):
+            state = c.state
+            loops += char_loop(state) is not None
+            want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(state, data) is not None)
+            assert c.allowed().tolist() == want
+            if not want:
+                break
+            closing = [i for i in want if any(b in b'\n."]}' for b in vocab.pieces[i])]
+            assert c.accept(rng.choice(closing if closing and rng.random() < 0.3 else want))
+    assert loops > 10

@@ -93,6 +93,25 @@ class Chars:
                 c = b + 1
         return c <= hi
 
+    def code_points(self) -> tuple[tuple[int, int], ...]:
+        """The class as sorted ranges of the code points UTF-8 can write (negation applied, no surrogates)."""
+        got, at = [], 0
+        for lo, hi in sorted(self.ranges) if self.negated else ():
+            if lo > at:
+                got.append((at, lo - 1))
+            at = max(at, hi + 1)
+        wanted = [*got, (at, 0x10FFFF)] if self.negated else sorted(self.ranges)
+        out: list[tuple[int, int]] = []
+        for lo, hi in wanted:
+            for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)):
+                if a > b:
+                    continue
+                if out and a <= out[-1][1] + 1:
+                    out[-1] = (out[-1][0], max(out[-1][1], b))
+                else:
+                    out.append((a, b))
+        return tuple(out)
+
     def children(self) -> list:
         return []
 

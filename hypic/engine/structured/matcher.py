@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
-from hypic.engine.structured.grammar import GRAMMAR_NODES, grammar_frame
+from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, grammar_frame
 from hypic.engine.structured.grammar import initial as grammar_initial
 from hypic.engine.structured.numbers import number
 from hypic.engine.structured.schema import (
@@ -121,6 +121,18 @@ def string_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     if not chars:
         return None
     return chars, UNBOUNDED if node.max_len is None else node.max_len - local[1] - fewest
+
+
+def char_loop(state: State) -> tuple[tuple[int, int], ...] | None:
+    """A grammar's character loop (``[^\n]*``, ``[a-z]+`` once past its minimum) at the top of the
+    only alternative: its characters, any plain run of which is let through (the loop reads it
+    whatever else may follow) — or None."""
+    if len(state.alts) != 1:
+        return None
+    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    if not isinstance(node, Rep) or node.high is not None or local < node.low or not isinstance(node.item, Chars):
+        return None
+    return node.item.code_points()
 
 
 def _between_tokens(stack: Stack) -> bool:
