@@ -25,7 +25,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
-from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, grammar_frame
+from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, Seq, grammar_frame
 from hypic.engine.structured.grammar import initial as grammar_initial
 from hypic.engine.structured.numbers import number
 from hypic.engine.structured.schema import (
@@ -123,16 +123,36 @@ def string_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     return chars, UNBOUNDED if node.max_len is None else node.max_len - local[1] - fewest
 
 
-def char_loop(state: State) -> tuple[tuple[int, int], ...] | None:
-    """A grammar's character loop (``[^\n]*``, ``[a-z]+`` once past its minimum) at the top of the
-    only alternative: its characters, any plain run of which is let through (the loop reads it
-    whatever else may follow) — or None."""
+def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
+    """A grammar's character repetition (``[^\n]*``, ``[a-z]{2,8}``) at the top of the only
+    alternative: its characters, and how many more of them it may read (``UNBOUNDED`` without a
+    maximum) — any plain run of them that long or shorter is let through, whatever else may follow
+    — or None."""
     if len(state.alts) != 1:
         return None
     node, local = state.alts[0][0][0], state.alts[0][0][1]
-    if not isinstance(node, Rep) or node.high is not None or local < node.low or not isinstance(node.item, Chars):
+    if isinstance(node, Seq) and local < len(node.items):  # the repetition is its next item, not yet opened
+        node, local = node.items[local], 0
+    while isinstance(node, Ref):
+        node = node.target
+    if not isinstance(node, Rep):
         return None
-    return node.item.code_points()
+    item = node.item
+    while isinstance(item, Ref):
+        item = item.target
+    # its item a class, or a choice with classes among its options (a JSON string's characters)
+    classes = [item] if isinstance(item, Chars) else [o for o in item.options if isinstance(o, Chars)] \
+        if isinstance(item, Alt) else []
+    if not classes:
+        return None
+    points = sorted(r for c in classes for r in c.code_points())
+    merged: list[tuple[int, int]] = []
+    for lo, hi in points:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged), UNBOUNDED if node.high is None else node.high - local
 
 
 def _between_tokens(stack: Stack) -> bool:

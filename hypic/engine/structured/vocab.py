@@ -24,7 +24,6 @@ import torch
 
 from hypic.engine.sampling import token_mask
 from hypic.engine.structured.matcher import (
-    UNBOUNDED,
     State,
     accepting,
     advance,
@@ -259,9 +258,9 @@ class TokenVocab:
         elif (loop := string_loop(state)) is not None:
             inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
-        elif (chars := char_loop(state)) is not None:  # a grammar's: raw text, no JSON escaping
-            inside = self._inside(chars)
-            trie, taken = inside.others, inside.tokens.upto_length(UNBOUNDED)
+        elif (loop := char_loop(state)) is not None:  # a grammar's: raw text, no JSON escaping
+            inside = self._inside(loop[0])
+            trie, taken = inside.others, inside.tokens.upto_length(loop[1])
         todo = [(trie, state)]
         while todo:
             node, s = todo.pop()
