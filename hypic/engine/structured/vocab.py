@@ -88,7 +88,9 @@ def _read_token_bytes(tokenizer: Any) -> dict[int, bytes]:
     return out
 
 
-INSIDE_SETS = 16  # pattern loops whose tokens are kept (each: a list of ids and a trie of the others)
+# pattern loops whose tokens are kept: each a list of ids and a trie of the other tokens, up to
+# ≈ 100 MB at a 150 000-token vocabulary (a node is ≈ 350 bytes of Python objects) — a few loops recur
+INSIDE_SETS = 4
 
 
 class _Inside(NamedTuple):
