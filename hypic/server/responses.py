@@ -404,7 +404,8 @@ async def whole(r: Responder, base: dict[str, Any], keep: Keep = None) -> dict[s
     async for piece in r.pieces():
         text.append(piece.text)
         tokens.extend(piece.tokens)
-        message_tokens.delta(piece)
+        if message_tokens.texts is not None:  # asked for: read as the stream reads it
+            message_tokens.delta(piece)
         if piece.finish is not None:
             choice = r.choice("".join(text), tokens, piece.finish)
             break
