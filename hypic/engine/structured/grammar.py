@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hypic.engine.structured.frames import END, POP, Outcome
+from hypic.engine.structured.regex import negate, normal, without_surrogates
 from hypic.engine.structured.schema import Alt, Ref, check_depth, reachable
 from hypic.engine.structured.strings import utf8_byte
 
@@ -95,22 +96,8 @@ class Chars:
 
     def code_points(self) -> tuple[tuple[int, int], ...]:
         """The class as sorted ranges of the code points UTF-8 can write (negation applied, no surrogates)."""
-        got, at = [], 0
-        for lo, hi in sorted(self.ranges) if self.negated else ():
-            if lo > at:
-                got.append((at, lo - 1))
-            at = max(at, hi + 1)
-        wanted = [*got, (at, 0x10FFFF)] if self.negated else sorted(self.ranges)
-        out: list[tuple[int, int]] = []
-        for lo, hi in wanted:
-            for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)):
-                if a > b:
-                    continue
-                if out and a <= out[-1][1] + 1:
-                    out[-1] = (out[-1][0], max(out[-1][1], b))
-                else:
-                    out.append((a, b))
-        return tuple(out)
+        ranges = normal(list(self.ranges))
+        return without_surrogates(negate(ranges) if self.negated else ranges)
 
     def children(self) -> list:
         return []

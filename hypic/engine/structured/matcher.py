@@ -28,6 +28,7 @@ from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
 from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, Seq, grammar_frame
 from hypic.engine.structured.grammar import initial as grammar_initial
 from hypic.engine.structured.numbers import number
+from hypic.engine.structured.regex import normal
 from hypic.engine.structured.schema import (
     ANY_ARR,
     ANY_OBJ,
@@ -94,13 +95,19 @@ def advance(state: State, byte: int) -> State | None:
 UNBOUNDED = 1 << 30  # a free string's room with no maxLength
 
 
+def _only_top(state: State) -> tuple[object, object] | None:
+    """The top frame's (node, local) of the only alternative; None when there are several."""
+    return (state.alts[0][0][0], state.alts[0][0][1]) if len(state.alts) == 1 else None
+
+
 def free_string_room(state: State) -> int | None:
     """How many more characters a string with no pattern may take here — inside it, between
     characters, the only alternative — (``UNBOUNDED`` without a maxLength); None when the state is
     no such string. There any plain text that many characters long or shorter is let through."""
-    if len(state.alts) != 1:
+    top = _only_top(state)
+    if top is None:
         return None
-    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    node, local = top
     if not isinstance(node, Str) or node.pattern is not None or local[0] != "in" or local[2] != 0:
         return None
     return UNBOUNDED if node.max_len is None else node.max_len - local[1]
@@ -112,9 +119,10 @@ def string_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     hold (``UNBOUNDED`` without a maxLength; with one, what leaves room for the fewest characters
     that then complete a match) — or None. Any plain text of those characters, that long or
     shorter, is let through and leaves the pattern where it was."""
-    if len(state.alts) != 1:
+    top = _only_top(state)
+    if top is None:
         return None
-    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    node, local = top
     if not isinstance(node, Str) or node.pattern is None or local[0] != "in" or local[3] != 0:
         return None
     chars, fewest = node.pattern.loop(local[2])
@@ -128,9 +136,10 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     alternative: its characters, and how many more of them it may read (``UNBOUNDED`` without a
     maximum) — any plain run of them that long or shorter is let through, whatever else may follow
     — or None."""
-    if len(state.alts) != 1:
+    top = _only_top(state)
+    if top is None:
         return None
-    node, local = state.alts[0][0][0], state.alts[0][0][1]
+    node, local = top
     if isinstance(node, Seq) and local < len(node.items):  # the repetition is its next item, not yet opened
         node, local = node.items[local], 0
     while isinstance(node, Ref):
@@ -145,14 +154,7 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
         if isinstance(item, Alt) else []
     if not classes:
         return None
-    points = sorted(r for c in classes for r in c.code_points())
-    merged: list[tuple[int, int]] = []
-    for lo, hi in points:
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return tuple(merged), UNBOUNDED if node.high is None else node.high - local
+    return normal([r for c in classes for r in c.code_points()]), UNBOUNDED if node.high is None else node.high - local
 
 
 def _between_tokens(stack: Stack) -> bool:

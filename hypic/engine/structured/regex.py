@@ -28,7 +28,7 @@ SPACE: Ranges = ((9, 13), (32, 32), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x2
                  (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF))  # ECMA-262's \s
 
 
-def _normal(ranges: list[tuple[int, int]]) -> Ranges:
+def normal(ranges: list[tuple[int, int]]) -> Ranges:
     out: list[list[int]] = []
     for lo, hi in sorted(ranges):
         if out and lo <= out[-1][1] + 1:
@@ -38,7 +38,7 @@ def _normal(ranges: list[tuple[int, int]]) -> Ranges:
     return tuple((a, b) for a, b in out)
 
 
-def _negate(ranges: Ranges) -> Ranges:
+def negate(ranges: Ranges) -> Ranges:
     out, at = [], 0
     for lo, hi in ranges:
         if lo > at:
@@ -49,7 +49,7 @@ def _negate(ranges: Ranges) -> Ranges:
     return tuple(out)
 
 
-def _without_surrogates(ranges: Ranges) -> Ranges:
+def without_surrogates(ranges: Ranges) -> Ranges:
     out: list[tuple[int, int]] = []
     for lo, hi in ranges:
         out += [(a, b) for a, b in ((lo, min(hi, 0xD7FF)), (max(lo, 0xE000), hi)) if a <= b]
@@ -148,7 +148,7 @@ class Regex:
             edges = [r for s in states for r, _ in self.edges[s]]
             cuts = sorted({lo for r in edges for lo, _ in r} | {hi + 1 for r in edges for _, hi in r})
             kept = [(a, b - 1) for a, b in zip(cuts, cuts[1:], strict=False) if self.step(states, a) == states]
-            got = self._loops[states] = (_normal(kept), self._fewest(states))
+            got = self._loops[states] = (normal(kept), self._fewest(states))
         return got
 
     def _fewest(self, states: frozenset[int]) -> int:
@@ -238,7 +238,7 @@ def _build(rx: Regex, node: Node) -> tuple[int, int]:
         # UTF-16 surrogates (D800–DFFF, a JS pattern's way to spell astral characters) are no
         # character UTF-8 can write: taken out, so a pattern that needs one matches nothing and is
         # refused, rather than compiled into a state no byte leaves
-        ranges = _without_surrogates(node[1])
+        ranges = without_surrogates(node[1])
         if ranges:  # an empty class ([^\s\S]) matches no character: no edge, so no path through it
             rx.edges[a].append((ranges, b))
         return a, b
@@ -279,7 +279,7 @@ def _build(rx: Regex, node: Node) -> tuple[int, int]:
     return a, b
 
 
-DOT: Ranges = _negate(((10, 10), (13, 13), (0x2028, 0x2029)))
+DOT: Ranges = negate(((10, 10), (13, 13), (0x2028, 0x2029)))
 
 
 class _Parser:
@@ -380,7 +380,7 @@ class _Parser:
         self.i += 1
         named = {"d": DIGIT, "w": WORD, "s": SPACE}
         if c.lower() in named:
-            return named[c.lower()] if c.islower() else _negate(named[c.lower()])
+            return named[c.lower()] if c.islower() else negate(named[c.lower()])
         simple = {"n": 10, "r": 13, "t": 9, "f": 12, "v": 11, "0": 0}
         if c in simple:
             return ((simple[c], simple[c]),)
@@ -424,5 +424,5 @@ class _Parser:
         if self.peek() != "]":
             raise self.fail("a ']' expected")
         self.i += 1
-        out = _normal(ranges)
-        return _negate(out) if negated else out
+        out = normal(ranges)
+        return negate(out) if negated else out

@@ -257,10 +257,7 @@ class TokenVocab:
         trie, taken = self.root, None  # the tokens walked; the ones taken as a list
         if room is not None:
             trie, taken = self.rest, self.plain.upto_length(room)
-        elif (loop := string_loop(state)) is not None:
-            inside = self._inside(loop[0])
-            trie, taken = inside.others, inside.tokens.upto_length(loop[1])
-        elif (loop := char_loop(state)) is not None:  # a grammar's: raw text, no JSON escaping
+        elif (loop := string_loop(state) or char_loop(state)) is not None:  # a pattern's, or a grammar's
             inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
         todo = [(trie, state)]
