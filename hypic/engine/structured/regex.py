@@ -110,7 +110,10 @@ class Regex:
                 if t not in seen:
                     seen.add(t)
                     todo.append(t)
-        return frozenset(seen)
+        # only states that read a character, and the accept state, say anything about what may
+        # follow: the others (a group's or a repetition's junctions) are left out, so a set is
+        # equal to every set that behaves alike — ``.*``'s start is its loop, and masks are shared
+        return frozenset(s for s in seen if self.edges[s] or s == self.accept)
 
     def step(self, states: frozenset[int], c: int) -> frozenset[int]:
         """The states after character ``c`` (empty: the text can no longer match)."""

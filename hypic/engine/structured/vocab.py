@@ -88,8 +88,8 @@ def _read_token_bytes(tokenizer: Any) -> dict[int, bytes]:
     return out
 
 
-# pattern loops whose tokens are kept: each a list of ids and a trie of the other tokens, up to
-# ≈ 100 MB at a 150 000-token vocabulary (a node is ≈ 350 bytes of Python objects) — a few loops recur
+# pattern loops whose tokens are kept: each a list of ids and a trie of the other tokens (sharing
+# the vocabulary trie's subtrees: a few MB at a 150 000-token vocabulary) — a few loops recur
 INSIDE_SETS = 4
 
 
@@ -99,21 +99,60 @@ class _Inside(NamedTuple):
 
 
 class _Trie:
-    __slots__ = ("children", "ids")
+    __slots__ = ("children", "ids", "n")
 
     def __init__(self) -> None:
         self.children: dict[int, _Trie] = {}
         self.ids: list[int] = []
+        self.n = 0  # the tokens in this subtree
 
 
 def _trie(pieces: dict[int, bytes], ids: list[int]) -> _Trie:
     root = _Trie()
     for i in ids:
         node = root
+        node.n += 1
         for b in pieces[i]:
-            node = node.children.setdefault(b, _Trie())
+            child = node.children.get(b)
+            if child is None:  # (not setdefault: that builds a node for every byte of every token)
+                child = node.children[b] = _Trie()
+            node = child
+            node.n += 1
         node.ids.append(i)
     return root
+
+
+def _without(root: _Trie, pieces: dict[int, bytes], tokens: list[int], drop: list[int]) -> _Trie:
+    """The trie of ``tokens`` (``root``'s) but ``drop``: built afresh when the kept tokens have fewer
+    bytes than the dropped; else from ``root``, copying only the nodes above both a dropped token
+    and a kept one — a subtree holding none of the dropped is shared, one holding only dropped tokens
+    left out. (Built afresh, a URL loop's trie of the other tokens was ≈ 600 000 new nodes, 1.5 s
+    and ≈ 100 MB at a 150 000-token vocabulary; the copied nodes are a few per cent of that.)"""
+    gone = set(drop)
+    kept = [i for i in tokens if i not in gone]
+    if sum(len(pieces[i]) for i in kept) <= sum(len(pieces[i]) for i in drop):
+        return _trie(pieces, kept)
+    under: dict[int, int] = {}  # id(node) → the dropped tokens in its subtree
+    for i in drop:
+        node = root
+        under[id(node)] = under.get(id(node), 0) + 1
+        for b in pieces[i]:
+            node = node.children[b]
+            under[id(node)] = under.get(id(node), 0) + 1
+    out = _Trie()
+    todo = [(root, out)]
+    while todo:  # (a stack, not recursion: a token may be hundreds of bytes long)
+        node, copy = todo.pop()
+        copy.ids = [i for i in node.ids if i not in gone] if node.ids else []
+        copy.n = node.n - under.get(id(node), 0)
+        for b, child in node.children.items():
+            k = under.get(id(child), 0)
+            if k == 0:
+                copy.children[b] = child
+            elif k < child.n:
+                copy.children[b] = _Trie()
+                todo.append((child, copy.children[b]))
+    return out
 
 
 class ByLength(NamedTuple):
@@ -194,8 +233,9 @@ class TokenVocab:
         self.pieces = pieces
         tokens = [i for i, data in pieces.items() if data]
         plain = [i for i in tokens if _plain(pieces[i])]
-        kept = set(plain)
-        self.root, self.rest = _trie(pieces, tokens), _trie(pieces, [i for i in tokens if i not in kept])
+        self.root = _trie(pieces, tokens)
+        self.tokens = tokens
+        self.rest = _without(self.root, pieces, tokens, plain)
         self.plain = ByLength.of(pieces, plain)
         missing = [chr(b) for b in b' "{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
         if missing:
@@ -216,8 +256,7 @@ class TokenVocab:
             self._insides.move_to_end(chars)
             return got
         inside = [i for i in self.plain.ids.tolist() if _all_within(self.pieces[i].decode(), chars)]
-        kept = set(inside)
-        others = _trie(self.pieces, [i for i, data in self.pieces.items() if data and i not in kept])
+        others = _without(self.root, self.pieces, self.tokens, inside)
         got = self._insides[chars] = _Inside(ByLength.of(self.pieces, inside), others)
         while len(self._insides) > INSIDE_SETS:
             self._insides.popitem(last=False)
@@ -260,15 +299,25 @@ class TokenVocab:
         elif (loop := string_loop(state) or char_loop(state)) is not None:  # a pattern's, or a grammar's
             inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
-        todo = [(trie, state)]
+        # the walk meets few distinct states (inside a loop, one per depth at most), so each state is
+        # numbered and advanced at most once per byte: ``advance`` costs microseconds, the lookup
+        # a tenth of that (a pattern's first state walked nearly the whole trie: 3.5 s at 150 000)
+        known, seen, steps = {state: 0}, [state], {}
+        todo = [(trie, 0)]
         while todo:
-            node, s = todo.pop()
+            node, k = todo.pop()
             for b, child in node.children.items():
-                nxt = advance(s, b)
-                if nxt is not None:
+                j = steps.get(key := k << 8 | b)
+                if j is None:
+                    nxt = advance(seen[k], b)
+                    j = -1 if nxt is None else known.setdefault(nxt, len(seen))
+                    if j == len(seen):
+                        seen.append(nxt)
+                    steps[key] = j
+                if j >= 0:
                     ids += child.ids
                     if child.children:
-                        todo.append((child, nxt))
+                        todo.append((child, j))
         got = torch.tensor(sorted(ids), dtype=torch.long)
         if taken is not None and len(taken):
             got = torch.cat([got, taken]).sort().values
