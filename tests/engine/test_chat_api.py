@@ -19,7 +19,7 @@ QUESTION = {"role": "user", "content": "Question: Where does Mira live?"}
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def _conversation(order: list[int]) -> list[dict]:

@@ -12,7 +12,7 @@ DOCS = ["Profile of Mira. Mira lives in Quorvane and keeps bees on the roof.",
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def test_the_pieces_joined_are_generates_answer(llm: LLM) -> None:

@@ -363,7 +363,7 @@ def test_json_schema_refuses_min_tokens_and_ignore_eos() -> None:
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def test_the_bundled_model_answers_in_json_the_schema_accepts_and_keeps_serving(llm) -> None:

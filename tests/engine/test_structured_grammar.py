@@ -215,7 +215,7 @@ def test_structural_tags_are_refused_and_a_grammar_is_one_constraint() -> None:
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def test_every_draw_of_the_bundled_model_is_derived_from_the_grammar(llm: LLM) -> None:

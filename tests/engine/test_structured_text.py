@@ -62,7 +62,7 @@ def test_the_last_byte_of_the_only_match_finishes_the_output() -> None:
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def test_every_draw_of_the_bundled_model_matches(llm: LLM) -> None:

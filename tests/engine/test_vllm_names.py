@@ -14,7 +14,7 @@ MESSAGES = [{"role": "system", "content": "You are helpful."}, {"role": "user", 
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 def test_vllms_quickstart_loop_runs(llm: LLM) -> None:

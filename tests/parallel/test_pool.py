@@ -15,8 +15,8 @@ from hypic.parallel.spec import ModelSpec
 @pytest.fixture(scope="module")
 def pair():
     """The bundled model served twice: with two CPU cold workers, and alone."""
-    pooled = LLM(cold_workers=2)
-    yield pooled, LLM()
+    pooled = LLM(cold_workers=2, device="cpu")
+    yield pooled, LLM(device="cpu")
     pooled.close()
 
 

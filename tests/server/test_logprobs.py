@@ -23,7 +23,7 @@ C3, A9 = "bytes:\\xc3", "bytes:\\xa9"  # OpenAI's name for a token that is not U
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM()
+    return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
 @pytest.fixture(scope="module")
