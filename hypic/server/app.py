@@ -217,7 +217,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
                                        eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
-                                       continuous_usage=req.continuous_usage))
+                                       continuous_usage=req.continuous_usage, token_ids=bool(req.return_token_ids),
+                                       as_ids=bool(req.return_tokens_as_token_ids)))
             return gens
 
         gens = await asyncio.to_thread(prepare)
@@ -261,7 +262,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
                           eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
-                          continuous_usage=req.continuous_usage)
+                          continuous_usage=req.continuous_usage, token_ids=bool(req.return_token_ids),
+                          as_ids=bool(req.return_tokens_as_token_ids))
 
     @v1.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -387,8 +389,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         return model_object()
 
     app.include_router(v1)
-    app.include_router(tokenizer_router(llm, state.template, read_body, settings.max_body_bytes, require_key,
-                                        check_model))
+    app.include_router(tokenizer_router(llm, state.template, read_body, settings, require_key, check_model))
 
     @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' and uptime checks' probe
     async def health() -> Response:

@@ -28,8 +28,6 @@ NOT_SERVED = {
     "truncate_prompt_tokens": "hypic does not cut prompts (a prompt too long for the context is a 400)",
     "use_beam_search": "hypic does not search beams", "length_penalty": "hypic does not search beams",
     "prompt_logprobs": "on completions, echo with logprobs scores the prompt",
-    "return_tokens_as_token_ids": "tokens are spelled as text (a byte that is no text as bytes:\\xNN)",
-    "return_token_ids": "tokens are spelled as text",
     "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",
     "guided_decoding_backend": "use response_format",
     "guided_whitespace_pattern": "use response_format", "functions": "the legacy functions; send tools",

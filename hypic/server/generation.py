@@ -54,9 +54,9 @@ async def json_response(content: Any, headers: dict[str, str] | None = None) -> 
     return await asyncio.to_thread(JSONResponse, content, headers=headers)
 
 
-def echo_logprobs(tokenizer: Any, echo: Echo) -> dict:
+def echo_logprobs(tokenizer: Any, echo: Echo, as_ids: bool = False) -> dict:
     assert echo.logprobs is not None
-    return prompt_logprobs(TokenTexts(tokenizer), echo.tokens, echo.logprobs, echo.offsets)
+    return prompt_logprobs(TokenTexts(tokenizer, as_ids), echo.tokens, echo.logprobs, echo.offsets)
 
 
 @dataclass
@@ -78,6 +78,12 @@ class Generation:
     eos: tuple[int, ...] = ()  # the model's end tokens: kept out of the text (answer_text)
     request_id: str | None = None  # the client's (vLLM's field): the response's id after its prefix
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage
+    token_ids: bool = False  # vLLM's return_token_ids: the prompt's and the answer's ids beside the text
+    as_ids: bool = False  # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:N"
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return [t for segment in self.prompt for t in segment]
 
 
 @dataclass
@@ -103,6 +109,7 @@ class Responder:
         # a chat answer told apart as it streams: reasoning from content, tool calls from text
         self.think = None if gen.think is None else ThinkSplit(gen.think)
         self.calls = None if gen.tools is None else StreamedCalls(gen.tools)
+        self.prompt_ids_sent = False  # a stream's first chunk of this choice carries the prompt's ids
 
     async def pieces(self) -> AsyncIterator[Piece]:
         while True:
@@ -141,7 +148,7 @@ class Responder:
         n = self.gen.top_logprobs
         if n is None or not tokens:
             return None
-        texts = TokenTexts(self.tokenizer)
+        texts = TokenTexts(self.tokenizer, self.gen.as_ids)
         if self.gen.chat:
             return chat_logprobs(texts, tokens, n)
         shift = 0 if self.gen.echo is None else len(self.gen.echo.text)
@@ -171,8 +178,23 @@ class Responder:
             delta = {"content": piece.text} if self.gen.chat else {"text": piece.text}
         choice = {"index": self.index, **({"delta": delta} if self.gen.chat else delta),
                   "logprobs": self.logprobs(piece.tokens), "finish_reason": piece.finish,
-                  "stop_reason": None if piece.finish is None else self.stop_reason}
+                  "stop_reason": None if piece.finish is None else self.stop_reason, **self._ids(piece.tokens)}
         return {**self._envelope(True), "choices": [choice]}
+
+    def _ids(self, tokens: list[Scored]) -> dict[str, list[int]]:
+        """vLLM's return_token_ids in a choice: its tokens' ids and — a completion's, once (a stream's
+        first chunk of the choice) — the prompt's; a chat's prompt ids are the response's (``prompt_ids``)."""
+        if not self.gen.token_ids:
+            return {}
+        out = {"token_ids": [s.id for s in tokens]}
+        if not self.gen.chat and not self.prompt_ids_sent:
+            out = {"prompt_token_ids": self.gen.prompt_ids, **out}
+            self.prompt_ids_sent = True
+        return out
+
+    def prompt_ids(self) -> dict[str, list[int]]:
+        """A chat response's (or a stream's first chunk of a choice) ``prompt_token_ids``, when asked."""
+        return {"prompt_token_ids": self.gen.prompt_ids} if self.gen.token_ids and self.gen.chat else {}
 
     def stream_delta(self, piece: Piece) -> tuple[dict[str, Any], str | None]:
         """A chat piece's delta when the answer is told apart (reasoning, tool calls): what can go
@@ -211,17 +233,17 @@ class Responder:
         if self.gen.echo is not None:
             body["text"] = self.gen.echo.text + text
             if self.gen.echo.logprobs is not None:
-                logprobs = joined(echo_logprobs(self.tokenizer, self.gen.echo), logprobs)
+                logprobs = joined(echo_logprobs(self.tokenizer, self.gen.echo, self.gen.as_ids), logprobs)
         return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish,
-                "stop_reason": self.stop_reason}
+                "stop_reason": self.stop_reason, **self._ids(tokens)}
 
     def echo_chunk(self, finish: str | None = None) -> dict:
         """A stream's first chunk of this choice when the prompt is echoed: the prompt and its logprobs."""
         echo = self.gen.echo
         assert echo is not None
-        logprobs = None if echo.logprobs is None else echo_logprobs(self.tokenizer, echo)
+        logprobs = None if echo.logprobs is None else echo_logprobs(self.tokenizer, echo, self.gen.as_ids)
         choice = {"index": self.index, "text": echo.text, "logprobs": logprobs, "finish_reason": finish,
-                  "stop_reason": None}
+                  "stop_reason": None, **self._ids([])}
         return {**self._envelope(True), "choices": [choice]}
 
 
@@ -287,10 +309,9 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                 # with its first token, not before the prefill (as vLLM): a client timing the first
                 # chunk — vLLM's benchmark does — reads the time to the first token
                 opened.add(r.index)
-                yield sent(r, {**r0._envelope(True), "choices": [{"index": r.index, "delta": {"role": "assistant",
-                                                                                              "content": ""},
-                                                                   "logprobs": None, "finish_reason": None,
-                                                                   "stop_reason": None}]})
+                role = {"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                        "finish_reason": None, "stop_reason": None}
+                yield sent(r, {**r0._envelope(True), **r.prompt_ids(), "choices": [role]})
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
@@ -305,8 +326,8 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                                                     finish if k == len(parts) - 1 else None), part))
                 else:
                     held[r.index] = tokens
-            elif item.text or item.finish or r.gen.top_logprobs is not None:
-                yield sent(r, r.chunk(item))
+            elif item.text or item.finish or r.gen.top_logprobs is not None or (r.gen.token_ids and item.tokens):
+                yield sent(r, r.chunk(item))  # (a token with no text yet: its id or log-probability still goes)
         if r0.gen.include_usage:
             yield _sse({**r0._envelope(True), "choices": [], "usage": _usage(rs), "hypic": r0.extension()})
     except APIError as e:
@@ -338,7 +359,8 @@ async def collect(r: Responder) -> dict:
 async def _whole(rs: list[Responder]) -> dict:
     choices = await asyncio.gather(*(collect(r) for r in rs))
     r0 = rs[0]
-    return {**r0._envelope(False), "choices": list(choices), "usage": _usage(rs), "hypic": r0.extension()}
+    return {**r0._envelope(False), **r0.prompt_ids(), "choices": list(choices), "usage": _usage(rs),
+            "hypic": r0.extension()}
 
 
 class _JobStream(StreamingResponse):
@@ -437,9 +459,10 @@ def echo_only(request: Request, gens: list[Generation], tokenizer: Any, metrics:
     for gen in gens:
         echo = gen.echo
         assert echo is not None and not gen.chat
-        logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo)
+        logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo, gen.as_ids)
+        ids = {"prompt_token_ids": echo.tokens, "token_ids": []} if gen.token_ids else {}
         choices += [{"index": len(choices) + i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length",
-                     "stop_reason": None} for i in range(gen.n)]
+                     "stop_reason": None, **ids} for i in range(gen.n)]
         tokens += len(echo.tokens)
         scored += len(echo.tokens) if echo.logprobs is not None else 0
     usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens,

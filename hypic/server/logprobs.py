@@ -11,6 +11,8 @@ tokens, and each part decoded alone is U+FFFD. So:
   ``\\xNN``, OpenAI's spelling of such tokens in its completions API); a special token by its text;
 - a completions ``top_logprobs`` dict never holds two tokens under one key: a name a likelier token
   already has is spelled ``token_id:N`` instead (vLLM's spelling of a token by its id);
+- with vLLM's ``return_tokens_as_token_ids`` every token is named ``token_id:N`` (chat's ``bytes`` then
+  spell that name, as vLLM's do; ``text_offset`` still indexes the text);
 - ``text_offset`` indexes the choice's text (a stream's chunks joined): a generated token starts where
   the incrementally decoded text stood before it (``TextStream``; the parts of a split character start
   where it does; after bytes that never make a character, the next token starts at their U+FFFD,
@@ -37,15 +39,18 @@ class TokenTexts:
     """A tokenizer's tokens as bytes, and the names log-probabilities give them (the first made for a
     tokenizer reads the whole vocabulary: make it off the event loop)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
         self.pieces = token_bytes(tokenizer)  # read once per tokenizer; special tokens are not in it
+        self.as_ids = as_ids  # vLLM's return_tokens_as_token_ids: every token named "token_id:N"
 
     def bytes(self, t: int) -> bytes:
         data = self.pieces.get(t)
         return data if data is not None else self.tokenizer.decode([t], skip_special_tokens=False).encode()
 
     def name(self, t: int) -> str:
+        if self.as_ids:
+            return f"token_id:{t}"
         data = self.bytes(t)
         try:
             return data.decode()
@@ -76,7 +81,8 @@ def completion_logprobs(texts: TokenTexts, tokens: list[Scored], top: int, shift
 
 def chat_logprobs(texts: TokenTexts, tokens: list[Scored], top: int) -> dict:
     def entry(t: int, lp: float) -> dict:
-        return {"token": texts.name(t), "logprob": lp, "bytes": list(texts.bytes(t))}
+        name = texts.name(t)  # named by id, its bytes are the name's (as vLLM's)
+        return {"token": name, "logprob": lp, "bytes": list(name.encode() if texts.as_ids else texts.bytes(t))}
     return {"content": [{**entry(s.id, (s.logprobs or {}).get(s.id, 0.0)),
                          "top_logprobs": [entry(a, b) for a, b in _likeliest(s.logprobs, top)]} for s in tokens]}
 

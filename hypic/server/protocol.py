@@ -253,6 +253,11 @@ class Common(Strict):
     request_id: str | None = Field(None, pattern=f"^{REQUEST_ID}$")
     # vLLM's priority scheduling: hypic serves first come, first served (0 only)
     priority: Annotated[int, AfterValidator(_first_come)] = 0
+    # vLLM's: the prompt's and the answer's token ids beside the text (what an RL rollout trains on);
+    # streamed, the prompt's with a choice's first chunk and each chunk's own tokens' with it
+    return_token_ids: bool | None = None
+    # vLLM's: log-probabilities name every token "token_id:N" (chat's bytes are that name's)
+    return_tokens_as_token_ids: bool | None = None
 
     def _constraints(self) -> list[str]:
         """Where a constraint is given, each as a refusal of it names it (at most one passes

@@ -3,7 +3,10 @@
 
 Why: a client that must count or build token-id prompts (lm-eval's ``local-completions`` probes for
 these two routes and then tokenizes on the server instead of loading the model's tokenizer itself)
-gets exactly the ids the server reads, with no copy of the model folder.
+gets exactly the ids the server reads, with no copy of the model folder. ``/tokenize`` takes a chat's
+``messages`` too (vLLM's chat form): the conversation rendered as ``/v1/chat/completions`` renders it,
+so its ids are the ``prompt_token_ids`` that route's ``return_token_ids`` reports — what an RL rollout
+builds its next turn's prompt from.
 """
 
 from __future__ import annotations
@@ -14,19 +17,49 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hypic.llm import LLM, SEPARATOR
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request
 from hypic.server.generation import json_response
-from hypic.server.protocol import Strict, Text
+from hypic.server.prompts import chat_segments
+from hypic.server.protocol import ChatRequest, Message, Strict, Text, ToolDef, check_template_kwargs
+from hypic.server.settings import ServerSettings
 
 
 class TokenizeRequest(Strict):
+    """A text (``prompt``) or a chat (``messages`` and how to render them, as the chat route reads them)."""
+
     model: str | None = None
-    prompt: Text
-    add_special_tokens: bool = True
+    prompt: Text | None = None
+    add_special_tokens: bool | None = None  # a text: True unless said (vLLM's defaults); a chat: False only
+    messages: Annotated[list[Message], Field(min_length=1)] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: Annotated[list[ToolDef], Field(min_length=1, max_length=128)] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give a text to tokenize, or messages (a chat to render), not both")
+        if self.messages is None:
+            chat_only = [k for k in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
+                                     "tools") if k in self.model_fields_set]
+            if chat_only:
+                raise ValueError(f"{chat_only[0]}: only with messages")
+        elif self.add_special_tokens:
+            raise ValueError("add_special_tokens: a chat's ids are what its template renders (false only)")
+        else:
+            check_template_kwargs(self.chat_template_kwargs)  # refused here, as the chat route refuses it
+        return self
+
+    def chat(self) -> ChatRequest:
+        """The chat request whose prompt this renders (its rendering is the chat route's own)."""
+        return ChatRequest(messages=self.messages, add_generation_prompt=self.add_generation_prompt,
+                           continue_final_message=self.continue_final_message,
+                           chat_template_kwargs=self.chat_template_kwargs, tools=self.tools)
 
 
 class DetokenizeRequest(Strict):
@@ -35,7 +68,7 @@ class DetokenizeRequest(Strict):
 
 
 def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., Awaitable[Any]],
-                     max_body_bytes: int, require_key: Callable[..., Awaitable[None]],
+                     settings: ServerSettings, require_key: Callable[..., Awaitable[None]],
                      check_model: Callable[[str | None], None]) -> APIRouter:
     """``check_model``: the /v1 routes' 404 for a model not served here (a client pointed at the wrong
     server would otherwise get another tokenizer's ids)."""
@@ -52,13 +85,17 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
-        req = await read_body(request, TokenizeRequest, max_body_bytes)
+        req = await read_body(request, TokenizeRequest, settings.max_body_bytes)
         check_model(req.model)
-        # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
-        # counted 38 tokens where the server read 14), the parts' ids back to back
+
         def ids() -> list[int]:
+            if req.messages is not None:  # rendered and cut into segments as the chat route does
+                return [t for segment in chat_segments(llm, template, req.chat(), settings) for t in segment]
+            # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
+            # counted 38 tokens where the server read 14), the parts' ids back to back
+            special = req.add_special_tokens is not False
             return [t for part in req.prompt.split(SEPARATOR)
-                    for t in tokenizer.encode(part, add_special_tokens=req.add_special_tokens).ids]
+                    for t in tokenizer.encode(part, add_special_tokens=special).ids]
 
         tokens = await asyncio.to_thread(ids)  # a long prompt takes seconds: off the event loop, and so
         return await json_response({"tokens": tokens, "count": len(tokens),  # is writing its ids
@@ -66,7 +103,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> dict[str, Any]:
-        req = await read_body(request, DetokenizeRequest, max_body_bytes)
+        req = await read_body(request, DetokenizeRequest, settings.max_body_bytes)
         check_model(req.model)
         outside = [t for t in req.tokens if t >= llm.vocab_size]
         if outside:
