@@ -203,6 +203,11 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         check_model(req.model)
         # tokenizing and compiling a schema: off the event loop (a 4 MiB prompt held every stream 8 s)
         batch = await asyncio.to_thread(prompts.completion_segments, llm, req, settings)
+        if req.truncate_prompt_tokens is not None:
+            if req.echo:  # the echoed prompt is the one sent, its offsets into it: no cut one to echo
+                raise bad_request("truncate_prompt_tokens: not with echo (the prompt is echoed as sent)",
+                                  "truncate_prompt_tokens")
+            batch = [prompts.truncated(llm, segments, req.truncate_prompt_tokens) for segments in batch]
         await structured_ready(req)
         await names_ready(req.logprobs)
         n = choices(req.n)
@@ -242,6 +247,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             if e.param is not None and e.param.startswith("messages"):
                 e.param = field
             raise
+        segments = prompts.truncated(llm, segments, req.truncate_prompt_tokens)
         calling = prompts.tool_calling(req)
         if calling is not None and llm.tokenizer.token_to_id(KIMI_OPEN) is not None:
             if calling.forced:  # the call's id in Kimi's form: the conversation's calls counted

@@ -25,7 +25,6 @@ _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[A-Z].*|.*[\[\-].*)$")  # uni
 
 # fields other servers (vLLM, OpenAI) take and hypic does not: refused in words, not as a typo
 NOT_SERVED = {
-    "truncate_prompt_tokens": "hypic does not cut prompts (a prompt too long for the context is a 400)",
     "use_beam_search": "hypic does not search beams", "length_penalty": "hypic does not search beams",
     "prompt_logprobs": "on completions, echo with logprobs scores the prompt",
     "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",

@@ -119,6 +119,25 @@ def _rendered(template: ChatTemplate, body: list[tuple[str, list[str]]], extras:
     return template.segments(turns, context, ([{}] if lead else []) + extras + [{}])
 
 
+def truncated(llm: LLM, segments: list[list[int]], keep: int | None) -> list[list[int]]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the context's length;
+    None: all), as segments — those before the cut left out, the one it falls in keeping its tail."""
+    if keep is None:
+        return segments
+    if keep == 0 or keep > llm.max_positions:
+        raise bad_request(f"truncate_prompt_tokens: {keep} is not a number of tokens this model can read "
+                          f"(1 to its context of {llm.max_positions}, or -1 for the whole context)",
+                          "truncate_prompt_tokens")
+    left = llm.max_positions if keep == -1 else keep
+    out: list[list[int]] = []
+    for segment in reversed(segments):
+        if left <= 0:
+            break
+        out.append(segment[-left:] if len(segment) > left else segment)
+        left -= len(segment)
+    return out[::-1]
+
+
 def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,
                  settings: ServerSettings, budget_field: str = "max_tokens") -> int:
     """Check the prompt against the limits; returns max_tokens (``default`` when not requested).

@@ -258,6 +258,9 @@ class Common(Strict):
     return_token_ids: bool | None = None
     # vLLM's: log-probabilities name every token "token_id:N" (chat's bytes are that name's)
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: only the prompt's last k tokens are read (-1: as many as the context holds); a segment
+    # cut in two is a new one (its tail), the segments before it are left out
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
 
     def _constraints(self) -> list[str]:
         """Where a constraint is given, each as a refusal of it names it (at most one passes

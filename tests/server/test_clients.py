@@ -254,7 +254,7 @@ def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) ->
                              "stream_options": {"include_usage": True, "include_obfuscation": False}})
     assert header.headers["x-request-id"] == "bench-7" and '"id": "chatcmpl-bench-7"' in header.text
     for extra, param, why in (({"priority": 1}, "priority", "first come"),
-                              ({"truncate_prompt_tokens": 5}, "truncate_prompt_tokens", "does not cut"),
+                              ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "number of tokens"),
                               ({"use_beam_search": True}, "use_beam_search", "beams"),
                               ({"request_id": "é"}, "request_id", "")):
         r = http.post("/v1/completions", json={**body, **extra})

@@ -139,3 +139,31 @@ def test_a_tokenize_request_of_neither_or_both_forms_is_refused_by_name(http: ht
     r = http.post("/tokenize", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert http.post("/tokenize", json={"prompt": "x"}).status_code == 200  # and the server goes on
+
+
+SEGMENTED = "Ann was born in Westerholm in 1931.<<PIC_SEP>>Ben was born in Lorn.<<PIC_SEP>>" + PROMPT
+
+
+@pytest.mark.parametrize("keep", [1, 5, 12, 30, 200, -1])
+def test_a_prompt_cut_to_its_last_tokens_reads_as_those_tokens_sent(http: httpx.Client, keep: int) -> None:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last k tokens are read — across segments (those
+    before the cut left out, the one it falls in keeping its tail) — and answered as that tail sent
+    as a prompt of its own; -1 and a k past the prompt's length keep it whole."""
+    body = {"max_tokens": 6, "temperature": 0, "mode": "full", "return_token_ids": True}
+    whole = http.post("/v1/completions", json={**body, "prompt": SEGMENTED}).json()["choices"][0]["prompt_token_ids"]
+    cut = http.post("/v1/completions", json={**body, "prompt": SEGMENTED, "truncate_prompt_tokens": keep}).json()
+    want = whole if keep == -1 else whole[-keep:]
+    assert cut["choices"][0]["prompt_token_ids"] == want and cut["usage"]["prompt_tokens"] == len(want)
+    alone = http.post("/v1/completions", json={**body, "prompt": want}).json()["choices"][0]
+    assert cut["choices"][0]["token_ids"] == alone["token_ids"]
+    chat = {"messages": CHAT, "max_tokens": 1, "return_token_ids": True}
+    full = http.post("/v1/chat/completions", json=chat).json()["prompt_token_ids"]
+    short = http.post("/v1/chat/completions", json={**chat, "truncate_prompt_tokens": keep}).json()
+    assert short["prompt_token_ids"] == (full if keep == -1 else full[-keep:])
+
+
+@pytest.mark.parametrize("extra", [{"truncate_prompt_tokens": 0}, {"truncate_prompt_tokens": -2},
+                                   {"truncate_prompt_tokens": 10**9}, {"truncate_prompt_tokens": 4, "echo": True}])
+def test_a_cut_the_model_cannot_read_is_refused_by_name(http: httpx.Client, extra: dict) -> None:
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **extra})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
