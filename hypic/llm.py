@@ -103,8 +103,9 @@ class LLM:
             return list(segment)
         raise ValueError(f"{where}: a segment must be a string or a list of token ids, got {type(segment).__name__}")
 
-    def tokenize(self, prompt: Prompt, where: str = "prompt") -> list[list[int]]:
-        """A prompt → token ids per segment (validated)."""
+    def tokenize(self, prompt: Prompt, where: str = "prompt", limit: bool = True) -> list[list[int]]:
+        """A prompt → token ids per segment (validated); ``limit``: refused past the model's context
+        (False: a prompt to be cut to its last tokens, as ``truncate_prompt_tokens`` asks)."""
         prompt = _undict(prompt, where)
         if isinstance(prompt, str):
             if not prompt:
@@ -120,7 +121,7 @@ class LLM:
             raise ValueError(f"{where}: empty prompt")
         segments = [self._segment_ids(s, f"{where}.segments[{i}]") for i, s in enumerate(parts)]
         total = sum(len(s) for s in segments)
-        if total >= self.max_positions:
+        if limit and total >= self.max_positions:
             raise ValueError(f"{where}: {total} tokens exceed the model's limit of {self.max_positions - 1}")
         return segments
 

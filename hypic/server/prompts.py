@@ -22,10 +22,12 @@ from hypic.server.tools import ToolCalling, plan
 _SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
 
 
-def tokenize(llm: LLM, texts: list[str], field: str, name: Callable[[int], str]) -> list[list[int]]:
-    """Each text tokenized on its own (``LLM.tokenize``); an error names ``name(segment index)``."""
+def tokenize(llm: LLM, texts: list[str], field: str, name: Callable[[int], str], limit: bool = True
+             ) -> list[list[int]]:
+    """Each text tokenized on its own (``LLM.tokenize``); an error names ``name(segment index)``;
+    ``limit``: refused past the context (False: the prompt is cut afterwards, ``truncated``)."""
     try:
-        return llm.tokenize(texts, where=field)
+        return llm.tokenize(texts, where=field, limit=limit)
     except ValueError as e:
         m = _SEGMENT_ERROR.match(str(e))
         if m:
@@ -44,24 +46,26 @@ def _check_count(count: int, field: str, settings: ServerSettings) -> None:
 def completion_segments(llm: LLM, req: CompletionRequest, settings: ServerSettings) -> list[list[list[int]]]:
     """Each prompt of the request (one, or a batch up to ``max_prompts``) as token ids per segment:
     text split on ``<<PIC_SEP>>``, token ids (one segment), or the ``segments`` extension."""
+    limit = req.truncate_prompt_tokens is None  # a prompt to be cut may be longer than the context
     if req.segments is not None:
         _check_count(len(req.segments), "segments", settings)
-        return [tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]")]
+        return [tokenize(llm, list(req.segments), "segments", lambda i: f"segments[{i}]", limit)]
     items = req.prompt_items
     if len(items) > settings.max_prompts:
         raise bad_request(f"prompt: a batch of {len(items)} prompts exceeds this server's limit of "
                           f"{settings.max_prompts} (hypic serve --max-prompts)", "prompt")
-    return [_one_prompt(llm, item, "prompt" if len(items) == 1 else f"prompt[{k}]", settings)
+    return [_one_prompt(llm, item, "prompt" if len(items) == 1 else f"prompt[{k}]", settings, limit)
             for k, item in enumerate(items)]
 
 
-def _one_prompt(llm: LLM, item: str | list[int], field: str, settings: ServerSettings) -> list[list[int]]:
+def _one_prompt(llm: LLM, item: str | list[int], field: str, settings: ServerSettings,
+                limit: bool) -> list[list[int]]:
     if isinstance(item, list):  # token ids: one segment, the query (nothing of it is cached)
-        return tokenize(llm, [item], field, lambda i: field)
+        return tokenize(llm, [item], field, lambda i: field, limit)
     _check_count(item.count(SEPARATOR) + 1, field, settings)
     if not item:
         raise bad_request(f"{field}: empty prompt", field)
-    return tokenize(llm, item.split(SEPARATOR), field, lambda i: field)
+    return tokenize(llm, item.split(SEPARATOR), field, lambda i: field, limit)
 
 
 def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: ServerSettings) -> list[list[int]]:
@@ -78,7 +82,8 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
     except ValueError as e:
         raise from_value_error(e, "messages") from None
     _check_count(len(segments), "messages", settings)
-    return tokenize(llm, [s.text for s in segments], "messages", lambda i: f"messages[{segments[i].message}]")
+    return tokenize(llm, [s.text for s in segments], "messages", lambda i: f"messages[{segments[i].message}]",
+                    req.truncate_prompt_tokens is None)
 
 
 def message_segments(llm: LLM, template: ChatTemplate, messages: list[Message],
@@ -120,15 +125,16 @@ def _rendered(template: ChatTemplate, body: list[tuple[str, list[str]]], extras:
 
 
 def truncated(llm: LLM, segments: list[list[int]], keep: int | None) -> list[list[int]]:
-    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the context's length;
-    None: all), as segments — those before the cut left out, the one it falls in keeping its tail."""
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the longest prompt the
+    context reads, a token's room left; None: all), as segments — those before the cut left out, the
+    one it falls in keeping its tail."""
     if keep is None:
         return segments
-    if keep == 0 or keep > llm.max_positions:
+    longest = llm.max_positions - 1  # a prompt leaves the context room for one token at least
+    if keep == 0 or keep > longest:
         raise bad_request(f"truncate_prompt_tokens: {keep} is not a number of tokens this model can read "
-                          f"(1 to its context of {llm.max_positions}, or -1 for the whole context)",
-                          "truncate_prompt_tokens")
-    left = llm.max_positions if keep == -1 else keep
+                          f"(1 to {longest}, its context less one, or -1 for that many)", "truncate_prompt_tokens")
+    left = longest if keep == -1 else keep
     out: list[list[int]] = []
     for segment in reversed(segments):
         if left <= 0:

@@ -167,3 +167,21 @@ def test_a_prompt_cut_to_its_last_tokens_reads_as_those_tokens_sent(http: httpx.
 def test_a_cut_the_model_cannot_read_is_refused_by_name(http: httpx.Client, extra: dict) -> None:
     r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
+def test_a_prompt_longer_than_the_context_is_read_cut_when_asked() -> None:
+    """The point of the cut: a prompt past the context is refused whole, and read as its last tokens
+    with ``truncate_prompt_tokens`` (-1: the longest prompt the context reads, one token's room left)."""
+    short = LLM(device="cpu", max_model_len=256)  # a context a CPU reads whole in a moment
+    live = serve(short)
+    http = http_client(live)
+    longest = short.max_positions - 1
+    ids = [(7 * i) % 1000 + 20 for i in range(longest + 40)]
+    body = {"prompt": ids, "max_tokens": 1, "return_token_ids": True}
+    assert http.post("/v1/completions", json=body).status_code == 400
+    for keep, want in ((-1, ids[-longest:]), (100, ids[-100:])):
+        got = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": keep}).json()
+        assert got["choices"][0]["prompt_token_ids"] == want and got["usage"]["prompt_tokens"] == len(want)
+    r = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": longest + 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+    live.stop()
