@@ -132,10 +132,9 @@ def string_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
 
 
 def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
-    """A grammar's character repetition (``[^\n]*``, ``[a-z]{2,8}``) at the top of the only
-    alternative: its characters, and how many more of them it may read (``UNBOUNDED`` without a
-    maximum) — any plain run of them that long or shorter is let through, whatever else may follow
-    — or None."""
+    """A grammar's unbounded character repetition (``[^\n]*``, ``[a-z]{2,}``) at the top of the only
+    alternative: its characters, and ``UNBOUNDED`` — any plain run of them is let through, whatever
+    else may follow — or None."""
     top = _only_top(state)
     if top is None:
         return None
@@ -144,7 +143,10 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
         node, local = node.items[local], 0
     while isinstance(node, Ref):
         node = node.target
-    if not isinstance(node, Rep):
+    if not isinstance(node, Rep) or node.high is not None:
+        # a bounded repetition (``[a-z]{0,5}``) bounds only itself: a longer run of its characters may
+        # still be read by what follows it, so those tokens must be walked — the shortcut (which takes
+        # the short ones and walks none of the class's) would refuse them
         return None
     item = node.item
     while isinstance(item, Ref):
@@ -154,7 +156,7 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
         if isinstance(item, Alt) else []
     if not classes:
         return None
-    return normal([r for c in classes for r in c.code_points()]), UNBOUNDED if node.high is None else node.high - local
+    return normal([r for c in classes for r in c.code_points()]), UNBOUNDED
 
 
 def _between_tokens(stack: Stack) -> bool:
