@@ -153,11 +153,14 @@ class LLM:
         stop string ends there, the others go on. A prompt with ``n`` answers runs n requests (answer
         i seeded seed + i), returned as one output whose ``outputs`` lists them."""
         items = self._normalize(prompts)
-        ids = [self.tokenize(p, f"prompts[{i}]") for i, p in enumerate(items)]
         sampling = _sampling(sampling, sampling_params) or SamplingParams()
-        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(ids)
-        if len(params) != len(ids) or not all(isinstance(p, SamplingParams) for p in params):
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(items)
+        if len(params) != len(items) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
+        # a prompt to be cut to its last tokens may be longer than the context
+        ids = [cut_prompt(self.tokenize(item, f"prompts[{i}]", limit=p.truncate_prompt_tokens is None),
+                          p.truncate_prompt_tokens, self.max_positions)
+               for i, (item, p) in enumerate(zip(items, params, strict=True))]
         for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
             self.check_context(sum(len(s) for s in segments), p.max_tokens,
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
@@ -245,10 +248,11 @@ class LLM:
         loop early (``break``) lets go of the request's decode state."""
         if self.tokenizer is None:
             raise ValueError("stream: this model has no tokenizer.json; generate() returns token ids")
-        ids = self.tokenize(prompt)
         params = _sampling(sampling, sampling_params) or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
+        ids = cut_prompt(self.tokenize(prompt, limit=params.truncate_prompt_tokens is None),
+                         params.truncate_prompt_tokens, self.max_positions)
         if params.n != 1:
             raise ValueError(f"n: stream yields one answer, got n={params.n}; generate returns n")
         self.check_context(sum(len(s) for s in ids), params.max_tokens)
@@ -428,6 +432,27 @@ def _undict(prompt: object, where: str) -> object:
         return [list(ids)]
     raise ValueError(f"{where}: a prompt dict holds 'prompt' (text) or 'prompt_token_ids' alone, "
                      f"got keys {sorted(map(str, prompt))}")
+
+
+def cut_prompt(segments: list[list[int]], keep: int | None, max_positions: int,
+               where: str = "truncate_prompt_tokens") -> list[list[int]]:
+    """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the longest prompt the
+    context reads, a token's room left; None: all), as segments — those before the cut left out, the
+    one it falls in keeping its tail (a new segment). ValueError for a count the model cannot read."""
+    if keep is None:
+        return segments
+    longest = max_positions - 1  # a prompt leaves the context room for one token at least
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep == 0 or keep < -1 or keep > longest:
+        raise ValueError(f"{where}: {keep!r} is not a number of tokens this model can read (1 to {longest}, "
+                         "its context less one, or -1 for that many)")
+    left = longest if keep == -1 else keep
+    out: list[list[int]] = []
+    for segment in reversed(segments):
+        if left <= 0:
+            break
+        out.append(segment[-left:] if len(segment) > left else segment)
+        left -= len(segment)
+    return out[::-1]
 
 
 def _prompt_text(prompt: object) -> str | None:

@@ -102,6 +102,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True  # special tokens left out of the text (token_ids keep them)
+    # vLLM's: only the prompt's last k tokens are read (-1: the longest prompt the context reads); a
+    # prompt longer than the context is then taken (hypic.llm.cut_prompt)
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
@@ -140,6 +143,9 @@ class SamplingParams:
             raise ValueError(f"top_k: expected an integer ≥ −1 (0 or −1: off), got {self.top_k!r}")
         if not isinstance(self.min_p, (int, float)) or isinstance(self.min_p, bool) or not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p: expected a number in [0, 1], got {self.min_p!r}")
+        k = self.truncate_prompt_tokens
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k == 0 or k < -1):
+            raise ValueError(f"truncate_prompt_tokens: expected an integer ≥ 1, -1 or None, got {k!r}")
         rp = self.repetition_penalty
         if not isinstance(rp, (int, float)) or isinstance(rp, bool) or not 0.0 < rp <= 2.0:
             raise ValueError(f"repetition_penalty: expected a number in (0, 2], got {rp!r}")

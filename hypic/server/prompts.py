@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from hypic.engine.request import SamplingParams
-from hypic.llm import LLM, SEPARATOR
+from hypic.llm import LLM, SEPARATOR, cut_prompt
 from hypic.server.chat import ChatSegment, ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Message, NamedToolChoice
@@ -128,20 +128,10 @@ def truncated(llm: LLM, segments: list[list[int]], keep: int | None) -> list[lis
     """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the longest prompt the
     context reads, a token's room left; None: all), as segments — those before the cut left out, the
     one it falls in keeping its tail."""
-    if keep is None:
-        return segments
-    longest = llm.max_positions - 1  # a prompt leaves the context room for one token at least
-    if keep == 0 or keep > longest:
-        raise bad_request(f"truncate_prompt_tokens: {keep} is not a number of tokens this model can read "
-                          f"(1 to {longest}, its context less one, or -1 for that many)", "truncate_prompt_tokens")
-    left = longest if keep == -1 else keep
-    out: list[list[int]] = []
-    for segment in reversed(segments):
-        if left <= 0:
-            break
-        out.append(segment[-left:] if len(segment) > left else segment)
-        left -= len(segment)
-    return out[::-1]
+    try:
+        return cut_prompt(segments, keep, llm.max_positions)  # the library's own cut
+    except ValueError as e:
+        raise bad_request(str(e), "truncate_prompt_tokens") from None
 
 
 def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int | None, default: int,

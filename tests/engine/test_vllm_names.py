@@ -230,3 +230,33 @@ def test_bad_words_are_never_completed(llm: LLM) -> None:
     for bad in ([""], [" "], ["a", 5], "word"):
         with pytest.raises(ValueError, match="bad_words: expected a list of words"):
             SamplingParams(bad_words=bad)
+
+
+def test_truncate_prompt_tokens_reads_the_prompts_last_tokens_as_vllm_does() -> None:
+    """vLLM's ``SamplingParams(truncate_prompt_tokens=k)``: the prompt's last k tokens (across segments)
+    are read and answered as that tail given alone; -1 takes the longest prompt the context reads,
+    so a prompt past the context is read cut instead of refused; generate and stream alike."""
+    from hypic import LLM, SamplingParams
+    from hypic.llm import cut_prompt
+
+    short = LLM(device="cpu", max_model_len=128)
+    segments = ["Ann was born in Westerholm in 1931.", "Ben was born in Lorn.", "Where was Ann born?"]
+    whole = [t for s in short.tokenize(segments) for t in s]
+    for keep in (1, 7, 20, len(whole) + 5):
+        out = short.generate([segments], SamplingParams(max_tokens=4, truncate_prompt_tokens=keep), mode="full")[0]
+        want = whole[-keep:]
+        assert out.prompt_token_ids == want
+        assert out.token_ids == short.generate([want], SamplingParams(max_tokens=4), mode="full")[0].token_ids
+        streamed = [t for d in short.stream(segments, SamplingParams(max_tokens=4, truncate_prompt_tokens=keep),
+                                            mode="full") for t in d.token_ids]
+        assert streamed == out.token_ids
+    long = [(5 * i) % 900 + 30 for i in range(300)]  # past the 128-token context
+    with pytest.raises(ValueError, match="exceed"):
+        short.generate([long], SamplingParams(max_tokens=1))
+    out = short.generate([long], SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))[0]
+    assert out.prompt_token_ids == long[-127:]
+    for bad in (0, -2, 128, 1.5, True):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            short.generate([long], SamplingParams(max_tokens=1, truncate_prompt_tokens=bad))
+    assert cut_prompt([[1, 2], [3, 4, 5]], 4, 128) == [[2], [3, 4, 5]]  # a segment cut keeps its tail
+    assert cut_prompt([[1, 2], [3, 4, 5]], 3, 128) == [[3, 4, 5]]  # a segment before the cut left out
