@@ -113,9 +113,9 @@ class ChatTemplate:
         try:
             return self._template.render(**{"tools": None, **self._extra, **(context or {})}, messages=messages,
                                          add_generation_prompt=add_generation_prompt)
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
-            # a template's own error on these messages (a filter's arguments, a missing field): the
-            # request's, a 400 — it was a 500 when it was not one of jinja's
+        except Exception as e:  # noqa: BLE001 — whatever the model's template raises on these messages
+            # a template's own error on these messages (a filter's arguments, a missing field, a
+            # division by a count): the request's, a 400 — it was a 500 when it was not one of jinja's
             raise ValueError(f"messages: the chat template refused them: {type(e).__name__}: {e}") from None
 
     def _message_start(self, marked: list[dict[str, Any]], i: int, full: str, lo: int, hi: int,

@@ -68,10 +68,14 @@ def _one_prompt(llm: LLM, item: str | list[int], field: str, settings: ServerSet
     return tokenize(llm, item.split(SEPARATOR), field, lambda i: field, limit)
 
 
-def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: ServerSettings) -> list[list[int]]:
-    """Each message (each text part) its own segment, wrapped by the model's chat template."""
+def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: ServerSettings,
+                  limits: bool = True) -> list[list[int]]:
+    """Each message (each text part) its own segment, wrapped by the model's chat template;
+    ``limits``: refused past the server's segment count and the context (False: /tokenize counting a
+    conversation, as vLLM's does, however long)."""
     messages = [(m.role, m.parts) for m in req.messages]
-    _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
+    if limits:
+        _check_count(sum(len(parts) for _, parts in messages), "messages", settings)
     effort = {} if req.reasoning_effort is None else {"reasoning_effort": req.reasoning_effort}
     context = {**effort, **(req.chat_template_kwargs or {}),
                "tools": None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools]}
@@ -81,9 +85,10 @@ def chat_segments(llm: LLM, template: ChatTemplate, req: ChatRequest, settings: 
                                      continue_final_message=req.continue_final_message)
     except ValueError as e:
         raise from_value_error(e, "messages") from None
-    _check_count(len(segments), "messages", settings)
+    if limits:
+        _check_count(len(segments), "messages", settings)
     return tokenize(llm, [s.text for s in segments], "messages", lambda i: f"messages[{segments[i].message}]",
-                    req.truncate_prompt_tokens is None)
+                    limits and req.truncate_prompt_tokens is None)
 
 
 def message_segments(llm: LLM, template: ChatTemplate, messages: list[Message],

@@ -43,7 +43,7 @@ class TokenizeRequest(Strict):
     @model_validator(mode="after")
     def _one_form(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("prompt: give a text to tokenize, or messages (a chat to render), not both")
+            raise ValueError("prompt: give exactly one of a text to tokenize and messages (a chat to render)")
         if self.messages is None:
             chat_only = [k for k in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs",
                                      "tools") if k in self.model_fields_set]
@@ -90,7 +90,8 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
 
         def ids() -> list[int]:
             if req.messages is not None:  # rendered and cut into segments as the chat route does
-                return [t for segment in chat_segments(llm, template, req.chat(), settings) for t in segment]
+                segments = chat_segments(llm, template, req.chat(), settings, limits=False)  # counted however long
+                return [t for segment in segments for t in segment]
             # as a completion reads it: each <<PIC_SEP>> part on its own (spelled out whole, the separator
             # counted 38 tokens where the server read 14), the parts' ids back to back
             special = req.add_special_tokens is not False

@@ -103,6 +103,10 @@ def test_transformers_tojson_arguments_and_a_templates_own_errors() -> None:
         '[{"function":{"name":"f","parameters":{"a":2,"b":1}},"type":"function"}]')
     with pytest.raises(ValueError, match="messages: the chat template refused them: TypeError"):
         ChatTemplate("{{ messages[0]['content'] + 1 }}").render([{"role": "user", "content": "x"}], True)
+    # any error of the template's on these messages (a review found a division by a count a 500)
+    with pytest.raises(ValueError, match="refused them: ZeroDivisionError"):
+        ChatTemplate("{{ 1 // (messages[0]['content'] | length - 2) }}").render([{"role": "user", "content": "hi"}],
+                                                                                True)
 
 
 def test_template_from_a_model_folder(tmp_path: Path) -> None:

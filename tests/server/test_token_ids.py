@@ -171,7 +171,8 @@ def test_a_cut_the_model_cannot_read_is_refused_by_name(http: httpx.Client, extr
 
 def test_a_prompt_longer_than_the_context_is_read_cut_when_asked() -> None:
     """The point of the cut: a prompt past the context is refused whole, and read as its last tokens
-    with ``truncate_prompt_tokens`` (-1: the longest prompt the context reads, one token's room left)."""
+    with ``truncate_prompt_tokens`` (-1: the longest prompt the context reads, one token's room left);
+    /tokenize still counts it."""
     short = LLM(device="cpu", max_model_len=256)  # a context a CPU reads whole in a moment
     live = serve(short)
     http = http_client(live)
@@ -184,4 +185,10 @@ def test_a_prompt_longer_than_the_context_is_read_cut_when_asked() -> None:
         assert got["choices"][0]["prompt_token_ids"] == want and got["usage"]["prompt_tokens"] == len(want)
     r = http.post("/v1/completions", json={**body, "truncate_prompt_tokens": longest + 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens"
+    # /tokenize counts a chat however long (as vLLM's, and as its text form does): to see if it fits
+    chat = [{"role": "user", "content": "Ann was born in Westerholm. " * 60}]
+    assert http.post("/tokenize", json={"messages": chat}).json()["count"] > short.max_positions
+    many = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(301)]
+    assert http.post("/tokenize", json={"messages": many}).json()["count"] > 301  # past --max-segments (256)
+    assert http.post("/v1/chat/completions", json={"messages": chat, "max_tokens": 1}).status_code == 400
     live.stop()
