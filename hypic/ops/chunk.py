@@ -175,9 +175,72 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
                            parallel: bool | None = None) -> ChunkResult:
     """Inputs packed ``[T, H(V), ...]``; initial_state ``[N, HV, K, V]``. ``parallel`` (default:
     whenever autograd records) propagates states by the prefix scan."""
+    if parallel is None:
+        parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
+    groups = [] if parallel else _by_chunks(lengths.tolist(), chunk_size)
+    if len(groups) > 1:
+        return _grouped(groups, fam, q, k, v, g, beta, a, b, cu_seqlens, initial_state, scale, with_transition,
+                        chunk_size)
+    return _chunked(fam, q, k, v, g, beta, a, b, cu_seqlens, lengths, initial_state, scale, with_transition,
+                    chunk_size, parallel)
+
+
+WASTE = 1.5  # padded token slots per token past which a call's sequences are split by their chunk counts
+
+
+def _by_chunks(lengths: list[int], chunk_size: int) -> list[list[int]]:
+    """The sequences grouped by how many chunks each spans — only when padding every sequence to the
+    longest would leave more than ``WASTE`` slots per token (a cold prefill's 8-token seams beside
+    its 250-token bodies: 2.9 slots a token, the call 3× one sequence's cost on a CPU); else []."""
+    if len(lengths) < 2:
+        return []
+    spans = [max(1, -(-n // chunk_size)) for n in lengths]
+    if max(spans) * chunk_size * len(lengths) <= WASTE * max(1, sum(lengths)):
+        return []
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(spans):
+        groups.setdefault(n, []).append(i)
+    return list(groups.values())
+
+
+def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+             beta: Tensor | None, a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, initial_state: Tensor | None,
+             scale: float, with_transition: bool, chunk_size: int) -> ChunkResult:
+    """One chunked pass per group of sequences (``_by_chunks``), each padded to its own longest; the
+    outputs, states and transitions put back in the call's order. Every sequence is independent, so
+    the results are the ungrouped call's."""
+    cu = cu_seqlens.cpu().tolist()
+    o = None
+    finals: list[Tensor | None] = [None] * (len(cu) - 1)
+    transitions: list[Tensor | None] = [None] * (len(cu) - 1)
+    for members in groups:
+        rows = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members]).to(k.device)
+        sub_lengths = torch.tensor([cu[i + 1] - cu[i] for i in members])
+        sub_cu = torch.cat([sub_lengths.new_zeros(1), sub_lengths.cumsum(0)]).to(cu_seqlens.device)
+
+        def pick(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(0, rows)
+
+        init = None if initial_state is None else initial_state[members]
+        part = _chunked(fam, pick(q), pick(k), pick(v), pick(g), pick(beta), pick(a), pick(b), sub_cu, sub_lengths,
+                        init, scale, with_transition, chunk_size, False)
+        if o is None:
+            o = part.o.new_empty(v.shape[0], *part.o.shape[1:])
+        o.index_copy_(0, rows, part.o)
+        for j, i in enumerate(members):
+            finals[i] = part.final_state[j]
+            if part.transition is not None:
+                transitions[i] = part.transition[j]
+    assert o is not None
+    return ChunkResult(o, torch.stack(finals), torch.stack(transitions) if with_transition else None)
+
+
+def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
+             a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, lengths: Tensor, initial_state: Tensor | None,
+             scale: float, with_transition: bool, chunk_size: int, parallel: bool) -> ChunkResult:
     ct = torch.float64 if k.dtype == torch.float64 else torch.float32
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
     longest = int(lengths.max()) if len(lengths) else 1
     # Short runs (seams, decode steps) would be mostly padding in a 64-token chunk.
     chunk_size = min(chunk_size, max(16, 1 << (longest - 1).bit_length()))
@@ -190,8 +253,6 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
     loc = _local(fam, pad(expand_heads(q, HV)), pad(expand_heads(k, HV)), pad(v), gp, pad(beta), pad(a), pad(b))
     loc = loc._replace(q_eff=loc.q_eff * scale, o0=loc.o0 * scale)
     S = torch.zeros(p.num_seqs, HV, K, V, dtype=ct, device=k.device) if initial_state is None else initial_state.to(ct)
-    if parallel is None:
-        parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
     if parallel:
         o, final, T = _scan(loc, S, with_transition)
         return ChunkResult(_unpad(o, p).to(v.dtype), final, T)
