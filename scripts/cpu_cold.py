@@ -13,8 +13,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from packages import run_packages  # noqa: E402
 
 
 def measure(prompts: int, reps: int) -> dict[str, list[float]]:
@@ -45,13 +47,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.prompts, args.reps)))
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs = {}
-    for label, path in [*(p.split("=", 1) for p in args.package), ("this", here)]:
-        env = {**os.environ, "PYTHONPATH": path}
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--prompts", str(args.prompts),
-                               "--reps", str(args.reps)], env=env, capture_output=True, text=True, check=True)
-        runs[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = run_packages(__file__, ["--prompts", str(args.prompts), "--reps", str(args.reps)], args.package)
     print(f"{args.prompts} prompts × {args.reps} rounds, TTFT (ms) medians; cold / full: per prompt, the median")
     print("| package | full | hypic cold | cold / full |")
     print("|---|---|---|---|")

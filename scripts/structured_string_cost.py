@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -27,6 +26,9 @@ SCHEMAS = [
 ]
 PREFIX = {"format uri": '"http://ex/', "HttpUrl (uri, 1–2083)": '"http://ex/'}
 STEP = "abc"  # the token read after each mask: inside every loop above
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from packages import run_packages  # noqa: E402
 
 
 def measure(vocab_size: int, tokens: int) -> dict[str, list[float]]:
@@ -67,13 +69,7 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.vocab, args.tokens)))
         return
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs = {}
-    for label, path in [*(p.split("=", 1) for p in args.package), ("this", here)]:
-        env = {**os.environ, "PYTHONPATH": path}
-        done = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--vocab", str(args.vocab),
-                               "--tokens", str(args.tokens)], env=env, capture_output=True, text=True, check=True)
-        runs[label] = json.loads(done.stdout.strip().splitlines()[-1])
+    runs = run_packages(__file__, ["--vocab", str(args.vocab), "--tokens", str(args.tokens)], args.package)
     labels = list(runs)
     print(f"vocabulary of ≈{args.vocab} tokens; per string, the mask of each of its first {args.tokens} tokens "
           "(ms): the first, and the median of the rest")
