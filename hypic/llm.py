@@ -103,6 +103,12 @@ class LLM:
             return list(segment)
         raise ValueError(f"{where}: a segment must be a string or a list of token ids, got {type(segment).__name__}")
 
+    def _prompt_ids(self, prompt: Prompt, params: SamplingParams, where: str = "prompt") -> list[list[int]]:
+        """``prompt``'s token ids per segment as ``params`` has them read: its last tokens only with
+        ``truncate_prompt_tokens`` (a prompt to be cut may then be longer than the context)."""
+        keep = params.truncate_prompt_tokens
+        return cut_prompt(self.tokenize(prompt, where, limit=keep is None), keep, self.max_positions)
+
     def tokenize(self, prompt: Prompt, where: str = "prompt", limit: bool = True) -> list[list[int]]:
         """A prompt → token ids per segment (validated); ``limit``: refused past the model's context
         (False: a prompt to be cut to its last tokens, as ``truncate_prompt_tokens`` asks)."""
@@ -157,9 +163,7 @@ class LLM:
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(items)
         if len(params) != len(items) or not all(isinstance(p, SamplingParams) for p in params):
             raise ValueError("sampling: expected a SamplingParams or one per prompt")
-        # a prompt to be cut to its last tokens may be longer than the context
-        ids = [cut_prompt(self.tokenize(item, f"prompts[{i}]", limit=p.truncate_prompt_tokens is None),
-                          p.truncate_prompt_tokens, self.max_positions)
+        ids = [self._prompt_ids(item, p, f"prompts[{i}]")
                for i, (item, p) in enumerate(zip(items, params, strict=True))]
         for i, (segments, p) in enumerate(zip(ids, params, strict=True)):
             self.check_context(sum(len(s) for s in segments), p.max_tokens,
@@ -251,8 +255,7 @@ class LLM:
         params = _sampling(sampling, sampling_params) or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling: expected a SamplingParams")
-        ids = cut_prompt(self.tokenize(prompt, limit=params.truncate_prompt_tokens is None),
-                         params.truncate_prompt_tokens, self.max_positions)
+        ids = self._prompt_ids(prompt, params)
         if params.n != 1:
             raise ValueError(f"n: stream yields one answer, got n={params.n}; generate returns n")
         self.check_context(sum(len(s) for s in ids), params.max_tokens)
@@ -434,8 +437,7 @@ def _undict(prompt: object, where: str) -> object:
                      f"got keys {sorted(map(str, prompt))}")
 
 
-def cut_prompt(segments: list[list[int]], keep: int | None, max_positions: int,
-               where: str = "truncate_prompt_tokens") -> list[list[int]]:
+def cut_prompt(segments: list[list[int]], keep: int | None, max_positions: int) -> list[list[int]]:
     """vLLM's ``truncate_prompt_tokens``: the prompt's last ``keep`` tokens (-1: the longest prompt the
     context reads, a token's room left; None: all), as segments — those before the cut left out, the
     one it falls in keeping its tail (a new segment). ValueError for a count the model cannot read."""
@@ -443,8 +445,8 @@ def cut_prompt(segments: list[list[int]], keep: int | None, max_positions: int,
         return segments
     longest = max_positions - 1  # a prompt leaves the context room for one token at least
     if not isinstance(keep, int) or isinstance(keep, bool) or keep == 0 or keep < -1 or keep > longest:
-        raise ValueError(f"{where}: {keep!r} is not a number of tokens this model can read (1 to {longest}, "
-                         "its context less one, or -1 for that many)")
+        raise ValueError(f"truncate_prompt_tokens: {keep!r} is not a number of tokens this model can read (1 to "
+                         f"{longest}, its context less one, or -1 for that many)")
     left = longest if keep == -1 else keep
     out: list[list[int]] = []
     for segment in reversed(segments):

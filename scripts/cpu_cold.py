@@ -10,13 +10,12 @@ checkout can be put beside this one:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from packages import run_packages  # noqa: E402
+from packages import add_package_args, child_done, run_packages  # noqa: E402
 
 
 def measure(prompts: int, reps: int) -> dict[str, list[float]]:
@@ -41,11 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--package", action="append", default=[], help="label=path of another checkout")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_package_args(ap)
     args = ap.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.prompts, args.reps)))
+    if child_done(args, lambda: measure(args.prompts, args.reps)):
         return
     runs = run_packages(__file__, ["--prompts", str(args.prompts), "--reps", str(args.reps)], args.package)
     print(f"{args.prompts} prompts × {args.reps} rounds, TTFT (ms) medians; cold / full: per prompt, the median")

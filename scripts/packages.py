@@ -4,11 +4,26 @@ measurement read back as the last line of JSON it prints (the script's ``--child
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
+
+
+def add_package_args(ap: argparse.ArgumentParser) -> None:
+    """``--package label=path`` (repeatable) and the hidden ``--child`` a package's process runs with."""
+    ap.add_argument("--package", action="append", default=[], help="label=path of another checkout")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+
+def child_done(args: argparse.Namespace, measure: Callable[[], Any]) -> bool:
+    """In a package's process (``--child``): print ``measure()`` as JSON and say so."""
+    if args.child:
+        print(json.dumps(measure()))
+    return args.child
 
 
 def run_packages(script: str, child_args: list[str], packages: list[str]) -> dict[str, Any]:

@@ -10,7 +10,6 @@ other, so an older checkout can be put beside this one:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -28,11 +27,10 @@ PREFIX = {"format uri": '"http://ex/', "HttpUrl (uri, 1–2083)": '"http://ex/'}
 STEP = "abc"  # the token read after each mask: inside every loop above
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from packages import run_packages  # noqa: E402
+from packages import add_package_args, child_done, run_packages  # noqa: E402
 
 
 def measure(vocab_size: int, tokens: int) -> dict[str, list[float]]:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from structured_mask_cost import synthetic_pieces
 
     from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema
@@ -63,11 +61,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=150_000)
     ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--package", action="append", default=[], help="label=path of another checkout")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_package_args(ap)
     args = ap.parse_args()
-    if args.child:
-        print(json.dumps(measure(args.vocab, args.tokens)))
+    if child_done(args, lambda: measure(args.vocab, args.tokens)):
         return
     runs = run_packages(__file__, ["--vocab", str(args.vocab), "--tokens", str(args.tokens)], args.package)
     labels = list(runs)

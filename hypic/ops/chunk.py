@@ -211,9 +211,7 @@ def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tens
     outputs, states and transitions put back in the call's order. Every sequence is independent, so
     the results are the ungrouped call's."""
     cu = cu_seqlens.cpu().tolist()
-    o = None
-    finals: list[Tensor | None] = [None] * (len(cu) - 1)
-    transitions: list[Tensor | None] = [None] * (len(cu) - 1)
+    o = final = T = None
     for members in groups:
         rows = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members]).to(k.device)
         sub_lengths = torch.tensor([cu[i + 1] - cu[i] for i in members])
@@ -225,15 +223,17 @@ def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tens
         init = None if initial_state is None else initial_state[members]
         part = _chunked(fam, pick(q), pick(k), pick(v), pick(g), pick(beta), pick(a), pick(b), sub_cu, sub_lengths,
                         init, scale, with_transition, chunk_size, False)
-        if o is None:
+        if o is None:  # allocated once the first part says the dtypes
             o = part.o.new_empty(v.shape[0], *part.o.shape[1:])
+            final = part.final_state.new_empty(len(cu) - 1, *part.final_state.shape[1:])
+            T = None if part.transition is None else part.transition.new_empty(len(cu) - 1, *part.transition.shape[1:])
+        at = torch.tensor(members, device=part.final_state.device)
         o.index_copy_(0, rows, part.o)
-        for j, i in enumerate(members):
-            finals[i] = part.final_state[j]
-            if part.transition is not None:
-                transitions[i] = part.transition[j]
-    assert o is not None
-    return ChunkResult(o, torch.stack(finals), torch.stack(transitions) if with_transition else None)
+        final.index_copy_(0, at, part.final_state)
+        if T is not None:
+            T.index_copy_(0, at, part.transition)
+    assert o is not None and final is not None
+    return ChunkResult(o, final, T)
 
 
 def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,

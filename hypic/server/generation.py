@@ -183,7 +183,7 @@ class Responder:
 
     def _ids(self, tokens: list[Scored]) -> dict[str, list[int]]:
         """vLLM's return_token_ids in a choice: its tokens' ids and — a completion's, once (a stream's
-        first chunk of the choice) — the prompt's; a chat's prompt ids are the response's (``prompt_ids``)."""
+        first chunk of the choice) — the prompt's; a chat's prompt ids are the response's (``chat_prompt_ids``)."""
         if not self.gen.token_ids:
             return {}
         out = {"token_ids": [s.id for s in tokens]}
@@ -192,7 +192,7 @@ class Responder:
             self.prompt_ids_sent = True
         return out
 
-    def prompt_ids(self) -> dict[str, list[int]]:
+    def chat_prompt_ids(self) -> dict[str, list[int]]:
         """A chat response's (or a stream's first chunk of a choice) ``prompt_token_ids``, when asked."""
         return {"prompt_token_ids": self.gen.prompt_ids} if self.gen.token_ids and self.gen.chat else {}
 
@@ -311,7 +311,7 @@ async def _stream(rs: list[Responder]) -> AsyncIterator[str]:
                 opened.add(r.index)
                 role = {"index": r.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                         "finish_reason": None, "stop_reason": None}
-                yield sent(r, {**r0._envelope(True), **r.prompt_ids(), "choices": [role]})
+                yield sent(r, {**r0._envelope(True), **r.chat_prompt_ids(), "choices": [role]})
             if item is None:
                 open_choices -= 1
             elif isinstance(item, Exception):
@@ -359,7 +359,7 @@ async def collect(r: Responder) -> dict:
 async def _whole(rs: list[Responder]) -> dict:
     choices = await asyncio.gather(*(collect(r) for r in rs))
     r0 = rs[0]
-    return {**r0._envelope(False), **r0.prompt_ids(), "choices": list(choices), "usage": _usage(rs),
+    return {**r0._envelope(False), **r0.chat_prompt_ids(), "choices": list(choices), "usage": _usage(rs),
             "hypic": r0.extension()}
 
 
