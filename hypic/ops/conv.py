@@ -57,38 +57,83 @@ def causal_conv1d(x: Tensor, weight: Tensor, *, bias: Tensor | None = None, cu_s
 
 def _torch_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,
                 activation: str | None) -> ConvOutput:
-    """Any device, differentiable: the taps as shifted gathers from a buffer packing [tail_i ; x_i]."""
+    """Any device, differentiable. The taps run over the whole pack as shifted views summed in place
+    (no gathers of the [T, D] input: on the CPU a gather of it costs 3× a copy, and four of them were a
+    quarter of a prefill); then each sequence's first W−1 rows, which read the previous sequence
+    instead of their own tail, are computed again from a small [N, 2(W−1), D] window and put back."""
     (T, D), W, N = x.shape, weight.shape[1], len(cu) - 1
-    if initial_tail is None:
-        initial_tail = x.new_zeros(N, W - 1, D)
-    ext_pos, tail_pos, end_pos = _layout(tuple(cu.tolist()), W, x.device)
-    ext = x.new_empty(T + N * (W - 1), D)
-    ext[ext_pos] = x
-    ext[tail_pos] = initial_tail.to(x.dtype).reshape(-1, D)
     # taps summed and activated in fp32 (at least), rounded once, as the Triton conv and the decode step's conv
     # do: summed in bf16 a prefill and the decode step disagreed on the same token (0.03)
     acc = torch.promote_types(x.dtype, torch.float32)  # fp64 stays fp64 (the exactness references)
-    y = x.new_zeros(T, D, dtype=acc) if bias is None else bias.to(acc).expand(T, D).clone()
-    for w in range(W):
-        y = y + weight[:, w].to(acc) * ext[ext_pos - (W - 1) + w].to(acc)
-    new_tail = ext[end_pos].reshape(N, W - 1, D)
+    xa, wa = x.to(acc), weight.to(acc)
+    y = xa * wa[:, W - 1]
+    if bias is not None:
+        y = y + bias.to(acc)
+    for w in range(W - 1):
+        shift = W - 1 - w
+        if shift < T:
+            y[shift:].addcmul_(xa[:T - shift], wa[:, w])
+    edges = _edges(tuple(cu.tolist()), W, x.device)
+    tails = (x.new_zeros(N * (W - 1), D, dtype=acc) if initial_tail is None
+             else initial_tail.to(acc).reshape(N * (W - 1), D))
+    pool = torch.cat([tails, xa.index_select(0, edges.x_rows), xa.new_zeros(1, D)])  # what the edges read
+    window = pool.index_select(0, edges.window).reshape(N, 2 * (W - 1), D)  # [tail_i ; first W−1 inputs of i]
+    heads = window[:, W - 1:] * wa[:, W - 1]
+    if bias is not None:
+        heads = heads + bias.to(acc)
+    for w in range(W - 1):
+        heads = heads.addcmul(window[:, w:w + W - 1], wa[:, w])
+    y.index_copy_(0, edges.head_rows, heads.reshape(-1, D).index_select(0, edges.head_of_row))
+    new_tail = pool.index_select(0, edges.tail).reshape(N, W - 1, D).to(x.dtype)
     return ConvOutput((F.silu(y) if activation == "silu" else y).to(x.dtype), new_tail)
 
 
+class _Edges(NamedTuple):
+    x_rows: Tensor  # rows of x the edges read: each sequence's first and last W−1 inputs (or fewer)
+    window: Tensor  # [N·2(W−1)] rows of pool = [tails; x[x_rows]; 0] forming each sequence's [tail ; first inputs]
+    head_rows: Tensor  # rows of y that are a sequence's first W−1 (of those it has)
+    head_of_row: Tensor  # for each, its row in the [N·(W−1)] heads computed from the windows
+    tail: Tensor  # [N·(W−1)] rows of pool forming each sequence's new tail (its last W−1 raw inputs)
+
+
 @device_cache(maxsize=16)
-def _layout(cu_key: tuple[int, ...], W: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Rows of the padded buffer ``ext`` that packs ``[tail_i ; x_i]`` per sequence (sequence i starts
-    at cu[i] + i·(W−1)): where each token lands, where each initial tail goes, where each new tail
-    is read. Made once per layout on ``device`` (every layer of a forward shares it)."""
-    cu = torch.tensor(cu_key, dtype=torch.long)
-    N, T = len(cu) - 1, cu_key[-1]
-    lengths = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(N), lengths)
-    ext_pos = torch.arange(T) + (seq + 1) * (W - 1)
-    tail_pos = (cu[:-1] + torch.arange(N) * (W - 1))[:, None] + torch.arange(W - 1)  # [N, W−1]
-    end_pos = (tail_pos + lengths[:, None]).reshape(-1)
-    idx = to_device(torch.cat([ext_pos, tail_pos.reshape(-1), end_pos]), device)
-    return idx[:T], idx[T:T + N * (W - 1)], idx[T + N * (W - 1):]
+def _edges(cu_key: tuple[int, ...], W: int, device: torch.device) -> _Edges:
+    """Index tables for a layout's sequence edges, made once per layout on ``device`` (every layer of a
+    forward shares them). Sequence i's extended input is ``[tail_i ; x_i]``: its row r < W−1 is tail
+    row ``i·(W−1) + r`` of pool, its row W−1+j is x row ``cu[i] + j``."""
+    N, H = len(cu_key) - 1, W - 1
+    x_rows: list[int] = []
+    window: list[int] = []
+    tail: list[int] = []
+    head_rows: list[int] = []
+    head_of_row: list[int] = []
+
+    def ext_row(i: int, r: int) -> int:  # row r of sequence i's [tail_i ; x_i], as a pool row (−1: zero row)
+        if r < H:
+            return i * H + r
+        j = r - H
+        if j >= cu_key[i + 1] - cu_key[i]:
+            return -1
+        x_rows.append(cu_key[i] + j)
+        return N * H + len(x_rows) - 1
+
+    for i in range(N):
+        n = cu_key[i + 1] - cu_key[i]
+        window.extend(ext_row(i, r) for r in range(2 * H))
+        tail.extend(ext_row(i, n + r) for r in range(H))
+        for j in range(min(n, H)):
+            head_rows.append(cu_key[i] + j)
+            head_of_row.append(i * H + j)
+    zero = N * H + len(x_rows)
+    window = [zero if r < 0 else r for r in window]
+    tail = [zero if r < 0 else r for r in tail]
+    parts = [x_rows, window, head_rows, head_of_row, tail]
+    flat = to_device(torch.tensor([v for p in parts for v in p], dtype=torch.long), device)
+    out, at = [], 0
+    for p in parts:
+        out.append(flat[at:at + len(p)])
+        at += len(p)
+    return _Edges(*out)
 
 
 def _fla_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, initial_tail: Tensor | None,

@@ -43,6 +43,40 @@ def test_conv_varlen_short_sequences_keep_older_tail() -> None:
         causal_conv1d(x, w, cu_seqlens=cu, initial_tail=tails[:2])
 
 
+
+@pytest.mark.parametrize("seed", range(6))
+def test_packed_conv_equals_each_sequence_alone(seed: int) -> None:
+    """The torch conv sums its taps over the whole pack and recomputes each sequence's first W−1
+    rows from its own tail: packed results equal each sequence convolved alone (lengths 0 … 9,
+    shorter than the window and longer, bias or not, tails given or zero), and the new tails are
+    each sequence's last W−1 raw inputs."""
+    gen = torch.Generator().manual_seed(seed)
+    W, D = int(torch.randint(2, 6, (1,), generator=gen)), 5
+    lengths = torch.randint(0, 10, (7,), generator=gen).tolist()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    x = torch.randn(int(cu[-1]), D, dtype=torch.float64, generator=gen)
+    w = torch.randn(D, W, dtype=torch.float64, generator=gen)
+    bias = torch.randn(D, dtype=torch.float64, generator=gen) if seed % 2 else None
+    tails = torch.randn(len(lengths), W - 1, D, dtype=torch.float64, generator=gen) if seed % 3 else None
+    out = causal_conv1d(x, w, bias=bias, cu_seqlens=cu, initial_tail=tails, activation="silu")
+    for i, n in enumerate(lengths):
+        tail = tails[i] if tails is not None else x.new_zeros(W - 1, D)
+        ext = torch.cat([tail, x[cu[i]:cu[i + 1]]])
+        if n:
+            want = F.conv1d(ext.T[None], w[:, None, :], bias, groups=D)[0].T
+            assert torch.allclose(out.y[cu[i]:cu[i + 1]], F.silu(want), atol=1e-12), (i, n)
+        assert torch.equal(out.tail[i], ext[-(W - 1):])
+
+
+def test_packed_conv_gradient() -> None:
+    """Training on the CPU differentiates the torch conv (in-place tap sums and the edges put back)."""
+    x = torch.randn(9, 3, dtype=torch.float64, generator=GEN, requires_grad=True)
+    w = torch.randn(3, 4, dtype=torch.float64, generator=GEN, requires_grad=True)
+    tails = torch.randn(3, 3, 3, dtype=torch.float64, generator=GEN, requires_grad=True)
+    cu = torch.tensor([0, 2, 2, 9])
+    torch.autograd.gradcheck(
+        lambda x, w, t: causal_conv1d(x, w, cu_seqlens=cu, initial_tail=t, activation="silu"), (x, w, tails))
+
 SPECS = {"plain": RopeSpec(8, 1e6),
          "linear": RopeSpec(8, 1e6, RopeScaling("linear", 4.0)),
          "yarn": RopeSpec(8, 1e6, RopeScaling("yarn", 4.0, original_max=4096, attention_factor=1.2))}
