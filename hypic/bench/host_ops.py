@@ -22,7 +22,8 @@ from hypic.bench.sites import package_path
 # the chunked torch kernels of ops/chunk.py on the GPU too: count its steps without this filter.)
 CPU_ONLY = {("ops/chunk.py", None), ("ops/recurrence.py", None), ("ops/scan.py", "chain_loop"),
             ("ops/scan.py", "chains_loop"),
-            ("ops/conv.py", "_torch_conv"), ("models/layers/norm.py", "rms"), ("models/layers/gdn.py", "_l2norm_torch")}
+            ("ops/conv.py", "_torch_conv"), ("ops/linear.py", "restart"),
+            ("models/layers/norm.py", "rms"), ("models/layers/gdn.py", "_l2norm_torch")}
 _PASS_THROUGH = ("bench/host_ops.py", "ops/family.py")  # helpers count where they are called from
 
 

@@ -2,9 +2,12 @@
 state, all in one varlen batch, producing its cache entry.
 
 Attention is block-diagonal (each segment sees only itself), so the cost is Σ L_i², and the
-segments are independent work. Linear layers run two passes over the packed segments split into
-``[seam_i | body_i]`` sequences: the first from zero gives each seam's end state, the second
-starts each body there and returns outputs with the body's summary ``(T, S)``. For GDN layers on
+segments are independent work. Linear layers run over the packed segments split into
+``[seam_i | body_i]`` sequences: each body starts where its seam ends and returns outputs with the
+body's summary ``(T, S)``. On the torch backend that is one pass from zero with each output's map
+from its initial state (``linear.restart`` then starts the bodies at their seams' end states);
+elsewhere two passes: the first from zero gives each seam's end state, the second starts each body
+there. For GDN layers on
 a GPU the first pass is the fused combine kernel's token steps (``ops.triton_gdn_combine``): one
 launch that reads the seams' rows in place and writes the second pass's initial states directly
 (zero before each seam, the seam's end state before its body) — no row gathers, no fla wrapper,
@@ -30,6 +33,7 @@ from hypic.cache.layout import Header, allocate, layout, resized
 from hypic.models.context import ForwardContext, LinearRun, RopeSpec
 from hypic.ops.attention_batch import causal_prefill_batch
 from hypic.ops.kernels import combine_precision, fused_combine, kernel_device
+from hypic.ops.linear import input_map_supported, restart
 from hypic.ops.recurrence import Summary
 from hypic.ops.transfer import to_device
 
@@ -96,11 +100,14 @@ class ColdContext(ForwardContext):
         for entry, tail in zip(self.entries, owned(list(tails.unbind(0))), strict=True):
             entry.conv_tails[layer] = tail
 
+    def _fused_seams(self, family: str, rope: RopeSpec | None) -> bool:
+        return family == "gdn" and rope is None and fused_combine() and kernel_device(self.positions.device)
+
     def _initial_states(self, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         """The state entering each ``[seam | body]`` sequence [2n, HV, K, V]: zero before a seam, the
         seam's end state (from zero) before its body."""
         dev = self.positions.device
-        if family == "gdn" and rope is None and fused_combine() and kernel_device(dev):
+        if self._fused_seams(family, rope):
             from hypic.ops import triton_gdn_combine as fused
 
             if self._seam_schedule is None:  # request 2i: nothing (its state stays zero); 2i + 1: seam i
@@ -119,18 +126,27 @@ class ColdContext(ForwardContext):
         return initial
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
-        out = run(self.linear_cu, self._initial_states(family, run, rope), True)
-        T, S = out.summary
+        if not self._fused_seams(family, rope) and input_map_supported(family, self.positions.device):
+            # one pass: every sequence from zero (a seam's end state is its final state), then each
+            # body moved to start where its seam ends. On the CPU the seams' own pass cost as much as
+            # a body pass of 10× their tokens (a call's fixed cost).
+            out = run(self.linear_cu, None, True, input_map=True)
+            bodies = list(range(1, len(self.linear_cu) - 1, 2))
+            o, _ = restart(family, out, self.linear_cu, bodies, out.final_state[0::2], run.v.dtype)
+        else:
+            out = run(self.linear_cu, self._initial_states(family, run, rope), True)
+            o = out.o
+        T, S = out.summary  # a body's S is from zero either way: its seam moves its outputs, not its summary
         n = len(self.entries)
         rows = [S[2 * i + 1] for i in range(n)] + ([] if T is None else [T[2 * i + 1] for i in range(n)])
         if self.preallocated:
             dst = [e.summaries[layer] for e in self.entries]
             torch._foreach_copy_([s.state for s in dst] + ([] if T is None else [s.transition for s in dst]), rows)
-            return out.o
+            return o
         bodies = owned(rows)
         for i, entry in enumerate(self.entries):
             entry.summaries[layer] = Summary(None if T is None else bodies[n + i], bodies[i])
-        return out.o
+        return o
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, rope: RopeSpec | None, scale: float) -> Tensor:
         qr, kr = (q, k) if rope is None else (rope(q, self.positions), rope(k, self.positions))

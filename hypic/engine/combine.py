@@ -26,6 +26,7 @@ from hypic.ops import attention_runs, recurrence
 from hypic.ops.attention import attention
 from hypic.ops.attention_runs import RunsPlan
 from hypic.ops.kernels import combine_precision, fused_combine, kernel_device
+from hypic.ops.linear import input_map_supported, restart
 from hypic.ops.recurrence import Summary
 from hypic.ops.scan import prefix_states_many
 from hypic.ops.transfer import to_device
@@ -176,7 +177,12 @@ class CombineContext(ForwardContext):
         if self._fusable(family, rope):
             return self._linear_fused(layer, run)
         single = all(sum(kind == "run" for kind, _ in items) <= 1 for items in self.items)
-        runs = None if single and not self.extracts else run(self.linear_cu, None, True).summary
+        # Runs' summaries (from zero) for the chains; on the torch backend the same pass keeps each
+        # output's map from its run's initial state, so the runs need not be run again from the states
+        # the chains give them (``linear.restart``): one pass, where on the CPU a second cost ≈ 3 ms a layer.
+        one_pass = input_map_supported(family, self.positions.device)
+        from_zero = None if single and not self.extracts else run(self.linear_cu, None, True, input_map=one_pass)
+        runs = None if from_zero is None else from_zero.summary
         initial: Tensor | None = None  # stays None (every run from zero) without carry_state
         # Every request's chain — the spans before its last run, in position order — packed end to
         # end and scanned in one call (on the GPU one launch walks all chains side by side).
@@ -198,22 +204,29 @@ class CombineContext(ForwardContext):
                     chain.append(s)
             if len(chain) > first:
                 cu.append(len(chain))
+        entering: Tensor | None = None  # the state each run of ``starts`` begins from
         if starts:
             X = self._scan(family, chain, cu, runs)
-            initial = X.new_zeros(len(self.linear_cu) - 1, *X.shape[1:])
             key = tuple(starts)
-            initial[self._device_index(("runs", key), [i for i, _ in starts], X.device)] = \
-                X[self._device_index(("rows", key), [r for _, r in starts], X.device)]  # one gather, one scatter
-        out = run(self.linear_cu, initial, False)
+            entering = X[self._device_index(("rows", key), [r for _, r in starts], X.device)]  # one gather
+        if from_zero is not None and one_pass:
+            o, final = restart(family, from_zero, self.linear_cu, [i for i, _ in starts],
+                               from_zero.final_state[:0] if entering is None else entering, run.v.dtype)
+        else:
+            if entering is not None:
+                initial = entering.new_zeros(len(self.linear_cu) - 1, *entering.shape[1:])
+                initial[self._device_index(("runs", key), [i for i, _ in starts], entering.device)] = entering
+            out = run(self.linear_cu, initial, False)
+            o, final = out.o, out.final_state
         for state, r in zip(self.decode_states, self.last_run, strict=True):
-            state.linear[layer] = out.final_state[r]
+            state.linear[layer] = final[r]
         for x in self.extracts:
             s = Summary(None if runs.transition is None else runs.transition[x.run].clone(),
                         runs.state[x.run].clone())  # owned, not views of every run's summary
             if rope is not None:  # entries are canonical: as if the segment started at position 0
                 s = recurrence.rerotate(family, s, -x.seg.start, rope)
             x.entry.summaries[layer] = s
-        return out.o
+        return o
 
     def _scan(self, family: str, chain: list[int | Summary], cu: list[int], runs: Summary | None) -> Tensor:
         """The packed chains' prefix states, each item named where it lies — a row of the runs'

@@ -54,7 +54,7 @@ class LinearRun:
                 for name, x in (("q", self.q), ("k", self.k), ("v", self.v), ("g", self.g), ("beta", self.beta))}
 
     def __call__(self, cu_seqlens: Tensor, initial_state: Tensor | None, output_summary: bool,
-                 rows: Tensor | slice | None = None) -> LinearOutput:
+                 rows: Tensor | slice | None = None, input_map: bool = False) -> LinearOutput:
         if self.whole is not None:
             rows = self.whole if rows is None else (rows + self.whole.start if self.whole.start else rows)
 
@@ -63,7 +63,7 @@ class LinearRun:
 
         return linear_attention(self.family, pick(self.q), pick(self.k), pick(self.v), g=pick(self.g),
                                 beta=pick(self.beta), cu_seqlens=cu_seqlens, initial_state=initial_state,
-                                output_summary=output_summary, scale=self.scale)
+                                output_summary=output_summary, output_input_map=input_map, scale=self.scale)
 
 
 def linear_run(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor | None = None,

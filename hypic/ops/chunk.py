@@ -27,9 +27,10 @@ from hypic.ops.transfer import device_cache, to_device
 
 
 class ChunkResult(NamedTuple):
-    o: Tensor  # [T, HV, V] in the input dtype
+    o: Tensor  # [T, HV, V] in the input dtype (fp32 or fp64 with ``input_map``: rounded once restarted)
     final_state: Tensor  # [N, HV, K, V] fp32 (fp64 for fp64 inputs)
     transition: Tensor | None  # [N, HV, K, K] when asked for
+    input_map: Tensor | None = None  # [T, HV, K] when asked for: o_t moves by input_map_t · ΔS_in
 
 
 class _Packing(NamedTuple):
@@ -133,22 +134,26 @@ def _apply_a(loc: _Local, j: int | slice, S: Tensor) -> Tensor:
     return out
 
 
-def _sequential(loc: _Local, S: Tensor, V: int) -> tuple[Tensor, Tensor]:
-    """States chunk by chunk; S may be widened ([S_in | I]): extra columns see no values."""
+def _sequential(loc: _Local, S: Tensor, V: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """States chunk by chunk; S may be widened ([S_in | I]): extra columns see no values, and their
+    outputs (returned third) are each output's map from the initial state."""
     extra = S.shape[-1] - V
-    outs = []
+    outs, maps = [], []
     for j in range(loc.q_eff.shape[0]):
         o = loc.q_eff[j] @ S
         outs.append(o[..., :V] + loc.o0[j])
+        if extra:
+            maps.append(o[..., V:])
         b = loc.b[j] if not extra else torch.cat([loc.b[j], loc.b.new_zeros(*loc.b.shape[1:-1], extra)], dim=-1)
         S = _apply_a(loc, j, S) + b
-    return torch.stack(outs), S
+    return torch.stack(outs), S, torch.stack(maps) if extra else None
 
 
-def _scan(loc: _Local, S_in: Tensor, with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+def _scan(loc: _Local, S_in: Tensor, with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """The state entering every chunk by the differentiable affine chain over chunks (one kernel
-    launch forward and one backward on CUDA): returns outputs, final state and the total
-    transition (from the same chain, values ``[b | 0]`` from ``[S_in | I]``)."""
+    launch forward and one backward on CUDA): returns outputs, final state, the total transition
+    and the outputs' map from the initial state (the last two from the same chain, values ``[b | 0]``
+    from ``[S_in | I]``)."""
     NC, K, V = loc.b.shape[0], loc.b.shape[-2], loc.b.shape[-1]
     batch = loc.b.shape[1:-2]  # [N, H]
     eye = torch.eye(K, dtype=loc.b.dtype, device=loc.b.device)
@@ -164,26 +169,32 @@ def _scan(loc: _Local, S_in: Tensor, with_transition: bool) -> tuple[Tensor, Ten
     M = first[None].new_zeros(1, *batch, K, K)
     X = affine_chain(torch.cat([M, A]).flatten(1, len(batch)), torch.cat([first[None], B]).flatten(1, len(batch)))
     X = X.unflatten(1, batch)  # X[c + 1]: the state entering chunk c; X[NC + 1]: the final state
-    o = loc.q_eff @ X[1:NC + 1, ..., :V] + loc.o0
+    o = loc.q_eff @ X[1:NC + 1]
     final = X[NC + 1]
-    return o, final[..., :V], final[..., V:] if with_transition else None
+    if not with_transition:
+        return o + loc.o0, final, None, None
+    return o[..., :V] + loc.o0, final[..., :V], final[..., V:], o[..., V:]
 
 
 def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
                            a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, initial_state: Tensor | None,
                            scale: float, with_transition: bool, chunk_size: int = 64,
-                           parallel: bool | None = None) -> ChunkResult:
+                           parallel: bool | None = None, input_map: bool = False) -> ChunkResult:
     """Inputs packed ``[T, H(V), ...]``; initial_state ``[N, HV, K, V]``. ``parallel`` (default:
-    whenever autograd records) propagates states by the prefix scan."""
+    whenever autograd records) propagates states by the prefix scan. ``input_map`` (implies
+    ``with_transition``): also each output's map from its sequence's initial state, ``[T, HV, K]``
+    (``o_t`` moves by ``input_map_t · ΔS_in``), and ``o`` left in fp32 (fp64) to be rounded once
+    after the move (``hypic.ops.linear.restart``)."""
+    with_transition = with_transition or input_map
     if parallel is None:
         parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
     groups = [] if parallel else _by_chunks(lengths.tolist(), chunk_size)
     if len(groups) > 1:
         return _grouped(groups, fam, q, k, v, g, beta, a, b, cu_seqlens, initial_state, scale, with_transition,
-                        chunk_size)
+                        chunk_size, input_map)
     return _chunked(fam, q, k, v, g, beta, a, b, cu_seqlens, lengths, initial_state, scale, with_transition,
-                    chunk_size, parallel)
+                    chunk_size, parallel, input_map)
 
 
 WASTE = 1.5  # padded token slots per token past which a call's sequences are split by their chunk counts
@@ -206,12 +217,12 @@ def _by_chunks(lengths: list[int], chunk_size: int) -> list[list[int]]:
 
 def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
              beta: Tensor | None, a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, initial_state: Tensor | None,
-             scale: float, with_transition: bool, chunk_size: int) -> ChunkResult:
+             scale: float, with_transition: bool, chunk_size: int, input_map: bool) -> ChunkResult:
     """One chunked pass per group of sequences (``_by_chunks``), each padded to its own longest; the
     outputs, states and transitions put back in the call's order. Every sequence is independent, so
     the results are the ungrouped call's."""
     cu = cu_seqlens.cpu().tolist()
-    o = final = T = None
+    o = final = T = maps = None
     for members in groups:
         rows = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members]).to(k.device)
         sub_lengths = torch.tensor([cu[i + 1] - cu[i] for i in members])
@@ -222,23 +233,27 @@ def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tens
 
         init = None if initial_state is None else initial_state[members]
         part = _chunked(fam, pick(q), pick(k), pick(v), pick(g), pick(beta), pick(a), pick(b), sub_cu, sub_lengths,
-                        init, scale, with_transition, chunk_size, False)
+                        init, scale, with_transition, chunk_size, False, input_map)
         if o is None:  # allocated once the first part says the dtypes
             o = part.o.new_empty(v.shape[0], *part.o.shape[1:])
             final = part.final_state.new_empty(len(cu) - 1, *part.final_state.shape[1:])
             T = None if part.transition is None else part.transition.new_empty(len(cu) - 1, *part.transition.shape[1:])
+            maps = None if part.input_map is None else part.input_map.new_empty(v.shape[0], *part.input_map.shape[1:])
         at = torch.tensor(members, device=part.final_state.device)
         o.index_copy_(0, rows, part.o)
         final.index_copy_(0, at, part.final_state)
         if T is not None:
             T.index_copy_(0, at, part.transition)
+        if maps is not None:
+            maps.index_copy_(0, rows, part.input_map)
     assert o is not None and final is not None
-    return ChunkResult(o, final, T)
+    return ChunkResult(o, final, T, maps)
 
 
 def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
              a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, lengths: Tensor, initial_state: Tensor | None,
-             scale: float, with_transition: bool, chunk_size: int, parallel: bool) -> ChunkResult:
+             scale: float, with_transition: bool, chunk_size: int, parallel: bool,
+             input_map: bool = False) -> ChunkResult:
     ct = torch.float64 if k.dtype == torch.float64 else torch.float32
     HV, K, V = v.shape[1], k.shape[2], v.shape[2]
     longest = int(lengths.max()) if len(lengths) else 1
@@ -253,11 +268,12 @@ def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, bet
     loc = _local(fam, pad(expand_heads(q, HV)), pad(expand_heads(k, HV)), pad(v), gp, pad(beta), pad(a), pad(b))
     loc = loc._replace(q_eff=loc.q_eff * scale, o0=loc.o0 * scale)
     S = torch.zeros(p.num_seqs, HV, K, V, dtype=ct, device=k.device) if initial_state is None else initial_state.to(ct)
+    out_dtype = ct if input_map else v.dtype
     if parallel:
-        o, final, T = _scan(loc, S, with_transition)
-        return ChunkResult(_unpad(o, p).to(v.dtype), final, T)
-    if with_transition:  # [S_in | I]: the extra columns come out as T
-        S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(p.num_seqs, HV, K, K)], dim=-1)
-    o, final = _sequential(loc, S, V)
-    T = final[..., V:] if with_transition else None
-    return ChunkResult(_unpad(o, p).to(v.dtype), final[..., :V], T)
+        o, final, T, maps = _scan(loc, S, with_transition)
+    else:
+        if with_transition:  # [S_in | I]: the extra columns come out as T
+            S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(p.num_seqs, HV, K, K)], dim=-1)
+        o, final, maps = _sequential(loc, S, V)
+        final, T = final[..., :V], final[..., V:] if with_transition else None
+    return ChunkResult(_unpad(o, p).to(out_dtype), final, T, _unpad(maps, p) if input_map else None)

@@ -58,9 +58,10 @@ def fla_allowed(device: torch.device) -> bool:
 
 
 class LinearOutput(NamedTuple):
-    o: Tensor  # [T, HV, V], input dtype
+    o: Tensor  # [T, HV, V], input dtype (fp32 or fp64 with input_map, until ``restart`` rounds it)
     final_state: Tensor  # [N, HV, K, V], fp32 (fp64 for fp64 inputs)
     summary: Summary | None  # per sequence: transition [N, ...], state [N, HV, K, V]
+    input_map: Tensor | None = None  # [T, HV, K]: o_t moves by input_map_t · ΔS_in (output_input_map)
 
 
 def check_cu_seqlens(cu_seqlens: Tensor | None, total: int) -> Tensor:
@@ -117,11 +118,16 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
                      beta: Tensor | None = None, a: Tensor | None = None, b: Tensor | None = None,
                      cu_seqlens: Tensor | None = None, initial_state: Tensor | None = None,
                      scale: float | None = None, output_summary: bool = False,
-                     backend: Backend = "auto") -> LinearOutput:
+                     output_input_map: bool = False, backend: Backend = "auto") -> LinearOutput:
     """Chunked prefill over packed sequences (q, k ``[T, H, K]``, v ``[T, HV, V]``, gates per family).
 
     With ``output_summary`` each sequence's summary is returned too: ``S`` is the state the span
     builds from zero, ``T`` its transition, so ``final_state = T·initial_state + S``.
+
+    With ``output_input_map`` (torch backend only: ``input_map_supported``) each output's map from
+    its sequence's initial state is returned too, and the summary: the outputs and final states
+    are affine in the initial states, so ``restart`` gives them for initial states known only after
+    the pass (one pass where two were run: ``hypic.engine.cold``, ``hypic.engine.combine``).
     """
     fam = get_family(family)
     dims = check_inputs(fam, q, k, v, g, beta, a, b)
@@ -135,7 +141,10 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
         initial_state = initial_state.to(ct)
     scale = dims.key_dim**-0.5 if scale is None else float(scale)
     matrix = output_summary and fam.transition == "matrix"
+    output_summary = output_summary or output_input_map
     if resolve_backend(backend, fam.name, k.device) == "fla":
+        if output_input_map:
+            raise ValueError("output_input_map: the torch backend only (input_map_supported)")
         from hypic.ops.linear_fla import fla_linear_attention
 
         o, final, T = fla_linear_attention(fam, q, k, v, g, beta, cu, initial_state, scale, matrix)
@@ -143,14 +152,50 @@ def linear_attention(family: str, q: Tensor, k: Tensor, v: Tensor, *, g: Tensor 
         # The recurrence stays in fp32 even under autocast (training): bf16 products of transitions
         # would compound along the sequence.
         with torch.autocast(k.device.type, enabled=False):
-            if not matrix and num_seqs == dims.length and num_seqs > 0 and bool((cu[1:] - cu[:-1] == 1).all()):
+            maps = None
+            if (not matrix and not output_input_map and num_seqs == dims.length and num_seqs > 0
+                    and bool((cu[1:] - cu[:-1] == 1).all())):
                 o, final, T = _one_token(fam, q, k, v, g, beta, a, b, initial_state, scale, ct)
             else:
-                o, final, T = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale, matrix)
+                o, final, T, maps = chunk_linear_attention(fam, q, k, v, g, beta, a, b, cu, initial_state, scale,
+                                                           matrix, input_map=output_input_map)
     if not output_summary:
         return LinearOutput(o, final, None)
+    if fam.transition == "none":  # widened for an input map only: the identity, named by nothing
+        T = None
     if fam.transition in ("scalar", "diagonal"):  # closed form: Σg per sequence
         seq = to_device(torch.repeat_interleave(torch.arange(num_seqs), cu[1:] - cu[:-1]), k.device)
         T = g.to(ct).new_zeros(num_seqs, *g.shape[1:]).index_add_(0, seq, g.to(ct))
     state = final if initial_state is None else final - _apply_transition(fam, T, initial_state)
-    return LinearOutput(o, final, Summary(T, state))
+    return LinearOutput(o, final, Summary(T, state), maps if output_input_map else None)
+
+
+def input_map_supported(family: str, device: torch.device) -> bool:
+    """Whether callers should run one pass with ``output_input_map`` and ``restart`` it: on the CPU
+    (the torch backend there), where a pass's fixed cost is what a second pass adds. On a GPU a
+    second pass is launches of a constant count, ``restart`` a few ops per sequence, and fla's
+    kernels have no input map."""
+    return device.type == "cpu" and resolve_backend("auto", family, device) == "torch"
+
+
+def restart(family: str, out: LinearOutput, cu_seqlens: Tensor, seqs: list[int], states: Tensor,
+            dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """The outputs and final states of a pass run with ``output_input_map``, as if sequences
+    ``seqs`` had started from ``states`` [len(seqs), HV, K, V] more than they did (the rest
+    unmoved): ``o_t += input_map_t · ΔS``, ``final += T·ΔS``. Outputs rounded to ``dtype`` once."""
+    if out.input_map is None or out.summary is None:
+        raise ValueError("restart: the pass must be run with output_input_map")
+    fam = get_family(family)
+    o, final = out.o, out.final_state
+    if seqs:
+        cu = cu_seqlens.tolist()
+        o, final = o.clone(), final.clone()
+        states = states.to(final.dtype)
+        for i, s in zip(seqs, states, strict=True):  # [HV, L, K] @ [HV, K, V] per sequence (3× an einsum's speed)
+            a, b = cu[i], cu[i + 1]
+            if b > a:
+                o[a:b].add_(torch.bmm(out.input_map[a:b].transpose(0, 1), s).transpose(0, 1))
+        at = to_device(seqs, final.device)
+        T = out.summary.transition
+        final.index_add_(0, at, _apply_transition(fam, None if T is None else T.index_select(0, at), states))
+    return o.to(dtype), final

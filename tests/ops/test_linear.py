@@ -159,8 +159,66 @@ def test_parallel_scan_equals_sequential_and_run(family: str) -> None:
     seq = chunk_linear_attention(get_family(family), x["q"], x["k"], x["v"], *args, cu, s0, 0.5, True, parallel=False)
     par = chunk_linear_attention(get_family(family), x["q"], x["k"], x["v"], *args, cu, s0, 0.5, True, parallel=True)
     for a_, b_ in zip(seq, par, strict=True):
-        assert _rel(b_, a_) < 1e-12
+        assert (a_ is None) == (b_ is None) and (a_ is None or _rel(b_, a_) < 1e-12)
     i = 2
     sl = slice(int(cu[i]), int(cu[i + 1]))
     ref = R.run(family, x["q"][sl], x["k"][sl], x["v"][sl], initial_state=s0[i], scale=0.5, **token_kwargs(x, sl))
     assert _rel(par.o[sl], ref.o) < 1e-12 and _rel(par.final_state[i], ref.final_state) < 1e-12
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_pass_restarted_from_later_states_equals_a_pass_from_them(family: str) -> None:
+    """Outputs and final states are affine in the state a sequence starts from, so a pass run from
+    zero with ``output_input_map`` and then ``restart``-ed gives, in fp64, what a pass started from
+    those states gives — grouped (seam-like and body-like lengths), in one group, by the training
+    scan, and moved on from states it already started from. (The cold prefill and the combine pass
+    each run one pass instead of two on it.)"""
+    from hypic.ops.chunk import chunk_linear_attention
+    from hypic.ops.family import get_family
+    from hypic.ops.linear import restart
+
+    for lengths in ([8, 246, 8, 120, 8, 60, 3], [40, 64, 0, 130]):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        x = family_inputs(family, int(cu[-1]), heads=2, value_heads=4, seed=6)
+        gen = torch.Generator().manual_seed(7)
+        s0 = torch.randn(len(lengths), 4, 8, 4, dtype=torch.float64, generator=gen)
+        s1 = torch.randn(len(lengths), 4, 8, 4, dtype=torch.float64, generator=gen)
+        seqs = list(range(1, len(lengths), 2))
+        started = torch.zeros_like(s0)
+        started[seqs] = s0[seqs]
+        kw = token_kwargs(x)
+        want = linear_attention(family, x["q"], x["k"], x["v"], **kw, cu_seqlens=cu, initial_state=started,
+                                output_summary=True)
+        out = linear_attention(family, x["q"], x["k"], x["v"], **kw, cu_seqlens=cu, output_input_map=True)
+        assert out.input_map.shape == (int(cu[-1]), 4, 8) and out.summary is not None
+        o, final = restart(family, out, cu, seqs, s0[seqs], torch.float64)
+        assert _rel(o, want.o) < 1e-12 and _rel(final, want.final_state) < 1e-12
+        for a_, b_ in zip(out.summary, want.summary, strict=True):
+            assert (a_ is None) == (b_ is None) and (a_ is None or _rel(a_, b_) < 1e-12)
+        moved = linear_attention(family, x["q"], x["k"], x["v"], **kw, cu_seqlens=cu, initial_state=s1,
+                                 output_input_map=True)
+        o, final = restart(family, moved, cu, list(range(len(lengths))), started - s1, torch.float64)
+        assert _rel(o, want.o) < 1e-12 and _rel(final, want.final_state) < 1e-12
+        args = [kw.get(n) for n in ("g", "beta", "a", "b")]
+        fam = get_family(family)
+        seq = chunk_linear_attention(fam, x["q"], x["k"], x["v"], *args, cu, s1, 0.5, False, parallel=False,
+                                     input_map=True)
+        par = chunk_linear_attention(fam, x["q"], x["k"], x["v"], *args, cu, s1, 0.5, False, parallel=True,
+                                     input_map=True)
+        for a_, b_ in zip(seq, par, strict=True):
+            assert _rel(b_, a_) < 1e-12
+    with pytest.raises(ValueError, match="output_input_map"):
+        restart(family, want, cu, seqs, s0[seqs], torch.float64)
+
+
+def test_a_restarted_fp32_pass_is_rounded_once() -> None:
+    """The pass keeps its outputs in fp32 until ``restart`` moves them, then rounds to the asked dtype."""
+    from hypic.ops.linear import restart
+
+    x = family_inputs("gdn", 70, seed=8)
+    x = {n: t.to(torch.bfloat16) for n, t in x.items()}
+    cu = torch.tensor([0, 30, 70])
+    out = linear_attention("gdn", x["q"], x["k"], x["v"], **token_kwargs(x), cu_seqlens=cu, output_input_map=True)
+    assert out.o.dtype == torch.float32 and out.input_map.dtype == torch.float32
+    o, final = restart("gdn", out, cu, [], out.final_state[:0], torch.bfloat16)
+    assert o.dtype == torch.bfloat16 and torch.equal(o, out.o.to(torch.bfloat16))
