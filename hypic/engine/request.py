@@ -18,9 +18,9 @@ def check_top(top: object) -> int:
 class StructuredOutputsParams:
     """vLLM's offline structured-output request, for code written against it
     (``SamplingParams(structured_outputs=StructuredOutputsParams(choice=[...]))``): one of ``json`` (a
-    schema, or its JSON text), ``json_object``, ``regex``, ``choice`` or ``grammar`` (GBNF); SamplingParams
-    reads it into its own ``json_schema`` / ``regex`` / ``choice`` / ``grammar``. Structural tags are not
-    served."""
+    schema, or its JSON text), ``json_object``, ``regex``, ``choice``, ``grammar`` (GBNF) or
+    ``structural_tag`` (its JSON text); SamplingParams reads it into its own ``json_schema`` / ``regex`` /
+    ``choice`` / ``grammar`` / ``structural_tag``."""
 
     json: dict | bool | str | None = None
     regex: str | None = None
@@ -31,15 +31,13 @@ class StructuredOutputsParams:
 
     def fields(self) -> dict[str, object]:
         """The SamplingParams fields it stands for; ValueError for what is not served or not one."""
-        if self.structural_tag is not None:
-            raise ValueError("structured_outputs.structural_tag: not supported; use json, regex, choice or grammar")
-        asked = {name: getattr(self, name) for name in ("json", "regex", "choice", "grammar")
+        asked = {name: getattr(self, name) for name in ("json", "regex", "choice", "grammar", "structural_tag")
                  if getattr(self, name) is not None}
         if self.json_object:
             asked["json_object"] = True
         if len(asked) != 1:
-            raise ValueError(f"structured_outputs: expected exactly one of json, json_object, regex, choice, grammar, "
-                             f"got {sorted(asked) or 'none'}")
+            raise ValueError("structured_outputs: expected exactly one of json, json_object, regex, choice, grammar, "
+                             f"structural_tag, got {sorted(asked) or 'none'}")
         (name, value), = asked.items()
         if name == "json" and isinstance(value, str):
             try:
@@ -47,7 +45,8 @@ class StructuredOutputsParams:
             except json.JSONDecodeError as e:
                 raise ValueError(f"structured_outputs.json: not JSON: {e}") from None
         return {"json": {"json_schema": value}, "json_object": {"json_schema": {"type": "object"}},
-                "regex": {"regex": value}, "choice": {"choice": value}, "grammar": {"grammar": value}}[name]
+                "regex": {"regex": value}, "choice": {"choice": value}, "grammar": {"grammar": value},
+                "structural_tag": {"structural_tag": value}}[name]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,7 +94,11 @@ class SamplingParams:
     # vLLM's grammar constraint: the whole text derived from this GBNF grammar's root rule
     # (hypic.engine.structured.grammar)
     grammar: str | None = None
-    # vLLM's object for the four above: read into them (and left None) as the params are made
+    # vLLM's structural tags: free text in which each trigger opens a tagged JSON structure (its JSON
+    # text or the object: {"structures": [{"begin", "schema", "end"}], "triggers": [...]};
+    # hypic.engine.structured.tags)
+    structural_tag: str | dict | None = None
+    # vLLM's object for the five above: read into them (and left None) as the params are made
     structured_outputs: StructuredOutputsParams | None = None
     # stop strings: the output ends where one first appears in its text (vLLM's meaning: the text ends
     # before it unless include_stop_str_in_output; the tokens generated so far are kept)
@@ -195,6 +198,8 @@ class SamplingParams:
         for name in ("regex", "grammar"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}: expected a string, got {getattr(self, name)!r}")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
+            raise ValueError(f"structural_tag: expected its JSON text or an object, got {self.structural_tag!r}")
         kinds = self.constraint_kinds
         if len(kinds) > 1:
             raise ValueError(f"{kinds[1]}: one constraint at a time (with {kinds[0]})")
@@ -209,17 +214,20 @@ class SamplingParams:
     @property
     def constraint_kinds(self) -> list[str]:
         """The structured-output fields given (at most one is valid)."""
-        return [name for name in ("json_schema", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        return [name for name in ("json_schema", "regex", "choice", "grammar", "structural_tag")
+                if getattr(self, name) is not None]
 
     def constraint(self):  # -> hypic.engine.structured node, or None
         """The compiled grammar the output must follow (``hypic.engine.structured``), None when
-        unconstrained; compiled once per schema, expression, choice list or grammar (cached)."""
-        from hypic.engine.structured import compile_grammar, compile_schema, compile_text
+        unconstrained; compiled once per schema, expression, choice list, grammar or tag set (cached)."""
+        from hypic.engine.structured import compile_grammar, compile_schema, compile_tags, compile_text
 
         if self.json_schema is not None:
             return compile_schema(self.json_schema)
         if self.grammar is not None:
             return compile_grammar(self.grammar)
+        if self.structural_tag is not None:
+            return compile_tags(self.structural_tag)
         if self.regex is not None or self.choice is not None:
             return compile_text(self.regex, self.choice)
         return None

@@ -212,7 +212,8 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
                               ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema,
-                              regex=regex, choice=choice, grammar=grammar, bad_words=req.bad_words,
+                              regex=regex, choice=choice, grammar=grammar, structural_tag=req.tag_constraint,
+                              bad_words=req.bad_words,
                               allowed_token_ids=req.allowed_token_ids,
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
@@ -238,11 +239,14 @@ def _in_response_format(e: ValueError, field: str | None, given: str | None = No
     (response_format.json_schema.schema, structured_outputs.json, guided_json), and asked for it by
     ``given`` (that, or tool_choice: a forced call's schema)."""
     text = str(e)
-    for kind in ("json_schema", "regex", "choice", "grammar"):  # the library's names for them
+    for kind in ("json_schema", "regex", "choice", "grammar", "structural_tag"):  # the library's names for them
         if given is not None:  # "min_tokens: not with json_schema": the field the request gave it in
             text = text.replace(f"not with {kind}", f"not with {given.split('.')[0]}")
         if text.startswith(kind) and text[len(kind):len(kind) + 1] in (":", "."):  # json_schema.properties.a: …
-            text = (field or "response_format.json_schema.schema") + text.removeprefix(kind)
+            where = field or "response_format.json_schema.schema"
+            if kind == "structural_tag" and where == "response_format.structures":  # its fields lie in response_format
+                where = "response_format"
+            text = where + text.removeprefix(kind)
     return ValueError(text)
 
 

@@ -136,14 +136,15 @@ class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: ``json`` (a schema, or its JSON text) constrains decoding as
     ``response_format`` json_schema does; ``regex`` (the whole answer matches it) and ``choice`` (the
     answer is one of the strings) and ``grammar`` (GBNF: the answer derived from its ``root``) as
-    ``SamplingParams.regex`` / ``choice`` / ``grammar``; structural tags are not served."""
+    ``SamplingParams.regex`` / ``choice`` / ``grammar``; ``structural_tag`` (its JSON text, as vLLM
+    takes it, or the object) as ``SamplingParams.structural_tag``."""
 
     json_: dict[str, Any] | bool | str | None = Field(None, alias="json")
     json_object: bool | None = None
     choice: Choices | None = None
     regex: Pattern | None = None
     grammar: Grammar | None = None
-    structural_tag: Annotated[None, BeforeValidator(not_supported("structural_tag"))] = None
+    structural_tag: Grammar | dict[str, Any] | None = None
 
     @property
     def json_given(self) -> bool:
@@ -171,16 +172,30 @@ class JsonSchemaFormat(Strict):
 
 class ResponseFormat(Strict):
     """OpenAI's ``response_format``: ``json_object`` (any JSON object) or ``json_schema`` (a value its
-    schema accepts) constrain decoding (``SamplingParams.json_schema``); ``text`` does not."""
+    schema accepts) constrain decoding (``SamplingParams.json_schema``); ``text`` does not; vLLM's
+    ``structural_tag`` (``structures`` and ``triggers``) as ``SamplingParams.structural_tag``."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[Any] | None = Field(None, max_length=1024)
+    triggers: list[Any] | None = Field(None, max_length=1024)
 
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema: given exactly when type is json_schema")
+        tags = self.type == "structural_tag"
+        for name in ("structures", "triggers"):
+            if tags != (getattr(self, name) is not None):
+                raise ValueError(f"{name}: given exactly when type is structural_tag")
         return self
+
+    @property
+    def tags(self) -> dict[str, Any] | None:
+        """The structural tag asked, None for another type."""
+        if self.type != "structural_tag":
+            return None
+        return {"type": "structural_tag", "structures": self.structures, "triggers": self.triggers}
 
     @property
     def constraint(self) -> dict[str, Any] | bool | None:
@@ -272,6 +287,9 @@ class Common(Strict):
                  ("structured_outputs.regex", so is not None and so.regex is not None),
                  ("structured_outputs.choice", so is not None and so.choice is not None),
                  ("structured_outputs.grammar", so is not None and so.grammar is not None),
+                 ("response_format.structures", self.response_format is not None
+                  and self.response_format.tags is not None),
+                 ("structured_outputs.structural_tag", so is not None and so.structural_tag is not None),
                  ("guided_json", self.guided_json is not None),
                  ("guided_regex", self.guided_regex is not None),
                  ("guided_choice", self.guided_choice is not None),
@@ -293,6 +311,15 @@ class Common(Strict):
             return self.structured_outputs.constraint
         if field == "response_format.json_schema.schema":
             return self.response_format.constraint
+        return None
+
+    @property
+    def tag_constraint(self) -> str | dict[str, Any] | None:
+        """The structural tag asked (``SamplingParams.structural_tag``), by either name."""
+        if self.constraint_field == "response_format.structures":
+            return self.response_format.tags
+        if self.constraint_field == "structured_outputs.structural_tag":
+            return self.structured_outputs.structural_tag
         return None
 
     @property

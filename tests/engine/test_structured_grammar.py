@@ -204,8 +204,8 @@ def test_bad_grammars_are_refused_by_name_and_place(grammar: str, needle: str) -
         SamplingParams(grammar=grammar)
 
 
-def test_structural_tags_are_refused_and_a_grammar_is_one_constraint() -> None:
-    with pytest.raises(ValueError, match="structural_tag: not supported"):
+def test_a_bad_structural_tag_is_refused_and_a_grammar_is_one_constraint() -> None:
+    with pytest.raises(ValueError, match="structural_tag.triggers: expected a non-empty list"):
         SamplingParams(structured_outputs=S(structural_tag='{"structures": []}'))
     with pytest.raises(ValueError, match="grammar: one constraint at a time"):
         SamplingParams(regex="a", grammar='root ::= "a"')

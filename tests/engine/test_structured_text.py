@@ -108,7 +108,7 @@ def test_bad_constraints_are_refused_by_name(kwargs, needle: str) -> None:
 def test_vllms_structured_outputs_params_read_into_the_same_constraints(llm: LLM) -> None:
     """Code written against vLLM's ``SamplingParams(structured_outputs=StructuredOutputsParams(...))``:
     each kind becomes hypic's own field (the same answers), a clone keeps it, and what vLLM would not
-    take either (none, two) or hypic does not serve (a structural tag) is refused by name."""
+    take either (none, two) or cannot read (a structural tag without triggers) is refused by name."""
     from hypic import StructuredOutputsParams as S
 
     prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
@@ -121,7 +121,7 @@ def test_vllms_structured_outputs_params_read_into_the_same_constraints(llm: LLM
         assert llm.generate(prompt, sp)[0].text == llm.generate(prompt, SamplingParams(max_tokens=10, **own))[0].text
     for kwargs, needle in ((dict(structured_outputs=S()), "exactly one of"),
                            (dict(structured_outputs=S(regex="a", choice=["a"])), "exactly one of"),
-                           (dict(structured_outputs=S(structural_tag="{}")), "structural_tag: not supported"),
+                           (dict(structured_outputs=S(structural_tag="{}")), "structural_tag.triggers: expected"),
                            (dict(structured_outputs=S(regex="a"), choice=["a"]), "structured_outputs: not with choice"),
                            (dict(structured_outputs={"choice": ["a"]}), "expected a StructuredOutputsParams")):
         with pytest.raises(ValueError, match=needle):

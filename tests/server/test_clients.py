@@ -168,6 +168,41 @@ def test_vllms_structured_outputs_constrain_as_response_format(http: httpx.Clien
         assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (extra, r.text)
 
 
+def test_structural_tags_by_either_name_constrain_as_offline(http: httpx.Client, llm: LLM) -> None:
+    """vLLM's ``response_format: {"type": "structural_tag", ...}`` and ``structured_outputs.structural_tag``
+    (its JSON text) answer as ``SamplingParams(structural_tag=...)`` offline: here every "e" the
+    answer writes opens an integer (the test model writes many); bad tags are 400s naming where."""
+    tags = {"triggers": ["e"], "structures": [{"begin": "e", "schema": {"type": "integer"}, "end": ""}]}
+    base = {"model": MODEL, "prompt": "Tell me about the sea.", "max_tokens": 32, "temperature": 1.0}
+    opened = 0
+    for seed in range(3):
+        body = {**base, "seed": seed}
+        want = llm.generate(body["prompt"], SamplingParams(max_tokens=32, temperature=1.0, seed=seed,
+                                                           structural_tag=tags))[0].text
+        for extra in ({"response_format": {"type": "structural_tag", **tags}},
+                      {"structured_outputs": {"structural_tag": json.dumps(tags)}}):
+            r = http.post("/v1/completions", json={**body, **extra})
+            assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (extra, r.text)
+        assert all(re.match(r"-?\d", want[i + 1:]) or want[i + 1:] in ("", "-") for i in range(len(want))
+                   if want[i] == "e")
+        opened += want.count("e")
+        free = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
+        assert free != want
+    assert opened > 0
+    for extra, param in (({"response_format": {"type": "structural_tag", "structures": tags["structures"]}},
+                          "response_format"),
+                         ({"response_format": {"type": "structural_tag", "triggers": ["x"],
+                                               "structures": tags["structures"]}}, "response_format.structures[0]"),
+                         ({"response_format": {"type": "structural_tag", "triggers": ["e"], "structures": [
+                             {"begin": "e", "schema": {"type": "nope"}, "end": ""}]}},
+                          "response_format.structures[0].schema"),
+                         ({"structured_outputs": {"structural_tag": "{no"}}, "structured_outputs.structural_tag"),
+                         ({"response_format": {"type": "structural_tag", **tags}, "guided_regex": "a"},
+                          "guided_regex")):
+        r = http.post("/v1/completions", json={**base, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (extra, r.text)
+
+
 def test_vllms_choice_and_regex_constrain_the_whole_answer(http: httpx.Client) -> None:
     """``structured_outputs.choice`` / ``regex`` (and the older ``guided_choice`` / ``guided_regex``):
     every answer — sampled, whole or streamed, completions or chat — is one of the choices or matches

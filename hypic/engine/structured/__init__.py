@@ -1,6 +1,7 @@
 """Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``),
 to plain text a regular expression matches or one of a list of choices (``regex``, ``choice``:
-``text``), or to text a context-free grammar derives (``grammar``: GBNF).
+``text``), to text a context-free grammar derives (``grammar``: GBNF), or to free text whose
+triggers open tagged JSON structures (``structural_tag``: ``tags``).
 
 ``schema`` compiles the schema (``regex`` its patterns and formats, ``bounds`` its numeric bounds),
 ``grammar`` a GBNF grammar, ``matcher`` reads the text byte by byte (``strings``, ``numbers``: their
@@ -10,7 +11,9 @@ token's logit before sampling.
 
 from hypic.engine.structured.grammar import compile_grammar
 from hypic.engine.structured.schema import compile_schema
+from hypic.engine.structured.tags import compile_tags
 from hypic.engine.structured.text import compile_text
 from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes
 
-__all__ = ["JsonConstraint", "TokenVocab", "compile_grammar", "compile_schema", "compile_text", "token_bytes"]
+__all__ = ["JsonConstraint", "TokenVocab", "compile_grammar", "compile_schema", "compile_tags", "compile_text",
+           "token_bytes"]

@@ -49,6 +49,8 @@ from hypic.engine.structured.schema import (
     needs,
 )
 from hypic.engine.structured.strings import string
+from hypic.engine.structured.tags import Tagged, tag_loop, tagged
+from hypic.engine.structured.tags import initial as tags_initial
 from hypic.engine.structured.text import Text, initial, text
 
 WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
@@ -159,11 +161,21 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     return normal([r for c in classes for r in c.code_points()]), UNBOUNDED
 
 
+def free_text_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
+    """Structural tags' free text with no trigger begun, the only alternative: the characters that
+    keep it so (``tags.tag_loop``) and ``UNBOUNDED``; else None."""
+    top = _only_top(state)
+    if top is None or not isinstance(top[0], Tagged):
+        return None
+    chars = tag_loop(*top)
+    return None if chars is None else (chars, UNBOUNDED)
+
+
 def _between_tokens(stack: Stack) -> bool:
     """Whether the next byte falls between tokens, not inside a string, a declared key or a literal
     (whose spaces are text)."""
     node, local = stack[0], stack[1]
-    if isinstance(node, (Text, *GRAMMAR_NODES)):  # its spaces are text
+    if isinstance(node, (Text, Tagged, *GRAMMAR_NODES)):  # its spaces are text
         return False
     if isinstance(node, Str):
         return local == ("open",)
@@ -222,9 +234,11 @@ def _feed(stack: Stack, byte: int, hops: int, fed: set | None = None) -> list[St
     return found
 
 
-def _initial(node: Node | Text) -> object:
+def _initial(node: Node | Text | Tagged) -> object:
     if isinstance(node, Text):
         return initial(node)
+    if isinstance(node, Tagged):
+        return tags_initial(node)
     if isinstance(node, GRAMMAR_NODES):
         return grammar_initial(node)
     if isinstance(node, (Lit,)):
@@ -239,7 +253,7 @@ def _handle(node: object, local: object, b: int, depth: int) -> list[Outcome]:
     can be finished within ``MAX_DEPTH`` (else the key's bytes would lead nowhere)."""
     if isinstance(node, Root):
         if local == "before":
-            if isinstance(node.node, (Text, *GRAMMAR_NODES)):  # plain text: every byte its own, an empty answer too
+            if isinstance(node.node, (Text, Tagged, *GRAMMAR_NODES)):  # plain text: each byte its own; may be empty
                 return [Outcome("after", node.node, False)]
             if b in WS:
                 return [Outcome("before", None, True)]
@@ -262,6 +276,8 @@ def _handle(node: object, local: object, b: int, depth: int) -> list[Outcome]:
         return string(node, local, b)
     if isinstance(node, Text):
         return text(node, local, b)
+    if isinstance(node, Tagged):
+        return tagged(node, local, b)
     if isinstance(node, GRAMMAR_NODES):
         return grammar_frame(node, local, b)
     if isinstance(node, Num):

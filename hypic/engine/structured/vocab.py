@@ -31,6 +31,7 @@ from hypic.engine.structured.matcher import (
     char_loop,
     finished,
     free_string_room,
+    free_text_loop,
     start,
     string_loop,
 )
@@ -296,7 +297,8 @@ class TokenVocab:
         trie, taken = self.root, None  # the tokens walked; the ones taken as a list
         if room is not None:
             trie, taken = self.rest, self.plain.upto_length(room)
-        elif (loop := string_loop(state) or char_loop(state)) is not None:  # a pattern's, or a grammar's
+        elif (loop := string_loop(state) or char_loop(state) or free_text_loop(state)) is not None:
+            # a pattern's loop, a grammar's, or structural tags' free text
             inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
         # the walk meets few distinct states (inside a loop, one per depth at most), so each state is

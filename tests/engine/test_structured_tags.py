@@ -1,0 +1,212 @@
+"""Structural tags (``SamplingParams.structural_tag``, vLLM's ``structural_tag``): free text in which
+a trigger opens a tagged structure — the rest of its begin, a JSON value its schema accepts, its end.
+The matcher against an independent reading of the rule (a scan for triggers, then ``json.loads`` of
+the value), the vocabulary's masks against trying every token, draws through the bundled model,
+refusals by name."""
+
+import json
+import random
+import re
+
+import pytest
+from tokenizers import Tokenizer
+
+from hypic import LLM, SamplingParams
+from hypic import StructuredOutputsParams as S
+from hypic.engine.structured import JsonConstraint, TokenVocab, compile_tags, token_bytes
+from hypic.engine.structured.matcher import accepting, accepts, advance_bytes, free_text_loop, start
+from hypic.llm import bundled_model_path
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+           "required": ["city"], "additionalProperties": False}
+CALLS = {"type": "structural_tag", "triggers": ["<function="],
+         "structures": [{"begin": "<function=get_weather>", "schema": WEATHER, "end": "</function>"},
+                        {"begin": "<function=get_time>", "schema": {"type": "integer"}, "end": "</function>"}]}
+
+
+def _reference(spec: dict, text: str) -> bool:
+    """The rule read directly: scan for the earliest trigger; from there one structure's begin, the
+    shortest JSON text that parses as a value its schema accepts and its end follows (as hypic
+    writes JSON: at most one space between tokens, none around the value), its end; repeat; the
+    rest is free text."""
+    structures = spec["structures"]
+    at = 0
+    while True:
+        hits = [i for i in (text.find(t, at) for t in spec["triggers"]) if i >= 0]
+        if not hits:
+            return True
+        start_ = min(hits)
+        ok = False
+        for s in structures:
+            if not text.startswith(s["begin"], start_):
+                continue
+            body = start_ + len(s["begin"])
+            for stop in range(body + 1, len(text) + 1):
+                if not text.startswith(s["end"], stop):
+                    continue
+                try:
+                    value = json.loads(text[body:stop])
+                except json.JSONDecodeError:
+                    continue
+                if _valid(value, s["schema"]) and _spaced_as_hypic_writes(text[body:stop]):
+                    at, ok = stop + len(s["end"]), True
+                    break
+            if ok:
+                break
+        if not ok:
+            return False
+
+
+def _spaced_as_hypic_writes(value_text: str) -> bool:
+    """No whitespace but single spaces between tokens outside strings, none at either end."""
+    outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', value_text)
+    return outside == outside.strip() and "  " not in outside and not re.search(r"[\t\n\r]", outside)
+
+
+def _valid(value: object, schema: dict) -> bool:
+    if schema.get("type") == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if schema.get("type") == "boolean":
+        return isinstance(value, bool)
+    if not isinstance(value, dict) or not set(schema["required"]) <= set(value) or set(value) - set(
+            schema["properties"]):
+        return False
+    return isinstance(value["city"], str) and all(isinstance(v, int) for k, v in value.items() if k == "days")
+
+
+TEXTS = ["", "Sure.", "a < b, <func", "<function", "x<function=get_weather>{\"city\":\"Paris\"}</function> done",
+         '<function=get_weather>{"city":"Paris","days":3}</function><function=get_time>12</function>',
+         '<function=get_time>-7</function>tail <function=get_time>0</function>',
+         '<function=get_weather>{"city": "Paris"}</function>', '<function=get_weather>{"city":  "P"}</function>',
+         '<function=get_weather> {"city":"P"}</function>', '<function=get_time>5 </function>',
+         "<function=other>{}</function>", '<function=get_weather>{"city":"Paris"}',
+         '<function=get_weather>{"town":"X"}</function>', "<function=get_time>1.5</function>",
+         "<function=get_time>12</function", "<<function=get_time>1</function>"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_matcher_reads_tags_as_the_rule_says(text: str) -> None:
+    node = compile_tags(CALLS)
+    assert accepts(node, text.encode()) == _reference(CALLS, text), text
+
+
+def test_random_texts_against_the_rule() -> None:
+    """Random mixes of prose, trigger pieces, begins, values and ends: the matcher's verdict is the
+    direct reading's, and every prefix of an accepted text stays readable."""
+    node = compile_tags(CALLS)
+    pieces = ["hi ", "<", "<function=", "<function=get_time>", "<function=get_weather>", "</function>", "</func",
+              "12", "-3", '{"city":"Rome"}', '{"city":"A","days":2}', "{", "}", '"', "x", " "]
+    rng = random.Random(3)
+    for _ in range(1500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 7)))
+        want = _reference(CALLS, text)
+        assert accepts(node, text.encode()) == want, text
+        if want:
+            assert all(advance_bytes(start(node), text.encode()[:k]) is not None for k in range(len(text)))
+
+
+def test_triggers_that_are_whole_begins_or_overlap() -> None:
+    """A trigger that is a whole begin opens its value at once; a trigger inside another's prefix
+    (``ab`` in ``aab``) is still found; an empty end returns to free text at the value's end; a
+    number's end is read back by the structure (its last digit ends it only at the next byte)."""
+    spec = {"triggers": ["@n", "ab"], "structures": [{"begin": "@n", "schema": {"type": "integer"}, "end": ""},
+                                                     {"begin": "abc:", "schema": {"type": "boolean"}, "end": ";"}]}
+    node = compile_tags(spec)
+    for text, want in (("@n12 ok", True), ("@n ok", False), ("@nx", False), ("xaabc:true;", True), ("aab", False),
+                       ("abc:true", False), ("abc:true;abc:false;", True), ("@n1@n2", True), ("aaa", True)):
+        assert accepts(node, text.encode()) == want, text
+        assert _reference(spec, text) == want, text
+
+
+def test_the_end_of_the_answer_only_in_free_text() -> None:
+    node = compile_tags(CALLS)
+    for text, free in (("hello", True), ("<function=get", False), ('<function=get_weather>{"city":"P"}', False),
+                       ("<function=get_time>1</function>", True), ("<functio", True)):
+        assert accepting(advance_bytes(start(node), text.encode())) == free, text
+
+
+@pytest.mark.parametrize(("spec", "needle"), [
+    ("{not json", "structural_tag: not JSON"),
+    ({"structures": CALLS["structures"]}, r"structural_tag.triggers: expected a non-empty list"),
+    ({"triggers": [""], "structures": CALLS["structures"]}, "structural_tag.triggers"),
+    ({"triggers": ["<f"], "structures": []}, "structural_tag.structures: expected a non-empty list"),
+    ({"triggers": ["<tool>"], "structures": CALLS["structures"]},
+     r"structural_tag.structures\[0\].begin: '<function=get_weather>' starts with no trigger"),
+    ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {"type": "bogus"}, "end": "</a>"}]},
+     r"structural_tag.structures\[0\].schema: "),
+    ({"triggers": ["<"], "structures": [{"begin": "<a>", "end": "</a>"}]}, r"structures\[0\]: expected an object with"),
+    ({"type": "structural_tag", "format": {}}, "unknown field 'format'"),
+    ({"type": "json", "triggers": ["<"], "structures": CALLS["structures"]}, "structural_tag.type"),
+])
+def test_bad_tags_are_refused_by_name(spec: object, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(structural_tag=spec)
+
+
+def test_tags_are_one_constraint_and_vllms_object_carries_them() -> None:
+    sp = SamplingParams(structured_outputs=S(structural_tag=json.dumps(CALLS)))
+    assert sp.constraint_kinds == ["structural_tag"] and sp.structured_outputs is None
+    assert sp.constraint() is compile_tags(CALLS)  # compiled once per tag set
+    with pytest.raises(ValueError, match="structural_tag: one constraint at a time"):
+        SamplingParams(regex="a", structural_tag=CALLS)
+    with pytest.raises(ValueError, match="structural_tag: expected its JSON text or an object"):
+        SamplingParams(structural_tag=5)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> TokenVocab:
+    tokenizer = Tokenizer.from_file(str(bundled_model_path() / "tokenizer.json"))
+    return TokenVocab(token_bytes(tokenizer))
+
+
+def test_allowed_tokens_equal_a_pass_over_every_token(vocab: TokenVocab) -> None:
+    """At states along random walks — free text (where the loop shortcut takes every token without
+    a trigger's first character from a list), mid-trigger, mid-begin, inside the value, mid-end —
+    the trie walk's allowed set is exactly the tokens whose bytes the matcher reads."""
+    spec = {"triggers": ["<f", "er"], "structures": [  # "er": inside many tokens, most then refused ("ers")
+        {"begin": "<f=w>", "schema": WEATHER, "end": "</f>"},
+        {"begin": "er!", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": "."}]}
+    rng = random.Random(5)
+    checked = shortcuts = 0
+    for _ in range(6):
+        c = JsonConstraint(vocab, compile_tags(spec), set())
+        for _ in range(30):
+            shortcuts += free_text_loop(c.state) is not None
+            want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(c.state, data) is not None)
+            got = c.allowed().tolist()
+            assert got == want
+            checked += 1
+            # lean towards the tags: a token holding a trigger or begin's next bytes, else any
+            ids = got
+            tagged = [i for i in ids if re.search(rb"<|f|=|w|>|er|!|\{|\"|[0-9]|\.", vocab.pieces[i])]
+            tok = rng.choice(tagged if tagged and rng.random() < 0.8 else ids)
+            assert c.accept(tok)
+    assert checked == 180 and shortcuts > 5
+
+
+def test_draws_through_the_bundled_model_follow_the_tags() -> None:
+    """The bundled model answers ``Answer: <place>``; with "Answer" as a trigger opening
+    ``Answer:"<a JSON string>".``, every sampled answer writes it only in that shape (its string
+    cut short only where max_tokens ends the answer), while unconstrained answers do not."""
+    llm = LLM(device="cpu")
+    spec = {"triggers": ["Answer"], "structures": [{"begin": "Answer:", "schema": {"type": "string"}, "end": "."}]}
+    prompt = "Profile of Mira. Mira lives in Quorvane and works as a potter.<<PIC_SEP>>Where does Mira live?"
+    shaped = re.compile(r':("(?:[^"\\]|\\.)*")\.')
+    named = 0
+    for seed in range(6):
+        text = llm.generate(prompt, SamplingParams(max_tokens=24, temperature=1.0, seed=seed,
+                                                   structural_tag=spec))[0].text
+        named += "Answer" in text
+        at = 0
+        while (i := text.find("Answer", at)) >= 0:  # in free text (inside a string it is no trigger)
+            m = shaped.match(text, i + len("Answer"))
+            if m is None:  # cut short by max_tokens: a prefix of the shape, running to the end
+                assert re.fullmatch(r'(:("(?:[^"\\]|\\.)*)?)?', text[i + len("Answer"):]), (seed, text)
+                break
+            assert isinstance(json.loads(m[1]), str)
+            at = m.end()
+    assert named >= 3
+    free = [llm.generate(prompt, SamplingParams(max_tokens=24, temperature=1.0, seed=s))[0].text for s in range(6)]
+    assert any("Answer" in t and not shaped.search(t) for t in free)  # unconstrained: another shape
+    with pytest.raises(ValueError, match="structural_tag"):
+        llm.generate(prompt, SamplingParams(structural_tag={"triggers": ["x"], "structures": []}))
