@@ -75,7 +75,7 @@ def _torch_conv(x: Tensor, weight: Tensor, bias: Tensor | None, cu: Tensor, init
             y[shift:].addcmul_(xa[:T - shift], wa[:, w])
     edges = _edges(tuple(cu.tolist()), W, x.device)
     tails = (x.new_zeros(N * (W - 1), D, dtype=acc) if initial_tail is None
-             else initial_tail.to(acc).reshape(N * (W - 1), D))
+             else initial_tail.to(x.dtype).to(acc).reshape(N * (W - 1), D))  # in x's dtype, as the Triton conv reads it
     pool = torch.cat([tails, xa.index_select(0, edges.x_rows), xa.new_zeros(1, D)])  # what the edges read
     window = pool.index_select(0, edges.window).reshape(N, 2 * (W - 1), D)  # [tail_i ; first W−1 inputs of i]
     heads = window[:, W - 1:] * wa[:, W - 1]

@@ -68,6 +68,10 @@ def _valid(value: object, schema: dict) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if schema.get("type") == "boolean":
         return isinstance(value, bool)
+    if schema.get("type") == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not schema:
+        return True
     if not isinstance(value, dict) or not set(schema["required"]) <= set(value) or set(value) - set(
             schema["properties"]):
         return False
@@ -118,6 +122,20 @@ def test_triggers_that_are_whole_begins_or_overlap() -> None:
         assert _reference(spec, text) == want, text
 
 
+def test_a_number_may_end_where_its_end_begins_with_what_could_go_on_with_it() -> None:
+    """An end that begins with a digit, ``.`` or ``e`` follows a number directly: ``42.`` is the number
+    42 and the end "." (the number's reader hands such a byte back where the number is whole);
+    inside JSON nothing changes (``[1.]`` is still refused)."""
+    spec = {"triggers": ["Total: "], "structures": [{"begin": "Total: ", "schema": {"type": "number"}, "end": "."},
+                                                   {"begin": "Total: n", "schema": {"type": "integer"}, "end": "0!"}]}
+    node = compile_tags(spec)
+    for text in ("Total: 42. Done", "Total: 42.0. Done", "Total: 1e5.", "Total: n70!", "Total: n0!", "Total: 42.",
+                 "Total: 4.", "Total: 42..", "Total: n1!", "Total: .5."):
+        assert accepts(node, text.encode()) == _reference(spec, text), text
+    from hypic.engine.structured import compile_schema
+    assert not accepts(compile_schema({"type": "array"}), b"[1.]") and accepts(compile_schema(True), b"[1.5,2e3]")
+
+
 def test_the_end_of_the_answer_only_in_free_text() -> None:
     node = compile_tags(CALLS)
     for text, free in (("hello", True), ("<function=get", False), ('<function=get_weather>{"city":"P"}', False),
@@ -134,13 +152,26 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
      r"structural_tag.structures\[0\].begin: '<function=get_weather>' starts with no trigger"),
     ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {"type": "bogus"}, "end": "</a>"}]},
      r"structural_tag.structures\[0\].schema: "),
-    ({"triggers": ["<"], "structures": [{"begin": "<a>", "end": "</a>"}]}, r"structures\[0\]: expected an object with"),
+    ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {}}]}, r"structures\[0\]: expected an object with"),
     ({"type": "structural_tag", "format": {}}, "unknown field 'format'"),
     ({"type": "json", "triggers": ["<"], "structures": CALLS["structures"]}, "structural_tag.type"),
+    ({"triggers": ["<call>", "all"], "structures": [{"begin": "<call>", "end": "</call>"}]},
+     "'all' lies inside '<call>'"),
+    ({"triggers": [f"<{i}>" for i in range(33)], "structures": [{"begin": "<1>", "end": ""}]}, "at most 32"),
+    ({"triggers": ["<" * 129], "structures": [{"begin": "<" * 129, "end": ""}]}, "each at most 128 bytes"),
+    ({"triggers": ["<"], "structures": [{"begin": "<", "end": "", "schema": {"enum": [b"x"]}}]}, "not JSON"),
+    ({"triggers": ["<"], "structures": {"<"}}, "not JSON"),
 ])
 def test_bad_tags_are_refused_by_name(spec: object, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         SamplingParams(structural_tag=spec)
+
+
+def test_a_structure_without_a_schema_takes_any_json_value() -> None:
+    node = compile_tags({"triggers": ["<v>"], "structures": [{"begin": "<v>", "end": "</v>"}]})
+    for value in ('1', '"s"', '{"a":[true,null]}', '[]'):
+        assert accepts(node, f"x<v>{value}</v>y".encode()), value
+    assert not accepts(node, b"<v></v>")
 
 
 def test_tags_are_one_constraint_and_vllms_object_carries_them() -> None:

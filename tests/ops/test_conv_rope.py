@@ -68,6 +68,15 @@ def test_packed_conv_equals_each_sequence_alone(seed: int) -> None:
         assert torch.equal(out.tail[i], ext[-(W - 1):])
 
 
+def test_a_wider_tail_is_read_in_the_inputs_dtype() -> None:
+    """An fp32 tail beside bf16 inputs is rounded to bf16 first, as the Triton conv reads it."""
+    x = torch.randn(12, 8, dtype=torch.bfloat16, generator=GEN)
+    w = torch.randn(8, 4, dtype=torch.bfloat16, generator=GEN)
+    tail = torch.randn(1, 3, 8, generator=GEN)
+    wide = causal_conv1d(x, w, initial_tail=tail)
+    assert torch.equal(wide.y, causal_conv1d(x, w, initial_tail=tail.to(torch.bfloat16)).y)
+
+
 def test_packed_conv_gradient() -> None:
     """Training on the CPU differentiates the torch conv (in-place tap sums and the edges put back)."""
     x = torch.randn(9, 3, dtype=torch.float64, generator=GEN, requires_grad=True)

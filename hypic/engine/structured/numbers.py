@@ -35,6 +35,16 @@ def number(node: Num, local: tuple, b: int) -> list[Outcome]:
 
 
 def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
+    """The number's next phase for byte ``b``; where the number so far is whole, also its end, the
+    byte handed back to what follows (in JSON a digit, ``.`` or ``e`` after a number can only go on
+    with it, and the value's parent refuses them; a structural tag's end may begin with one: ``42.``)."""
+    out = _continued(node, local, b)
+    if local[0] in _NUMBER_ENDS:
+        out.append(Outcome(POP, None, False))
+    return out
+
+
+def _continued(node: Num, local: tuple, b: int) -> list[Outcome]:
     phase, digits = local
     digit = b in DIGITS
     if phase == "start":
@@ -53,7 +63,7 @@ def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
             return [Outcome(("exp0", 0), None, True)]
         if b in (ord("+"), ord("-")) and phase == "exp0":
             return [Outcome(("esign", 0), None, True)]
-    return [Outcome(POP, None, False)] if phase in _NUMBER_ENDS else []
+    return []
 
 
 def _first_digit(b: int) -> list[Outcome]:

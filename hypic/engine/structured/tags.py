@@ -24,7 +24,12 @@ from functools import lru_cache
 from hypic.engine.structured.frames import END, POP, Outcome
 from hypic.engine.structured.schema import Node, compile_schema
 
-MAX_TAG_BYTES = 4096  # a trigger, begin or end longer than this is refused (they are markers, not text)
+MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are markers, not text)
+# Free text is read against every prefix of every trigger (a set built at compile time: Σ len² / 2
+# bytes), so triggers are held to what markers need: a request of 1 024 triggers of 4 KiB would
+# have cost gigabytes.
+MAX_TRIGGERS = 32
+MAX_TRIGGER_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -36,19 +41,12 @@ class Structure:
 
 @dataclass(eq=False, frozen=True)
 class Tagged:
-    """Free text with tagged structures (module doc)."""
+    """Free text with tagged structures (module doc). ``prefixes``: every proper prefix of a
+    trigger, the empty one included — what free text may be in the middle of."""
 
     triggers: tuple[bytes, ...]
     structures: tuple[Structure, ...]
-
-    def prefixes(self) -> frozenset[bytes]:
-        return _prefixes(self.triggers)
-
-
-@lru_cache(maxsize=64)
-def _prefixes(triggers: tuple[bytes, ...]) -> frozenset[bytes]:
-    """Every proper prefix of a trigger, the empty one included: what free text may be in the middle of."""
-    return frozenset(t[:i] for t in triggers for i in range(len(t)))
+    prefixes: frozenset[bytes]
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -62,7 +60,10 @@ def compile_tags(spec: object) -> Tagged:
             raise ValueError(f"structural_tag: not JSON: {e}") from None
     if not isinstance(spec, dict):
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
-    text = json.dumps(spec, sort_keys=True)
+    try:
+        text = json.dumps(spec, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"structural_tag: not JSON ({e})") from None
     return _compile(text)
 
 
@@ -78,31 +79,38 @@ def _compile(text: str) -> Tagged:
     triggers = spec.get("triggers")
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
         raise ValueError("structural_tag.triggers: expected a non-empty list of non-empty strings")
+    encoded = tuple(dict.fromkeys(t.encode() for t in triggers))
+    if len(encoded) > MAX_TRIGGERS or max(map(len, encoded)) > MAX_TRIGGER_BYTES:
+        raise ValueError(f"structural_tag.triggers: at most {MAX_TRIGGERS}, each at most {MAX_TRIGGER_BYTES} bytes "
+                         "(they are markers)")
+    for t in encoded:  # found first, the inner one would always open its structures, never the outer's
+        inner = next((u for u in encoded if u != t and u in t[1:]), None)
+        if inner is not None:
+            raise ValueError(f"structural_tag.triggers: {inner.decode()!r} lies inside {t.decode()!r}, so "
+                             f"{t.decode()!r} could never be written whole (its inner trigger opens first)")
     structures = spec.get("structures")
     if not isinstance(structures, list) or not structures:
         raise ValueError("structural_tag.structures: expected a non-empty list of {begin, schema, end}")
     out = []
     for i, s in enumerate(structures):
         where = f"structural_tag.structures[{i}]"
-        if not isinstance(s, dict) or set(s) != {"begin", "schema", "end"}:
+        if not isinstance(s, dict) or not {"begin", "end"} <= set(s) or set(s) - {"begin", "schema", "end"}:
             got = sorted(s) if isinstance(s, dict) else type(s).__name__
-            raise ValueError(f"{where}: expected an object with begin, schema and end, got {got}")
+            raise ValueError(f"{where}: expected an object with begin, end and (optionally) schema, got {got}")
         if not isinstance(s["begin"], str) or not isinstance(s["end"], str):
             raise ValueError(f"{where}: begin and end must be strings")
         begin, end = s["begin"].encode(), s["end"].encode()
         if not any(begin.startswith(t.encode()) for t in triggers):
             raise ValueError(f"{where}.begin: {s['begin']!r} starts with no trigger, so it could never be written")
         try:
-            schema = compile_schema(s["schema"])
+            schema = compile_schema(s.get("schema", True))  # no schema: any JSON value (vLLM's default)
         except ValueError as e:
             raise ValueError(f"{where}.schema: {str(e).removeprefix('json_schema: ')}") from None
         out.append(Structure(begin, schema, end))
-    encoded = tuple(dict.fromkeys(t.encode() for t in triggers))
-    for what, b in [("trigger", t) for t in encoded] + [(f"structures[{i}] begin/end", x) for i, s in
-                                                         enumerate(out) for x in (s.begin, s.end)]:
-        if len(b) > MAX_TAG_BYTES:
-            raise ValueError(f"structural_tag: a {what} of {len(b)} bytes (at most {MAX_TAG_BYTES})")
-    return Tagged(encoded, tuple(out))
+    for i, s in enumerate(out):
+        if max(len(s.begin), len(s.end)) > MAX_TAG_BYTES:
+            raise ValueError(f"structural_tag.structures[{i}]: a begin or end of more than {MAX_TAG_BYTES} bytes")
+    return Tagged(encoded, tuple(out), frozenset(t[:i] for t in encoded for i in range(len(t))))
 
 
 def initial(node: Tagged) -> tuple:
@@ -121,7 +129,7 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
         out = [o for t in node.triggers if text.endswith(t) for o in _begun(node, t)]
         if out:
             return list(dict.fromkeys(out))
-        prefixes = node.prefixes()
+        prefixes = node.prefixes
         while text not in prefixes:
             text = text[1:]
         return [Outcome(("free", text), None, True)]
