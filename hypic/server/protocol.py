@@ -173,21 +173,26 @@ class JsonSchemaFormat(Strict):
 class ResponseFormat(Strict):
     """OpenAI's ``response_format``: ``json_object`` (any JSON object) or ``json_schema`` (a value its
     schema accepts) constrain decoding (``SamplingParams.json_schema``); ``text`` does not; vLLM's
-    ``structural_tag`` (``structures`` and ``triggers``) as ``SamplingParams.structural_tag``."""
+    ``structural_tag`` (``structures`` and ``triggers``, or xgrammar's ``format``) as
+    ``SamplingParams.structural_tag``."""
 
     type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
     structures: list[Any] | None = Field(None, max_length=1024)
     triggers: list[Any] | None = Field(None, max_length=1024)
+    format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _schema_with_its_type(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema: given exactly when type is json_schema")
         tags = self.type == "structural_tag"
-        for name in ("structures", "triggers"):
-            if tags != (getattr(self, name) is not None):
-                raise ValueError(f"{name}: given exactly when type is structural_tag")
+        if not tags and (self.structures, self.triggers, self.format) != (None, None, None):
+            raise ValueError("structures, triggers, format: only with type structural_tag")
+        if tags and (self.format is None) != (self.structures is not None and self.triggers is not None):
+            raise ValueError("structural_tag: give structures and triggers, or format (xgrammar's), one of them")
+        if tags and self.format is not None and (self.structures, self.triggers) != (None, None):
+            raise ValueError("format: not with structures or triggers")
         return self
 
     @property
@@ -195,6 +200,8 @@ class ResponseFormat(Strict):
         """The structural tag asked, None for another type."""
         if self.type != "structural_tag":
             return None
+        if self.format is not None:
+            return {"type": "structural_tag", "format": self.format}
         return {"type": "structural_tag", "structures": self.structures, "triggers": self.triggers}
 
     @property

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 from hypic import LLM, SamplingParams
 from hypic import StructuredOutputsParams as S
 from hypic.engine.structured import JsonConstraint, TokenVocab, compile_tags, token_bytes
-from hypic.engine.structured.matcher import accepting, accepts, advance_bytes, free_text_loop, start
+from hypic.engine.structured.matcher import accepting, accepts, advance_bytes, finished, free_text_loop, start
 from hypic.llm import bundled_model_path
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -153,7 +153,19 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
     ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {"type": "bogus"}, "end": "</a>"}]},
      r"structural_tag.structures\[0\].schema: "),
     ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {}}]}, r"structures\[0\]: expected an object with"),
-    ({"type": "structural_tag", "format": {}}, "unknown field 'format'"),
+    ({"type": "structural_tag", "format": {"type": "sequence", "elements": []}},
+     "structural_tag.format.type: 'sequence' is not served"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
+        {"begin": "<f>", "content": {"type": "regex", "pattern": "a"}, "end": ""}]}},
+     r"structural_tag.format.tags\[0\].content: 'regex' is not served"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
+        {"begin": "<f>", "content": {"type": "json_schema", "json_schema": {}}, "end": ""}], "at_least_one": 1}},
+     "structural_tag.format.at_least_one: expected a boolean"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
+        {"begin": "<g>", "content": {"type": "json_schema", "json_schema": {}}, "end": ""}]}},
+     r"structural_tag.format.tags\[0\].begin: '<g>' starts with no trigger"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": []}, "triggers": ["<f"]},
+     "format goes alone"),
     ({"type": "json", "triggers": ["<"], "structures": CALLS["structures"]}, "structural_tag.type"),
     ({"triggers": ["<call>", "all"], "structures": [{"begin": "<call>", "end": "</call>"}]},
      "'all' lies inside '<call>'"),
@@ -165,6 +177,36 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
 def test_bad_tags_are_refused_by_name(spec: object, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         SamplingParams(structural_tag=spec)
+
+
+def _format(spec: dict, **flags: bool) -> dict:
+    """The same tags in xgrammar's newer form: format triggered_tags, contents json_schema."""
+    return {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": spec["triggers"], "tags": [
+        {"begin": s["begin"], "content": {"type": "json_schema", "json_schema": s["schema"]}, "end": s["end"]}
+        for s in spec["structures"]], **flags}}
+
+
+def test_xgrammars_triggered_tags_read_as_the_older_form_and_its_two_flags() -> None:
+    """``format: {"type": "triggered_tags", ...}`` accepts what the older form accepts (fixed and random
+    texts); ``at_least_one`` makes the answer begin with a structure, ``stop_after_first`` end with its
+    first structure's end (then nothing may follow: the output is finished)."""
+    plain, newer = compile_tags(CALLS), compile_tags(_format(CALLS))
+    rng = random.Random(4)
+    pieces = ["hi ", "<function=", "<function=get_time>", "</function>", "12", '{"city":"Rome"}', "<"]
+    for text in TEXTS + ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) for _ in range(500)]:
+        assert accepts(newer, text.encode()) == accepts(plain, text.encode()), text
+    first = compile_tags(_format(CALLS, at_least_one=True))
+    for text, want in (("", False), ("hi", False), ("<function=get_time>1</function>", True),
+                       ("<function=get_time>1</function> then <function=get_time>2</function>", True),
+                       ("hi <function=get_time>1</function>", False)):
+        assert accepts(first, text.encode()) == want, text
+    once = compile_tags(_format(CALLS, stop_after_first=True))
+    for text, want in (("", True), ("hi", True), ("hi <function=get_time>1</function>", True),
+                       ("<function=get_time>1</function>x", False),
+                       ("<function=get_time>1</function><function=get_time>2</function>", False)):
+        assert accepts(once, text.encode()) == want, text
+    assert finished(advance_bytes(start(once), b"x <function=get_time>1</function>"))
+    assert not finished(advance_bytes(start(plain), b"x <function=get_time>1</function>"))
 
 
 def test_a_structure_without_a_schema_takes_any_json_value() -> None:

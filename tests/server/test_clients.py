@@ -179,8 +179,11 @@ def test_structural_tags_by_either_name_constrain_as_offline(http: httpx.Client,
         body = {**base, "seed": seed}
         want = llm.generate(body["prompt"], SamplingParams(max_tokens=32, temperature=1.0, seed=seed,
                                                            structural_tag=tags))[0].text
+        xgrammars = {"type": "triggered_tags", "triggers": ["e"], "tags": [
+            {"begin": "e", "content": {"type": "json_schema", "json_schema": {"type": "integer"}}, "end": ""}]}
         for extra in ({"response_format": {"type": "structural_tag", **tags}},
-                      {"structured_outputs": {"structural_tag": json.dumps(tags)}}):
+                      {"structured_outputs": {"structural_tag": json.dumps(tags)}},
+                      {"response_format": {"type": "structural_tag", "format": xgrammars}}):
             r = http.post("/v1/completions", json={**body, **extra})
             assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (extra, r.text)
         assert all(re.match(r"-?\d", want[i + 1:]) or want[i + 1:] in ("", "-") for i in range(len(want))
@@ -197,6 +200,10 @@ def test_structural_tags_by_either_name_constrain_as_offline(http: httpx.Client,
                              {"begin": "e", "schema": {"type": "nope"}, "end": ""}]}},
                           "response_format.structures[0].schema"),
                          ({"structured_outputs": {"structural_tag": "{no"}}, "structured_outputs.structural_tag"),
+                         ({"response_format": {"type": "structural_tag", "format": {"type": "or", "elements": []}}},
+                          "response_format.format.type"),
+                         ({"response_format": {"type": "structural_tag", "format": {}, **tags}}, "response_format"),
+                         ({"response_format": {"type": "json_object", "triggers": ["e"]}}, "response_format"),
                          ({"response_format": {"type": "structural_tag", **tags}, "guided_regex": "a"},
                           "guided_regex")):
         r = http.post("/v1/completions", json={**base, **extra})

@@ -12,7 +12,10 @@ schema accepts (compact, as every hypic JSON output), then its ``end``, and is f
 lets the model answer in prose, or call ``get_weather`` with arguments its schema accepts, as often
 as it likes. Free text is read byte by byte against the triggers (the longest suffix of the text
 that begins one); it may end anywhere but inside a structure. A trigger must begin every structure's
-``begin`` (else that structure could never be reached; xgrammar's rule too).
+``begin`` (else that structure could never be reached; xgrammar's rule too). xgrammar's newer form
+``{"format": {"type": "triggered_tags", ...}}`` says the same with ``content: {"type": "json_schema"}``,
+and two flags: ``at_least_one`` (the answer begins with a structure) and ``stop_after_first`` (it
+ends with the first structure's end).
 """
 
 from __future__ import annotations
@@ -47,6 +50,8 @@ class Tagged:
     triggers: tuple[bytes, ...]
     structures: tuple[Structure, ...]
     prefixes: frozenset[bytes]
+    at_least_one: bool = False  # the answer begins with a structure (xgrammar's triggered_tags)
+    stop_after_first: bool = False  # the answer ends with its first structure's end
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -70,57 +75,112 @@ def compile_tags(spec: object) -> Tagged:
 @lru_cache(maxsize=64)
 def _compile(text: str) -> Tagged:
     spec = json.loads(text)
-    unknown = sorted(set(spec) - {"type", "structures", "triggers"})
-    if unknown:
-        raise ValueError(f"structural_tag: unknown field {unknown[0]!r} (hypic reads type, structures, triggers; "
-                         "xgrammar's newer 'format' form is not served)")
     if spec.get("type", "structural_tag") != "structural_tag":
         raise ValueError(f"structural_tag.type: expected 'structural_tag', got {spec['type']!r}")
-    triggers = spec.get("triggers")
+    if "format" in spec:
+        return _triggered_tags(spec)
+    unknown = sorted(set(spec) - {"type", "structures", "triggers"})
+    if unknown:
+        raise ValueError(f"structural_tag: unknown field {unknown[0]!r} (hypic reads type, structures and triggers, "
+                         "or format)")
+    triggers = _triggers(spec.get("triggers"), "structural_tag.triggers")
+    items = []
+    for where, s in _entries(spec.get("structures"), "structural_tag.structures", {"begin", "end"}, {"schema"}):
+        items.append((where, s["begin"], s.get("schema", True), s["end"]))  # no schema: any JSON value (vLLM's)
+    return _tagged(triggers, items, False, False)
+
+
+def _triggered_tags(spec: dict) -> Tagged:
+    """xgrammar's newer form: ``{"format": {"type": "triggered_tags", "triggers", "tags": [{"begin",
+    "content": {"type": "json_schema", "json_schema"}, "end"}], "at_least_one", "stop_after_first"}}``
+    — the one format the older form can say (other format types, and other contents, refused by name)."""
+    fmt = spec["format"]
+    if set(spec) - {"type", "format"}:
+        raise ValueError("structural_tag: format goes alone (beside type), not with structures or triggers")
+    if not isinstance(fmt, dict) or fmt.get("type") != "triggered_tags":
+        got = fmt.get("type") if isinstance(fmt, dict) else type(fmt).__name__
+        raise ValueError(f"structural_tag.format.type: {got!r} is not served (hypic serves triggered_tags, its "
+                         "tags' content json_schema)")
+    unknown = sorted(set(fmt) - {"type", "triggers", "tags", "at_least_one", "stop_after_first"})
+    if unknown:
+        raise ValueError(f"structural_tag.format: unknown field {unknown[0]!r}")
+    flags = [fmt.get(name, False) for name in ("at_least_one", "stop_after_first")]
+    for name, flag in zip(("at_least_one", "stop_after_first"), flags, strict=True):
+        if not isinstance(flag, bool):
+            raise ValueError(f"structural_tag.format.{name}: expected a boolean, got {flag!r}")
+    triggers = _triggers(fmt.get("triggers"), "structural_tag.format.triggers")
+    items = []
+    for where, t in _entries(fmt.get("tags"), "structural_tag.format.tags", {"begin", "content", "end"}, {"type"}):
+        if t.get("type", "tag") != "tag":
+            raise ValueError(f"{where}.type: expected 'tag', got {t['type']!r}")
+        content = t["content"]
+        if not isinstance(content, dict) or content.get("type") != "json_schema" or set(content) != {
+                "type", "json_schema"}:
+            got = content.get("type") if isinstance(content, dict) else type(content).__name__
+            raise ValueError(f"{where}.content: {got!r} is not served (a {{\"type\": \"json_schema\", "
+                             "\"json_schema\": …}} only)")
+        items.append((where, t["begin"], content["json_schema"], t["end"]))
+    return _tagged(triggers, items, *flags)
+
+
+def _entries(entries: object, named: str, required: set[str], optional: set[str]) -> list[tuple[str, dict]]:
+    """A non-empty list of objects with the ``required`` fields and maybe the ``optional`` ones,
+    each with the name a refusal gives it."""
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{named}: expected a non-empty list of {{{', '.join(sorted(required))}}}")
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not required <= set(e) or set(e) - required - optional:
+            got = sorted(e) if isinstance(e, dict) else type(e).__name__
+            maybe = f" (and optionally {', '.join(sorted(optional))})" if optional else ""
+            raise ValueError(f"{named}[{i}]: expected an object with {', '.join(sorted(required))}{maybe}, got {got}")
+    return [(f"{named}[{i}]", e) for i, e in enumerate(entries)]
+
+
+def _triggers(triggers: object, named: str) -> tuple[bytes, ...]:
+    """The triggers, checked: non-empty strings, held to markers' size, none inside another."""
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
-        raise ValueError("structural_tag.triggers: expected a non-empty list of non-empty strings")
+        raise ValueError(f"{named}: expected a non-empty list of non-empty strings")
     encoded = tuple(dict.fromkeys(t.encode() for t in triggers))
     if len(encoded) > MAX_TRIGGERS or max(map(len, encoded)) > MAX_TRIGGER_BYTES:
-        raise ValueError(f"structural_tag.triggers: at most {MAX_TRIGGERS}, each at most {MAX_TRIGGER_BYTES} bytes "
-                         "(they are markers)")
+        raise ValueError(f"{named}: at most {MAX_TRIGGERS}, each at most {MAX_TRIGGER_BYTES} bytes (they are markers)")
     for t in encoded:  # found first, the inner one would always open its structures, never the outer's
         inner = next((u for u in encoded if u != t and u in t[1:]), None)
         if inner is not None:
-            raise ValueError(f"structural_tag.triggers: {inner.decode()!r} lies inside {t.decode()!r}, so "
-                             f"{t.decode()!r} could never be written whole (its inner trigger opens first)")
-    structures = spec.get("structures")
-    if not isinstance(structures, list) or not structures:
-        raise ValueError("structural_tag.structures: expected a non-empty list of {begin, schema, end}")
+            raise ValueError(f"{named}: {inner.decode()!r} lies inside {t.decode()!r}, so {t.decode()!r} could never "
+                             "be written whole (its inner trigger opens first)")
+    return encoded
+
+
+def _tagged(encoded: tuple[bytes, ...], items: list[tuple[str, object, object, object]], at_least_one: bool,
+            stop_after_first: bool) -> Tagged:
+    """The node from the triggers and (where, begin, schema, end) items, each checked and named."""
     out = []
-    for i, s in enumerate(structures):
-        where = f"structural_tag.structures[{i}]"
-        if not isinstance(s, dict) or not {"begin", "end"} <= set(s) or set(s) - {"begin", "schema", "end"}:
-            got = sorted(s) if isinstance(s, dict) else type(s).__name__
-            raise ValueError(f"{where}: expected an object with begin, end and (optionally) schema, got {got}")
-        if not isinstance(s["begin"], str) or not isinstance(s["end"], str):
+    for where, begin, schema, end in items:
+        if not isinstance(begin, str) or not isinstance(end, str):
             raise ValueError(f"{where}: begin and end must be strings")
-        begin, end = s["begin"].encode(), s["end"].encode()
-        if not any(begin.startswith(t.encode()) for t in triggers):
-            raise ValueError(f"{where}.begin: {s['begin']!r} starts with no trigger, so it could never be written")
+        if not any(begin.encode().startswith(t) for t in encoded):
+            raise ValueError(f"{where}.begin: {begin!r} starts with no trigger, so it could never be written")
+        if max(len(begin.encode()), len(end.encode())) > MAX_TAG_BYTES:
+            raise ValueError(f"{where}: a begin or end of more than {MAX_TAG_BYTES} bytes")
         try:
-            schema = compile_schema(s.get("schema", True))  # no schema: any JSON value (vLLM's default)
+            node = compile_schema(schema)
         except ValueError as e:
-            raise ValueError(f"{where}.schema: {str(e).removeprefix('json_schema: ')}") from None
-        out.append(Structure(begin, schema, end))
-    for i, s in enumerate(out):
-        if max(len(s.begin), len(s.end)) > MAX_TAG_BYTES:
-            raise ValueError(f"structural_tag.structures[{i}]: a begin or end of more than {MAX_TAG_BYTES} bytes")
-    return Tagged(encoded, tuple(out), frozenset(t[:i] for t in encoded for i in range(len(t))))
+            field = "schema" if where.startswith("structural_tag.structures") else "content.json_schema"
+            raise ValueError(f"{where}.{field}: {str(e).removeprefix('json_schema: ')}") from None
+        out.append(Structure(begin.encode(), node, end.encode()))
+    return Tagged(encoded, tuple(out), frozenset(t[:i] for t in encoded for i in range(len(t))), at_least_one,
+                  stop_after_first)
 
 
 def initial(node: Tagged) -> tuple:
-    return ("free", b"")
+    return ("begin", b"") if node.at_least_one else ("free", b"")
 
 
 def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     """A ``Tagged`` frame reads byte ``b`` (or END). Locals: ("free", pending) — pending, the
     longest suffix of the text that a trigger begins; ("begin", got) — the begin's bytes so far;
-    ("end", i, got) — after structure i's value, its end's bytes so far."""
+    ("end", i, got) — after structure i's value, its end's bytes so far; ("done",) — the first
+    structure ended with ``stop_after_first``: only the answer's end."""
     kind = local[0]
     if kind == "free":
         if b == END:
@@ -137,15 +197,18 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
         if b == END:
             return []
         return list(dict.fromkeys(_begun(node, local[1] + bytes([b]))))
+    if kind == "done":
+        return [Outcome(POP, None, False)] if b == END else []
     _, i, got = local
     end = node.structures[i].end
-    if got == end:  # an empty end: free text at once
-        return tagged(node, ("free", b""), b)
+    after = ("done",) if node.stop_after_first else ("free", b"")
+    if got == end:  # an empty end: what follows a structure at once
+        return tagged(node, after, b)
     if b == END:
         return []
     grown = got + bytes([b])
     if grown == end:
-        return [Outcome(("free", b""), None, True)]
+        return [Outcome(after, None, True)]
     return [Outcome(("end", i, grown), None, True)] if end.startswith(grown) else []
 
 
