@@ -186,13 +186,18 @@ class ResponseFormat(Strict):
     def _schema_with_its_type(self) -> ResponseFormat:
         if (self.type == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema: given exactly when type is json_schema")
-        tags = self.type == "structural_tag"
-        if not tags and (self.structures, self.triggers, self.format) != (None, None, None):
-            raise ValueError("structures, triggers, format: only with type structural_tag")
-        if tags and (self.format is None) != (self.structures is not None and self.triggers is not None):
-            raise ValueError("structural_tag: give structures and triggers, or format (xgrammar's), one of them")
-        if tags and self.format is not None and (self.structures, self.triggers) != (None, None):
-            raise ValueError("format: not with structures or triggers")
+        # each refusal begins with the field it is about: the error's param (hypic.server.errors)
+        given = [name for name in ("structures", "triggers", "format") if getattr(self, name) is not None]
+        if self.type != "structural_tag":
+            if given:
+                raise ValueError(f"{given[0]}: only with type structural_tag")
+        elif self.format is not None:
+            if len(given) > 1:
+                raise ValueError(f"{given[0]}: not with format (the older form or xgrammar's, one of them)")
+        else:
+            for name in ("structures", "triggers"):
+                if name not in given:
+                    raise ValueError(f"{name}: required with type structural_tag (or xgrammar's format)")
         return self
 
     @property

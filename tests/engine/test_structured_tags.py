@@ -48,7 +48,7 @@ def _reference(spec: dict, text: str) -> bool:
                     value = json.loads(text[body:stop])
                 except json.JSONDecodeError:
                     continue
-                if _valid(value, s["schema"]) and _spaced_as_hypic_writes(text[body:stop]):
+                if _valid(value, s.get("schema", {})) and _spaced_as_hypic_writes(text[body:stop]):
                     at, ok = stop + len(s["end"]), True
                     break
             if ok:
@@ -70,6 +70,10 @@ def _valid(value: object, schema: dict) -> bool:
         return isinstance(value, bool)
     if schema.get("type") == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if "anyOf" in schema:
+        return any(_valid(value, s) for s in schema["anyOf"])
+    if schema.get("type") == "string":
+        return isinstance(value, str)
     if not schema:
         return True
     if not isinstance(value, dict) or not set(schema["required"]) <= set(value) or set(value) - set(
@@ -127,13 +131,25 @@ def test_a_number_may_end_where_its_end_begins_with_what_could_go_on_with_it() -
     42 and the end "." (the number's reader hands such a byte back where the number is whole);
     inside JSON nothing changes (``[1.]`` is still refused)."""
     spec = {"triggers": ["Total: "], "structures": [{"begin": "Total: ", "schema": {"type": "number"}, "end": "."},
-                                                   {"begin": "Total: n", "schema": {"type": "integer"}, "end": "0!"}]}
+                                                   {"begin": "Total: n", "schema": {"type": "integer"}, "end": "0!"},
+                                                   {"begin": "Total: a", "schema": {"anyOf": [{"type": "integer"},
+                                                                                             {"type": "string"}]},
+                                                    "end": "1"},
+                                                   {"begin": "Total: v", "end": "e"}]}  # any value
     node = compile_tags(spec)
     for text in ("Total: 42. Done", "Total: 42.0. Done", "Total: 1e5.", "Total: n70!", "Total: n0!", "Total: 42.",
-                 "Total: 4.", "Total: 42..", "Total: n1!", "Total: .5."):
+                 "Total: 4.", "Total: 42..", "Total: n1!", "Total: .5.", "Total: a71", "Total: a\"x\"1",
+                 "Total: a7", "Total: v2e", "Total: v2e5e", "Total: v[2]e", "Total: ve"):
         assert accepts(node, text.encode()) == _reference(spec, text), text
     from hypic.engine.structured import compile_schema
     assert not accepts(compile_schema({"type": "array"}), b"[1.]") and accepts(compile_schema(True), b"[1.5,2e3]")
+
+
+def test_a_trigger_that_ends_another_fires_with_it() -> None:
+    spec = {"triggers": ["<f>", "f>"], "structures": [{"begin": "<f>", "schema": {"type": "integer"}, "end": "."},
+                                                      {"begin": "f>!", "schema": {"type": "boolean"}, "end": "."}]}
+    node = compile_tags(spec)
+    assert accepts(node, b"a<f>1. f>!true.") and accepts(node, b"<f>!true.") and not accepts(node, b"<f>")
 
 
 def test_the_end_of_the_answer_only_in_free_text() -> None:
@@ -157,7 +173,14 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
      "structural_tag.format.type: 'sequence' is not served"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
         {"begin": "<f>", "content": {"type": "regex", "pattern": "a"}, "end": ""}]}},
-     r"structural_tag.format.tags\[0\].content: 'regex' is not served"),
+     r"structural_tag.format.tags\[0\].content.type: 'regex' is not served"),
+    ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
+        {"begin": "<f>", "content": {"type": "json_schema"}, "end": ""}]}},
+     r"structural_tag.format.tags\[0\].content: json_schema is missing"),
+    ({"format": None}, "structural_tag.format: expected an object"),
+    ({"triggers": ["<\ud800"], "structures": [{"begin": "<\ud800", "end": ""}]}, "lone surrogate"),
+    ({"triggers": ["<"], "structures": [{"begin": f"<{i}", "end": ""} for i in range(257)]},
+     "structural_tag.structures: at most 256"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
         {"begin": "<f>", "content": {"type": "json_schema", "json_schema": {}}, "end": ""}], "at_least_one": 1}},
      "structural_tag.format.at_least_one: expected a boolean"),
@@ -169,6 +192,8 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
     ({"type": "json", "triggers": ["<"], "structures": CALLS["structures"]}, "structural_tag.type"),
     ({"triggers": ["<call>", "all"], "structures": [{"begin": "<call>", "end": "</call>"}]},
      "'all' lies inside '<call>'"),
+    ({"triggers": ["<call>", "call"], "structures": [{"begin": "<call>", "end": "</call>"}]},  # not its end
+     "'call' lies inside '<call>'"),
     ({"triggers": [f"<{i}>" for i in range(33)], "structures": [{"begin": "<1>", "end": ""}]}, "at most 32"),
     ({"triggers": ["<" * 129], "structures": [{"begin": "<" * 129, "end": ""}]}, "each at most 128 bytes"),
     ({"triggers": ["<"], "structures": [{"begin": "<", "end": "", "schema": {"enum": [b"x"]}}]}, "not JSON"),

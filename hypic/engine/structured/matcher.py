@@ -261,7 +261,7 @@ def _handle(node: object, local: object, b: int, depth: int) -> list[Outcome]:
         return [Outcome("end", None, True)] if local == "after" and b == END else []
     if isinstance(node, AnyValue):
         child = (ANY_OBJ if b == ord("{") else ANY_ARR if b == ord("[") else ANY_STR if b == ord('"')
-                 else NUMBER if b == ord("-") or b in DIGITS else BOOL if b in (ord("t"), ord("f"))
+                 else (node.number or NUMBER) if b == ord("-") or b in DIGITS else BOOL if b in (ord("t"), ord("f"))
                  else NULL if b == ord("n") else None)
         return [] if child is None else [Outcome(POP, child, False)]
     if isinstance(node, Alt):

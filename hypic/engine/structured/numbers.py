@@ -35,11 +35,11 @@ def number(node: Num, local: tuple, b: int) -> list[Outcome]:
 
 
 def _number_phases(node: Num, local: tuple, b: int) -> list[Outcome]:
-    """The number's next phase for byte ``b``; where the number so far is whole, also its end, the
-    byte handed back to what follows (in JSON a digit, ``.`` or ``e`` after a number can only go on
-    with it, and the value's parent refuses them; a structural tag's end may begin with one: ``42.``)."""
+    """The number's next phase for byte ``b``; where the number so far is whole, its end, the byte
+    handed back to what follows — when the byte cannot go on with it, or always for a structural
+    tag's whole value (``hand_back``: its end may begin with a digit, ``.`` or ``e``: ``42.``)."""
     out = _continued(node, local, b)
-    if local[0] in _NUMBER_ENDS:
+    if local[0] in _NUMBER_ENDS and (node.hand_back or not out):
         out.append(Outcome(POP, None, False))
     return out
 

@@ -20,12 +20,13 @@ ends with the first structure's end).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 
 from hypic.engine.structured.frames import END, POP, Outcome
-from hypic.engine.structured.schema import Node, compile_schema
+from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, compile_schema
 
 MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are markers, not text)
 # Free text is read against every prefix of every trigger (a set built at compile time: Σ len² / 2
@@ -33,6 +34,7 @@ MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are mar
 # have cost gigabytes.
 MAX_TRIGGERS = 32
 MAX_TRIGGER_BYTES = 128
+MAX_STRUCTURES = 256  # a byte of a begin is matched against each (tools, not a vocabulary)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,10 @@ def compile_tags(spec: object) -> Tagged:
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
     try:
         text = json.dumps(spec, sort_keys=True, allow_nan=False)
+        json.dumps(spec, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
+    except UnicodeEncodeError as e:
+        raise ValueError(f"structural_tag: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
+                         "no UTF-8 text holds") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"structural_tag: not JSON ({e})") from None
     return _compile(text)
@@ -97,8 +103,10 @@ def _triggered_tags(spec: dict) -> Tagged:
     fmt = spec["format"]
     if set(spec) - {"type", "format"}:
         raise ValueError("structural_tag: format goes alone (beside type), not with structures or triggers")
-    if not isinstance(fmt, dict) or fmt.get("type") != "triggered_tags":
-        got = fmt.get("type") if isinstance(fmt, dict) else type(fmt).__name__
+    if not isinstance(fmt, dict):
+        raise ValueError(f"structural_tag.format: expected an object, got {type(fmt).__name__}")
+    if fmt.get("type") != "triggered_tags":
+        got = fmt.get("type")
         raise ValueError(f"structural_tag.format.type: {got!r} is not served (hypic serves triggered_tags, its "
                          "tags' content json_schema)")
     unknown = sorted(set(fmt) - {"type", "triggers", "tags", "at_least_one", "stop_after_first"})
@@ -114,11 +122,14 @@ def _triggered_tags(spec: dict) -> Tagged:
         if t.get("type", "tag") != "tag":
             raise ValueError(f"{where}.type: expected 'tag', got {t['type']!r}")
         content = t["content"]
-        if not isinstance(content, dict) or content.get("type") != "json_schema" or set(content) != {
-                "type", "json_schema"}:
-            got = content.get("type") if isinstance(content, dict) else type(content).__name__
-            raise ValueError(f"{where}.content: {got!r} is not served (a {{\"type\": \"json_schema\", "
-                             "\"json_schema\": …}} only)")
+        if not isinstance(content, dict):
+            raise ValueError(f"{where}.content: expected an object, got {type(content).__name__}")
+        if content.get("type") != "json_schema":
+            raise ValueError(f"{where}.content.type: {content.get('type')!r} is not served (json_schema only)")
+        if set(content) != {"type", "json_schema"}:
+            extra = sorted(set(content) - {"type", "json_schema"})
+            raise ValueError(f"{where}.content: " + (f"unknown field {extra[0]!r}" if extra else
+                                                     "json_schema is missing"))
         items.append((where, t["begin"], content["json_schema"], t["end"]))
     return _tagged(triggers, items, *flags)
 
@@ -128,6 +139,8 @@ def _entries(entries: object, named: str, required: set[str], optional: set[str]
     each with the name a refusal gives it."""
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{named}: expected a non-empty list of {{{', '.join(sorted(required))}}}")
+    if len(entries) > MAX_STRUCTURES:
+        raise ValueError(f"{named}: at most {MAX_STRUCTURES}, got {len(entries)}")
     for i, e in enumerate(entries):
         if not isinstance(e, dict) or not required <= set(e) or set(e) - required - optional:
             got = sorted(e) if isinstance(e, dict) else type(e).__name__
@@ -144,7 +157,7 @@ def _triggers(triggers: object, named: str) -> tuple[bytes, ...]:
     if len(encoded) > MAX_TRIGGERS or max(map(len, encoded)) > MAX_TRIGGER_BYTES:
         raise ValueError(f"{named}: at most {MAX_TRIGGERS}, each at most {MAX_TRIGGER_BYTES} bytes (they are markers)")
     for t in encoded:  # found first, the inner one would always open its structures, never the outer's
-        inner = next((u for u in encoded if u != t and u in t[1:]), None)
+        inner = next((u for u in encoded if u != t and u in t[1:-1]), None)  # (one ending it fires with it)
         if inner is not None:
             raise ValueError(f"{named}: {inner.decode()!r} lies inside {t.decode()!r}, so {t.decode()!r} could never "
                              "be written whole (its inner trigger opens first)")
@@ -167,9 +180,23 @@ def _tagged(encoded: tuple[bytes, ...], items: list[tuple[str, object, object, o
         except ValueError as e:
             field = "schema" if where.startswith("structural_tag.structures") else "content.json_schema"
             raise ValueError(f"{where}.{field}: {str(e).removeprefix('json_schema: ')}") from None
-        out.append(Structure(begin.encode(), node, end.encode()))
+        out.append(Structure(begin.encode(), _handing_back(node), end.encode()))
     return Tagged(encoded, tuple(out), frozenset(t[:i] for t in encoded for i in range(len(t))), at_least_one,
                   stop_after_first)
+
+
+def _handing_back(node: Node, depth: int = 0) -> Node:
+    """The value's node with its own number (if it may be one) handing back what cannot go on with
+    it — the end may begin with a digit, '.' or 'e' — copied: compiled schemas are shared."""
+    if isinstance(node, Num):
+        return dataclasses.replace(node, hand_back=True)
+    if isinstance(node, AnyValue):
+        return AnyValue(Num(False, hand_back=True))
+    if isinstance(node, Alt):
+        return Alt(tuple(_handing_back(o, depth + 1) for o in node.options))
+    if isinstance(node, Ref) and node.target is not None and depth < 8:
+        return _handing_back(node.target, depth + 1)
+    return node
 
 
 def initial(node: Tagged) -> tuple:
