@@ -183,7 +183,6 @@ class CombineContext(ForwardContext):
         one_pass = input_map_supported(family, self.positions.device)
         from_zero = None if single and not self.extracts else run(self.linear_cu, None, True, input_map=one_pass)
         runs = None if from_zero is None else from_zero.summary
-        initial: Tensor | None = None  # stays None (every run from zero) without carry_state
         # Every request's chain — the spans before its last run, in position order — packed end to
         # end and scanned in one call (on the GPU one launch walks all chains side by side).
         chain: list[int | Summary] = []  # a run's index (its summary is a row of ``runs``) or a body's summary
@@ -213,6 +212,7 @@ class CombineContext(ForwardContext):
             o, final = restart(family, from_zero, self.linear_cu, [i for i, _ in starts],
                                from_zero.final_state[:0] if entering is None else entering, run.v.dtype)
         else:
+            initial: Tensor | None = None  # stays None (every run from zero) without carry_state
             if entering is not None:
                 initial = entering.new_zeros(len(self.linear_cu) - 1, *entering.shape[1:])
                 initial[self._device_index(("runs", key), [i for i, _ in starts], entering.device)] = entering

@@ -166,20 +166,26 @@ def compact(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+def json_text(value: object, what: str) -> str:
+    """``value`` as canonical JSON text (sorted keys: what the compilers cache by); ValueError named
+    ``what`` when it is no JSON, holds a string no UTF-8 text holds, or nests too deep."""
+    try:
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+        json.dumps(value, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
+                         "no UTF-8 text holds") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError(f"{what}: nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
+    return text
+
+
 def compile_schema(schema: object) -> Node:
     """The node tree of a JSON Schema (a dict, or True for any value); ValueError naming what is
     wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
-    try:
-        text = json.dumps(schema, sort_keys=True, allow_nan=False)
-        json.dumps(schema, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
-    except UnicodeEncodeError as e:
-        raise ValueError(f"json_schema: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
-                         "no UTF-8 text holds") from None
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"json_schema: not JSON ({e})") from None
-    except RecursionError:
-        raise ValueError(f"json_schema: nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
-    return _compile_text(text)
+    return _compile_text(json_text(schema, "json_schema"))
 
 
 MAX_DEPTH = 32  # nested values the matcher lets a text hold (matcher.py: a runaway model cannot nest forever)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hypic.engine.structured.frames import END, POP, Outcome
-from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, compile_schema
+from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, compile_schema, json_text
 
 MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are markers, not text)
 # Free text is read against every prefix of every trigger (a set built at compile time: Σ len² / 2
@@ -67,15 +67,7 @@ def compile_tags(spec: object) -> Tagged:
             raise ValueError(f"structural_tag: not JSON: {e}") from None
     if not isinstance(spec, dict):
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
-    try:
-        text = json.dumps(spec, sort_keys=True, allow_nan=False)
-        json.dumps(spec, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
-    except UnicodeEncodeError as e:
-        raise ValueError(f"structural_tag: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
-                         "no UTF-8 text holds") from None
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"structural_tag: not JSON ({e})") from None
-    return _compile(text)
+    return _compile(json_text(spec, "structural_tag"))
 
 
 @lru_cache(maxsize=64)
