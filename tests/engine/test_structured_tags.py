@@ -170,13 +170,13 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
      r"structural_tag.structures\[0\].schema: "),
     ({"triggers": ["<"], "structures": [{"begin": "<a>", "schema": {}}]}, r"structures\[0\]: expected an object with"),
     ({"type": "structural_tag", "format": {"type": "sequence", "elements": []}},
-     "structural_tag.format.type: 'sequence' is not served"),
+     "structural_tag.format.elements: expected a non-empty list of formats"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
-        {"begin": "<f>", "content": {"type": "regex", "pattern": "a"}, "end": ""}]}},
-     r"structural_tag.format.tags\[0\].content.type: 'regex' is not served"),
+        {"begin": "<f>", "content": {"type": "any_tokens"}, "end": ""}]}},
+     r"structural_tag.format.tags\[0\].content.type: 'any_tokens' is not served \(token-level"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
         {"begin": "<f>", "content": {"type": "json_schema"}, "end": ""}]}},
-     r"structural_tag.format.tags\[0\].content: json_schema is missing"),
+     r"structural_tag.format.tags\[0\].content.json_schema: required for json_schema"),
     ({"format": None}, "structural_tag.format: expected an object"),
     ({"triggers": ["<\ud800"], "structures": [{"begin": "<\ud800", "end": ""}]}, "lone surrogate"),
     ({"triggers": ["<"], "structures": [{"begin": f"<{i}", "end": ""} for i in range(257)]},
@@ -264,22 +264,29 @@ def test_allowed_tokens_equal_a_pass_over_every_token(vocab: TokenVocab) -> None
     spec = {"triggers": ["<f", "er"], "structures": [  # "er": inside many tokens, most then refused ("ers")
         {"begin": "<f=w>", "schema": WEATHER, "end": "</f>"},
         {"begin": "er!", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": "."}]}
-    rng = random.Random(5)
+    checked, shortcuts = walk_masks(vocab, compile_tags(spec), rb"<|f|=|w|>|er|!|\{|\"|[0-9]|\.", 5, lean=0.8)
+    assert checked == 180 and shortcuts > 5
+
+
+def walk_masks(vocab: TokenVocab, node: object, marked: bytes, seed: int, lean: float) -> tuple[int, int]:
+    """Six random walks of 30 tokens from ``node``'s start, each step's allowed set checked against
+    trying every token; the walk leans (``lean``) towards tokens matching ``marked`` (a structure's
+    next bytes), else any allowed one. The masks checked, and how many took the free-text shortcut."""
+    rng = random.Random(seed)
     checked = shortcuts = 0
     for _ in range(6):
-        c = JsonConstraint(vocab, compile_tags(spec), set())
+        c = JsonConstraint(vocab, node, set())
         for _ in range(30):
             shortcuts += free_text_loop(c.state) is not None
             want = sorted(i for i, data in vocab.pieces.items() if data and advance_bytes(c.state, data) is not None)
             got = c.allowed().tolist()
             assert got == want
             checked += 1
-            # lean towards the tags: a token holding a trigger or begin's next bytes, else any
-            ids = got
-            tagged = [i for i in ids if re.search(rb"<|f|=|w|>|er|!|\{|\"|[0-9]|\.", vocab.pieces[i])]
-            tok = rng.choice(tagged if tagged and rng.random() < 0.8 else ids)
-            assert c.accept(tok)
-    assert checked == 180 and shortcuts > 5
+            if not got:
+                break
+            leaning = [i for i in got if re.search(marked, vocab.pieces[i])]
+            assert c.accept(rng.choice(leaning if leaning and rng.random() < lean else got))
+    return checked, shortcuts
 
 
 def test_draws_through_the_bundled_model_follow_the_tags() -> None:

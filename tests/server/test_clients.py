@@ -192,6 +192,19 @@ def test_structural_tags_by_either_name_constrain_as_offline(http: httpx.Client,
         free = http.post("/v1/completions", json=body).json()["choices"][0]["text"]
         assert free != want
     assert opened > 0
+    # a format tree: a think tag of free text, then one of two fixed answers and a number
+    tree = {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"},
+        {"type": "or", "elements": [{"type": "const_string", "value": " yes "},
+                                    {"type": "const_string", "value": " no "}]},
+        {"type": "regex", "pattern": "[0-9]{1,3}"}]}
+    want = llm.generate(base["prompt"], SamplingParams(max_tokens=32, temperature=1.0, seed=5, structural_tag={
+        "type": "structural_tag", "format": tree}))[0].text
+    assert want.startswith("<think>")
+    for extra in ({"response_format": {"type": "structural_tag", "format": tree}},
+                  {"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", "format": tree})}}):
+        r = http.post("/v1/completions", json={**base, "seed": 5, **extra})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == want, (extra, r.text)
     for extra, param in (({"response_format": {"type": "structural_tag", "triggers": ["x"],
                                                "structures": tags["structures"]}}, "response_format.structures[0]"),
                          ({"response_format": {"type": "structural_tag", "triggers": ["e"], "structures": [
@@ -199,7 +212,9 @@ def test_structural_tags_by_either_name_constrain_as_offline(http: httpx.Client,
                           "response_format.structures[0].schema"),
                          ({"structured_outputs": {"structural_tag": "{no"}}, "structured_outputs.structural_tag"),
                          ({"response_format": {"type": "structural_tag", "format": {"type": "or", "elements": []}}},
-                          "response_format.format.type"),
+                          "response_format.format.elements"),
+                         ({"response_format": {"type": "structural_tag", "format": {"type": "sequence", "elements": [
+                             {"type": "regex", "pattern": "a("}]}}}, "response_format.format.elements[0].pattern"),
                          ({"response_format": {"type": "structural_tag", "format": {}, **tags}},
                           "response_format.structures"),
                          ({"response_format": {"type": "structural_tag", "triggers": ["e"]}},

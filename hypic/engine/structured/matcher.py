@@ -55,7 +55,8 @@ from hypic.engine.structured.text import Text, initial, text
 
 WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
 MAX_WS = 1
-MAX_HOPS = 64  # bytes read again without being consumed, per byte: a schema that only refers to itself ends
+MAX_HOPS = 256  # bytes read again without being consumed, per byte: a schema that only refers to itself ends
+# (a structural tag's format checks its chains against it: formats.py)
 
 
 class Root:

@@ -12,10 +12,10 @@ schema accepts (compact, as every hypic JSON output), then its ``end``, and is f
 lets the model answer in prose, or call ``get_weather`` with arguments its schema accepts, as often
 as it likes. Free text is read byte by byte against the triggers (the longest suffix of the text
 that begins one); it may end anywhere but inside a structure. A trigger must begin every structure's
-``begin`` (else that structure could never be reached; xgrammar's rule too). xgrammar's newer form
-``{"format": {"type": "triggered_tags", ...}}`` says the same with ``content: {"type": "json_schema"}``,
-and two flags: ``at_least_one`` (the answer begins with a structure) and ``stop_after_first`` (it
-ends with the first structure's end).
+``begin`` (else that structure could never be reached; xgrammar's rule too). The same frame is
+xgrammar's ``triggered_tags`` and ``any_text`` in a format tree (``formats.py``): a structure's body is
+any format then one of its ends, free text may exclude strings (an enclosing tag's end among them)
+and may stop at any byte, handing it to what follows the frame.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hypic.engine.structured.frames import END, POP, Outcome
-from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, compile_schema, json_text
+from hypic.engine.structured.grammar import Seq, Word
+from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, check_depth, compile_schema, json_text
 
 MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are markers, not text)
 # Free text is read against every prefix of every trigger (a set built at compile time: Σ len² / 2
@@ -37,23 +38,42 @@ MAX_TRIGGER_BYTES = 128
 MAX_STRUCTURES = 256  # a byte of a begin is matched against each (tools, not a vocabulary)
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False, frozen=True)
 class Structure:
     begin: bytes
-    schema: Node
-    end: bytes
+    body: object  # a matcher node: the value (its content) and then the end, pushed when the begin is whole
 
 
 @dataclass(eq=False, frozen=True)
 class Tagged:
     """Free text with tagged structures (module doc). ``prefixes``: every proper prefix of a
-    trigger, the empty one included — what free text may be in the middle of."""
+    trigger or an exclude, the empty one included — what free text may be in the middle of. With no
+    triggers it is xgrammar's ``any_text``: free text that holds none of ``excludes``. Free text may
+    end anywhere: the frame hands any byte to what follows it (the answer's end at the top, an
+    enclosing tag's end inside one — whose ends are among ``excludes``, so it stops at the first)."""
 
     triggers: tuple[bytes, ...]
     structures: tuple[Structure, ...]
     prefixes: frozenset[bytes]
     at_least_one: bool = False  # the answer begins with a structure (xgrammar's triggered_tags)
     stop_after_first: bool = False  # the answer ends with its first structure's end
+    excludes: tuple[bytes, ...] = ()  # what free text may not hold
+
+    def children(self) -> list:
+        return [s.body for s in self.structures]
+
+    def least(self, depth: dict[int, float]) -> float:
+        """Free text may be empty; with ``at_least_one`` a structure's body nests above the frame."""
+        if not self.at_least_one:
+            return 1
+        return 1 + min(depth[id(s.body)] for s in self.structures)
+
+
+def free_text(triggers: tuple[bytes, ...], structures: tuple[Structure, ...], excludes: tuple[bytes, ...] = (),
+              at_least_one: bool = False, stop_after_first: bool = False) -> Tagged:
+    marks = triggers + tuple(e for e in excludes if e)
+    prefixes = frozenset({b"", *(t[:i] for t in marks for i in range(len(t)))})  # b"": nothing pending
+    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, tuple(e for e in excludes if e))
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -71,12 +91,15 @@ def compile_tags(spec: object) -> Tagged:
 
 
 @lru_cache(maxsize=64)
-def _compile(text: str) -> Tagged:
+def _compile(text: str) -> object:
     spec = json.loads(text)
     if spec.get("type", "structural_tag") != "structural_tag":
         raise ValueError(f"structural_tag.type: expected 'structural_tag', got {spec['type']!r}")
     if "format" in spec:
-        return _triggered_tags(spec)
+        if set(spec) - {"type", "format"}:
+            raise ValueError("structural_tag: format goes alone (beside type), not with structures or triggers")
+        from hypic.engine.structured.formats import compile_format  # formats build on this frame: imported late
+        return compile_format(spec["format"], "structural_tag.format")
     unknown = sorted(set(spec) - {"type", "structures", "triggers"})
     if unknown:
         raise ValueError(f"structural_tag: unknown field {unknown[0]!r} (hypic reads type, structures and triggers, "
@@ -84,46 +107,22 @@ def _compile(text: str) -> Tagged:
     triggers = _triggers(spec.get("triggers"), "structural_tag.triggers")
     items = []
     for where, s in _entries(spec.get("structures"), "structural_tag.structures", {"begin", "end"}, {"schema"}):
-        items.append((where, s["begin"], s.get("schema", True), s["end"]))  # no schema: any JSON value (vLLM's)
-    return _tagged(triggers, items, False, False)
+        if not isinstance(s["begin"], str) or not isinstance(s["end"], str):
+            raise ValueError(f"{where}: begin and end must be strings")
+        try:
+            value = json_value(s.get("schema", True))  # no schema: any JSON value (vLLM's)
+        except ValueError as e:
+            raise ValueError(f"{where}.schema: {str(e).removeprefix('json_schema: ')}") from None
+        items.append((where, s["begin"], value, (s["end"],)))
+    node = triggered(triggers, items)
+    check_depth(node, "structural_tag", "a structure whose value cannot end")
+    return node
 
 
-def _triggered_tags(spec: dict) -> Tagged:
-    """xgrammar's newer form: ``{"format": {"type": "triggered_tags", "triggers", "tags": [{"begin",
-    "content": {"type": "json_schema", "json_schema"}, "end"}], "at_least_one", "stop_after_first"}}``
-    — the one format the older form can say (other format types, and other contents, refused by name)."""
-    fmt = spec["format"]
-    if set(spec) - {"type", "format"}:
-        raise ValueError("structural_tag: format goes alone (beside type), not with structures or triggers")
-    if not isinstance(fmt, dict):
-        raise ValueError(f"structural_tag.format: expected an object, got {type(fmt).__name__}")
-    if fmt.get("type") != "triggered_tags":
-        got = fmt.get("type")
-        raise ValueError(f"structural_tag.format.type: {got!r} is not served (hypic serves triggered_tags, its "
-                         "tags' content json_schema)")
-    unknown = sorted(set(fmt) - {"type", "triggers", "tags", "at_least_one", "stop_after_first"})
-    if unknown:
-        raise ValueError(f"structural_tag.format: unknown field {unknown[0]!r}")
-    flags = [fmt.get(name, False) for name in ("at_least_one", "stop_after_first")]
-    for name, flag in zip(("at_least_one", "stop_after_first"), flags, strict=True):
-        if not isinstance(flag, bool):
-            raise ValueError(f"structural_tag.format.{name}: expected a boolean, got {flag!r}")
-    triggers = _triggers(fmt.get("triggers"), "structural_tag.format.triggers")
-    items = []
-    for where, t in _entries(fmt.get("tags"), "structural_tag.format.tags", {"begin", "content", "end"}, {"type"}):
-        if t.get("type", "tag") != "tag":
-            raise ValueError(f"{where}.type: expected 'tag', got {t['type']!r}")
-        content = t["content"]
-        if not isinstance(content, dict):
-            raise ValueError(f"{where}.content: expected an object, got {type(content).__name__}")
-        if content.get("type") != "json_schema":
-            raise ValueError(f"{where}.content.type: {content.get('type')!r} is not served (json_schema only)")
-        if set(content) != {"type", "json_schema"}:
-            extra = sorted(set(content) - {"type", "json_schema"})
-            raise ValueError(f"{where}.content: " + (f"unknown field {extra[0]!r}" if extra else
-                                                     "json_schema is missing"))
-        items.append((where, t["begin"], content["json_schema"], t["end"]))
-    return _tagged(triggers, items, *flags)
+def json_value(schema: object) -> Node:
+    """A schema's node as a structure's whole value: its own number (if it may be one) hands back
+    what cannot go on with it — the end may begin with a digit, '.' or 'e'."""
+    return _handing_back(compile_schema(schema))
 
 
 def _entries(entries: object, named: str, required: set[str], optional: set[str]) -> list[tuple[str, dict]]:
@@ -156,25 +155,39 @@ def _triggers(triggers: object, named: str) -> tuple[bytes, ...]:
     return encoded
 
 
-def _tagged(encoded: tuple[bytes, ...], items: list[tuple[str, object, object, object]], at_least_one: bool,
-            stop_after_first: bool) -> Tagged:
-    """The node from the triggers and (where, begin, schema, end) items, each checked and named."""
+def triggered(triggers: tuple[bytes, ...], items: list[tuple[str, str, object, tuple[str, ...]]],
+              excludes: tuple[bytes, ...] = (), at_least_one: bool = False,
+              stop_after_first: bool = False) -> Tagged:
+    """The frame from checked triggers and (where, begin, content node, ends) items, each begin
+    checked and named; a structure's body is its content, then one of its ends."""
     out = []
-    for where, begin, schema, end in items:
-        if not isinstance(begin, str) or not isinstance(end, str):
-            raise ValueError(f"{where}: begin and end must be strings")
-        if not any(begin.encode().startswith(t) for t in encoded):
+    for where, begin, content, ends in items:
+        if not isinstance(begin, str):
+            raise ValueError(f"{where}.begin: expected a string, got {type(begin).__name__}")
+        if not any(begin.encode().startswith(t) for t in triggers):
             raise ValueError(f"{where}.begin: {begin!r} starts with no trigger, so it could never be written")
-        if max(len(begin.encode()), len(end.encode())) > MAX_TAG_BYTES:
-            raise ValueError(f"{where}: a begin or end of more than {MAX_TAG_BYTES} bytes")
-        try:
-            node = compile_schema(schema)
-        except ValueError as e:
-            field = "schema" if where.startswith("structural_tag.structures") else "content.json_schema"
-            raise ValueError(f"{where}.{field}: {str(e).removeprefix('json_schema: ')}") from None
-        out.append(Structure(begin.encode(), _handing_back(node), end.encode()))
-    return Tagged(encoded, tuple(out), frozenset(t[:i] for t in encoded for i in range(len(t))), at_least_one,
-                  stop_after_first)
+        out.append(Structure(marker(begin, f"{where}.begin"), then_end(content, ends, f"{where}.end")))
+    return free_text(triggers, tuple(out), excludes, at_least_one, stop_after_first)
+
+
+def marker(text: object, where: str) -> bytes:
+    """A begin or an end as bytes, held to a marker's size."""
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: expected a string, got {type(text).__name__}")
+    data = text.encode()
+    if len(data) > MAX_TAG_BYTES:
+        raise ValueError(f"{where}: more than {MAX_TAG_BYTES} bytes (a begin or end is a marker)")
+    return data
+
+
+def then_end(content: object, ends: tuple[str, ...], where: str) -> object:
+    """``content`` followed by one of ``ends`` (an empty end: what follows comes at once)."""
+    words = [Word(d) for d in dict.fromkeys(marker(e, where) for e in ends) if d]
+    if len(words) < len(dict.fromkeys(ends)):  # an empty end among them: the content may be all
+        words.append(Seq(()))
+    if words == [] or (len(words) == 1 and isinstance(words[0], Seq)):
+        return content
+    return Seq((content, words[0] if len(words) == 1 else Alt(tuple(words))))
 
 
 def _handing_back(node: Node, depth: int = 0) -> Node:
@@ -197,47 +210,36 @@ def initial(node: Tagged) -> tuple:
 
 def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     """A ``Tagged`` frame reads byte ``b`` (or END). Locals: ("free", pending) — pending, the
-    longest suffix of the text that a trigger begins; ("begin", got) — the begin's bytes so far;
-    ("end", i, got) — after structure i's value, its end's bytes so far; ("done",) — the first
-    structure ended with ``stop_after_first``: only the answer's end."""
+    longest suffix of the text that a trigger or an exclude begins; ("begin", got) — the begin's
+    bytes so far; ("done",) — the first structure ended with ``stop_after_first``. A structure's body
+    (its value, then its end) is pushed above the frame; the frame is back in free text (or done)
+    when it is read. In free text or done, the byte may also be what follows the frame."""
     kind = local[0]
-    if kind == "free":
-        if b == END:
-            return [Outcome(POP, None, False)]
-        text = local[1] + bytes([b])
-        out = [o for t in node.triggers if text.endswith(t) for o in _begun(node, t)]
-        if out:
-            return list(dict.fromkeys(out))
-        prefixes = node.prefixes
-        while text not in prefixes:
-            text = text[1:]
-        return [Outcome(("free", text), None, True)]
     if kind == "begin":
-        if b == END:
-            return []
-        return list(dict.fromkeys(_begun(node, local[1] + bytes([b]))))
-    if kind == "done":
-        return [Outcome(POP, None, False)] if b == END else []
-    _, i, got = local
-    end = node.structures[i].end
-    after = ("done",) if node.stop_after_first else ("free", b"")
-    if got == end:  # an empty end: what follows a structure at once
-        return tagged(node, after, b)
-    if b == END:
-        return []
-    grown = got + bytes([b])
-    if grown == end:
-        return [Outcome(after, None, True)]
-    return [Outcome(("end", i, grown), None, True)] if end.startswith(grown) else []
+        return [] if b == END else list(dict.fromkeys(_begun(node, local[1] + bytes([b]))))
+    leave = [Outcome(POP, None, False)]  # the text may end here: the byte belongs to what follows
+    if kind == "done" or b == END:
+        return leave
+    text = local[1] + bytes([b])
+    begun = [o for t in node.triggers if text.endswith(t) for o in _begun(node, t)]
+    if begun:
+        return list(dict.fromkeys(begun)) + leave
+    if any(text.endswith(e) for e in node.excludes):
+        return leave
+    prefixes = node.prefixes
+    while text not in prefixes:
+        text = text[1:]
+    return [Outcome(("free", text), None, True)] + leave
 
 
 def _begun(node: Tagged, got: bytes) -> list[Outcome]:
     """With ``got`` of a begin written (its last byte being read): a whole begin opens its
-    structure's value; a part of one waits for more."""
+    structure's body; a part of one waits for more."""
     out = []
-    for i, s in enumerate(node.structures):
+    after = ("done",) if node.stop_after_first else ("free", b"")
+    for s in node.structures:
         if s.begin == got:
-            out.append(Outcome(("end", i, b""), s.schema, True))
+            out.append(Outcome(after, s.body, True))
         elif s.begin.startswith(got):
             out.append(Outcome(("begin", got), None, True))
     return out
@@ -249,8 +251,8 @@ def tag_loop(node: Tagged, local: tuple) -> tuple[tuple[int, int], ...] | None:
     says. None elsewhere, or when a trigger begins with a non-ASCII byte (then every token is walked)."""
     if local != ("free", b""):
         return None
-    firsts = sorted({t[0] for t in node.triggers})
-    if firsts[-1] >= 0x80:
+    firsts = sorted({t[0] for t in node.triggers + node.excludes})
+    if firsts and firsts[-1] >= 0x80:
         return None
     ranges, lo = [], 0
     for c in firsts:

@@ -97,10 +97,11 @@ def initial(node: Text) -> tuple | bytes:
 
 def _word(words: Lit, prefix: bytes, b: int) -> list[Outcome]:
     """A choice reads byte ``b`` (or END); the local is the answer's bytes so far."""
+    done = [Outcome(POP, None, False)] if prefix in words.values else []  # the byte is what follows
     if b == END:
-        return [Outcome(POP, None, False)] if prefix in words.values else []
+        return done
     grown = prefix + bytes([b])
-    return [Outcome(grown, None, True)] if grown in words.values or words.continues(grown) else []
+    return ([Outcome(grown, None, True)] if grown in words.values or words.continues(grown) else []) + done
 
 
 def text(node: Text, local: tuple, b: int) -> list[Outcome]:
@@ -117,14 +118,17 @@ def text(node: Text, local: tuple, b: int) -> list[Outcome]:
         nxt = rx.step(states, c)
         return [Outcome(("in", nxt, 0, 0, 0, 0), None, True)] if nxt and rx.finishes(nxt, ANY_LENGTH) else []
 
-    if b == END and not need:  # the answer ends here: done if the expression is; the root reads END
-        return [Outcome(POP, None, False)] if rx.accepts(states) else []
+    # where the expression is matched, the text may end: the byte (END at the answer's end, or what
+    # follows the text inside a structural tag's format) is handed to what comes next
+    done = [Outcome(POP, None, False)] if not need and rx.accepts(states) else []
+    if b == END:
+        return done
     got = utf8_byte(need, value, low, high, b)
     if got is None:
-        return []
+        return done
     if isinstance(got, int):
-        return char(got)
+        return char(got) + done
     need, value, low, high, lo, hi = got
     if not rx.can_step(states, lo, hi, ANY_LENGTH):
-        return []
-    return [Outcome(("in", states, need, value, low, high), None, True)]
+        return done
+    return [Outcome(("in", states, need, value, low, high), None, True)] + done

@@ -1,0 +1,288 @@
+"""xgrammar's structural-tag formats: ``{"type": "structural_tag", "format": {...}}``, a tree of
+format objects, each matching one chunk of the answer, compiled to the frames the structured-output
+matcher already runs — one mechanism under JSON schemas, regexes, grammars and tags:
+
+| format | fields | frames |
+|---|---|---|
+| ``const_string`` | value | a ``Word`` |
+| ``json_schema`` | json_schema (style json) | the schema's nodes, its number handing back (``tags.json_value``) |
+| ``grammar`` | grammar (GBNF) | the grammar's root |
+| ``regex`` | pattern | a ``Text``, the pattern matching the chunk whole |
+| ``any_text`` | excludes | free text holding none of them (``tags.Tagged`` with no triggers) |
+| ``sequence`` / ``or`` | elements | ``Seq`` / ``Alt`` |
+| ``optional`` / ``plus`` / ``star`` / ``repeat`` | content (min, max) | ``Rep`` |
+| ``tag`` | begin, content, end (a string or a list) | ``Seq`` of begin, content, end |
+| ``triggered_tags`` | triggers, tags, excludes, at_least_one, stop_after_first | ``Tagged`` |
+| ``tags_with_separator`` | tags, separator, at_least_one, stop_after_first | ``Seq`` / ``Rep`` of the tags |
+
+Text without a bound of its own (``any_text``, ``triggered_tags``' free text) inside a tag stops at
+the tag's end: the end is among what that text excludes (xgrammar's rule, the enclosing end as its
+stop condition), handed down to a sequence's last element, each option of an ``or`` and a
+repetition's content. The token-level formats, ``dispatch``, other JSON styles, ``any_order`` and
+``any_text``'s budgets are refused by name; every refusal names the field, as
+``structural_tag.format.elements[1].content.end``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypic.engine.structured.grammar import MAX_REPEAT, Rep, Seq, Word, compile_grammar
+from hypic.engine.structured.matcher import MAX_HOPS
+from hypic.engine.structured.schema import MAX_CHAIN, Alt, check_depth
+from hypic.engine.structured.tags import (
+    MAX_TRIGGER_BYTES,
+    MAX_TRIGGERS,
+    Tagged,
+    _entries,
+    _triggers,
+    free_text,
+    json_value,
+    marker,
+    then_end,
+    triggered,
+)
+from hypic.engine.structured.text import Text, compile_text
+
+MAX_FORMATS = 2048  # format objects in one tag (each a few frames; tools run to hundreds, not thousands)
+MAX_NESTING = 32  # formats inside formats
+NOT_SERVED = {
+    "dispatch": "write it as triggered_tags",
+    "token": "token-level formats are not served",
+    "exclude_token": "token-level formats are not served",
+    "any_tokens": "token-level formats are not served",
+    "token_triggered_tags": "token-level formats are not served; triggered_tags takes string triggers",
+    "token_dispatch": "token-level formats are not served",
+}
+
+Ends = tuple[str, ...]  # the enclosing tag's ends, where the text being compiled may stop
+
+
+class _Compiler:
+    """One format tree being compiled: the objects met, how deep they nest, and how many hand a byte
+    on unread (``passes``: a byte skips each one that may be empty, two hops apiece)."""
+
+    def __init__(self) -> None:
+        self.count = self.depth = self.deepest = self.passes = 0
+
+    def format(self, fmt: object, where: str, ends: Ends = ()) -> object:
+        self.count += 1
+        if self.count > MAX_FORMATS:
+            raise ValueError(f"{where}: more than {MAX_FORMATS} format objects in one structural tag")
+        if self.depth >= MAX_NESTING:
+            raise ValueError(f"{where}: formats nested more than {MAX_NESTING} deep")
+        self.depth += 1
+        self.deepest = max(self.deepest, self.depth)
+        try:
+            node = self._format(fmt, where, ends)
+        finally:
+            self.depth -= 1
+        self.passes += 2 * _may_be_empty(node)
+        if self.passes + 2 * self.deepest + MAX_CHAIN > MAX_HOPS:
+            # the matcher hands a byte on at most MAX_HOPS times: past it, a byte a long run of empty
+            # chunks leads to would be refused though the format accepts it
+            room = (MAX_HOPS - MAX_CHAIN) // 2 - self.deepest
+            raise ValueError(f"{where}: more than {room} formats that may be empty (a byte may cross each unread, "
+                             "and the matcher follows it so far)")
+        return node
+
+    def _format(self, fmt: object, where: str, ends: Ends) -> object:
+        if not isinstance(fmt, dict):
+            raise ValueError(f"{where}: expected an object (a format), got {type(fmt).__name__}")
+        kind = fmt.get("type")
+        if kind in NOT_SERVED:
+            raise ValueError(f"{where}.type: {kind!r} is not served ({NOT_SERVED[kind]})")
+        if kind not in KINDS:
+            raise ValueError(f"{where}.type: expected one of {sorted(KINDS)}, got {kind!r}")
+        required, optional, build = KINDS[kind]
+        missing = sorted(required - set(fmt))
+        if missing:
+            raise ValueError(f"{where}.{missing[0]}: required for {kind}")
+        unknown = sorted(set(fmt) - required - optional - {"type"})
+        if unknown:
+            raise ValueError(f"{where}: unknown field {unknown[0]!r} for {kind}")
+        return build(self, fmt, where, ends)
+
+    def const_string(self, fmt: dict, where: str, ends: Ends) -> object:
+        value = fmt["value"]
+        if not isinstance(value, str):
+            raise ValueError(f"{where}.value: expected a string, got {type(value).__name__}")
+        return Word(value.encode()) if value else Seq(())
+
+    def json_schema(self, fmt: dict, where: str, ends: Ends) -> object:
+        if fmt.get("style", "json") != "json":
+            raise ValueError(f"{where}.style: {fmt['style']!r} is not served (json only)")
+        if fmt.get("any_order", False) is not False:
+            raise ValueError(f"{where}.any_order: not served (properties come in their declared order)")
+        try:
+            return json_value(fmt["json_schema"])
+        except ValueError as e:
+            raise ValueError(f"{where}.json_schema: {str(e).removeprefix('json_schema: ')}") from None
+
+    def grammar(self, fmt: dict, where: str, ends: Ends) -> object:
+        try:
+            return compile_grammar(fmt["grammar"])
+        except ValueError as e:
+            raise ValueError(f"{where}.grammar: {str(e).removeprefix('grammar: ')}") from None
+
+    def regex(self, fmt: dict, where: str, ends: Ends) -> object:
+        pattern = fmt["pattern"]
+        if not isinstance(pattern, str):
+            raise ValueError(f"{where}.pattern: expected a string, got {type(pattern).__name__}")
+        try:
+            return compile_text(regex=pattern)
+        except ValueError as e:
+            raise ValueError(f"{where}.pattern: {str(e).removeprefix('regex: ')}") from None
+
+    def any_text(self, fmt: dict, where: str, ends: Ends) -> object:
+        for budget in ("max_tokens", "max_chars"):
+            if fmt.get(budget) is not None:
+                raise ValueError(f"{where}.{budget}: not served (max_tokens bounds the answer)")
+        return free_text((), (), _excludes(fmt.get("excludes", []), ends, f"{where}.excludes"))
+
+    def sequence(self, fmt: dict, where: str, ends: Ends) -> object:
+        elements = self._elements(fmt, where)
+        last = len(elements) - 1
+        items = tuple(self.format(e, f"{where}.elements[{i}]", ends if i == last else ())
+                      for i, e in enumerate(elements))
+        return items[0] if len(items) == 1 else Seq(items)
+
+    def one_of(self, fmt: dict, where: str, ends: Ends) -> object:
+        elements = self._elements(fmt, where)
+        options = tuple(self.format(e, f"{where}.elements[{i}]", ends) for i, e in enumerate(elements))
+        return options[0] if len(options) == 1 else Alt(options)
+
+    def _elements(self, fmt: dict, where: str) -> list:
+        elements = fmt["elements"]
+        if not isinstance(elements, list) or not elements:
+            raise ValueError(f"{where}.elements: expected a non-empty list of formats")
+        return elements
+
+    def repeat(self, fmt: dict, where: str, ends: Ends) -> object:
+        low, high = {"optional": (0, 1), "plus": (1, -1), "star": (0, -1)}.get(fmt["type"], (None, None))
+        if low is None:
+            low, high = fmt["min"], fmt["max"]
+            for name, n in (("min", low), ("max", high)):
+                if not isinstance(n, int) or isinstance(n, bool) or n < (0 if name == "min" else -1):
+                    raise ValueError(f"{where}.{name}: expected a non-negative integer{' or -1' * (name == 'max')}, "
+                                     f"got {n!r}")
+            if high != -1 and high < low:
+                raise ValueError(f"{where}: max {high} is below min {low}")
+            if max(low, high) > MAX_REPEAT:
+                raise ValueError(f"{where}: a bound above {MAX_REPEAT} (each count is a state of its own)")
+        content = self.format(fmt["content"], f"{where}.content", ends)
+        return Rep(content, low, None if high == -1 else high)
+
+    def tag(self, fmt: dict, where: str, ends: Ends) -> object:
+        begin = fmt["begin"]
+        if isinstance(begin, dict):
+            raise ValueError(f"{where}.begin: a token begin is not served (a string)")
+        data = marker(begin, f"{where}.begin")
+        own = _ends(fmt["end"], f"{where}.end")
+        body = then_end(self.format(fmt["content"], f"{where}.content", own), own, f"{where}.end")
+        return Seq((Word(data), body)) if data else body
+
+    def triggered_tags(self, fmt: dict, where: str, ends: Ends) -> object:
+        at_least_one, stop_after_first = _flags(fmt, where)
+        triggers = _triggers(fmt["triggers"], f"{where}.triggers")
+        items = [(w, t["begin"], self.format(t["content"], f"{w}.content", own), own)
+                 for w, t, own in self._tags(fmt, where)]
+        excludes = _excludes(fmt.get("excludes", []), ends, f"{where}.excludes")
+        for e in excludes:  # free text stops before it, so a trigger holding it could never be written
+            inside = next((t for t in triggers if e in t[:-1]), None)
+            if inside is not None:
+                raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
+                                 "which could then never be written")
+        return triggered(triggers, items, excludes, at_least_one, stop_after_first)
+
+    def tags_with_separator(self, fmt: dict, where: str, ends: Ends) -> object:
+        at_least_one, stop_after_first = _flags(fmt, where)
+        separator = marker(fmt["separator"], f"{where}.separator")
+        tags = [self.tag({"begin": t["begin"], "content": t["content"], "end": t["end"]}, w, ())
+                for w, t, _ in self._tags(fmt, where)]
+        one = tags[0] if len(tags) == 1 else Alt(tuple(tags))
+        more = one if stop_after_first else Seq((one, Rep(Seq((Word(separator), one)) if separator else one, 0, None)))
+        return more if at_least_one else Rep(more, 0, 1)
+
+    def _tags(self, fmt: dict, where: str) -> list[tuple[str, dict, Ends]]:
+        out = []
+        for w, t in _entries(fmt["tags"], f"{where}.tags", {"begin", "content", "end"}, {"type"}):
+            if t.get("type", "tag") != "tag":
+                raise ValueError(f"{w}.type: expected 'tag', got {t['type']!r}")
+            if not isinstance(t["begin"], str):
+                raise ValueError(f"{w}.begin: expected a string (token begins are not served)")
+            out.append((w, t, _ends(t["end"], f"{w}.end")))
+        return out
+
+
+def _may_be_empty(node: object) -> bool:
+    """Whether a format's frames may read nothing (regexes counted as may: cheap and safe)."""
+    if isinstance(node, Seq):
+        return all(_may_be_empty(i) for i in node.items)
+    if isinstance(node, Rep):
+        return node.low == 0 or _may_be_empty(node.item)
+    if isinstance(node, Alt):
+        return any(_may_be_empty(o) for o in node.options)
+    if isinstance(node, Tagged):
+        return not node.at_least_one
+    return isinstance(node, Text)
+
+
+def _ends(end: object, where: str) -> Ends:
+    """A tag's end: a string, or a non-empty list of them (any one closes it)."""
+    if isinstance(end, str):
+        return (end,)
+    if isinstance(end, list) and end and all(isinstance(e, str) for e in end):
+        return tuple(end)
+    if isinstance(end, dict):
+        raise ValueError(f"{where}: a token end is not served (a string or a list of strings)")
+    raise ValueError(f"{where}: expected a string or a non-empty list of strings")
+
+
+def _excludes(given: object, ends: Ends, where: str) -> tuple[bytes, ...]:
+    """What free text may not hold: the strings given and the enclosing tag's non-empty ends."""
+    if not isinstance(given, list) or not all(isinstance(e, str) and e for e in given):
+        raise ValueError(f"{where}: expected a list of non-empty strings")
+    marks = tuple(dict.fromkeys([e.encode() for e in given] + [e.encode() for e in ends if e]))
+    if len(marks) > MAX_TRIGGERS or any(len(m) > MAX_TRIGGER_BYTES for m in marks):
+        # free text is read against every prefix of each (a set built at compile time)
+        raise ValueError(f"{where}: at most {MAX_TRIGGERS} strings (the enclosing tag's ends among them), each at "
+                         f"most {MAX_TRIGGER_BYTES} bytes, where free text stops")
+    return marks
+
+
+def _flags(fmt: dict, where: str) -> tuple[bool, bool]:
+    flags = tuple(fmt.get(name, False) for name in ("at_least_one", "stop_after_first"))
+    for name, flag in zip(("at_least_one", "stop_after_first"), flags, strict=True):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{where}.{name}: expected a boolean, got {flag!r}")
+    return flags  # type: ignore[return-value]
+
+
+Build = Callable[[_Compiler, dict, str, Ends], object]
+KINDS: dict[str, tuple[set[str], set[str], Build]] = {
+    "const_string": ({"value"}, set(), _Compiler.const_string),
+    "json_schema": ({"json_schema"}, {"style", "any_order"}, _Compiler.json_schema),
+    "grammar": ({"grammar"}, set(), _Compiler.grammar),
+    "regex": ({"pattern"}, set(), _Compiler.regex),
+    "any_text": (set(), {"excludes", "max_tokens", "max_chars"}, _Compiler.any_text),
+    "sequence": ({"elements"}, set(), _Compiler.sequence),
+    "or": ({"elements"}, set(), _Compiler.one_of),
+    "optional": ({"content"}, set(), _Compiler.repeat),
+    "plus": ({"content"}, set(), _Compiler.repeat),
+    "star": ({"content"}, set(), _Compiler.repeat),
+    "repeat": ({"content", "min", "max"}, set(), _Compiler.repeat),
+    "tag": ({"begin", "content", "end"}, set(), _Compiler.tag),
+    "triggered_tags": ({"triggers", "tags"}, {"excludes", "at_least_one", "stop_after_first"},
+                       _Compiler.triggered_tags),
+    "tags_with_separator": ({"tags", "separator"}, {"at_least_one", "stop_after_first"},
+                            _Compiler.tags_with_separator),
+}
+
+
+def compile_format(fmt: object, where: str) -> Seq:
+    """The frames of a format tree (module doc), under a ``Seq`` (the matcher reads it as text, no
+    whitespace skipped); ValueError naming the field that is wrong."""
+    root = Seq((_Compiler().format(fmt, where),))
+    check_depth(root, "structural_tag.format", "a format that cannot end")
+    return root

@@ -1,0 +1,297 @@
+"""xgrammar's structural-tag formats (``{"type": "structural_tag", "format": {...}}``): the matcher
+against an independent reading of each format over Python strings (``re`` for regexes, ``json.loads``
+for JSON, substring scans for free text and triggers), the vocabulary's masks against trying every
+token, draws through the bundled model, refusals that name the field."""
+
+import json
+import random
+import re
+
+import pytest
+
+from hypic import LLM, SamplingParams
+from hypic.engine.structured import TokenVocab, compile_tags
+from hypic.engine.structured.matcher import accepts, advance_bytes, finished, start
+from tests.engine.test_structured_tags import vocab, walk_masks  # noqa: F401 — the bundled vocabulary, module-scoped
+
+
+def _compiled(fmt: dict) -> object:
+    return compile_tags({"type": "structural_tag", "format": fmt})
+
+
+def _ends(fmt: dict, text: str, i: int, stops: tuple[str, ...] = ()) -> set[int]:
+    """Where a chunk ``fmt`` reads from position ``i`` of ``text`` may end (the format read directly);
+    ``stops``: the enclosing tag's ends, which unbounded text stops at."""
+    kind = fmt["type"]
+    if kind == "const_string":
+        return {i + len(fmt["value"])} if text.startswith(fmt["value"], i) else set()
+    if kind == "regex":
+        return {j for j in range(i, len(text) + 1) if re.fullmatch(fmt["pattern"], text[i:j])}
+    if kind == "json_schema":
+        return {j for j in range(i + 1, len(text) + 1) if _json(text[i:j], fmt["json_schema"])}
+    if kind == "any_text":
+        marks = [*fmt.get("excludes", []), *(s for s in stops if s)]
+        first = min((text.find(m, i) + len(m) for m in marks if text.find(m, i) >= 0), default=len(text) + 1)
+        return set(range(i, first))  # up to (not through) the first excluded string's last character
+    if kind == "sequence":
+        at, last = {i}, len(fmt["elements"]) - 1
+        for k, e in enumerate(fmt["elements"]):
+            at = {j for p in at for j in _ends(e, text, p, stops if k == last else ())}
+        return at
+    if kind == "or":
+        return {j for e in fmt["elements"] for j in _ends(e, text, i, stops)}
+    if kind in ("optional", "star", "plus", "repeat"):
+        low, high = {"optional": (0, 1), "star": (0, -1), "plus": (1, -1)}.get(kind, (fmt.get("min"), fmt.get("max")))
+        out, at, n = set(), {i}, 0
+        while at and (high == -1 or n <= high) and n <= len(text) + 1:
+            if n >= low:
+                out |= at
+            at = {j for p in at for j in _ends(fmt["content"], text, p, stops)}
+            n += 1
+        return out
+    if kind == "tag":
+        ends = fmt["end"] if isinstance(fmt["end"], list) else [fmt["end"]]
+        if not text.startswith(fmt["begin"], i):
+            return set()
+        return {q + len(e) for q in _ends(fmt["content"], text, i + len(fmt["begin"]), tuple(ends)) for e in ends
+                if text.startswith(e, q)}
+    if kind == "triggered_tags":
+        return _triggered(fmt, text, i, stops, fmt.get("at_least_one", False))
+    if kind == "tags_with_separator":
+        one = {"type": "or", "elements": [{**t, "type": "tag"} for t in fmt["tags"]]}
+        then = {"type": "sequence", "elements": [{"type": "const_string", "value": fmt["separator"]}, one]}
+        more = one if fmt.get("stop_after_first") else {"type": "sequence", "elements": [one, {"type": "star",
+                                                                                             "content": then}]}
+        return _ends(more if fmt.get("at_least_one") else {"type": "optional", "content": more}, text, i)
+    raise AssertionError(kind)
+
+
+def _triggered(fmt: dict, text: str, i: int, stops: tuple[str, ...], tag_first: bool) -> set[int]:
+    """Free text from ``i`` until the first trigger or excluded string ends; a trigger there opens a
+    tag that begins at the trigger; after the tag, free text again (or the end, stop_after_first)."""
+    out: set[int] = set()
+    if tag_first:
+        starts = [(i, t) for t in fmt["tags"] if text.startswith(t["begin"], i)]
+    else:
+        marks = [*fmt["triggers"], *fmt.get("excludes", []), *(s for s in stops if s)]
+        hits = [(text.find(m, i) + len(m), m in fmt["triggers"], m) for m in marks if text.find(m, i) >= 0]
+        if not hits:
+            return set(range(i, len(text) + 1))
+        end = min(h[0] for h in hits)
+        out |= set(range(i, end))  # free text may stop anywhere before the mark is whole
+        trigger = next((m for e, is_trigger, m in hits if e == end and is_trigger), None)
+        if trigger is None:  # an excluded string: free text cannot hold it
+            return out
+        at = end - len(trigger)
+        starts = [(at, t) for t in fmt["tags"] if t["begin"].startswith(trigger) and text.startswith(t["begin"], at)]
+    for at, t in starts:
+        for q in _ends({**t, "type": "tag"}, text, at):
+            out |= {q} if fmt.get("stop_after_first") else _triggered(fmt, text, q, stops, False)
+    return out
+
+
+def _json(value_text: str, schema: dict) -> bool:
+    """A JSON text as hypic writes it (no space at either end, single spaces between tokens) that the
+    (small) schema accepts."""
+    try:
+        value = json.loads(value_text)
+    except json.JSONDecodeError:
+        return False
+    outside = re.sub(r'"(?:[^"\\]|\\.)*"', '""', value_text)
+    if outside != outside.strip() or "  " in outside or re.search(r"[\t\n\r]", outside):
+        return False
+    if schema.get("type") == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if schema.get("type") == "object":
+        props = schema["properties"].items()
+        return isinstance(value, dict) and set(value) == set(schema["required"]) and all(
+            value[k] == p["const"] if "const" in p else isinstance(value[k], int) for k, p in props)
+    raise AssertionError(schema)
+
+
+def accepted(fmt: dict, text: str) -> bool:
+    return len(text) in _ends(fmt, text, 0)
+
+
+THINK = {"type": "tag", "begin": "<think>", "content": {"type": "any_text"}, "end": "</think>"}
+CALL = {"type": "object", "properties": {"name": {"const": "f"}, "n": {"type": "integer"}}, "required": ["name", "n"]}
+CALLS = {"type": "triggered_tags", "triggers": ["<tool"], "tags": [
+    {"begin": "<tool>", "content": {"type": "json_schema", "json_schema": CALL}, "end": ["</tool>", "</t>"]},
+    {"begin": "<tool_n>", "content": {"type": "regex", "pattern": "[0-9]+"}, "end": "</tool_n>"}]}
+FORMATS = {
+    "think then calls": ({"type": "sequence", "elements": [THINK, CALLS]},
+                         ["<think>", "</think>", "</thi", "<tool>", "<tool_n>", "</tool_n>", "</tool>", "</t>", "<to",
+                          '{"name":"f","n":3}', '{"name":"g","n":3}', "12", "x", " ", "<"], ("<think>", "")),
+    "calls inside a tag": ({"type": "tag", "begin": "<r>", "content": {**CALLS, "excludes": ["!!"]}, "end": "</r>"},
+                           ["<r>", "</r>", "<tool>", "<tool_n>", "</tool_n>", "</tool>", "7", "!", "a", "<", "</"],
+                           ("<r>", "</r>")),
+    "answer shapes": ({"type": "sequence", "elements": [
+        {"type": "optional", "content": {"type": "const_string", "value": "A: "}},
+        {"type": "or", "elements": [{"type": "regex", "pattern": "[a-z]+( [a-z]+)*"},
+                                    {"type": "grammar", "grammar": 'root ::= [0-9]+ ("." [0-9]+)?'},
+                                    {"type": "json_schema", "json_schema": {"type": "integer"}}]},
+        {"type": "repeat", "min": 1, "max": 2, "content": {"type": "const_string", "value": "."}}]},
+        ["A: ", "A:", "ab", " ", "cd", "1", "2.5", ".", "-3", "x"], ("", ".")),
+    "tags with a separator": ({"type": "tags_with_separator", "separator": ", ", "tags": [
+        {"begin": "<a>", "content": {"type": "any_text"}, "end": "</a>"},
+        {"begin": "<b>", "content": {"type": "json_schema", "json_schema": {"type": "integer"}}, "end": "</b>"}]},
+        ["<a>", "</a>", "<b>", "</b>", ", ", ",", "hi", "4", " "], ("", "")),
+    "one call first": ({**CALLS, "at_least_one": True, "stop_after_first": True},
+                       ["5", "12", "5", "12", "<tool>", "</tool_n>", "x", '{"name":"f","n":1}', "</t>"],
+                       ("<tool_n>", "</tool_n>")),
+}
+# the grammar above, as the regex the direct reading uses
+GRAMMARS = {'root ::= [0-9]+ ("." [0-9]+)?': r"[0-9]+(\.[0-9]+)?"}
+
+
+def _as_read(fmt: object) -> object:
+    """The format with each grammar replaced by its regex (the direct reading has no GBNF parser)."""
+    if isinstance(fmt, dict):
+        if fmt.get("type") == "grammar":
+            return {"type": "regex", "pattern": GRAMMARS[fmt["grammar"]]}
+        return {k: _as_read(v) for k, v in fmt.items()}
+    return [_as_read(v) for v in fmt] if isinstance(fmt, list) else fmt
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_random_texts_against_a_direct_reading(name: str) -> None:
+    """Random texts from pieces of each format (most between its usual opening and close): the
+    matcher accepts exactly what the direct reading does, and every prefix of an accepted text stays
+    readable."""
+    fmt, pieces, (lead, tail) = FORMATS[name]
+    node, reading = _compiled(fmt), _as_read(fmt)
+    rng = random.Random(name)
+    hits = 0
+    for _ in range(700):
+        text = lead * (rng.random() < 0.7) + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) + \
+            tail * (rng.random() < 0.7)
+        want = accepted(reading, text)
+        assert accepts(node, text.encode()) == want, (name, text)
+        if want:
+            hits += 1
+            assert all(advance_bytes(start(node), text.encode()[:k]) is not None for k in range(len(text))), text
+    assert hits >= 20, hits  # the pieces do write accepted texts
+
+
+@pytest.mark.parametrize(("fmt", "texts"), [
+    ({"type": "const_string", "value": "ok"}, {"ok": True, "o": False, "oks": False, "": False}),
+    ({"type": "any_text", "excludes": ["<|x|>", "zz"]}, {"": True, "free text": True, "a <|x| b": True,
+                                                         "a <|x|> b": False, "zz": False, "z z": True}),
+    ({"type": "plus", "content": {"type": "regex", "pattern": "[ab]"}}, {"": False, "a": True, "abba": True,
+                                                                         "abc": False}),
+    ({"type": "repeat", "min": 2, "max": 3, "content": {"type": "const_string", "value": "x"}},
+     {"x": False, "xx": True, "xxx": True, "xxxx": False}),
+    ({"type": "tag", "begin": "[", "content": {"type": "star", "content": {"type": "const_string", "value": "1"}},
+      "end": ["]", ")"]}, {"[]": True, "[11)": True, "[1": False, "[1]]": False}),
+    (THINK, {"<think></think>": True, "<think>a</thin b</think>": True, "<think>a</think>b</think>": False}),
+])
+def test_each_format_reads_its_chunk(fmt: dict, texts: dict[str, bool]) -> None:
+    node = _compiled(fmt)
+    for text, want in texts.items():
+        assert accepts(node, text.encode()) == want, (fmt["type"], text)
+        assert accepted(fmt, text) == want, (fmt["type"], text)  # the direct reading agrees
+
+
+def test_an_answer_ends_where_its_format_does() -> None:
+    """A format with nothing more to read finishes the output (the sampler stops there); free text
+    at the top, or a repetition with room left, does not."""
+    for fmt, text, done in (({"type": "const_string", "value": "ok"}, b"ok", True),
+                            ({"type": "sequence", "elements": [THINK, {"type": "const_string", "value": "."}]},
+                             b"<think>x</think>.", True),
+                            (THINK, b"<think>x</think>", True),
+                            ({"type": "sequence", "elements": [THINK, {"type": "any_text"}]}, b"<think></think>",
+                             False),
+                            ({"type": "plus", "content": {"type": "const_string", "value": "a"}}, b"aa", False)):
+        state = advance_bytes(start(_compiled(fmt)), text)
+        assert state is not None and finished(state) == done, (fmt, text)
+
+
+@pytest.mark.parametrize(("fmt", "needle"), [
+    ({"type": "sequence", "elements": []}, r"structural_tag.format.elements: expected a non-empty list"),
+    ({"type": "or", "elements": [{"type": "const_string", "value": 1}]},
+     r"structural_tag.format.elements\[0\].value: expected a string"),
+    ({"type": "token", "token": "<|x|>"}, r"structural_tag.format.type: 'token' is not served \(token-level"),
+    ({"type": "dispatch", "rules": []}, r"'dispatch' is not served \(write it as triggered_tags\)"),
+    ({"type": "bogus"}, r"structural_tag.format.type: expected one of \['any_text', 'const_string'"),
+    ({"type": "const_string"}, r"structural_tag.format.value: required for const_string"),
+    ({"type": "const_string", "value": "a", "extra": 1}, r"structural_tag.format: unknown field 'extra'"),
+    ({"type": "json_schema", "json_schema": {"type": "object"}, "style": "qwen_xml"},
+     r"structural_tag.format.style: 'qwen_xml' is not served \(json only\)"),
+    ({"type": "json_schema", "json_schema": {"type": "object"}, "any_order": True}, r"any_order: not served"),
+    ({"type": "json_schema", "json_schema": {"type": "nope"}}, r"structural_tag.format.json_schema: "),
+    ({"type": "regex", "pattern": "a("}, r"structural_tag.format.pattern: 'a\(': "),
+    ({"type": "grammar", "grammar": "root ::= x"}, r"structural_tag.format.grammar: rule 'x' is used but never"),
+    ({"type": "any_text", "max_tokens": 5}, r"structural_tag.format.max_tokens: not served"),
+    ({"type": "repeat", "min": 3, "max": 2, "content": {"type": "any_text"}}, r"max 2 is below min 3"),
+    ({"type": "repeat", "min": -1, "max": 2, "content": {"type": "any_text"}}, r"min: expected a non-negative"),
+    ({"type": "repeat", "min": 0, "max": 5000, "content": {"type": "any_text"}}, r"a bound above 4096"),
+    ({"type": "tag", "begin": {"token": "<|a|>"}, "content": {"type": "any_text"}, "end": "x"},
+     r"structural_tag.format.begin: a token begin is not served"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": []},
+     r"structural_tag.format.end: expected a string or a non-empty list"),
+    ({"type": "tag", "begin": "<a>", "content": {"type": "any_text"}, "end": "x" * 200},
+     r"structural_tag.format.content.excludes: at most 32 strings .* each at most 128 bytes"),
+    ({"type": "triggered_tags", "triggers": ["<f"], "tags": [{"begin": "<f>", "content": {"type": "any_text"},
+                                                              "end": "</f>"}], "excludes": ["<"]},
+     r"structural_tag.format.excludes: '<' lies inside the trigger '<f'"),
+    ({"type": "triggered_tags", "triggers": ["<f"], "tags": [{"type": "token", "begin": "<f>",
+                                                              "content": {"type": "any_text"}, "end": "</f>"}]},
+     r"structural_tag.format.tags\[0\].type: expected 'tag'"),
+    ({"type": "tags_with_separator", "separator": ",", "tags": [{"begin": "<f>", "content": {"type": "any_text"},
+                                                                  "end": "</f>"}], "stop_after_first": "yes"},
+     r"structural_tag.format.stop_after_first: expected a boolean"),
+    ({"type": "sequence", "elements": [{"type": "optional", "content": {"type": "const_string", "value": str(i)}}
+                                       for i in range(120)]},
+     r"structural_tag.format.elements\[\d+\]: more than \d+ formats that may be empty"),
+])
+def test_bad_formats_are_refused_by_name(fmt: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(structural_tag={"type": "structural_tag", "format": fmt})
+
+
+def test_deep_or_many_formats_are_refused() -> None:
+    fmt: dict = {"type": "const_string", "value": "x"}
+    for _ in range(40):
+        fmt = {"type": "sequence", "elements": [fmt]}
+    with pytest.raises(ValueError, match="formats nested more than 32 deep"):
+        _compiled(fmt)
+    with pytest.raises(ValueError, match="more than 2048 format objects"):
+        _compiled({"type": "or", "elements": [{"type": "const_string", "value": str(i)} for i in range(2100)]})
+
+
+def test_allowed_tokens_equal_a_pass_over_every_token(vocab: TokenVocab) -> None:  # noqa: F811
+    """Along random walks through a think tag, free text with calls, a regex and a JSON value, the
+    trie walk's allowed set (with the free-text shortcut where it applies) is exactly the tokens
+    whose bytes the matcher reads."""
+    fmt = {"type": "sequence", "elements": [
+        {"type": "tag", "begin": "<think>", "content": {"type": "any_text", "excludes": ["er"]}, "end": "</think>"},
+        {**CALLS, "triggers": ["<tool", "an"], "tags": [*CALLS["tags"], {"begin": "and", "content": {
+            "type": "regex", "pattern": "[a-z]{1,3}"}, "end": ";"}]}]}
+    checked, shortcuts = walk_masks(vocab, _compiled(fmt), rb"<|/|t|h|k|>|an|d|;|\{|\"|[0-9]", 6, lean=0.85)
+    assert checked >= 120 and shortcuts > 5
+
+
+def test_draws_through_the_bundled_model_follow_the_format() -> None:
+    """The bundled model answers ``Answer: <place>``; held to ``Answer: `` then one capitalised word
+    or ``unknown``, then ``.``, every sampled answer has that shape (or is cut short by max_tokens),
+    while unconstrained answers do not all have it."""
+    llm = LLM(device="cpu")
+    fmt = {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "or", "elements": [{"type": "regex", "pattern": "[A-Z][a-z]+"},
+                                    {"type": "const_string", "value": "unknown"}]},
+        {"type": "const_string", "value": "."}]}
+    prompt = "Profile of Mira. Mira lives in Quorvane and works as a potter.<<PIC_SEP>>Where does Mira live?"
+    shape = re.compile(r"Answer: (?:[A-Z][a-z]+|unknown)\.")
+    whole = 0
+    for seed in range(4):
+        text = llm.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=seed, structural_tag={
+            "type": "structural_tag", "format": fmt}))[0].text
+        if shape.fullmatch(text):
+            whole += 1
+        else:  # cut short: a prefix of the shape
+            assert accepts(_compiled({"type": "sequence", "elements": [*fmt["elements"][:2]]}), text.encode()) or \
+                advance_bytes(start(_compiled(fmt)), text.encode()) is not None, (seed, text)
+    assert whole >= 2
+    free = [llm.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=s))[0].text for s in range(4)]
+    assert not all(shape.fullmatch(t) for t in free)
