@@ -5,7 +5,8 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 | format | fields | frames |
 |---|---|---|
 | ``const_string`` | value | a ``Word`` |
-| ``json_schema`` | json_schema (style json) | the schema's nodes, its number handing back (``tags.json_value``) |
+| ``json_schema`` | json_schema, style | the schema's nodes, its number handing back (``tags.json_value``); |
+| | | style ``qwen_xml``: an object's properties as ``<parameter=…>`` (``qwen_xml.py``) |
 | ``grammar`` | grammar (GBNF) | the grammar's root |
 | ``regex`` | pattern | a ``Text``, the pattern matching the chunk whole |
 | ``any_text`` | excludes | free text holding none of them (``tags.Tagged`` with no triggers) |
@@ -18,7 +19,7 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 Text without a bound of its own (``any_text``, ``triggered_tags``' free text) inside a tag stops at
 the tag's end: the end is among what that text excludes (xgrammar's rule, the enclosing end as its
 stop condition), handed down to a sequence's last element, each option of an ``or`` and a
-repetition's content. The token-level formats, ``dispatch``, other JSON styles, ``any_order`` and
+repetition's content. The token-level formats, ``dispatch``, other XML styles, ``any_order`` and
 ``any_text``'s budgets are refused by name; every refusal names the field, as
 ``structural_tag.format.elements[1].content.end``.
 """
@@ -29,6 +30,7 @@ from collections.abc import Callable
 
 from hypic.engine.structured.grammar import MAX_REPEAT, Rep, Seq, Word, compile_grammar
 from hypic.engine.structured.matcher import MAX_HOPS
+from hypic.engine.structured.qwen_xml import compile_qwen_xml
 from hypic.engine.structured.schema import MAX_CHAIN, Alt, check_depth
 from hypic.engine.structured.tags import (
     MAX_TRIGGER_BYTES,
@@ -110,10 +112,15 @@ class _Compiler:
         return Word(value.encode()) if value else Seq(())
 
     def json_schema(self, fmt: dict, where: str, ends: Ends) -> object:
-        if fmt.get("style", "json") != "json":
-            raise ValueError(f"{where}.style: {fmt['style']!r} is not served (json only)")
+        style = fmt.get("style", "json")
+        if style not in ("json", "qwen_xml"):
+            raise ValueError(f"{where}.style: {style!r} is not served (json or qwen_xml)")
         if fmt.get("any_order", False) is not False:
             raise ValueError(f"{where}.any_order: not served (properties come in their declared order)")
+        if style == "qwen_xml":
+            node, optional = compile_qwen_xml(fmt["json_schema"], f"{where}.json_schema")
+            self.passes += 2 * optional  # each parameter that may be left out is crossed unread
+            return node
         try:
             return json_value(fmt["json_schema"])
         except ValueError as e:

@@ -166,11 +166,12 @@ def compact(value: object) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-def json_text(value: object, what: str) -> str:
-    """``value`` as canonical JSON text (sorted keys: what the compilers cache by); ValueError named
-    ``what`` when it is no JSON, holds a string no UTF-8 text holds, or nests too deep."""
+def json_text(value: object, what: str, sort_keys: bool = True) -> str:
+    """``value`` as canonical JSON text (sorted keys, unless their order means something: what the
+    compilers cache by); ValueError named ``what`` when it is no JSON, holds a string no UTF-8 text
+    holds, or nests too deep."""
     try:
-        text = json.dumps(value, sort_keys=True, allow_nan=False)
+        text = json.dumps(value, sort_keys=sort_keys, allow_nan=False)
         json.dumps(value, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
     except UnicodeEncodeError as e:
         raise ValueError(f"{what}: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "

@@ -87,7 +87,8 @@ def compile_tags(spec: object) -> Tagged:
             raise ValueError(f"structural_tag: not JSON: {e}") from None
     if not isinstance(spec, dict):
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
-    return _compile(json_text(spec, "structural_tag"))
+    # keys keep their order: a qwen_xml parameter list is written in its properties' declared order
+    return _compile(json_text(spec, "structural_tag", sort_keys=False))
 
 
 @lru_cache(maxsize=64)
