@@ -60,6 +60,11 @@ def _ends(fmt: dict, text: str, i: int, stops: tuple[str, ...] = ()) -> set[int]
                 if text.startswith(e, q)}
     if kind == "triggered_tags":
         return _triggered(fmt, text, i, stops, fmt.get("at_least_one", False))
+    if kind == "dispatch":  # as the docs say it: free text where a pattern, once written, is followed by its format
+        return _ends({"type": "triggered_tags", "triggers": [p for p, _ in fmt["rules"]],
+                      "tags": [{"begin": p, "content": f, "end": ""} for p, f in fmt["rules"]],
+                      "excludes": fmt.get("excludes", []), "stop_after_first": not fmt.get("loop", True)},
+                     text, i, stops)
     if kind == "tags_with_separator":
         one = {"type": "or", "elements": [{**t, "type": "tag"} for t in fmt["tags"]]}
         then = {"type": "sequence", "elements": [{"type": "const_string", "value": fmt["separator"]}, one]}
@@ -166,6 +171,12 @@ FORMATS = {
                                      "<parameter=unit>", "<parameter=days>", "\n", "Paris", "c", "f", "12", "x",
                                      "</parameter>", "</parameter>\n", "\n</function>\n</tool_call>", "<", "</"],
                         ("", "")),
+    "dispatch in a tag": ({"type": "tag", "begin": "<r>", "end": "</r>", "content": {"type": "dispatch", "rules": [
+        ["<n>", {"type": "json_schema", "json_schema": {"type": "integer"}}],
+        ["@", {"type": "regex", "pattern": "[a-z]+!"}]], "excludes": ["##"]}},
+        ["<n>", "@", "12", "ab!", "ab", "#", "x", " ", "</r>", "<", "!"], ("<r>", "</r>")),
+    "dispatch once": ({"type": "dispatch", "loop": False, "rules": [["<n>", {"type": "const_string", "value": "7."}]]},
+                      ["<n>", "7.", "7", "x", "<"], ("", "")),
     "one call first": ({**CALLS, "at_least_one": True, "stop_after_first": True},
                        ["5", "12", "5", "12", "<tool>", "</tool_n>", "x", '{"name":"f","n":1}', "</t>"],
                        ("<tool_n>", "</tool_n>")),
@@ -253,7 +264,10 @@ def test_an_answer_ends_where_its_format_does() -> None:
     ({"type": "or", "elements": [{"type": "const_string", "value": 1}]},
      r"structural_tag.format.elements\[0\].value: expected a string"),
     ({"type": "token", "token": "<|x|>"}, r"structural_tag.format.type: 'token' is not served \(token-level"),
-    ({"type": "dispatch", "rules": []}, r"'dispatch' is not served \(write it as triggered_tags\)"),
+    ({"type": "dispatch", "rules": []}, r"structural_tag.format.rules: expected a non-empty list"),
+    ({"type": "dispatch", "rules": [["", {"type": "any_text"}]]}, r"format.rules\[0\]: expected \[pattern, format\]"),
+    ({"type": "dispatch", "rules": [["<a>", {"type": "bogus"}]]}, r"format.rules\[0\]\[1\].type: expected one of"),
+    ({"type": "dispatch", "rules": [["<a>", {"type": "any_text"}]], "loop": 1}, r"format.loop: expected a boolean"),
     ({"type": "bogus"}, r"structural_tag.format.type: expected one of \['any_text', 'const_string'"),
     ({"type": "const_string"}, r"structural_tag.format.value: required for const_string"),
     ({"type": "const_string", "value": "a", "extra": 1}, r"structural_tag.format: unknown field 'extra'"),

@@ -14,12 +14,13 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 | ``optional`` / ``plus`` / ``star`` / ``repeat`` | content (min, max) | ``Rep`` |
 | ``tag`` | begin, content, end (a string or a list) | ``Seq`` of begin, content, end |
 | ``triggered_tags`` | triggers, tags, excludes, at_least_one, stop_after_first | ``Tagged`` |
+| ``dispatch`` | rules ([pattern, format] pairs), loop, excludes | ``Tagged``, each pattern a trigger |
 | ``tags_with_separator`` | tags, separator, at_least_one, stop_after_first | ``Seq`` / ``Rep`` of the tags |
 
-Text without a bound of its own (``any_text``, ``triggered_tags``' free text) inside a tag stops at
-the tag's end: the end is among what that text excludes (xgrammar's rule, the enclosing end as its
-stop condition), handed down to a sequence's last element, each option of an ``or`` and a
-repetition's content. The token-level formats, ``dispatch``, other XML styles, ``any_order`` and
+Text without a bound of its own (``any_text``, the free text of ``triggered_tags`` and ``dispatch``)
+inside a tag stops at the tag's end: the end is among what that text excludes (xgrammar's rule, the
+enclosing end as its stop condition), handed down to a sequence's last element, each option of an ``or`` and a
+repetition's content. The token-level formats, other XML styles, ``any_order`` and
 ``any_text``'s budgets are refused by name; every refusal names the field, as
 ``structural_tag.format.elements[1].content.end``.
 """
@@ -49,7 +50,6 @@ from hypic.engine.structured.text import Text, compile_text
 MAX_FORMATS = 2048  # format objects in one tag (each a few frames; tools run to hundreds, not thousands)
 MAX_NESTING = 32  # formats inside formats
 NOT_SERVED = {
-    "dispatch": "write it as triggered_tags",
     "token": "token-level formats are not served",
     "exclude_token": "token-level formats are not served",
     "any_tokens": "token-level formats are not served",
@@ -195,12 +195,30 @@ class _Compiler:
         items = [(w, t["begin"], self.format(t["content"], f"{w}.content", own), own)
                  for w, t, own in self._tags(fmt, where)]
         excludes = _excludes(fmt.get("excludes", []), ends, f"{where}.excludes")
-        for e in excludes:  # free text stops before it, so a trigger holding it could never be written
-            inside = next((t for t in triggers if e in t[:-1]), None)
-            if inside is not None:
-                raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
-                                 "which could then never be written")
+        _check_excludes(triggers, excludes, where)
         return triggered(triggers, items, excludes, at_least_one, stop_after_first)
+
+    def dispatch(self, fmt: dict, where: str, ends: Ends) -> object:
+        """Free text in which each rule's pattern, once written, is followed by its format — the
+        triggered_tags frame with each pattern a trigger and its whole begin; ``loop`` false: the
+        dispatch ends with the first format."""
+        loop = fmt.get("loop", True)
+        if not isinstance(loop, bool):
+            raise ValueError(f"{where}.loop: expected a boolean, got {loop!r}")
+        rules = fmt["rules"]
+        if not isinstance(rules, list) or not rules or len(rules) > MAX_TRIGGERS:
+            raise ValueError(f"{where}.rules: expected a non-empty list of at most {MAX_TRIGGERS} [pattern, format] "
+                             "pairs")
+        items = []
+        for i, rule in enumerate(rules):
+            w = f"{where}.rules[{i}]"
+            if not isinstance(rule, list) or len(rule) != 2 or not isinstance(rule[0], str) or not rule[0]:
+                raise ValueError(f"{w}: expected [pattern, format], the pattern a non-empty string")
+            items.append((w, rule[0], self.format(rule[1], f"{w}[1]"), ("",)))
+        triggers = _triggers([r[0] for r in rules], f"{where}.rules")
+        excludes = _excludes(fmt.get("excludes", []), ends, f"{where}.excludes")
+        _check_excludes(triggers, excludes, where)
+        return triggered(triggers, items, excludes, stop_after_first=not loop)
 
     def tags_with_separator(self, fmt: dict, where: str, ends: Ends) -> object:
         at_least_one, stop_after_first = _flags(fmt, where)
@@ -258,6 +276,16 @@ def _excludes(given: object, ends: Ends, where: str) -> tuple[bytes, ...]:
     return marks
 
 
+def _check_excludes(triggers: tuple[bytes, ...], excludes: tuple[bytes, ...], where: str) -> None:
+    """Free text stops before an excluded string, so a trigger holding one (not at its end) could never
+    be written: refused."""
+    for e in excludes:
+        inside = next((t for t in triggers if e in t[:-1]), None)
+        if inside is not None:
+            raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
+                             "which could then never be written")
+
+
 def _flags(fmt: dict, where: str) -> tuple[bool, bool]:
     flags = tuple(fmt.get(name, False) for name in ("at_least_one", "stop_after_first"))
     for name, flag in zip(("at_least_one", "stop_after_first"), flags, strict=True):
@@ -282,6 +310,7 @@ KINDS: dict[str, tuple[set[str], set[str], Build]] = {
     "tag": ({"begin", "content", "end"}, set(), _Compiler.tag),
     "triggered_tags": ({"triggers", "tags"}, {"excludes", "at_least_one", "stop_after_first"},
                        _Compiler.triggered_tags),
+    "dispatch": ({"rules"}, {"loop", "excludes"}, _Compiler.dispatch),
     "tags_with_separator": ({"tags", "separator"}, {"at_least_one", "stop_after_first"},
                             _Compiler.tags_with_separator),
 }
