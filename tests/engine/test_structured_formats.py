@@ -364,3 +364,32 @@ def test_draws_through_the_bundled_model_follow_the_format() -> None:
     assert whole >= 2
     free = [llm.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=s))[0].text for s in range(4)]
     assert not all(shape.fullmatch(t) for t in free)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_answers_follow_their_formats() -> None:
+    """On CUDA, batched with a free request: each answer is accepted whole by its format, or is a
+    prefix of an accepted text when max_tokens cut it."""
+    import torch
+
+    gpu = LLM(device="cuda", dtype=torch.float32)
+    prompt = "Profile of Mira. Mira lives in Quorvane and works as a potter.<<PIC_SEP>>Where does Mira live?"
+    answer = {"type": "sequence", "elements": [
+        {"type": "const_string", "value": "Answer: "},
+        {"type": "or", "elements": [{"type": "regex", "pattern": "[A-Z][a-z]+"},
+                                    {"type": "const_string", "value": "unknown"}]},
+        {"type": "const_string", "value": "."}]}
+    think = {"type": "sequence", "elements": [{**THINK, "content": {"type": "any_text", "excludes": ["<think>"]}},
+                                              QWEN_CALLS]}
+    formats = [answer, think, {"type": "tags_with_separator", "separator": ",", "at_least_one": True, "tags": [
+        {"begin": "<n>", "content": {"type": "json_schema", "json_schema": {"type": "integer"}}, "end": "</n>"}]}]
+    params = [SamplingParams(max_tokens=24, temperature=1.0, seed=k, structural_tag={
+        "type": "structural_tag", "format": f}) for k, f in enumerate(formats)] + [SamplingParams(max_tokens=8)]
+    outs = gpu.generate([prompt] * len(params), params)
+    for out, fmt in zip(outs, formats, strict=False):
+        node = _compiled(fmt)
+        if out.finish_reason == "stop":
+            assert accepts(node, out.text.encode()), out.text
+        else:
+            assert advance_bytes(start(node), out.text.encode()) is not None, out.text
+    assert outs[0].text.startswith("Answer: ") and outs[1].text.startswith("<think>") and outs[-1].token_ids
