@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hypic.engine.structured.grammar import MAX_REPEAT, Rep, Seq, Word, compile_grammar
+from hypic.engine.structured.grammar import MAX_REPEAT, Rep, Seq, Word, compile_grammar, settle_repeats
 from hypic.engine.structured.matcher import MAX_HOPS
 from hypic.engine.structured.qwen_xml import compile_qwen_xml
 from hypic.engine.structured.schema import MAX_CHAIN, Alt, check_depth
@@ -45,10 +45,14 @@ from hypic.engine.structured.tags import (
     then_end,
     triggered,
 )
-from hypic.engine.structured.text import Text, compile_text
+from hypic.engine.structured.text import compile_text
 
 MAX_FORMATS = 2048  # format objects in one tag (each a few frames; tools run to hundreds, not thousands)
 MAX_NESTING = 32  # formats inside formats
+# every free text's trigger and exclude prefixes, summed over the tree (each text's own ≤ 64 marks of
+# ≤ 128 bytes: 512 KiB; 400 of them would hold ~ 1 GB of sets in memory)
+MAX_PREFIX_BYTES = 1 << 20
+HOPS_EACH = 4  # hops a byte takes to cross a chunk that reads nothing (a grammar's: Seq, Ref, Rep, back)
 NOT_SERVED = {
     "token": "token-level formats are not served",
     "exclude_token": "token-level formats are not served",
@@ -61,11 +65,13 @@ Ends = tuple[str, ...]  # the enclosing tag's ends, where the text being compile
 
 
 class _Compiler:
-    """One format tree being compiled: the objects met, how deep they nest, and how many hand a byte
-    on unread (``passes``: a byte skips each one that may be empty, two hops apiece)."""
+    """One format tree being compiled: the objects met (their frames), how deep they nest, the hops of
+    chunks inside a format that may be left out (``passes``: qwen_xml's optional parameters) and the
+    prefixes its free texts watch for."""
 
     def __init__(self) -> None:
-        self.count = self.depth = self.deepest = self.passes = 0
+        self.count = self.depth = self.deepest = self.passes = self.prefix_bytes = 0
+        self.nodes: list[object] = []  # each format object's frames
 
     def format(self, fmt: object, where: str, ends: Ends = ()) -> object:
         self.count += 1
@@ -79,19 +85,31 @@ class _Compiler:
             node = self._format(fmt, where, ends)
         finally:
             self.depth -= 1
-        self.passes += 2 * _may_be_empty(node)
-        if self.passes + 2 * self.deepest + MAX_CHAIN > MAX_HOPS:
-            # the matcher hands a byte on at most MAX_HOPS times: past it, a byte a long run of empty
-            # chunks leads to would be refused though the format accepts it
-            room = (MAX_HOPS - MAX_CHAIN) // 2 - self.deepest
+        self.nodes.append(node)
+        if isinstance(node, Tagged):  # free text reads against every prefix of its marks, a set held
+            self.prefix_bytes += sum(map(len, node.prefixes))
+            if self.prefix_bytes > MAX_PREFIX_BYTES:
+                raise ValueError(f"{where}: the triggers and excludes of this structural tag's free texts come to "
+                                 f"more than {MAX_PREFIX_BYTES >> 10} KiB of prefixes to watch for")
+        return node
+
+    def check_hops(self, empty: set[int], where: str) -> None:
+        """The matcher hands a byte on at most MAX_HOPS times: past it, a byte that a long run of
+        chunks that may be empty leads to would be refused though the format accepts it. Each such
+        chunk costs a few hops (a grammar's: its rule and repetition frames; a repetition of them as
+        much: a byte enters one iteration), each level of nesting a few."""
+        passes = self.passes + HOPS_EACH * sum(id(n) in empty for n in self.nodes)
+        if passes + HOPS_EACH * self.deepest + MAX_CHAIN > MAX_HOPS:
+            room = (MAX_HOPS - MAX_CHAIN) // HOPS_EACH - self.deepest
             raise ValueError(f"{where}: more than {room} formats that may be empty (a byte may cross each unread, "
                              "and the matcher follows it so far)")
-        return node
 
     def _format(self, fmt: object, where: str, ends: Ends) -> object:
         if not isinstance(fmt, dict):
             raise ValueError(f"{where}: expected an object (a format), got {type(fmt).__name__}")
         kind = fmt.get("type")
+        if not isinstance(kind, str):
+            raise ValueError(f"{where}.type: expected a string naming the format, got {kind!r}")
         if kind in NOT_SERVED:
             raise ValueError(f"{where}.type: {kind!r} is not served ({NOT_SERVED[kind]})")
         if kind not in KINDS:
@@ -119,7 +137,7 @@ class _Compiler:
             raise ValueError(f"{where}.any_order: not served (properties come in their declared order)")
         if style == "qwen_xml":
             node, optional = compile_qwen_xml(fmt["json_schema"], f"{where}.json_schema")
-            self.passes += 2 * optional  # each parameter that may be left out is crossed unread
+            self.passes += HOPS_EACH * optional  # each parameter that may be left out is crossed unread
             return node
         try:
             return json_value(fmt["json_schema"])
@@ -240,19 +258,6 @@ class _Compiler:
         return out
 
 
-def _may_be_empty(node: object) -> bool:
-    """Whether a format's frames may read nothing (regexes counted as may: cheap and safe)."""
-    if isinstance(node, Seq):
-        return all(_may_be_empty(i) for i in node.items)
-    if isinstance(node, Rep):
-        return node.low == 0 or _may_be_empty(node.item)
-    if isinstance(node, Alt):
-        return any(_may_be_empty(o) for o in node.options)
-    if isinstance(node, Tagged):
-        return not node.at_least_one
-    return isinstance(node, Text)
-
-
 def _ends(end: object, where: str) -> Ends:
     """A tag's end: a string, or a non-empty list of them (any one closes it)."""
     if isinstance(end, str):
@@ -319,6 +324,8 @@ KINDS: dict[str, tuple[set[str], set[str], Build]] = {
 def compile_format(fmt: object, where: str) -> Seq:
     """The frames of a format tree (module doc), under a ``Seq`` (the matcher reads it as text, no
     whitespace skipped); ValueError naming the field that is wrong."""
-    root = Seq((_Compiler().format(fmt, where),))
+    compiler = _Compiler()
+    root = Seq((compiler.format(fmt, where),))
+    compiler.check_hops(settle_repeats(root), where)
     check_depth(root, "structural_tag.format", "a format that cannot end")
     return root

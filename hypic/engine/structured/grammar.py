@@ -55,6 +55,10 @@ class Rep:
     item: object
     low: int
     high: int | None
+    # set by ``settle_repeats`` when the item may read nothing: then ``low`` is 0 (empty iterations
+    # fill any count) and a byte enters at most one iteration (``matcher._feed``), since a count
+    # reached by empty iterations accepts no more than the count before it
+    empty_item: bool = False
 
     def children(self) -> list:
         return [self.item]
@@ -183,12 +187,14 @@ def compile_grammar(text: str) -> Seq:
 
     root = Seq((node(("ref", "root")),))  # a grammar frame at the root: the matcher reads it as text
     _check_left_recursion(root)
+    settle_repeats(root)
     check_depth(root, "grammar", "a rule that only refers to itself with no way out")
     return root
 
 
 def _nullable(nodes: list) -> set[int]:
-    """The ids of the nodes that can derive the empty text (a fixed point: rules may recurse)."""
+    """The ids of the nodes that can derive the empty text (a fixed point: rules may recurse); a
+    frame of another module says so by ``may_be_empty()`` (free text, a regex's text)."""
     empty: set[int] = set()
     changed = True
     while changed:
@@ -205,10 +211,23 @@ def _nullable(nodes: list) -> set[int]:
             elif isinstance(n, Ref):
                 ok = id(n.target) in empty
             else:
-                ok = False
+                ok = hasattr(n, "may_be_empty") and n.may_be_empty()
             if ok:
                 empty.add(id(n))
                 changed = True
+    return empty
+
+
+def settle_repeats(root: object) -> set[int]:
+    """Marks every repetition whose item may read nothing (``Rep.empty_item``, ``low`` 0) — else a
+    byte would cross one empty iteration per count, ``(a?){1000}`` a thousand hops a byte — and
+    returns the ids of the nodes that may read nothing. Idempotent (a cached tree settles once)."""
+    nodes = reachable(root)
+    empty = _nullable(nodes)
+    for n in nodes:
+        if isinstance(n, Rep) and id(n.item) in empty and not n.empty_item:
+            object.__setattr__(n, "low", 0)  # frozen for hashing by identity; settled before any match
+            object.__setattr__(n, "empty_item", True)
     return empty
 
 

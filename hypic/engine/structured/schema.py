@@ -509,7 +509,7 @@ def check_depth(root: Node, what: str = "json_schema", endless: str = "a $ref cy
             NEEDS[n] = int(depth[id(n)])
 
 
-MAX_CHAIN = 48  # references and unions crossed before a value's first byte (the matcher's MAX_HOPS is 256)
+MAX_CHAIN = 48  # references and unions crossed before a value's first byte (the matcher's MAX_HOPS is 512)
 
 
 def _check_chains(root: Node) -> None:

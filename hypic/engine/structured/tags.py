@@ -62,6 +62,9 @@ class Tagged:
     def children(self) -> list:
         return [s.body for s in self.structures]
 
+    def may_be_empty(self) -> bool:
+        return not self.at_least_one
+
     def least(self, depth: dict[int, float]) -> float:
         """Free text may be empty; with ``at_least_one`` a structure's body nests above the frame."""
         if not self.at_least_one:
@@ -85,6 +88,8 @@ def compile_tags(spec: object) -> Tagged:
             spec = json.loads(spec)
         except json.JSONDecodeError as e:
             raise ValueError(f"structural_tag: not JSON: {e}") from None
+        except RecursionError:
+            raise ValueError("structural_tag: nested too deep to read") from None
     if not isinstance(spec, dict):
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
     # keys keep their order: a qwen_xml parameter list is written in its properties' declared order

@@ -32,6 +32,9 @@ class Text:
     pattern: Regex | None = None
     words: Lit | None = None
 
+    def may_be_empty(self) -> bool:
+        return b"" in self.words.values if self.words is not None else self.pattern.accepts(self.pattern.start)
+
 
 @lru_cache(maxsize=64)
 def compile_text(regex: str | None = None, choice: tuple[str, ...] | None = None) -> Text:
