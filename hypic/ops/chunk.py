@@ -42,8 +42,7 @@ class _Packing(NamedTuple):
 
 
 class _Local(NamedTuple):
-    """Each chunk's map from its entering state S. Batch dims lead every field: [NC, N, H] (the scan's
-    padded layout) or [R, H] (``_Flat`` rows)."""
+    """Each chunk's map from its entering state S. Batch dims [NC, N, H] lead every field."""
 
     q_eff: Tensor  # [.., C, K]: o = q_eff·S + o0
     o0: Tensor  # [.., C, V]
@@ -81,53 +80,6 @@ def _unpad(x: Tensor, p: _Packing) -> Tensor:
     """[NC, N, H, C, V] → [T, H, V]."""
     x = x.transpose(0, 1).transpose(2, 3)  # [N, NC, C, H, V]
     return x[p.seq, p.chunk, p.pos]
-
-
-class _Flat(NamedTuple):
-    """The sequential path's layout: every sequence's chunks as rows of one batch, chunk-major —
-    step c's rows are chunk c of the sequences that reach it, which (sequences sorted by how many
-    chunks they span, most first) are the first ``active[c]`` of the sorted batch. No sequence is
-    padded past its own last chunk, and one call serves sequences of any mix of lengths."""
-
-    row: Tensor  # [T] each token's row
-    pos: Tensor  # [T] its position in the chunk
-    order: Tensor  # [N] the sequences, most chunks first (stable)
-    back: Tensor  # [N] where each sequence went in ``order``
-    active: tuple[int, ...]  # per chunk step, the sequences still running
-    num_rows: int
-
-
-def _flat(cu_seqlens: Tensor, chunk_size: int, device: torch.device) -> _Flat:
-    return _flat_for(tuple(cu_seqlens.tolist()), chunk_size, device)
-
-
-@device_cache(maxsize=16)
-def _flat_for(cu_key: tuple[int, ...], chunk_size: int, device: torch.device) -> _Flat:
-    lengths = [b - a for a, b in zip(cu_key, cu_key[1:], strict=False)]
-    spans = [max(1, -(-n // chunk_size)) for n in lengths]  # an empty sequence: one chunk of padding (identity)
-    order = sorted(range(len(lengths)), key=lambda i: -spans[i])
-    rank = [0] * len(lengths)
-    for r, i in enumerate(order):
-        rank[i] = r
-    active = tuple(sum(1 for n in spans if n > c) for c in range(max(spans, default=1)))
-    start = [0]
-    for n in active:
-        start.append(start[-1] + n)
-    cu = torch.tensor(cu_key, dtype=torch.long)
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths, dtype=torch.long))
-    offset = torch.arange(cu_key[-1]) - cu[:-1][seq]
-    chunk = offset // chunk_size
-    row = torch.tensor(start, dtype=torch.long)[chunk] + torch.tensor(rank, dtype=torch.long)[seq]
-    idx = to_device(torch.stack([row, offset % chunk_size]), device)
-    return _Flat(idx[0], idx[1], to_device(torch.tensor(order, dtype=torch.long), device),
-                 to_device(torch.tensor(rank, dtype=torch.long), device), active, start[-1])
-
-
-def _pad_flat(x: Tensor, f: _Flat, chunk_size: int) -> Tensor:
-    """[T, H, ...] packed → [R, H, C, ...] zero-padded rows (``_Flat``)."""
-    out = x.new_zeros(f.num_rows, chunk_size, *x.shape[1:])
-    out[f.row, f.pos] = x
-    return out.transpose(1, 2)
 
 
 def _pair(x: Tensor, y: Tensor, gx: Tensor | None, gy: Tensor | None, strict: bool) -> Tensor:
@@ -182,25 +134,19 @@ def _apply_a(loc: _Local, j: int | slice, S: Tensor) -> Tensor:
     return out
 
 
-def _sequential(loc: _Local, S: Tensor, V: int, active: tuple[int, ...]) -> tuple[Tensor, Tensor, Tensor | None]:
-    """States chunk by chunk over ``_Flat`` rows (step c: the first ``active[c]`` sequences of S);
-    S may be widened ([S_in | I]): extra columns see no values, and their outputs (returned third)
-    are each output's map from the initial state."""
+def _sequential(loc: _Local, S: Tensor, V: int) -> tuple[Tensor, Tensor, Tensor | None]:
+    """States chunk by chunk; S may be widened ([S_in | I]): extra columns see no values, and their
+    outputs (returned third) are each output's map from the initial state."""
     extra = S.shape[-1] - V
     outs, maps = [], []
-    r = 0
-    for n in active:
-        rows, r = slice(r, r + n), r + n
-        now = S[:n]
-        o = loc.q_eff[rows] @ now
-        outs.append(o[..., :V] + loc.o0[rows])
+    for j in range(loc.q_eff.shape[0]):
+        o = loc.q_eff[j] @ S
+        outs.append(o[..., :V] + loc.o0[j])
         if extra:
             maps.append(o[..., V:])
-        b = loc.b[rows] if not extra else torch.cat([loc.b[rows], loc.b.new_zeros(*loc.b[rows].shape[:-1], extra)],
-                                                    dim=-1)
-        now = _apply_a(loc, rows, now) + b
-        S = now if n == S.shape[0] else torch.cat([now, S[n:]])  # the finished ones keep their final states
-    return torch.cat(outs), S, torch.cat(maps) if extra else None
+        b = loc.b[j] if not extra else torch.cat([loc.b[j], loc.b.new_zeros(*loc.b.shape[1:-1], extra)], dim=-1)
+        S = _apply_a(loc, j, S) + b
+    return torch.stack(outs), S, torch.stack(maps) if extra else None
 
 
 def _scan(loc: _Local, S_in: Tensor, with_transition: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
@@ -243,8 +189,65 @@ def chunk_linear_attention(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tens
     if parallel is None:
         parallel = torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in (q, k, v, g, beta, a, b))
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).cpu()
+    groups = [] if parallel else _by_chunks(lengths.tolist(), chunk_size)
+    if len(groups) > 1:
+        return _grouped(groups, fam, q, k, v, g, beta, a, b, cu_seqlens, initial_state, scale, with_transition,
+                        chunk_size, input_map)
     return _chunked(fam, q, k, v, g, beta, a, b, cu_seqlens, lengths, initial_state, scale, with_transition,
                     chunk_size, parallel, input_map)
+
+
+WASTE = 1.5  # padded token slots per token past which a call's sequences are split by their chunk counts
+
+
+def _by_chunks(lengths: list[int], chunk_size: int) -> list[list[int]]:
+    """The sequences grouped by how many chunks each spans — only when padding every sequence to the
+    longest would leave more than ``WASTE`` slots per token (a cold prefill's 8-token seams beside
+    its 250-token bodies: 2.9 slots a token, the call 3× one sequence's cost on a CPU); else []."""
+    if len(lengths) < 2:
+        return []
+    spans = [max(1, -(-n // chunk_size)) for n in lengths]
+    if max(spans) * chunk_size * len(lengths) <= WASTE * max(1, sum(lengths)):
+        return []
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(spans):
+        groups.setdefault(n, []).append(i)
+    return list(groups.values())
+
+
+def _grouped(groups: list[list[int]], fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None,
+             beta: Tensor | None, a: Tensor | None, b: Tensor | None, cu_seqlens: Tensor, initial_state: Tensor | None,
+             scale: float, with_transition: bool, chunk_size: int, input_map: bool) -> ChunkResult:
+    """One chunked pass per group of sequences (``_by_chunks``), each padded to its own longest; the
+    outputs, states and transitions put back in the call's order. Every sequence is independent, so
+    the results are the ungrouped call's."""
+    cu = cu_seqlens.cpu().tolist()
+    o = final = T = maps = None
+    for members in groups:
+        rows = torch.cat([torch.arange(cu[i], cu[i + 1]) for i in members]).to(k.device)
+        sub_lengths = torch.tensor([cu[i + 1] - cu[i] for i in members])
+        sub_cu = torch.cat([sub_lengths.new_zeros(1), sub_lengths.cumsum(0)]).to(cu_seqlens.device)
+
+        def pick(x: Tensor | None) -> Tensor | None:
+            return None if x is None else x.index_select(0, rows)
+
+        init = None if initial_state is None else initial_state[members]
+        part = _chunked(fam, pick(q), pick(k), pick(v), pick(g), pick(beta), pick(a), pick(b), sub_cu, sub_lengths,
+                        init, scale, with_transition, chunk_size, False, input_map)
+        if o is None:  # allocated once the first part says the dtypes
+            o = part.o.new_empty(v.shape[0], *part.o.shape[1:])
+            final = part.final_state.new_empty(len(cu) - 1, *part.final_state.shape[1:])
+            T = None if part.transition is None else part.transition.new_empty(len(cu) - 1, *part.transition.shape[1:])
+            maps = None if part.input_map is None else part.input_map.new_empty(v.shape[0], *part.input_map.shape[1:])
+        at = torch.tensor(members, device=part.final_state.device)
+        o.index_copy_(0, rows, part.o)
+        final.index_copy_(0, at, part.final_state)
+        if T is not None:
+            T.index_copy_(0, at, part.transition)
+        if maps is not None:
+            maps.index_copy_(0, rows, part.input_map)
+    assert o is not None and final is not None
+    return ChunkResult(o, final, T, maps)
 
 
 def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None,
@@ -256,31 +259,21 @@ def _chunked(fam: Family, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, bet
     longest = int(lengths.max()) if len(lengths) else 1
     # Short runs (seams, decode steps) would be mostly padding in a 64-token chunk.
     chunk_size = min(chunk_size, max(16, 1 << (longest - 1).bit_length()))
-    # the scan runs over padded [NC, N] chunks; the loop over flat rows, no sequence padded past its end
-    p = _packing(cu_seqlens, chunk_size, k.device) if parallel else _flat(cu_seqlens, chunk_size, k.device)
+    p = _packing(cu_seqlens, chunk_size, k.device)
 
     def pad(x: Tensor | None) -> Tensor | None:
-        if x is None:
-            return None
-        return _pad(x.to(ct), p, chunk_size) if parallel else _pad_flat(x.to(ct), p, chunk_size)
+        return None if x is None else _pad(x.to(ct), p, chunk_size)
 
-    gp = pad(g if g is None or g.dim() == 3 else g[..., None])  # [NC, N, HV, C, 1 or K] / [R, HV, C, 1 or K]
+    gp = pad(g if g is None or g.dim() == 3 else g[..., None])  # [NC, N, HV, C, 1 or K]
     loc = _local(fam, pad(expand_heads(q, HV)), pad(expand_heads(k, HV)), pad(v), gp, pad(beta), pad(a), pad(b))
     loc = loc._replace(q_eff=loc.q_eff * scale, o0=loc.o0 * scale)
-    N = len(lengths)
-    S = torch.zeros(N, HV, K, V, dtype=ct, device=k.device) if initial_state is None else initial_state.to(ct)
+    S = torch.zeros(p.num_seqs, HV, K, V, dtype=ct, device=k.device) if initial_state is None else initial_state.to(ct)
     out_dtype = ct if input_map else v.dtype
     if parallel:
         o, final, T, maps = _scan(loc, S, with_transition)
-        return ChunkResult(_unpad(o, p).to(out_dtype), final, T, _unpad(maps, p) if input_map else None)
-    S = S.index_select(0, p.order)
-    if with_transition:  # [S_in | I]: the extra columns come out as T
-        S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(N, HV, K, K)], dim=-1)
-    o, final, maps = _sequential(loc, S, V, p.active)
-    final = final.index_select(0, p.back)  # back in the call's order
-    final, T = final[..., :V], final[..., V:] if with_transition else None
-
-    def unpad(x: Tensor) -> Tensor:  # [R, HV, C, V] → [T, HV, V]
-        return x.transpose(1, 2)[p.row, p.pos]
-
-    return ChunkResult(unpad(o).to(out_dtype), final, T, unpad(maps) if input_map else None)
+    else:
+        if with_transition:  # [S_in | I]: the extra columns come out as T
+            S = torch.cat([S, torch.eye(K, dtype=ct, device=k.device).expand(p.num_seqs, HV, K, K)], dim=-1)
+        o, final, maps = _sequential(loc, S, V)
+        final, T = final[..., :V], final[..., V:] if with_transition else None
+    return ChunkResult(_unpad(o, p).to(out_dtype), final, T, _unpad(maps, p) if input_map else None)

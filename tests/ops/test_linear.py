@@ -117,18 +117,16 @@ def test_bad_inputs_name_the_argument() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_sequences_of_unlike_lengths_run_in_one_flat_pass_with_the_same_results(family: str) -> None:
-    """A cold prefill's short seams beside long bodies run in one chunk loop over flat rows (no
-    sequence padded past its own last chunk; step c runs the sequences that reach chunk c): outputs,
-    final states, transitions and input maps equal the padded prefix scan's and, per sequence (an
-    empty one included), the fp64 recurrence's."""
-    from hypic.ops.chunk import _flat, chunk_linear_attention
+def test_sequences_of_unlike_lengths_run_in_groups_with_the_same_results(family: str) -> None:
+    """A cold prefill's short seams beside long bodies would pad every sequence to the longest (2.9
+    slots a token): they run grouped by chunk count, each group padded to its own longest — outputs,
+    final states and transitions the ungrouped pass's and, per sequence, the fp64 recurrence's."""
+    from hypic.ops.chunk import _by_chunks, _chunked, chunk_linear_attention
     from hypic.ops.family import get_family
 
-    lengths = [8, 246, 8, 0, 120, 8, 60, 3]
+    lengths = [8, 246, 8, 120, 8, 60, 3]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
-    flat = _flat(cu, 64, torch.device("cpu"))
-    assert flat.active == (8, 2, 1, 1) and flat.num_rows == 12  # chunks 1 + 4 + 1 + 1 (the empty one) + 2 + 1 + 1 + 1
+    assert len(_by_chunks(lengths, 64)) == 3  # grouped: 1, 2 and 4 chunks
     x = family_inputs(family, int(cu[-1]), heads=2, value_heads=4, seed=5)
     s0 = torch.randn(len(lengths), 4, 8, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     kw = token_kwargs(x)
@@ -136,13 +134,12 @@ def test_sequences_of_unlike_lengths_run_in_one_flat_pass_with_the_same_results(
     fam = get_family(family)
     for init in (None, s0):
         for transition in (False, True):
-            got = chunk_linear_attention(fam, x["q"], x["k"], x["v"], *args, cu, init, 0.5, transition, parallel=False,
-                                         input_map=transition)
-            scan = chunk_linear_attention(fam, x["q"], x["k"], x["v"], *args, cu, init, 0.5, transition, parallel=True,
-                                          input_map=transition)
-            for a_, b_ in zip(got, scan, strict=True):
-                assert (a_ is None) == (b_ is None) and (a_ is None or _rel(a_, b_) < 1e-10)
-    for i in (1, 3, 4, 7):
+            got = chunk_linear_attention(fam, x["q"], x["k"], x["v"], *args, cu, init, 0.5, transition, parallel=False)
+            whole = _chunked(fam, x["q"], x["k"], x["v"], *args, cu, cu[1:] - cu[:-1], init, 0.5, transition, 64,
+                             False)
+            for a_, b_ in zip(got, whole, strict=True):
+                assert (a_ is None) == (b_ is None) and (a_ is None or _rel(a_, b_) < 1e-12)
+    for i in (1, 4):
         sl = slice(int(cu[i]), int(cu[i + 1]))
         ref = R.run(family, x["q"][sl], x["k"][sl], x["v"][sl], initial_state=s0[i], scale=0.5, **token_kwargs(x, sl))
         assert _rel(got.o[sl], ref.o) < 1e-12 and _rel(got.final_state[i], ref.final_state) < 1e-12
