@@ -283,7 +283,7 @@ def test_an_answer_ends_where_its_format_does() -> None:
     ({"type": "json_schema", "json_schema": {"type": "nope"}}, r"structural_tag.format.json_schema: "),
     ({"type": "regex", "pattern": "a("}, r"structural_tag.format.pattern: 'a\(': "),
     ({"type": "grammar", "grammar": "root ::= x"}, r"structural_tag.format.grammar: rule 'x' is used but never"),
-    ({"type": "any_text", "max_tokens": 5}, r"structural_tag.format.max_tokens: not served"),
+    ({"type": "any_text", "max_tokens": 5}, r"structural_tag.format.max_tokens: not served \(max_chars is"),
     ({"type": "repeat", "min": 3, "max": 2, "content": {"type": "any_text"}}, r"max 2 is below min 3"),
     ({"type": "repeat", "min": -1, "max": 2, "content": {"type": "any_text"}}, r"min: expected a non-negative"),
     ({"type": "repeat", "min": 0, "max": 5000, "content": {"type": "any_text"}}, r"a bound above 4096"),
@@ -454,3 +454,21 @@ def test_malformed_or_costly_formats_are_value_errors(spec: object, needle: str)
         _compiled(spec)
     with pytest.raises(ValueError, match="structural_tag: nested too deep to read"):
         compile_tags("[" * 100_000)
+
+
+def test_any_text_holds_its_character_budget(vocab: TokenVocab) -> None:  # noqa: F811
+    """``max_chars`` counts characters, not bytes; inside a tag the end must come once the budget is
+    spent; masks along walks (the free-text shortcut taking tokens that fit the budget left) equal
+    trying every token."""
+    think = {"type": "tag", "begin": "<think>", "end": "</think>", "content": {"type": "any_text", "max_chars": 5}}
+    node = _compiled(think)
+    for text, want in (("<think>abcde</think>", True), ("<think>abcdef</think>", False), ("<think></think>", True),
+                       ("<think>éé☃😀x</think>", True), ("<think>éé☃😀xy</think>", False)):
+        assert accepts(node, text.encode()) == want, text
+    assert accepts(_compiled({"type": "any_text", "max_chars": 0}), b"")
+    assert not accepts(_compiled({"type": "any_text", "max_chars": 0}), b"a")
+    checked, shortcuts = walk_masks(vocab, _compiled({**think, "content": {"type": "any_text", "max_chars": 40}}),
+                                    rb"<|/|t|h|>", 8, lean=0.3)
+    assert checked >= 30 and shortcuts > 5
+    with pytest.raises(ValueError, match=r"structural_tag.format.content.max_chars: expected a non-negative"):
+        _compiled({**think, "content": {"type": "any_text", "max_chars": -1}})

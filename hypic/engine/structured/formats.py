@@ -9,7 +9,7 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 | | | style ``qwen_xml``: an object's properties as ``<parameter=…>`` (``qwen_xml.py``) |
 | ``grammar`` | grammar (GBNF) | the grammar's root |
 | ``regex`` | pattern | a ``Text``, the pattern matching the chunk whole |
-| ``any_text`` | excludes | free text holding none of them (``tags.Tagged`` with no triggers) |
+| ``any_text`` | excludes, max_chars | free text holding none of them (``tags.Tagged`` with no triggers) |
 | ``sequence`` / ``or`` | elements | ``Seq`` / ``Alt`` |
 | ``optional`` / ``plus`` / ``star`` / ``repeat`` | content (min, max) | ``Rep`` |
 | ``tag`` | begin, content, end (a string or a list) | ``Seq`` of begin, content, end |
@@ -21,7 +21,7 @@ Text without a bound of its own (``any_text``, the free text of ``triggered_tags
 inside a tag stops at the tag's end: the end is among what that text excludes (xgrammar's rule, the
 enclosing end as its stop condition), handed down to a sequence's last element, each option of an ``or`` and a
 repetition's content. The token-level formats, other XML styles, ``any_order`` and
-``any_text``'s budgets are refused by name; every refusal names the field, as
+``any_text``'s ``max_tokens`` are refused by name; every refusal names the field, as
 ``structural_tag.format.elements[1].content.end``.
 """
 
@@ -160,10 +160,13 @@ class _Compiler:
             raise ValueError(f"{where}.pattern: {str(e).removeprefix('regex: ')}") from None
 
     def any_text(self, fmt: dict, where: str, ends: Ends) -> object:
-        for budget in ("max_tokens", "max_chars"):
-            if fmt.get(budget) is not None:
-                raise ValueError(f"{where}.{budget}: not served (max_tokens bounds the answer)")
-        return free_text((), (), _excludes(fmt.get("excludes", []), ends, f"{where}.excludes"))
+        if fmt.get("max_tokens") is not None:
+            raise ValueError(f"{where}.max_tokens: not served (max_chars is; the request's max_tokens bounds "
+                             "the answer)")
+        limit = fmt.get("max_chars")
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or not 0 <= limit < 2**31):
+            raise ValueError(f"{where}.max_chars: expected a non-negative integer below 2**31, got {limit!r}")
+        return free_text((), (), _excludes(fmt.get("excludes", []), ends, f"{where}.excludes"), max_chars=limit)
 
     def sequence(self, fmt: dict, where: str, ends: Ends) -> object:
         elements = self._elements(fmt, where)

@@ -198,12 +198,12 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
 
 def free_text_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     """Structural tags' free text with no trigger begun, the only alternative: the characters that
-    keep it so (``tags.tag_loop``) and ``UNBOUNDED``; else None."""
+    keep it so (``tags.tag_loop``) and how many a token may hold (``UNBOUNDED`` without a budget); else None."""
     top = _only_top(state)
     if top is None or not isinstance(top[0], Tagged):
         return None
-    chars = tag_loop(*top)
-    return None if chars is None else (chars, UNBOUNDED)
+    loop = tag_loop(*top)
+    return None if loop is None else (loop[0], UNBOUNDED if loop[1] is None else loop[1])
 
 
 def _between_tokens(stack: Stack) -> bool:

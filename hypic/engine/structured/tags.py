@@ -58,6 +58,7 @@ class Tagged:
     at_least_one: bool = False  # the answer begins with a structure (xgrammar's triggered_tags)
     stop_after_first: bool = False  # the answer ends with its first structure's end
     excludes: tuple[bytes, ...] = ()  # what free text may not hold
+    max_chars: int | None = None  # xgrammar's any_text budget: free text of at most this many characters
 
     def children(self) -> list:
         return [s.body for s in self.structures]
@@ -73,10 +74,11 @@ class Tagged:
 
 
 def free_text(triggers: tuple[bytes, ...], structures: tuple[Structure, ...], excludes: tuple[bytes, ...] = (),
-              at_least_one: bool = False, stop_after_first: bool = False) -> Tagged:
+              at_least_one: bool = False, stop_after_first: bool = False, max_chars: int | None = None) -> Tagged:
     marks = triggers + tuple(e for e in excludes if e)
     prefixes = frozenset({b"", *(t[:i] for t in marks for i in range(len(t)))})  # b"": nothing pending
-    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, tuple(e for e in excludes if e))
+    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, tuple(e for e in excludes if e),
+                  max_chars)
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -211,7 +213,9 @@ def _handing_back(node: Node, depth: int = 0) -> Node:
 
 
 def initial(node: Tagged) -> tuple:
-    return ("begin", b"") if node.at_least_one else ("free", b"")
+    if node.at_least_one:
+        return ("begin", b"")
+    return ("free", b"") if node.max_chars is None else ("free", b"", 0)  # with a budget: the characters so far
 
 
 def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
@@ -226,6 +230,12 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     leave = [Outcome(POP, None, False)]  # the text may end here: the byte belongs to what follows
     if kind == "done" or b == END:
         return leave
+    budget = ()
+    if node.max_chars is not None:  # a character counts at its first byte (ASCII or a UTF-8 lead)
+        chars = local[2] + (b < 0x80 or b >= 0xC0)
+        if chars > node.max_chars:
+            return leave
+        budget = (chars,)
     text = local[1] + bytes([b])
     begun = [o for t in node.triggers if text.endswith(t) for o in _begun(node, t)]
     if begun:
@@ -235,7 +245,7 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     prefixes = node.prefixes
     while text not in prefixes:
         text = text[1:]
-    return [Outcome(("free", text), None, True)] + leave
+    return [Outcome(("free", text, *budget), None, True)] + leave
 
 
 def _begun(node: Tagged, got: bytes) -> list[Outcome]:
@@ -251,11 +261,12 @@ def _begun(node: Tagged, got: bytes) -> list[Outcome]:
     return out
 
 
-def tag_loop(node: Tagged, local: tuple) -> tuple[tuple[int, int], ...] | None:
+def tag_loop(node: Tagged, local: tuple) -> tuple[tuple[tuple[int, int], ...], int | None] | None:
     """In free text with nothing of a trigger pending, the characters that keep it so: every one
-    but the triggers' first (ASCII) characters — a token of only those is let through whatever it
-    says. None elsewhere, or when a trigger begins with a non-ASCII byte (then every token is walked)."""
-    if local != ("free", b""):
+    but the triggers' and excludes' first (ASCII) characters — a token of only those is let through
+    whatever it says, if it holds no more characters than the budget leaves (None: no budget). None
+    elsewhere, or when a mark begins with a non-ASCII byte (then every token is walked)."""
+    if local[:2] != ("free", b""):
         return None
     firsts = sorted({t[0] for t in node.triggers + node.excludes})
     if firsts and firsts[-1] >= 0x80:
@@ -266,4 +277,4 @@ def tag_loop(node: Tagged, local: tuple) -> tuple[tuple[int, int], ...] | None:
             ranges.append((lo, c - 1))
         lo = c + 1
     ranges.append((lo, 0x10FFFF))
-    return tuple(ranges)
+    return tuple(ranges), None if node.max_chars is None else node.max_chars - local[2]
