@@ -216,8 +216,7 @@ class _Compiler:
         items = [(w, t["begin"], self.format(t["content"], f"{w}.content", own), own)
                  for w, t, own in self._tags(fmt, where)]
         excludes = _excludes(fmt.get("excludes", []), ends, f"{where}.excludes")
-        _check_excludes(triggers, excludes, where)
-        return triggered(triggers, items, excludes, at_least_one, stop_after_first)
+        return triggered(triggers, items, excludes, at_least_one, stop_after_first, where)
 
     def dispatch(self, fmt: dict, where: str, ends: Ends) -> object:
         """Free text in which each rule's pattern, once written, is followed by its format — the
@@ -238,8 +237,7 @@ class _Compiler:
             items.append((w, rule[0], self.format(rule[1], f"{w}[1]"), ("",)))
         triggers = _triggers([r[0] for r in rules], f"{where}.rules")
         excludes = _excludes(fmt.get("excludes", []), ends, f"{where}.excludes")
-        _check_excludes(triggers, excludes, where)
-        return triggered(triggers, items, excludes, stop_after_first=not loop)
+        return triggered(triggers, items, excludes, stop_after_first=not loop, where=where)
 
     def tags_with_separator(self, fmt: dict, where: str, ends: Ends) -> object:
         at_least_one, stop_after_first = _flags(fmt, where)
@@ -282,16 +280,6 @@ def _excludes(given: object, ends: Ends, where: str) -> tuple[bytes, ...]:
         raise ValueError(f"{where}: at most {MAX_TRIGGERS} strings (the enclosing tag's ends among them), each at "
                          f"most {MAX_TRIGGER_BYTES} bytes, where free text stops")
     return marks
-
-
-def _check_excludes(triggers: tuple[bytes, ...], excludes: tuple[bytes, ...], where: str) -> None:
-    """Free text stops before an excluded string, so a trigger holding one (not at its end) could never
-    be written: refused."""
-    for e in excludes:
-        inside = next((t for t in triggers if e in t[:-1]), None)
-        if inside is not None:
-            raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
-                             "which could then never be written")
 
 
 def _flags(fmt: dict, where: str) -> tuple[bool, bool]:

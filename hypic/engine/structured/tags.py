@@ -75,10 +75,9 @@ class Tagged:
 
 def free_text(triggers: tuple[bytes, ...], structures: tuple[Structure, ...], excludes: tuple[bytes, ...] = (),
               at_least_one: bool = False, stop_after_first: bool = False, max_chars: int | None = None) -> Tagged:
-    marks = triggers + tuple(e for e in excludes if e)
-    prefixes = frozenset({b"", *(t[:i] for t in marks for i in range(len(t)))})  # b"": nothing pending
-    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, tuple(e for e in excludes if e),
-                  max_chars)
+    excludes = tuple(e for e in excludes if e)
+    prefixes = frozenset({b"", *(t[:i] for t in triggers + excludes for i in range(len(t)))})  # b"": nothing pending
+    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, excludes, max_chars)
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -115,8 +114,6 @@ def _compile(text: str) -> object:
     triggers = _triggers(spec.get("triggers"), "structural_tag.triggers")
     items = []
     for where, s in _entries(spec.get("structures"), "structural_tag.structures", {"begin", "end"}, {"schema"}):
-        if not isinstance(s["begin"], str) or not isinstance(s["end"], str):
-            raise ValueError(f"{where}: begin and end must be strings")
         try:
             value = json_value(s.get("schema", True))  # no schema: any JSON value (vLLM's)
         except ValueError as e:
@@ -164,10 +161,17 @@ def _triggers(triggers: object, named: str) -> tuple[bytes, ...]:
 
 
 def triggered(triggers: tuple[bytes, ...], items: list[tuple[str, str, object, tuple[str, ...]]],
-              excludes: tuple[bytes, ...] = (), at_least_one: bool = False,
-              stop_after_first: bool = False) -> Tagged:
+              excludes: tuple[bytes, ...] = (), at_least_one: bool = False, stop_after_first: bool = False,
+              where: str = "structural_tag") -> Tagged:
     """The frame from checked triggers and (where, begin, content node, ends) items, each begin
-    checked and named; a structure's body is its content, then one of its ends."""
+    checked and named; a structure's body is its content, then one of its ends. Free text stops
+    before an excluded string, so a trigger holding one (not at its end) could never be written:
+    refused, named ``where``."""
+    for e in excludes:
+        inside = next((t for t in triggers if e in t[:-1]), None)
+        if inside is not None:
+            raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
+                             "which could then never be written")
     out = []
     for where, begin, content, ends in items:
         if not isinstance(begin, str):
@@ -190,12 +194,10 @@ def marker(text: object, where: str) -> bytes:
 
 def then_end(content: object, ends: tuple[str, ...], where: str) -> object:
     """``content`` followed by one of ``ends`` (an empty end: what follows comes at once)."""
-    words = [Word(d) for d in dict.fromkeys(marker(e, where) for e in ends) if d]
-    if len(words) < len(dict.fromkeys(ends)):  # an empty end among them: the content may be all
-        words.append(Seq(()))
-    if words == [] or (len(words) == 1 and isinstance(words[0], Seq)):
+    closes = [Word(d) if d else Seq(()) for d in dict.fromkeys(marker(e, where) for e in ends)]
+    if all(isinstance(c, Seq) for c in closes):  # only an empty end
         return content
-    return Seq((content, words[0] if len(words) == 1 else Alt(tuple(words))))
+    return Seq((content, closes[0] if len(closes) == 1 else Alt(tuple(closes))))
 
 
 def _handing_back(node: Node, depth: int = 0) -> Node:
