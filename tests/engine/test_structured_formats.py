@@ -431,6 +431,11 @@ def test_qwen_xml_reads_strings_as_pydantic_writes_them() -> None:
         assert accepts(node, text.encode()) == want, text
     none = _compiled({"type": "json_schema", "style": "qwen_xml", "json_schema": {"additionalProperties": False}})
     assert accepts(none, b"") and not accepts(none, b"<parameter=a>x</parameter>")
+    # a union naming itself through $defs (was a RecursionError: a 500) is JSON
+    looped = {"properties": {"a": {"$ref": "#/$defs/A"}}, "required": ["a"],
+              "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"type": "integer"}]}}}
+    node = _compiled({"type": "json_schema", "style": "qwen_xml", "json_schema": looped})
+    assert accepts(node, b"<parameter=a>7</parameter>") and not accepts(node, b"<parameter=a>x</parameter>")
 
 
 @pytest.mark.parametrize(("spec", "needle"), [

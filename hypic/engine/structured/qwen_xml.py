@@ -80,17 +80,18 @@ def _resolve(schema: object, root: dict) -> object:
     return schema
 
 
-def _is_string(schema: object, root: dict) -> bool:
+def _is_string(schema: object, root: dict, depth: int = 0) -> bool:
     """A string's schema — its type string (or a list holding it), or a union with a string among
-    its options (pydantic's ``Optional[str]``): written as raw text, which says any of them."""
+    its options (pydantic's ``Optional[str]``): written as raw text, which says any of them. Unions
+    are looked into 16 deep (a union may name itself through ``$defs``)."""
     schema = _resolve(schema, root)
-    if not isinstance(schema, dict):
+    if not isinstance(schema, dict) or depth > 16:
         return False
     kinds = schema.get("type")
     if kinds == "string" or isinstance(kinds, list) and "string" in kinds:
         return True
     options = schema.get("anyOf", schema.get("oneOf"))
-    return isinstance(options, list) and any(_is_string(o, root) for o in options)
+    return isinstance(options, list) and any(_is_string(o, root, depth + 1) for o in options)
 
 
 def _value(schema: object, root: dict, where: str) -> object:
