@@ -185,9 +185,10 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         metrics.scored_tokens.inc(sum(len(s) for s in scores))
         return scores
 
-    async def structured_ready(req: Common, forced_call: bool = False) -> None:
-        """Structured output's trie, built once and off the event loop (≈ 3 s for 151 000 tokens)."""
-        if forced_call or req.constraint_field is not None:
+    async def structured_ready(req: Common, held_calls: bool = False) -> None:
+        """Structured output's trie, built once and off the event loop (≈ 3 s for 151 000 tokens);
+        ``held_calls``: a forced call's schema or strict functions' tag holds the answer."""
+        if held_calls or req.constraint_field is not None:
             await asyncio.to_thread(prompts.check_structured, llm, req.constraint_field)
 
     async def names_ready(top: int | None) -> None:
@@ -248,13 +249,13 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 e.param = field
             raise
         segments = prompts.truncated(llm, segments, req.truncate_prompt_tokens)
-        calling = prompts.tool_calling(req)
+        calling = prompts.tool_calling(req, state.template.source)
         if calling is not None and llm.tokenizer.token_to_id(KIMI_OPEN) is not None:
             if calling.forced:  # the call's id in Kimi's form: the conversation's calls counted
                 calling = replace(calling, kimi_index=sum(len(m.tool_calls or []) for m in req.messages))
             else:
                 calling = replace(calling, special_text=True)  # Kimi's call markers are special tokens
-        await structured_ready(req, calling is not None and calling.forced)
+        await structured_ready(req, calling is not None and (calling.forced or calling.tag is not None))
         max_tokens = prompts.token_budget(llm, segments, field, req.token_budget,
                                           settings.max_completion_tokens, settings, req.token_budget_field)
         top = (req.top_logprobs or 0) if req.logprobs else None
@@ -262,8 +263,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling,
                                          llm.engine.eos)
         think = None
-        # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON.)
-        if settings.reasoning_parser is not None and not params.constraint_kinds:
+        # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON;
+        # strict functions' tag leaves the text free around the calls, reasoning included.)
+        if settings.reasoning_parser is not None and (not params.constraint_kinds or (calling and calling.tag)):
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,

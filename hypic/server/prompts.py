@@ -17,7 +17,7 @@ from hypic.server.errors import bad_request, from_value_error
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Message, NamedToolChoice
 from hypic.server.settings import ServerSettings
 from hypic.server.text import text_offsets
-from hypic.server.tools import ToolCalling, plan
+from hypic.server.tools import ToolCalling, call_style, plan
 
 _SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
 
@@ -164,11 +164,15 @@ def token_budget(llm: LLM, segments: list[list[int]], field: str, requested: int
 GREEDY_BELOW = 1e-5  # a temperature this small is greedy decoding (dividing logits by it overflows)
 
 
-def tool_calling(req: ChatRequest) -> ToolCalling | None:
-    """The request's tools and tool_choice (``hypic.server.tools``), or a 400 naming the field."""
+def tool_calling(req: ChatRequest, template: str = "") -> ToolCalling | None:
+    """The request's tools and tool_choice (``hypic.server.tools``), or a 400 naming the field;
+    ``template``: the chat template's text, which tells how the model writes a call. A request that
+    gives its own constraint (``response_format`` …) keeps it: strict functions then add none."""
     choice = req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice
+    style = None if req.constraint_field is not None else call_style(template)
     try:
-        calling = plan(None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools], choice)
+        calling = plan(None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools], choice,
+                       style)
     except ValueError as e:
         raise from_value_error(e, "tools") from None
     if calling is not None and calling.forced and req.constraint_field is not None:
@@ -202,8 +206,11 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
     except ValueError as e:  # structured_outputs.json given as text that is no JSON
         raise from_value_error(e, "structured_outputs") from None
     regex, choice, grammar = req.text_constraint
+    tag = req.tag_constraint
     if calling is not None and calling.forced:
         schema = calling.schema
+    elif calling is not None and calling.tag is not None:  # auto with strict functions
+        tag = calling.tag
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=float(req.top_p),
                               seed=req.seed, logprobs=top_logprobs,
@@ -212,7 +219,7 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               top_k=req.top_k, min_p=float(req.min_p),
                               repetition_penalty=float(req.repetition_penalty), stop_token_ids=stop_ids,
                               ignore_eos=req.ignore_eos, min_tokens=req.min_tokens, json_schema=schema,
-                              regex=regex, choice=choice, grammar=grammar, structural_tag=req.tag_constraint,
+                              regex=regex, choice=choice, grammar=grammar, structural_tag=tag,
                               bad_words=req.bad_words,
                               allowed_token_ids=req.allowed_token_ids,
                               include_stop_str_in_output=req.include_stop_str_in_output,

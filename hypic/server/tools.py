@@ -16,6 +16,12 @@ Then, by ``tool_choice``:
   functions.NAME:0<|tool_call_argument_begin|>{…}<|tool_call_end|>…``: its answer is detokenized with
   special tokens kept, ``ToolCalling.special_text``); calls found become ``tool_calls``, the rest
   stays ``content``;
+- ``auto`` with a function marked ``strict`` (OpenAI's promise that a call's arguments match its
+  schema): decoding is free until the model opens a call in its template's format (``call_style``),
+  then constrained to a call of a listed function — a strict one's arguments its ``parameters``
+  accept, another's any object — and free again after it: a structural tag (``strict_calls``), as
+  SGLang serves ``strict``. Kimi's calls are written in special tokens, which the byte-level matcher
+  does not read; there ``strict`` is not enforced;
 - ``none``: plain text.
 
 One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
@@ -33,7 +39,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypic.engine.structured import compile_schema
+from hypic.engine.structured import compile_schema, compile_tags
 from hypic.server.text import partial_tag
 
 KIMI_OPEN = "<|tool_calls_section_begin|>"
@@ -61,6 +67,7 @@ class ToolCalling:
     # Kimi's ids, functions.NAME:IDX with IDX counting the conversation's calls, for a forced call: its
     # template writes ids back into the next prompt, and the model was trained on that form
     kimi_index: int | None = None
+    tag: dict | None = None  # auto with strict functions: the structural tag its calls are held to
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
@@ -79,8 +86,11 @@ class ToolCalling:
         return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
-def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolCalling | None:
-    """The request's tool calling, or None (no tools, or ``none``); ValueError naming the field."""
+def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: str | None = "hermes"
+         ) -> ToolCalling | None:
+    """The request's tool calling, or None (no tools, or ``none``); ValueError naming the field.
+    ``style``: how the model writes a call (``call_style`` of its template); None: strict functions
+    are not enforced (the request constrains its answer otherwise)."""
     names = tuple(t["function"]["name"] for t in tools or [])
     if len(set(names)) != len(names):
         raise ValueError("tools: two tools share a name")
@@ -92,7 +102,8 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
         return None
     parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if choice in (None, "auto"):
-        return ToolCalling(False, names, None, parameters)
+        strict = any(t["function"].get("strict") for t in tools) and style not in (None, "kimi")
+        return ToolCalling(False, names, None, parameters, tag=strict_calls(tools, style) if strict else None)
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         if name not in names:
@@ -115,6 +126,60 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None) -> ToolC
         defs |= own
     forced = options[0] if len(options) == 1 else {"anyOf": options}
     return ToolCalling(True, names, {**forced, "$defs": defs} if defs else forced, parameters)
+
+
+# How a family's template teaches calls, told apart by a marker only that format has (Kimi's first:
+# its template also names <tool_call>-like words; MiniMax-M1's <tool_calls> before Qwen's <tool_call>)
+STYLE_MARKERS = (("kimi", "tool_calls_section_begin"), ("minimax", "<tool_calls>"), ("qwen_xml", "<function="))
+
+
+def call_style(template: str) -> str:
+    """The call format a chat template teaches: ``qwen_xml`` (Qwen3-Coder / Qwen3.5), ``minimax``
+    (M1's block of JSON lines), ``kimi`` (special tokens), else ``hermes`` (Qwen2.5 / Qwen3; what a
+    template that teaches none — ChatML — is given)."""
+    return next((style for style, marker in STYLE_MARKERS if marker in template), "hermes")
+
+
+def call_tags(tools: list[dict[str, Any]], style: str) -> list[dict]:
+    """One xgrammar ``tag`` per function: a call of it written as ``style`` writes one (for
+    ``minimax`` the call inside its block). A strict function's arguments are held to its
+    ``parameters``; another's to any object (its call must still parse to be a call)."""
+    tags = []
+    for t in tools:
+        f = t["function"]
+        schema = (f.get("parameters") or {"type": "object", "properties": {}}) if f.get("strict") \
+            else {"type": "object"}
+        if style == "qwen_xml":
+            tags.append({"type": "tag", "begin": f"<tool_call>\n<function={f['name']}>\n",
+                         "content": {"type": "json_schema", "json_schema": schema, "style": "qwen_xml"},
+                         "end": "\n</function>\n</tool_call>"})
+        else:
+            head = "" if style == "minimax" else "<tool_call>\n"
+            tail = "" if style == "minimax" else "\n</tool_call>"
+            tags.append({"type": "tag", "begin": f'{head}{{"name": {json.dumps(f["name"])}, "arguments": ',
+                         "content": {"type": "json_schema", "json_schema": schema}, "end": f"}}{tail}"})
+    return tags
+
+
+def strict_calls(tools: list[dict[str, Any]], style: str) -> dict:
+    """``auto``'s structural tag with strict functions: free text, and each call opened in ``style``
+    held to ``call_tags``; ValueError naming ``tools[k].function.parameters`` when a strict schema
+    cannot be served."""
+    tags = call_tags(tools, style)
+    for k, tag in enumerate(tags):  # each on its own first: an error names the tool
+        try:
+            compile_tags({"type": "structural_tag", "format": tag})
+        except ValueError as e:
+            _, _, rest = str(e).partition(".json_schema")
+            raise ValueError(f"tools[{k}].function.parameters{rest}") from None
+    if style == "minimax":  # one block, the calls in it one a line
+        block = {"type": "tag", "begin": "<tool_calls>\n", "end": "\n</tool_calls>",
+                 "content": {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}}
+        fmt = {"type": "triggered_tags", "triggers": ["<tool_calls>"], "tags": [block]}
+    else:
+        trigger = "<tool_call>\n<function=" if style == "qwen_xml" else "<tool_call>"
+        fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags}
+    return {"type": "structural_tag", "format": fmt}
 
 
 # where a JSON Schema holds schemas (the rest — enum, const, default, examples … — is data)

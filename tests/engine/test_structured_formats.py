@@ -233,6 +233,12 @@ def test_random_texts_against_a_direct_reading(name: str) -> None:
       "<parameter=path>a</parameter><parameter=lines>1</parameter>": False,
       "<parameter=lines>[]</parameter><parameter=path>a</parameter>": False,  # declared order
       " <parameter=path>a</parameter>": False, "<parameter=path>a</parameter></parameter>": False}),
+    ({"type": "json_schema", "style": "qwen_xml", "json_schema": {  # maxLength in characters, as the parser
+        "properties": {"s": {"type": "string", "maxLength": 3}}, "required": ["s"]}},  # strips a newline each side
+     {"<parameter=s>abc</parameter>": True, "<parameter=s>\nabc\n</parameter>": True,
+      "<parameter=s>\nab\n\n</parameter>": True, "<parameter=s>é☃😀</parameter>": True,
+      "<parameter=s>abcd</parameter>": False, "<parameter=s>\nabc\n\n</parameter>": False,
+      "<parameter=s>é☃😀x</parameter>": False}),
     ({"type": "json_schema", "style": "qwen_xml", "json_schema": {"type": "object"}},
      {"": True, "<parameter=any_1>x</parameter>\n<parameter=b>[]</parameter>": True, "<parameter=1a>x</parameter>":
       False}),
@@ -477,3 +483,30 @@ def test_any_text_holds_its_character_budget(vocab: TokenVocab) -> None:  # noqa
     assert checked >= 30 and shortcuts > 5
     with pytest.raises(ValueError, match=r"structural_tag.format.content.max_chars: expected a non-negative"):
         _compiled({**think, "content": {"type": "any_text", "max_chars": -1}})
+
+
+def test_free_text_is_well_formed_utf8() -> None:
+    """Free text holds characters, as xgrammar's ``any_text`` does: a character may be split across
+    tokens, but a stray continuation byte, an overlong or surrogate form, a lead past U+10FFFF or a
+    character cut by the end is no text (it would read back as U+FFFD, and a budget count it wrong);
+    read against Python's own UTF-8 decoder over every short byte string."""
+    loose = _compiled({"type": "any_text"})
+    tagged = _compiled({"type": "tag", "begin": "<t>", "end": "</t>", "content": {"type": "any_text", "max_chars": 3}})
+    for text in ("é☃😀", "a\u07ff\u0800\uffff\U00010000\U0010ffff", "<t>é\u2603</t>"):
+        assert accepts(loose, text.encode())
+    for raw in (b"\x80", b"a\xbf", b"\xc0\x80", b"\xc1\xbf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                b"\xf5\x80\x80\x80", b"\xff", b"\xe2\x98", b"\xf0\x9f\x98"):
+        assert not accepts(loose, raw), raw
+        assert not accepts(tagged, b"<t>" + raw + b"</t>"), raw
+    rng = random.Random(0)
+    pool = [0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC2, 0xDF, 0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5]
+    for _ in range(3000):
+        raw = bytes(rng.choice(pool) for _ in range(rng.randint(1, 5)))
+        try:
+            raw.decode("utf-8")
+            valid = True
+        except UnicodeDecodeError:
+            valid = False
+        assert accepts(loose, raw) == valid, raw
+        within = valid and len(raw.decode()) <= 3 and b"</t>" not in raw
+        assert accepts(tagged, b"<t>" + raw + b"</t>") == within, raw

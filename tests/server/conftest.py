@@ -29,10 +29,12 @@ LOGIT_SCALE = 15.0
 MODEL = "tiny"
 
 
-def build_model(path: Path, special: tuple[str, ...] = ()) -> Path:
-    """``special``: more special tokens (in the vocabulary the model is built for)."""
+def build_model(path: Path, special: tuple[str, ...] = (), added: tuple[str, ...] = ()) -> Path:
+    """``special``: more special tokens; ``added``: more tokens that are text (as Qwen's ``<tool_call>``
+    is); both in the vocabulary the model is built for."""
     tok = train_tokenizer(corpus(1, seeds=(-1,), difficulties=(0.5,), trace_requests=20), 1024)
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>", *special])
+    tok.add_tokens(list(added))
     _qwen3_5(path, vocab_size=tok.get_vocab_size(), eos_token_id=tok.token_to_id(END))
     # Random init gives near-uniform logits (top two often within 1e-5): greedy answers would then
     # hinge on fp32 noise. A sharper head makes "the same answer" a meaningful comparison.

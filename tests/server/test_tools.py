@@ -14,10 +14,13 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from hypic.server.chat import ChatTemplate
+from hypic import LLM, SamplingParams
+from hypic.engine.structured import compile_tags
+from hypic.server.chat import CHATML, ChatTemplate
 from hypic.server.generation import one_call_each
-from hypic.server.tools import OPENS, StreamedCalls, ToolCalling, parse_calls
-from tests.server.conftest import MODEL, LiveServer, http_client, openai_client, serve_with_template
+from hypic.server.tools import OPENS, StreamedCalls, ToolCalling, call_style, call_tags, parse_calls, strict_calls
+from tests.engine.test_structured_formats import accepts
+from tests.server.conftest import MODEL, LiveServer, build_model, http_client, openai_client, serve_with_template
 
 # a Qwen-like template: the tools listed in a system turn, an assistant's calls as Hermes blocks
 TOOLS_TEMPLATE = (
@@ -343,3 +346,104 @@ def test_a_streamed_answer_s_calls_go_one_a_chunk() -> None:
     assert "content" not in parts[1] and parts[0].get("content") == delta.get("content")
     assert sent == "Two at once.\n" or sent + delta.get("content", "") == "Two at once.\n"
     assert one_call_each({"content": "x"}) == [{"content": "x"}]
+
+
+# ---- strict functions with tool_choice auto: the calls the model opens are held to their schemas
+
+STRICT_WEATHER = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+STYLE_TEMPLATES = {  # the marker each family's template writes its calls with (abridged)
+    "qwen_xml": "{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}",  # Qwen3-Coder / Qwen3.5
+    "minimax": "<tool_calls>\\n{\"name\": <tool-name>, \"arguments\": <args-json-object>}\\n</tool_calls>",  # M1
+    "kimi": "<|tool_calls_section_begin|>{% for tc in m.tool_calls %}<|tool_call_begin|>",
+    "hermes": TOOLS_TEMPLATE,  # Qwen2.5 / Qwen3: <tool_call>{"name": …, "arguments": …}</tool_call>
+}
+
+
+def test_a_template_s_call_format_is_told_by_its_marker() -> None:
+    for style, template in STYLE_TEMPLATES.items():
+        assert call_style(template) == style
+    assert call_style(CHATML) == "hermes"  # a template that teaches none: the format most models know
+
+
+def _valid_call(call: dict) -> None:
+    """A call of a listed function: get_weather's arguments its schema accepts, lookup's an object."""
+    args = json.loads(call["function"]["arguments"])
+    if call["function"]["name"] == "get_weather":
+        assert set(args) == {"city", "days"} and isinstance(args["city"], str) and len(args["city"]) <= 10
+        assert isinstance(args["days"], int) and not isinstance(args["days"], bool)
+    else:
+        assert call["function"]["name"] == "lookup" and isinstance(args, dict)
+
+
+@pytest.mark.parametrize("style", ["hermes", "qwen_xml", "minimax"])
+def test_every_call_the_strict_tag_lets_through_parses_to_a_valid_call(style: str) -> None:
+    """Drawn through the bundled model at temperature 1 with a call forced (the strict tag's own call
+    formats, ``call_tags``, as the whole answer): each answer that is not cut short reads back — by
+    the parser ``auto`` answers go through — as calls of listed functions whose arguments the strict
+    function's schema accepts. And the auto tag itself: prose and calls, prose alone, and refusals."""
+    llm = LLM(device="cpu")
+    tools = [STRICT_WEATHER, LOOKUP]
+    tags = call_tags(tools, style)
+    forced = {"type": "or", "elements": tags} if style != "minimax" else strict_calls(tools, style)["format"][
+        "tags"][0]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    whole = 0
+    for seed in range(6):
+        out = llm.generate("Where does Mira live?", SamplingParams(max_tokens=120, temperature=1.0, seed=seed,
+                                                                  structural_tag={"type": "structural_tag",
+                                                                                  "format": forced}))[0]
+        if out.outputs[0].finish_reason != "stop":
+            continue  # cut by max_tokens
+        calls, rest = parse_calls(out.text, ("get_weather", "lookup"), schemas)
+        assert calls and rest is None, (style, out.text)
+        for call in calls:
+            _valid_call(call)
+        whole += 1
+    assert whole >= 2, style
+    node = compile_tags(strict_calls(tools, style))
+    good = {"hermes": 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city":"Oslo","days":2}}\n</tool_call>'
+                      " done",
+            "qwen_xml": "Sure. <tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call> done",
+            "minimax": 'Sure. <tool_calls>\n{"name": "get_weather", "arguments": {"city":"Oslo","days":2}}\n'
+                       '{"name": "lookup", "arguments": {"any":[1]}}\n</tool_calls> done'}[style]
+    assert accepts(node, good.encode()) and accepts(node, b"No call is needed.")
+    for bad in (good.replace("2", "2.5"), good.replace("Oslo", "Oslo in Norway"), good.replace("get_weather", "rm"),
+                good.replace("2", '"two"')):
+        assert not accepts(node, bad.encode()), (style, bad)  # a strict function's schema, a listed name
+
+
+def test_strict_functions_hold_auto_calls_over_http(model_dir: Path, tmp_path: Path) -> None:
+    """A model whose vocabulary has ``<tool_call>`` as a token of text (as Qwen's has), pushed to
+    write it by ``logit_bias``: with a strict function each call it opens is a valid call, so the
+    answer is calls; without, its text is no call. A strict schema that cannot be served is a 400
+    naming it (the same non-strict: served)."""
+    folder = build_model(tmp_path / "model", added=("<tool_call>",))
+    live = serve_with_template(folder, tmp_path / "served", TOOLS_TEMPLATE, max_completion_tokens=256)
+    try:
+        client = openai_client(live)
+        opener = LLM(str(folder), device="cpu").tokenizer.token_to_id("<tool_call>")
+        # (a random model's call is long: spaces, a long number)
+        kw = dict(model=MODEL, messages=ASK, max_tokens=256, temperature=0, logit_bias={str(opener): 100})
+        held = client.chat.completions.create(tools=[STRICT_WEATHER, LOOKUP], **kw).choices[0]
+        assert held.finish_reason == "tool_calls" and held.message.tool_calls
+        for call in held.message.tool_calls:
+            _valid_call(call.model_dump())
+        free = client.chat.completions.create(tools=TOOLS, **kw).choices[0]
+        assert not free.message.tool_calls and free.message.content.startswith("<tool_call><tool_call>")
+        # another constraint given: the request's own holds the answer (strict adds none)
+        jsoned = client.chat.completions.create(tools=[STRICT_WEATHER], response_format={"type": "json_object"},
+                                                **kw).choices[0]
+        assert not jsoned.message.tool_calls and json.loads(jsoned.message.content) == {}
+        unique = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"xs": {"type": "array", "uniqueItems": True}}}}}
+        http = http_client(live)
+        body = {"model": MODEL, "messages": ASK, "max_tokens": 4, "tools": [unique]}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools[0].function.parameters.properties.xs", \
+            r.text
+        assert "uniqueItems" in r.json()["error"]["message"]
+        unique["function"]["strict"] = False
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    finally:
+        live.stop()

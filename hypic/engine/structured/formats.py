@@ -141,8 +141,10 @@ class _Compiler:
             return node
         try:
             return json_value(fmt["json_schema"])
-        except ValueError as e:
-            raise ValueError(f"{where}.json_schema: {str(e).removeprefix('json_schema: ')}") from None
+        except ValueError as e:  # "json_schema.properties.a: why" or "json_schema: why": the path continued
+            text = str(e)
+            raise ValueError(f"{where}.{text}" if text.startswith("json_schema.")
+                             else f"{where}.json_schema: {text.removeprefix('json_schema: ')}") from None
 
     def grammar(self, fmt: dict, where: str, ends: Ends) -> object:
         try:

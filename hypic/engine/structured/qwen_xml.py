@@ -9,8 +9,10 @@ parameters the Qwen3-Coder and Qwen3.5 chat templates teach, one after another i
     </parameter>
 
 A string property's value is its raw text — anything without ``</parameter>``; an ``enum``'s or
-``const``'s strings exactly; a ``pattern`` found in it, as JSON Schema reads one (a string's length
-and ``format`` bounds are not held in this style); a union with a string among its options (pydantic's
+``const``'s strings exactly; a ``pattern`` found in it, as JSON Schema reads one; at most
+``maxLength`` characters (the newlines around the value not counted, as the parser strips them;
+``minLength`` and ``format`` are not held in this style, nor a length beside a pattern); a union
+with a string among its options (pydantic's
 ``Optional[str]``) and a ``$ref`` to a string's schema too — and any other value compact JSON its
 schema accepts (``$defs`` / ``definitions`` of the root resolve inside it). With no declared
 properties, ``additionalProperties: false`` allows none. A newline may follow
@@ -104,7 +106,13 @@ def _value(schema: object, root: dict, where: str) -> object:
         if all(isinstance(w, str) for w in words):
             return compile_text(choice=tuple(words))
     if _is_string(resolved, root):
-        pattern = resolved.get("pattern")
+        pattern, longest = resolved.get("pattern"), resolved.get("maxLength")
+        if pattern is None and longest is not None:
+            if not isinstance(longest, int) or isinstance(longest, bool) or longest < 0:
+                raise ValueError(f"{where}.maxLength: expected a non-negative integer, got {longest!r}")
+            # free text counted in characters: a value's newline on either side is the parameter's
+            # (NEWLINE), which the matcher may take for it, as the parser does
+            return free_text((), (), (CLOSE,), max_chars=longest)
         if pattern is None:
             return RAW
         if not isinstance(pattern, str):

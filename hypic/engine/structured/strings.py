@@ -132,6 +132,18 @@ def _pattern_string(node: Str, local: tuple, b: int) -> list[Outcome]:
     return [Outcome(("hex", count, states, left, value), None, True)]
 
 
+def utf8_step(need: int, low: int, high: int, b: int) -> tuple[int, int, int] | None:
+    """Well-formed UTF-8 checked a byte at a time, the code points not decoded: from (``need``
+    continuation bytes due, the next in [``low``, ``high``]; 0, 0, 0 between characters), the same
+    after byte ``b``, or None when ``b`` cannot come here."""
+    if need:
+        return None if not low <= b <= high else (need - 1, 0x80, 0xBF) if need > 1 else (0, 0, 0)
+    if b < 0x80:
+        return 0, 0, 0
+    lead = _lead_bytes(b)
+    return (lead, *_FIRST_CONTINUATION.get(b, (0x80, 0xBF))) if lead else None
+
+
 def utf8_byte(need: int, value: int, low: int, high: int, b: int) -> int | tuple[int, int, int, int, int, int] | None:
     """UTF-8 read a byte at a time, from a character's decoding so far — ``need`` continuation bytes
     still due, ``value`` its bits, the next byte in [``low``, ``high``] (0, 0, 0, 0 between

@@ -28,6 +28,7 @@ from functools import lru_cache
 from hypic.engine.structured.frames import END, POP, Outcome
 from hypic.engine.structured.grammar import Seq, Word
 from hypic.engine.structured.schema import Alt, AnyValue, Node, Num, Ref, check_depth, compile_schema, json_text
+from hypic.engine.structured.strings import utf8_step
 
 MAX_TAG_BYTES = 4096  # a begin or end longer than this is refused (they are markers, not text)
 # Free text is read against every prefix of every trigger (a set built at compile time: Σ len² / 2
@@ -222,7 +223,10 @@ def initial(node: Tagged) -> tuple:
 
 def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     """A ``Tagged`` frame reads byte ``b`` (or END). Locals: ("free", pending) — pending, the
-    longest suffix of the text that a trigger or an exclude begins; ("begin", got) — the begin's
+    longest suffix of the text that a trigger or an exclude begins; ("part", pending, need, low,
+    high) — inside a UTF-8 character, ``need`` continuation bytes due, the next in [low, high] (free
+    text is well-formed UTF-8, as a JSON string is: a stray byte would read back as U+FFFD, and a
+    budget counts characters); with ``max_chars`` each ends with the characters so far; ("begin", got) — the begin's
     bytes so far; ("done",) — the first structure ended with ``stop_after_first``. A structure's body
     (its value, then its end) is pushed above the frame; the frame is back in free text (or done)
     when it is read. In free text or done, the byte may also be what follows the frame."""
@@ -230,11 +234,22 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     if kind == "begin":
         return [] if b == END else list(dict.fromkeys(_begun(node, local[1] + bytes([b]))))
     leave = [Outcome(POP, None, False)]  # the text may end here: the byte belongs to what follows
-    if kind == "done" or b == END:
+    if kind == "done":
         return leave
+    if kind == "free":  # a character's first byte: ASCII, or a lead announcing its continuation bytes
+        if b == END:
+            return leave
+        utf8 = utf8_step(0, 0, 0, b)
+        if utf8 is None:  # no character starts so: not free text's byte
+            return leave
+    else:  # "part": inside a character, only its next continuation byte; the text cannot end here
+        utf8 = None if b == END else utf8_step(*local[2:5], b)
+        if utf8 is None:
+            return []
+        leave = []
     budget = ()
-    if node.max_chars is not None:  # a character counts at its first byte (ASCII or a UTF-8 lead)
-        chars = local[2] + (b < 0x80 or b >= 0xC0)
+    if node.max_chars is not None:  # a character counts at its first byte
+        chars = local[-1] + (kind == "free")
         if chars > node.max_chars:
             return leave
         budget = (chars,)
@@ -247,7 +262,8 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     prefixes = node.prefixes
     while text not in prefixes:
         text = text[1:]
-    return [Outcome(("free", text, *budget), None, True)] + leave
+    state = ("part", text, *utf8, *budget) if utf8[0] else ("free", text, *budget)
+    return [Outcome(state, None, True)] + leave
 
 
 def _begun(node: Tagged, got: bytes) -> list[Outcome]:
