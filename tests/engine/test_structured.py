@@ -332,7 +332,8 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 10**9}, "maxLength 1000000000 is too large to enforce "
                                                                      "with its pattern"),
     ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 30000}, "maxLength 30000 is too large"),
-    ({"type": "string", "format": "email", "minLength": 10**6}, "minLength 1000000 is too large .* its format"),
+    ({"type": "string", "format": "uri", "minLength": 10**6}, "minLength 1000000 is too large .* its format"),
+    ({"type": "string", "format": "email", "minLength": 300}, "no string of 300 to any characters matches its format"),
     ({"allOf": [{"type": "string"}, {"maxLength": 2}]}, "allOf with more than one"),
     ({"anyOf": [{"type": "string"}], "type": "string"}, "anyOf beside 'type'"),
     (False, "expected an object"),
@@ -779,3 +780,58 @@ def test_every_uri_the_format_lets_through_is_one_pydantic_accepts(vocab) -> Non
     for text, ok in (('"https://example.com/a?b=1#c"', True), ('"http://a-b.c:8080/"', True),
                      ('"ftp://x.y"', False), ('"https://a.com/%20"', False), ('"https://-a.com"', False)):
         assert _matches(schema, text) == ok, text
+
+
+_CHAIN = "root ::= r0\n" + "".join(f'r{i} ::= r{i + 1} "a"?\n' for i in range(1000)) + 'r1000 ::= "b"\n'
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("grammar", _CHAIN, r"grammar: rules nested too deep to compile"),
+    ("regex", "(" * 300 + "a" + ")" * 300, r"groups nested deeper than 64"),
+    ("json_schema", {"type": "string", "pattern": "(" * 300 + "a" + ")" * 300},
+     r"json_schema: pattern .* groups nested"),
+    ("json_schema", {"$ref": "#/$defs/d0", "$defs": {**{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2000)},
+                                                    "d2000": {"type": "string"}}}, r"json_schema: nested too deep"),
+    ("structural_tag", {"type": "structural_tag", "format": {"type": "grammar", "grammar": _CHAIN}},
+     r"structural_tag.format.grammar: rules nested too deep"),
+    ("structural_tag", {"type": "structural_tag", "format": {"type": "regex", "pattern": "(" * 900 + "a" + ")" * 900}},
+     r"structural_tag.format.pattern: .*groups nested deeper than 64"),
+])
+def test_inputs_nested_past_python_s_stack_are_value_errors(field: str, value: object, needle: str) -> None:
+    """Compiling recurses once per level (a rule using the next, a $ref, a group): past a few hundred
+    levels Python's stack ran out first — a RecursionError, a 500 on the server. Each is a
+    ValueError naming the field, as the shallower ones were."""
+    with pytest.raises(ValueError, match=needle):
+        SamplingParams(**{field: value})
+
+
+def _is_email(text: str) -> bool:
+    """RFC 5322's dot-atom address read directly (what e-mail validators accept of it): atoms of
+    atext joined by single dots, a local part ≤ 64 characters, labels of letters, digits and inner
+    hyphens, a top-level name of 2–24 letters."""
+    local, at, domain = text.rpartition("@")
+    if not at or not local or len(local) > 64 or any(not a for a in local.split(".")):
+        return False
+    if any(not (c.isascii() and (c.isalnum() or c in "_%+-")) for c in local.replace(".", "")):
+        return False
+    labels = domain.split(".")
+    return len(labels) >= 2 and 2 <= len(labels[-1]) <= 24 and labels[-1].isascii() and labels[-1].isalpha() and \
+        all(lab and lab.isascii() and lab.replace("-", "").isalnum() and lab[0] != "-" and lab[-1] != "-"
+            for lab in labels[:-1])
+
+
+def test_every_email_the_format_lets_through_is_a_dot_atom_address(vocab) -> None:
+    """``format: email`` (pydantic's EmailStr emits it): random draws under the mask are addresses
+    a validator accepts — the old pattern let dots lead, trail and double in the local part and a
+    hyphen end a label, which EmailStr refuses — and texts outside are refused."""
+    schema = {"type": "string", "format": "email", "maxLength": 60}
+    seen = set()
+    for seed in range(24):
+        value = json.loads(_written(vocab, schema, random.Random(seed), 200))
+        assert _is_email(value), value
+        seen.add(value)
+    assert len(seen) > 12
+    for text in ("a@b.co", "first.last+tag@mail-1.example.org", "x_%-@a.b.c.de"):
+        assert _is_email(text) and _matches(schema, json.dumps(text)), text
+    for text in (".a@b.co", "a.@b.co", "a..b@b.co", "a@-b.co", "a@b-.co", "a@b.c", "a@b.c0", "a@b", "@b.co", "a@.co"):
+        assert not _is_email(text) and not _matches(schema, json.dumps(text)), text

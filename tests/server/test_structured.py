@@ -62,6 +62,9 @@ def test_completions_take_it_too_and_agree_with_the_offline_api(client: OpenAI, 
      "response_format.json_schema.schema", "look-arounds"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"properties": {"a": {"type": "date"}}}}},
      "response_format.json_schema.schema.properties.a", "type must be"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/d0", "$defs": {
+        **{f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(2000)}, "d2000": {}}}}},  # past Python's stack
+     "response_format.json_schema.schema", "nested too deep"),
     ({"type": "json_schema"}, "response_format.json_schema", "json_schema"),  # the field its check names
     ({"type": "xml"}, "response_format.type", "json_object"),
 ])

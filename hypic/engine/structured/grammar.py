@@ -185,10 +185,14 @@ def compile_grammar(text: str) -> Seq:
             return Word(expr[1]) if expr[1] else Seq(())
         return expr[1]  # chars
 
-    root = Seq((node(("ref", "root")),))  # a grammar frame at the root: the matcher reads it as text
-    _check_left_recursion(root)
-    settle_repeats(root)
-    check_depth(root, "grammar", "a rule that only refers to itself with no way out")
+    try:  # each walk recurses once per rule a rule uses: a chain of hundreds outruns Python's stack
+        root = Seq((node(("ref", "root")),))  # a grammar frame at the root: the matcher reads it as text
+        _check_left_recursion(root)
+        settle_repeats(root)
+        check_depth(root, "grammar", "a rule that only refers to itself with no way out")
+    except RecursionError:
+        raise ValueError("grammar: rules nested too deep to compile (a chain of hundreds of rules, each "
+                         "using the next)") from None
     return root
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 MAX_CODE = 0x10FFFF
 MAX_REPEAT = 64  # {n,m} copies the repeated part: bounded, so a pattern cannot blow up the automaton ...
 MAX_STATES = 20_000  # ... nor can nested repetitions, which multiply: (a{64}){64} is 8 200 states
+MAX_GROUP_DEPTH = 64  # groups in groups: the parser and the automaton's builder recurse once per level
 Ranges = tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code-point ranges
 
 ANY: Ranges = ((0, MAX_CODE),)
@@ -289,7 +290,7 @@ class _Parser:
     """Recursive descent over the pattern into a tree (``Node``)."""
 
     def __init__(self, pattern: str) -> None:
-        self.s, self.i = pattern, 0
+        self.s, self.i, self.depth = pattern, 0, 0
 
     def fail(self, why: str) -> ValueError:
         return ValueError(f"pattern {self.s!r}: {why} (at {self.i})")
@@ -356,7 +357,11 @@ class _Parser:
                 self.i += 2
             elif self.peek() == "?":
                 raise self.fail("look-arounds and named groups are not supported")
+            self.depth += 1
+            if self.depth > MAX_GROUP_DEPTH:
+                raise self.fail(f"groups nested deeper than {MAX_GROUP_DEPTH}")
             node = self.alternation()
+            self.depth -= 1
             if self.peek() != ")":
                 raise self.fail("a ')' expected")
             self.i += 1

@@ -63,7 +63,11 @@ FORMATS = {
     "date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[Tt]{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
     "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
-    "email": r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}$",
+    # RFC 5322's dot-atom, as e-mail validators read it (pydantic's EmailStr through email-validator):
+    # no dot first, last or doubled in the local part (≤ 64 characters: 32 + two more atoms of ≤ 15),
+    # a domain of 1–4 labels that neither begin nor end with '-', then a top-level name of letters
+    "email": (r"^[A-Za-z0-9_%+-]{1,32}(\.[A-Za-z0-9_%+-]{1,15}){0,2}"
+              r"@([A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?\.){1,4}[A-Za-z]{2,24}$"),
     # an http(s) URL of a plain host name, port, path, query and fragment (no percent escapes): a
     # subset of RFC 3986's URIs that pydantic's HttpUrl and AnyUrl — which emit this format — accept;
     # the host's last label begins with a letter (a numeric one reads as an IPv4 address, which
@@ -186,7 +190,11 @@ def json_text(value: object, what: str, sort_keys: bool = True) -> str:
 def compile_schema(schema: object) -> Node:
     """The node tree of a JSON Schema (a dict, or True for any value); ValueError naming what is
     wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
-    return _compile_text(json_text(schema, "json_schema"))
+    text = json_text(schema, "json_schema")
+    try:  # compiling recurses through $refs: a chain of hundreds outruns Python's stack first
+        return _compile_text(text)
+    except RecursionError:
+        raise ValueError("json_schema: nested too deep to compile (a chain of hundreds of $refs?)") from None
 
 
 MAX_DEPTH = 32  # nested values the matcher lets a text hold (matcher.py: a runaway model cannot nest forever)

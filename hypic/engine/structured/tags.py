@@ -95,7 +95,11 @@ def compile_tags(spec: object) -> Tagged:
     if not isinstance(spec, dict):
         raise ValueError(f"structural_tag: expected an object, got {type(spec).__name__}")
     # keys keep their order: a qwen_xml parameter list is written in its properties' declared order
-    return _compile(json_text(spec, "structural_tag", sort_keys=False))
+    text = json_text(spec, "structural_tag", sort_keys=False)
+    try:
+        return _compile(text)
+    except RecursionError:  # a schema's $ref chain or a grammar's rules inside, past Python's stack
+        raise ValueError("structural_tag: nested too deep to compile") from None
 
 
 @lru_cache(maxsize=64)
