@@ -1,7 +1,8 @@
 """Words a request never generates (``SamplingParams.bad_words``, vLLM's meaning).
 
-A word is banned as token sequences: how the tokenizer spells it alone and after a space (a word
-in the middle of a text is usually one token with its space). A sequence's last token is banned
+A word is banned as token sequences: how the tokenizer spells it alone, after a space (a word in
+the middle of a text is usually one token with its space) and with no space before it (a text's
+first word: a tokenizer that adds a prefix space spells "word" alone as " word"). A sequence's last token is banned
 at a step when the output so far ends with the tokens before it — a one-token word at every step —
 so the sequence is never completed; its first tokens stay free (they may begin other words). Only
 the generated tokens count, not the prompt's.
@@ -43,9 +44,21 @@ def bad_words(tokenizer: Any, words: tuple[str, ...]) -> BadWords | None:
 @lru_cache(maxsize=256)
 def _sequences(tokenizer: Any, words: tuple[str, ...]) -> BadWords:
     found: dict[tuple[int, ...], None] = {}
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    newline = ids("\n")
     for word in words:
-        for text in (word.lstrip(), " " + word.lstrip()):
-            ids = tuple(tokenizer.encode(text, add_special_tokens=False).ids)
-            if ids:
-                found[ids] = None
+        word = word.lstrip()
+        spellings = [ids(word), ids(" " + word)]
+        # A tokenizer that adds a prefix space (the bundled one, GPT-2's) spells a word alone as
+        # " word", so its space-less form — a text's first word, one after a newline or a quote — is
+        # read after a newline, where every byte-level or SentencePiece tokenizer starts a new piece
+        after = ids("\n" + word)
+        if newline and after[:len(newline)] == newline and tokenizer.decode(list(after[len(newline):])) == word:
+            spellings.append(after[len(newline):])
+        for seq in spellings:
+            if seq:
+                found[seq] = None
     return BadWords(tuple(found))

@@ -70,12 +70,22 @@ def _likeliest(lp: dict[int, float] | None, n: int | None = None) -> list[tuple[
     return sorted((lp or {}).items(), key=lambda kv: -kv[1])[:n]
 
 
+def _with_own(s: Scored, top: int) -> list[tuple[int, float]]:
+    """The ``top`` likeliest and the sampled token, if it is not among them: OpenAI's completions
+    "always return the logprob of the sampled token, so there may be up to logprobs+1 elements" (and
+    vLLM's) — the echoed prompt's entries hold their own token so too."""
+    best = _likeliest(s.logprobs, top)
+    if s.logprobs and s.id in s.logprobs and all(t != s.id for t, _ in best):
+        best.append((s.id, s.logprobs[s.id]))
+    return best
+
+
 def completion_logprobs(texts: TokenTexts, tokens: list[Scored], top: int, shift: int, end: int) -> dict:
     """Generated tokens' ``logprobs`` object: offsets moved past ``shift`` characters (an echoed
     prompt) and at most ``end`` (a stop string cuts the text the last tokens' offsets point into)."""
     return {"tokens": [texts.name(s.id) for s in tokens],
             "token_logprobs": [(s.logprobs or {}).get(s.id, 0.0) for s in tokens],
-            "top_logprobs": [texts.keyed(_likeliest(s.logprobs, top)) for s in tokens],
+            "top_logprobs": [texts.keyed(_with_own(s, top)) for s in tokens],
             "text_offset": [shift + min(s.offset, end) for s in tokens]}
 
 

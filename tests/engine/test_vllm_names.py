@@ -211,8 +211,14 @@ def test_bad_words_are_never_completed(llm: LLM) -> None:
     prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
     free = llm.generate(prompt, SamplingParams(max_tokens=12))[0]
     assert "Quorvane" in free.text
-    (one,), (two,) = (bad_words(llm.tokenizer, (w,)).sequences for w in ("Quorvane", "is employed"))
-    assert len(one) == 1 and len(two) == 2
+    one, two = (bad_words(llm.tokenizer, (w,)).sequences[0] for w in ("Quorvane", "is employed"))
+    assert len(one) == 1 and len(two) == 2  # the word alone, spelt as after a space (a prefix space)
+    # with no space before it (a text's first word) the bundled tokenizer spells it otherwise: banned too
+    bare = {llm.tokenizer.decode(list(s)): s for s in bad_words(llm.tokenizer, ("Answer",)).sequences}
+    assert set(bare) == {" Answer", "Answer"}
+    opener = llm.generate(prompt, SamplingParams(max_tokens=4))[0]
+    assert opener.token_ids[1] == bare["Answer"][0]  # the bundled model answers "\nAnswer: …"
+    assert "Answer" not in llm.generate(prompt, SamplingParams(max_tokens=4, bad_words=["Answer"]))[0].text
 
     def holds(ids: list[int], seq: tuple[int, ...]) -> bool:
         return any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids) - len(seq) + 1))

@@ -91,3 +91,23 @@ def test_tokens_with_one_name_keep_keys_of_their_own(llm: LLM) -> None:
     texts = TokenTexts(llm.tokenizer)  # ids past the tokenizer's 1 860 (the model has 1 920) decode to ""
     assert texts.name(1900) == texts.name(1901) == ""
     assert texts.keyed([(1900, -1.0), (1901, -2.0), (129, -3.0)]) == {"": -1.0, "token_id:1901": -2.0, C3: -3.0}
+
+
+def test_completion_top_logprobs_hold_the_sampled_token(http: httpx.Client) -> None:
+    """OpenAI's completions (and vLLM's) "always return the logprob of the sampled token, so there may
+    be up to logprobs+1 elements": sampled at a high temperature, some tokens are not among the
+    likeliest, and each position's dict holds it beside them; with ``logprobs: 0``, it alone."""
+    outside = 0
+    for seed in range(4):
+        for k in (0, 1):
+            body = {"prompt": "The weather", "max_tokens": 6, "logprobs": k, "seed": seed, "temperature": 1.8}
+            lp = http.post("/v1/completions", json=body).json()["choices"][0]["logprobs"]
+            for name, own, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"], strict=True):
+                assert top.get(name) == own or own in top.values(), (name, own, top)  # (a shared name: by id)
+                assert len(top) <= k + 1
+                if k == 0:
+                    assert list(top.values()) == [own]
+                elif len(top) == 2:
+                    outside += 1
+                    assert max(top.values()) > own  # the likeliest first, then the sampled one
+    assert outside > 0
