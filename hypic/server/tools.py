@@ -231,18 +231,26 @@ def _hoisted(schema: dict, prefix: str) -> tuple[dict, dict]:
 def parse_calls(text: str, names: tuple[str, ...], parameters: dict[str, dict] | None = None
                 ) -> tuple[list[dict[str, Any]], str | None]:
     """Calls in free text (module docstring) → (calls, the text left, None when nothing is). A
-    block that is not a call of a known function stays in the text, as the model wrote it."""
-    calls, rest = _split(text, names, parameters or {})
-    return calls, (rest.strip() or None) if calls else text
+    block that is not a call of a known function stays in the text, as the model wrote it. The text
+    left is what a stream of the answer sends (``StreamedCalls``): all before the first tag as it is
+    (vLLM's content too), and what is left of the rest unless that is only whitespace."""
+    first = min((at for at in (text.find(t) for t in OPENS) if at >= 0), default=len(text))
+    calls, rest = _split(text, names, parameters or {}, first)
+    if not calls:
+        return [], text
+    kept = text[:first] + (rest if rest.strip() else "")
+    return calls, kept if kept.strip() else None
 
 
-def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> tuple[list[dict[str, Any]], str]:
-    """The calls in ``text`` and the text around them, as it is. A block inside ``<think>…</think>``
-    (reasoning not split off: no ``--reasoning-parser``) is the model thinking about a call, not
-    making one (MiniMax-M1 drafts calls there)."""
-    calls, kept, at = [], [], 0
+def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict], start: int = 0
+           ) -> tuple[list[dict[str, Any]], str]:
+    """The calls in ``text[start:]`` and the text around them there, as it is. A block inside
+    ``<think>…</think>`` (reasoning not split off: no ``--reasoning-parser``) is the model thinking
+    about a call, not making one (MiniMax-M1 drafts calls there) — read over the whole text, as a
+    ``<think>`` may open before ``start``."""
+    calls, kept, at = [], [], start
     thinking = [m.span() for m in THINK.finditer(text)]
-    for m in BLOCK.finditer(text):
+    for m in BLOCK.finditer(text, start):
         if any(a <= m.start() < b for a, b in thinking):
             continue
         if m.group(3) is not None:  # Kimi's section: name and arguments apart
@@ -331,6 +339,6 @@ class StreamedCalls:
         if "tool_calls" not in message:
             return {"content": self.text[self.sent:]}, reason
         calls = [{**call, "index": k} for k, call in enumerate(message["tool_calls"])]  # a streamed call's index
-        rest = "" if self.calling.forced else _split(self.text[self.sent:], self.calling.names,
-                                                          self.calling.parameters)[1]
+        rest = "" if self.calling.forced else _split(self.text, self.calling.names, self.calling.parameters,
+                                                          self.sent)[1]
         return ({"content": rest} if rest.strip() else {}) | {"tool_calls": calls}, reason

@@ -187,7 +187,7 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     names = ("get_weather", "lookup")
     calls, rest = parse_calls('Let me check.\n<tool_call>\n{"name": "lookup", "arguments": {"query": "mill"}}\n'
                               '</tool_call>', names)
-    assert rest == "Let me check." and [c["function"]["name"] for c in calls] == ["lookup"]
+    assert rest == "Let me check.\n" and [c["function"]["name"] for c in calls] == ["lookup"]  # as streamed
     assert json.loads(calls[0]["function"]["arguments"]) == {"query": "mill"}
     two, rest = parse_calls('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
                             '<tool_call>{"name": "get_weather", "arguments": {"city": "X", "days": 1}}', names)
@@ -200,7 +200,7 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
            '{"a": [1, true]}\n</parameter>\n</function>\n</tool_call>')
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     calls, rest = parse_calls(xml, names, schemas)  # the Qwen3-Coder / Qwen3.5 format
-    assert rest == "Sure." and [json.loads(c["function"]["arguments"]) for c in calls] == \
+    assert rest == "Sure.\n" and [json.loads(c["function"]["arguments"]) for c in calls] == \
         [{"city": "12", "days": 2}, {"query": '{"a": [1, true]}'}]  # a declared string stays text
     untyped, _ = parse_calls("<tool_call><function=lookup><parameter=n>3</parameter><parameter=s>x y", names)
     assert json.loads(untyped[0]["function"]["arguments"]) == {"n": 3, "s": "x y"}  # undeclared: JSON if it is
@@ -208,10 +208,10 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     block = ('Both.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
              '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>')
     calls, rest = parse_calls(block, names)  # MiniMax-M1's block: a call a line
-    assert rest == "Both." and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
+    assert rest == "Both.\n" and [c["function"]["name"] for c in calls] == ["lookup", "get_weather"]
     drafted = "<think>Maybe:<tool_calls>\n" + block.split("<tool_calls>\n")[1] + "</think>" + block
     calls, rest = parse_calls(drafted, names)  # a block thought about inside <think> is no call
-    assert len(calls) == 2 and rest.startswith("<think>Maybe:<tool_calls>") and rest.endswith("</think>Both.")
+    assert len(calls) == 2 and rest.startswith("<think>Maybe:<tool_calls>") and rest.endswith("</think>Both.\n")
     assert parse_calls("<think>" + block, names) == ([], "<think>" + block)  # still thinking
     bad = block.replace('"get_weather"', '"rm"')  # one line not a call of a listed function: no block
     assert parse_calls(bad, names) == ([], bad)
@@ -273,6 +273,8 @@ def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, 
     'A <tool_c>decoy, then <tool_call>{"name": "get_weather", "arguments": {"city": "X", "days": 2}}</tool_call>'
     ' and <tool_call>{"name": "lookup", "arguments": {}}',
     '<tool_call>{"name": "nope", "arguments": {}}</tool_call>',  # an unknown function: text
+    '<think>Maybe <tool_call>{"name": "lookup", "arguments": {}}</tool_call>?</think>Sure. '
+    '<tool_call>{"name": "lookup", "arguments": {"query": "a"}}</tool_call>',  # a call drafted in thought: text
     "Looking.\n<tool_call>\n<function=lookup>\n<parameter=query>\nmill\n</parameter>\n</function>\n</tool_call>",
     'Two at once.\n<tool_calls>\n{"name": "lookup", "arguments": {"query": "a"}}\n'
     '{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}\n</tool_calls>',  # MiniMax-M1's block
@@ -301,7 +303,8 @@ def test_a_streamed_auto_answer_sends_text_as_it_comes_and_its_calls_at_the_end(
         if "tool_calls" in whole:
             assert [c["function"] for c in delta["tool_calls"]] == [c["function"] for c in whole["tool_calls"]]
             assert [c["index"] for c in delta["tool_calls"]] == list(range(len(whole["tool_calls"])))
-            assert (sent + delta.get("content", "")).strip() == (whole["content"] or "")
+            streamed = sent + delta.get("content", "")  # the same text, to the byte (None: whitespace at most)
+            assert streamed == whole["content"] if whole["content"] is not None else not streamed.strip()
         else:
             assert sent + delta["content"] == text
 
