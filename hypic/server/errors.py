@@ -119,7 +119,12 @@ def install_handlers(app: FastAPI, count_error: Callable[[str], None]) -> None:
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if e.status_code == 404 else "invalid_request"
         count_error(kind)
-        return APIError(e.status_code, str(e.detail), kind=kind, type="invalid_request_error",
+        detail = str(e.detail)
+        if detail == "Not Found":  # no such route: say which was asked
+            detail = f"{request.method} {request.url.path}: no such route here"
+        elif detail == "Method Not Allowed":
+            detail = f"{request.method} {request.url.path}: the route takes other methods"
+        return APIError(e.status_code, detail, kind=kind, type="invalid_request_error",
                         headers=getattr(e, "headers", None)).response()
 
     @app.exception_handler(Exception)

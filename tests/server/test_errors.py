@@ -185,9 +185,10 @@ def test_a_message_says_the_real_problem(server: LiveServer) -> None:
 
 def test_routes_methods_auth_and_still_serving(server: LiveServer) -> None:
     assert httpx.head(f"{server.url}/health").status_code == 200  # uptime checks probe with HEAD
-    assert httpx.get(f"{server.url}/v1/nowhere", headers=AUTH).status_code == 404
+    r = httpx.get(f"{server.url}/v1/nowhere", headers=AUTH)
+    assert r.status_code == 404 and _error_shape(r)["message"] == "GET /v1/nowhere: no such route here"
     r = httpx.get(f"{server.url}/v1/completions", headers=AUTH)
-    assert r.status_code == 405 and _error_shape(r)
+    assert r.status_code == 405 and "GET /v1/completions: the route takes other methods" in _error_shape(r)["message"]
     r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi"})
     assert r.status_code == 401 and _error_shape(r)["code"] == "invalid_api_key"
     ok = httpx.post(f"{server.url}/v1/completions", headers=AUTH, json={"prompt": "hi", "max_tokens": 2}, timeout=60)
