@@ -37,7 +37,7 @@ from hypic.server.generation import Echo, Generation, echo_only, respond
 from hypic.server.logprobs import TokenTexts
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
-from hypic.server.reasoning import opened_by
+from hypic.server.reasoning import after_reasoning, opened_by
 from hypic.server.responses import ResponsesRequest, ResponseStore
 from hypic.server.runner import TIMEOUT, Runner, ended_error, until_disconnected
 from hypic.server.scorer import Ask, Overloaded, Scorer
@@ -263,10 +263,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling,
                                          llm.engine.eos)
         think = None
-        # does the generation prompt open the reasoning itself? (Constrained output is all answer: JSON;
-        # strict functions' tag leaves the text free around the calls, reasoning included.)
-        if settings.reasoning_parser is not None and (not params.constraint_kinds or (calling and calling.tag)):
+        if settings.reasoning_parser is not None:  # does the generation prompt open the reasoning itself?
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))
+            params = after_reasoning(params, think)  # a constraint holds the answer, after the reasoning
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
                           eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,

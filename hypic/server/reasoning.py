@@ -17,6 +17,7 @@ code, so they agree: text is held back only while it could still be a tag.
 
 from __future__ import annotations
 
+from hypic.engine.request import SamplingParams
 from hypic.server.text import partial_tag
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -76,3 +77,33 @@ def split(text: str, opened: bool) -> tuple[str, str]:
     r1, c1 = s.push(text)
     r2, c2 = s.finish()
     return r1 + r2, c1 + c2
+
+
+# The reasoning's frame as structured output reads it (xgrammar's format trees): free text up to
+# ``</think>``, then the blank lines ``ThinkSplit`` drops, then what the answer is held to.
+_THOUGHT = [{"type": "any_text", "excludes": [CLOSE]}, {"type": "const_string", "value": CLOSE},
+            {"type": "regex", "pattern": "\n*"}]
+
+
+def after_reasoning(params: SamplingParams, opened: bool) -> SamplingParams:
+    """``params`` with its constraint held to the answer only — after the reasoning, as vLLM's
+    reasoning parsers have structured output wait for the reasoning's end: a thinking model asked for
+    JSON thinks first, then writes it (held from the first byte, it could not think at all, or
+    thought inside its JSON). ``opened``: the prompt opened the reasoning (else the model may open it,
+    after whitespace, or answer at once). A structural tag is left as it is: its text is free around
+    its tags, and a format that wants reasoning says so itself (a ``<think>`` tag)."""
+    kinds = params.constraint_kinds
+    if not kinds or kinds == ["structural_tag"]:
+        return params
+    if params.json_schema is not None:
+        answer = {"type": "json_schema", "json_schema": {} if params.json_schema is True else params.json_schema}
+    elif params.regex is not None:
+        answer = {"type": "regex", "pattern": params.regex}
+    elif params.choice is not None:
+        answer = {"type": "or", "elements": [{"type": "const_string", "value": c} for c in params.choice]}
+    else:
+        answer = {"type": "grammar", "grammar": params.grammar}
+    thought = _THOUGHT if opened else [{"type": "optional", "content": {"type": "sequence", "elements": [
+        {"type": "regex", "pattern": r"\s*"}, {"type": "const_string", "value": OPEN}, *_THOUGHT]}}]
+    return params.clone(json_schema=None, regex=None, choice=None, grammar=None, structural_tag={
+        "type": "structural_tag", "format": {"type": "sequence", "elements": [*thought, answer]}})

@@ -4,15 +4,19 @@ the same as whole; a template told not to think gives the answer alone."""
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from openai import OpenAI
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
 
 from hypic.server.reasoning import ThinkSplit, opened_by, split
-from tests.server.conftest import MODEL, LiveServer, openai_client, serve_with_template
+from tests.server.conftest import MODEL, LiveServer, build_model, openai_client, serve_with_template
 
 THINK_TEMPLATE = (  # Qwen3.5-like: the generation prompt opens the reasoning unless told not to think
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -74,9 +78,43 @@ def test_a_thinking_template_answers_with_reasoning_content_whole_and_streamed(t
     plain = client.chat.completions.create(**ask, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
     assert plain.choices[0].message.content
-    forced = client.chat.completions.create(**ask, max_completion_tokens=32, response_format={"type": "json_object"})
-    assert forced.choices[0].message.content.startswith("{")  # constrained output is all answer, never reasoning
-    assert "reasoning_content" not in (forced.choices[0].message.model_extra or {})
+
+
+COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+
+
+def test_a_constraint_holds_the_answer_after_the_reasoning(tmp_path: Path) -> None:
+    """With a reasoning parser, structured output waits for the reasoning's end (vLLM's way): a model
+    whose vocabulary has ``<think>`` / ``</think>`` as tokens of text, pushed by ``logit_bias`` to
+    write one word of reasoning and close it, reasons and then answers JSON the schema accepts —
+    whether the prompt opened the reasoning or the model did (held from the first byte, as before,
+    it could not reason at all). The same for a regex, a choice and a grammar."""
+    folder = build_model(tmp_path / "model", added=("<think>", "</think>"))
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    word, opener, closer = (tok.token_to_id(t) for t in ("a", "<think>", "</think>"))
+    weights = load_file(str(folder / "model.safetensors"))
+    weights["lm_head.weight"][[word, opener, closer]] = 0  # their logits 0: the biases alone order them
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    live = serve_with_template(folder, tmp_path / "served", THINK_TEMPLATE, max_completion_tokens=64,
+                               reasoning_parser="think")
+    try:
+        client = openai_client(live)
+        # "a" first (100), then — its presence penalised — "</think>" (99); "<think>" (98) opens where it may
+        bias = {str(word): 100, str(closer): 99, str(opener): 98}
+        ask = dict(model=MODEL, messages=[{"role": "user", "content": "How many?"}], max_tokens=64, temperature=0,
+                   logit_bias=bias, presence_penalty=2.0)
+        for kwargs in ({}, {"chat_template_kwargs": {"enable_thinking": False}}):  # opened by the prompt, or not
+            out = client.chat.completions.create(**ask, response_format={"type": "json_schema", "json_schema": {
+                "name": "count", "schema": COUNT}}, extra_body=kwargs).choices[0]
+            assert out.message.model_extra.get("reasoning_content") == "a", (kwargs, out.message)
+            assert set(json.loads(out.message.content)) == {"n"} and out.finish_reason == "stop"
+        for held, ok in (({"regex": "[0-9]{2}"}, lambda t: re.fullmatch("[0-9]{2}", t)),
+                         ({"choice": ["yes", "no"]}, lambda t: t in ("yes", "no")),
+                         ({"grammar": 'root ::= "x" [0-9]'}, lambda t: re.fullmatch("x[0-9]", t))):
+            out = client.chat.completions.create(**ask, extra_body={"structured_outputs": held}).choices[0]
+            assert out.message.model_extra.get("reasoning_content") == "a" and ok(out.message.content), (held, out)
+    finally:
+        live.stop()
 
 
 def test_an_answer_sent_back_as_it_came_continues_the_conversation(think_server: LiveServer) -> None:
