@@ -165,6 +165,12 @@ class ReasoningConfig(Strict):
     generate_summary: Annotated[None, BeforeValidator(not_supported("reasoning summaries"))] = None
 
 
+class ResponsesStreamOptions(Strict):
+    # accepted: the events carry no obfuscation padding, whatever it says (it is for side channels
+    # over the public internet; a client sets it false to save bytes)
+    include_obfuscation: bool | None = None
+
+
 class ResponsesRequest(Strict):
     model: str | None = None
     input: Text | Annotated[list[Item], Field(min_length=1)]
@@ -192,6 +198,11 @@ class ResponsesRequest(Strict):
     background: Literal[False] | None = None
     prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted: hypic's cache has its own budget
     reasoning: ReasoningConfig | None = None
+    max_tool_calls: int | None = Field(None, ge=1)  # accepted: it bounds built-in tools' calls; hypic has none
+    stream_options: ResponsesStreamOptions | None = None
+    conversation: Annotated[None, BeforeValidator(not_supported(
+        "the Conversations API: continue a conversation with previous_response_id"))] = None
+    prompt: Annotated[None, BeforeValidator(not_supported("stored prompt templates: send the input itself"))] = None
     # hypic's extensions, as on the other routes
     seed: int | None = Field(None, **INT64)
     cache_salt: Salt | None = None

@@ -162,12 +162,27 @@ def test_included_logprobs_are_the_chat_routes_whole_and_streamed(client: OpenAI
     ({"input": "hi", "metadata": {"k": "v" * 513}}, "metadata"),
     ({"input": "hi", "tools": FLAT_TOOLS, "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
      "text.format"),
+    ({"input": "hi", "conversation": "conv_1"}, "conversation"),  # refused in words: "not supported: …"
+    ({"input": "hi", "prompt": {"id": "pmpt_1"}}, "prompt"),
+    ({"input": "hi", "max_tool_calls": 0}, "max_tool_calls"),
 ])
 def test_what_is_not_served_is_a_400_naming_the_field(http: httpx.Client, body: dict, param: str) -> None:
     r = http.post("/v1/responses", json={"model": MODEL, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param), r.json()
+    if param in ("conversation", "prompt"):
+        assert "not supported" in r.json()["error"]["message"]
     assert http.post("/v1/responses", json={"model": MODEL, "input": "hi", "max_output_tokens": 1}).status_code == 200
+
+
+def test_options_that_ask_nothing_hypic_lacks_are_accepted(http: httpx.Client) -> None:
+    """``max_tool_calls`` bounds built-in tools' calls (hypic has none); ``stream_options``'
+    ``include_obfuscation`` pads events against side channels (hypic's carry none): the Agents SDK and
+    others send them."""
+    body = {"model": MODEL, "input": "hi", "max_output_tokens": 2, "max_tool_calls": 2}
+    assert http.post("/v1/responses", json=body).status_code == 200
+    r = http.post("/v1/responses", json={**body, "stream": True, "stream_options": {"include_obfuscation": False}})
+    assert r.status_code == 200 and ("event: response.completed" in r.text or "event: response.incomplete" in r.text)
 
 
 def test_a_kept_response_is_continued_read_and_deleted(client: OpenAI, http: httpx.Client) -> None:
