@@ -237,7 +237,9 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
     ({"type": "string", "format": "uri"}, '"http://10.0.0.256/x"', False),
     ({"type": "string", "format": "uri"}, '"http://localhost:8000/a"', True),
     (PERSON, '{"name": "Ann", "age": 30, "ok": true}', True),
-    (PERSON, '{"ok":false,"age":-0,"name":"\\u00e9\\n","tags":["red",3,null],"score":1.5e-3}', True),
+    (PERSON, '{"name":"\\u00e9\\n","age":-0,"score":1.5e-3,"tags":["red",3,null],"ok":false}', True),
+    (PERSON, '{"ok":false,"age":-0,"name":"\\u00e9\\n","tags":["red",3,null],"score":1.5e-3}', False),  # order
+    (PERSON, '{"age": 30, "name": "Ann", "ok": true}', False),  # keys in their declared order (xgrammar's)
     (PERSON, '{"name": "Ann", "age": 30}', False),  # required "ok" missing
     (PERSON, '{"name": "Ann", "age": 30, "ok": true, "x": 1}', False),  # undeclared key
     (PERSON, '{"name": "Ann", "name": "Bo", "age": 1, "ok": true}', False),  # a key twice

@@ -349,9 +349,9 @@ def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
     if kind == "key":
         prefix = local[2]
         grown = prefix + bytes([b]) if b != END else None
-        out = [Outcome(("colon", used, prefix), None, True)] if b == ord('"') and prefix in node.props \
-            and prefix not in used and _fits(node.props[prefix], depth) else []
-        if grown is not None and any(k.startswith(grown) for k in _open_keys(node, used, depth)):
+        keys = _open_keys(node, used, depth)
+        out = [Outcome(("colon", used, prefix), None, True)] if b == ord('"') and prefix in keys else []
+        if grown is not None and any(k.startswith(grown) for k in keys):
             out.append(Outcome(("key", used, grown), None, True))
         return out
     if kind == "colon":
@@ -370,8 +370,17 @@ def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
 
 
 def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
-    """The declared keys still to come whose values fit here."""
-    return [k for k, v in node.props.items() if k not in used and _fits(v, depth)]
+    """The declared keys that may come next, whose values fit here: those after the last one written,
+    in declared order, up to the first required one (a required key is never skipped)."""
+    order = node.order
+    last = max((order[k] for k in used), default=-1)
+    out = []
+    for k in list(node.props)[last + 1:]:
+        if _fits(node.props[k], depth):
+            out.append(k)
+        if k in node.required:
+            break
+    return out
 
 
 def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:

@@ -18,10 +18,11 @@ is a schema generation would dead-end in: no value at all (a pattern no string o
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
 
 Choices of the generator, not of JSON Schema: an object with declared ``properties`` gets only
-those keys (each at most once, ``required`` ones before ``}``; an undeclared key would be allowed
-by default ``additionalProperties``, never needed); enum and const values are written in compact
-JSON; a ``\\u`` escape never spells a UTF-16 surrogate (a character past U+FFFF is written as
-UTF-8).
+those keys, in their declared order (each at most once, optional ones skippable, ``required`` ones
+before ``}``: xgrammar's and vLLM's order — a schema that puts ``reasoning`` before ``answer`` is
+answered so; an undeclared key would be allowed by default ``additionalProperties``, never
+needed); enum and const values are written in compact JSON; a ``\\u`` escape never spells a
+UTF-16 surrogate (a character past U+FFFF is written as UTF-8).
 
 Nodes compare by identity (``eq=False``): the matcher's states hold them and are hashed every step,
 and the same schema text compiles to the same nodes (``compile_schema`` is cached), so requests
@@ -93,9 +94,15 @@ class AnyValue:
 
 @dataclass(eq=False, frozen=True)
 class Obj:
-    props: dict[bytes, Node]  # escaped key bytes (as between the quotes) → the value's node; empty: free keys
+    props: dict[bytes, Node]  # escaped key bytes (as between the quotes) → the value's node, in declared
+    # order (the order keys are written in); empty: free keys
     required: frozenset[bytes]
     extra: Node | None  # the values of free keys (used when ``props`` is empty); None: no key at all
+
+    @cached_property
+    def order(self) -> dict[bytes, int]:
+        """Each declared key's place."""
+        return {k: i for i, k in enumerate(self.props)}
 
 
 @dataclass(eq=False, frozen=True)
@@ -190,7 +197,7 @@ def json_text(value: object, what: str, sort_keys: bool = True) -> str:
 def compile_schema(schema: object) -> Node:
     """The node tree of a JSON Schema (a dict, or True for any value); ValueError naming what is
     wrong or unsupported. Cached by the schema's text: equal schemas give the same nodes."""
-    text = json_text(schema, "json_schema")
+    text = json_text(schema, "json_schema", sort_keys=False)  # properties keep their declared order
     try:  # compiling recurses through $refs: a chain of hundreds outruns Python's stack first
         return _compile_text(text)
     except RecursionError:
