@@ -172,7 +172,7 @@ def tool_calling(req: ChatRequest, template: str = "") -> ToolCalling | None:
     style = None if req.constraint_field is not None else call_style(template)
     try:
         calling = plan(None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools], choice,
-                       style)
+                       style, req.parallel_tool_calls is not False)
     except ValueError as e:
         raise from_value_error(e, "tools") from None
     if calling is not None and calling.forced and req.constraint_field is not None:

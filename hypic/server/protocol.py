@@ -515,7 +515,7 @@ class ChatRequest(Common):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: Annotated[list[ToolDef], Field(min_length=1, max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # accepted; a constrained answer is one call
+    parallel_tool_calls: bool | None = None  # None: OpenAI's default, true (several calls in an answer)
     # vLLM's extension: more variables for the chat template (Qwen3's enable_thinking, …)
     chat_template_kwargs: dict[str, Any] | None = None
     # vLLM's: the template's opening of the answer ends the prompt; or the answer continues the last

@@ -24,8 +24,9 @@ Then, by ``tool_choice``:
   does not read; there ``strict`` is not enforced;
 - ``none``: plain text.
 
-One call per answer when decoding is constrained (``parallel_tool_calls`` is accepted); ``auto``
-returns every well-formed block. Streamed, an ``auto`` answer's text flows as it comes — held back
+With ``parallel_tool_calls`` (OpenAI's default) ``required`` is constrained to a list of one call or
+more (vLLM's shape) and ``auto`` returns every well-formed block; with it false, one call (the
+first). A named function is one call of it. Streamed, an ``auto`` answer's text flows as it comes — held back
 only where it could be the start of a ``<tool_call>`` or ``<tool_calls>`` tag, and from a tag on to the end
 (``StreamedCalls``) — and its calls come whole in the last chunk; a forced call comes whole in one
 chunk (a call is not useful in pieces).
@@ -68,6 +69,7 @@ class ToolCalling:
     # template writes ids back into the next prompt, and the model was trained on that form
     kimi_index: int | None = None
     tag: dict | None = None  # auto with strict functions: the structural tag its calls are held to
+    parallel: bool = True  # parallel_tool_calls: more than one call per answer
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
@@ -75,22 +77,27 @@ class ToolCalling:
         content: str | None = text
         if self.forced:
             # a whole value has the call's shape (the matcher saw to it); a stop string may have cut it
-            call = _parsed(text, self.names, self.parameters) if finish == "stop" else None
-            if call is not None and self.kimi_index is not None:
-                call["id"] = f"functions.{call['function']['name']}:{self.kimi_index}"
-            calls, content = ([call], None) if call is not None else ([], text)
+            calls = (_forced_calls(text, self.names) or []) if finish == "stop" else []
+            if self.kimi_index is not None:
+                for k, call in enumerate(calls):
+                    call["id"] = f"functions.{call['function']['name']}:{self.kimi_index + k}"
+            content = None if calls else text
         else:
             calls, content = parse_calls(text, self.names, self.parameters)
+            if not self.parallel:  # one call at most: the first
+                calls = calls[:1]
         if not calls:
             return {"role": "assistant", "content": text}, finish
         return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
-def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: str | None = "hermes"
-         ) -> ToolCalling | None:
+def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: str | None = "hermes",
+         parallel: bool = True) -> ToolCalling | None:
     """The request's tool calling, or None (no tools, or ``none``); ValueError naming the field.
     ``style``: how the model writes a call (``call_style`` of its template); None: strict functions
-    are not enforced (the request constrains its answer otherwise)."""
+    are not enforced (the request constrains its answer otherwise). ``parallel`` (parallel_tool_calls,
+    OpenAI's default): ``required`` is a list of one call or more (vLLM's), ``auto`` keeps every
+    call; else one call, the first."""
     names = tuple(t["function"]["name"] for t in tools or [])
     if len(set(names)) != len(names):
         raise ValueError("tools: two tools share a name")
@@ -103,7 +110,8 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: s
     parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if choice in (None, "auto"):
         strict = any(t["function"].get("strict") for t in tools) and style not in (None, "kimi")
-        return ToolCalling(False, names, None, parameters, tag=strict_calls(tools, style) if strict else None)
+        return ToolCalling(False, names, None, parameters, tag=strict_calls(tools, style) if strict else None,
+                           parallel=parallel)
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         if name not in names:
@@ -125,7 +133,9 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: s
         options.append(option)
         defs |= own
     forced = options[0] if len(options) == 1 else {"anyOf": options}
-    return ToolCalling(True, names, {**forced, "$defs": defs} if defs else forced, parameters)
+    if parallel and choice == "required":  # calls in a list (a named function: that one call)
+        forced = {"type": "array", "items": forced, "minItems": 1}
+    return ToolCalling(True, names, {**forced, "$defs": defs} if defs else forced, parameters, parallel=parallel)
 
 
 # How a family's template teaches calls, told apart by a marker only that format has (Kimi's first:
@@ -280,14 +290,23 @@ def _parsed(text: str, names: tuple[str, ...], parameters: dict[str, dict]) -> d
         props = (parameters.get(name) or {}).get("properties") or {}
         args = {k: _xml_value(v, props.get(k)) for k, v in XML_PARAMETER.findall(xml.group(2))}
         return _call(name, args)
-    try:
-        call = json.loads(text)
-    except ValueError:
+    return _call_of(_json(text), names)
+
+
+def _forced_calls(text: str, names: tuple[str, ...]) -> list[dict[str, Any]] | None:
+    """A forced answer's calls: one call's JSON, or a list of them; None when it is neither."""
+    value = _json(text)
+    found = [_call_of(v, names) for v in (value if isinstance(value, list) else [value])]
+    return None if not found or None in found else found
+
+
+def _call_of(value: object, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """A JSON call ``{"name": …, "arguments": {…}}`` (or vLLM's ``parameters``) of a known function, in
+    OpenAI's shape; else None."""
+    args = value.get("arguments", value.get("parameters")) if isinstance(value, dict) else None
+    if not isinstance(value, dict) or value.get("name") not in names or not isinstance(args, dict):
         return None
-    args = call.get("arguments", call.get("parameters")) if isinstance(call, dict) else None
-    if not isinstance(call, dict) or call.get("name") not in names or not isinstance(args, dict):
-        return None
-    return _call(call["name"], args)
+    return _call(value["name"], args)
 
 
 def _json(text: str) -> object:

@@ -90,7 +90,7 @@ def test_the_token_limit_is_an_incomplete_response(client: OpenAI) -> None:
 def test_a_forced_call_goes_out_as_a_function_call_and_its_output_comes_back(client: OpenAI) -> None:
     ask = [{"role": "user", "content": "What is the weather in Quorvane for two days?"}]
     r = client.responses.create(model=MODEL, input=ask, tools=FLAT_TOOLS, tool_choice="required",
-                                max_output_tokens=64, temperature=0)
+                                max_output_tokens=64, temperature=0, parallel_tool_calls=False)
     calls = [o for o in r.output if o.type == "function_call"]
     assert len(calls) == 1 and calls[0].call_id.startswith("call_") and calls[0].name in ("get_weather", "lookup")
     args = json.loads(calls[0].arguments)
@@ -99,7 +99,7 @@ def test_a_forced_call_goes_out_as_a_function_call_and_its_output_comes_back(cli
                                     tool_choice={"type": "function", "name": "lookup"})
     assert [o.name for o in named.output if o.type == "function_call"] == ["lookup"]
     events = list(client.responses.create(model=MODEL, input=ask, tools=FLAT_TOOLS, tool_choice="required",
-                                          max_output_tokens=64, temperature=0, stream=True))
+                                          max_output_tokens=64, temperature=0, stream=True, parallel_tool_calls=False))
     streamed = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert len(streamed) == 1 and json.loads(streamed[0].arguments) == args  # greedy: the same call
     follow = client.responses.create(

@@ -75,15 +75,16 @@ def _checked(call) -> dict:
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
 def test_a_forced_call_is_a_listed_function_with_arguments_its_schema_accepts(client: OpenAI, choice) -> None:
+    one = dict(parallel_tool_calls=False)  # one call (OpenAI's default, parallel calls: a list, below)
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=64,
-                                         temperature=0)
+                                         temperature=0, **one)
     c = out.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None and len(c.message.tool_calls) == 1
     args = _checked(c.message.tool_calls[0])
     if isinstance(choice, dict):
         assert c.message.tool_calls[0].function.name == "lookup"
     chunks = list(client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
-                                                 max_tokens=64, temperature=0, stream=True))
+                                                 max_tokens=64, temperature=0, stream=True, **one))
     calls = [call for ch in chunks if ch.choices for call in ch.choices[0].delta.tool_calls or []]
     assert len(calls) == 1 and calls[0].index == 0 and calls[0].function.name == c.message.tool_calls[0].function.name
     assert json.loads(calls[0].function.arguments) == args  # greedy: the same call streamed
@@ -108,7 +109,7 @@ def test_a_forced_call_s_arguments_may_refer_to_their_own_definitions(client: Op
     """A $ref names the root of its document: inside the forced call's schema the parameters' root
     is not the root any more (a 400 blaming response_format, which the request did not have)."""
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=[SAVE, MOVE], tool_choice=choice,
-                                         max_tokens=64, temperature=0)
+                                         max_tokens=64, temperature=0, parallel_tool_calls=False)
     call = out.choices[0].message.tool_calls[0]
     args = json.loads(call.function.arguments)
     if call.function.name == "save":
@@ -119,7 +120,7 @@ def test_a_forced_call_s_arguments_may_refer_to_their_own_definitions(client: Op
 
 def test_the_tools_and_earlier_calls_reach_the_template_and_the_conversation_goes_on(client: OpenAI) -> None:
     turn = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                          max_tokens=64, temperature=0)
+                                          max_tokens=64, temperature=0, parallel_tool_calls=False)
     call = turn.choices[0].message.tool_calls[0]
     history = [*ASK, {"role": "assistant", "content": None,
                       "tool_calls": [{"id": call.id, "type": "function",
@@ -241,7 +242,7 @@ def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
         assert c.message.tool_calls or isinstance(c.message.content, str)
     cut = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=3,
                                          temperature=0)
-    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content.startswith("{")
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content.startswith("[{")
     assert not cut.choices[0].message.tool_calls
 
 
@@ -330,7 +331,7 @@ def test_a_forced_call_cut_by_a_stop_string_answers_as_text(client: OpenAI) -> N
     for cut in ('{"name": "lookup", "argu', '{"name": "other", "arguments": {}}'):
         assert forced.message(cut, "stop") == ({"role": "assistant", "content": cut}, "stop")
     out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=64,
-                                         temperature=0, stop=['"'])  # the first quote ends it: not a call
+                                         temperature=0, stop=['"'], parallel_tool_calls=False)  # not a call
     c = out.choices[0]
     assert c.finish_reason == "stop" and not c.message.tool_calls and c.message.content.startswith("{")
 
@@ -450,3 +451,31 @@ def test_strict_functions_hold_auto_calls_over_http(model_dir: Path, tmp_path: P
         assert http.post("/v1/chat/completions", json=body).status_code == 200
     finally:
         live.stop()
+
+
+def test_required_with_parallel_calls_is_a_list_of_calls(client: OpenAI) -> None:
+    """OpenAI's default ``parallel_tool_calls``: ``required`` is held to a list of one call or more
+    (vLLM's shape), each a call of a listed function whose arguments its schema accepts; ``auto``
+    without parallel calls keeps the first. A bias towards "]" ends the random model's list after
+    its first call."""
+    closer = LLM(device="cpu").tokenizer.token_to_id("]")
+    out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
+                                         max_tokens=64, temperature=0, logit_bias={str(closer): 30})
+    c = out.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None and c.message.tool_calls
+    for call in c.message.tool_calls:
+        _checked(call)
+    names = ("get_weather", "lookup")
+    listed = ToolCalling(True, names, None, kimi_index=3)
+    two = '[{"name": "lookup", "arguments": {"query": "a"}}, {"name": "get_weather", "arguments": {"city": "Q", ' \
+          '"days": 1}}]'
+    message, finish = listed.message(two, "stop")
+    assert finish == "tool_calls" and [c["function"]["name"] for c in message["tool_calls"]] == list(reversed(names))
+    assert [c["id"] for c in message["tool_calls"]] == ["functions.lookup:3", "functions.get_weather:4"]  # Kimi's
+    for text in ("[]", '[{"name": "rm", "arguments": {}}]', "[1]"):
+        assert listed.message(text, "stop") == ({"role": "assistant", "content": text}, "stop")
+    block = ('<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
+             '<tool_call>{"name": "get_weather", "arguments": {"city": "Q", "days": 1}}</tool_call>')
+    assert len(ToolCalling(False, names, None).message(block, "stop")[0]["tool_calls"]) == 2
+    first = ToolCalling(False, names, None, parallel=False).message(block, "stop")[0]["tool_calls"]
+    assert [c["function"]["name"] for c in first] == ["lookup"]
