@@ -110,8 +110,8 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: s
     parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if choice in (None, "auto"):
         strict = any(t["function"].get("strict") for t in tools) and style not in (None, "kimi")
-        return ToolCalling(False, names, None, parameters, tag=strict_calls(tools, style) if strict else None,
-                           parallel=parallel)
+        return ToolCalling(False, names, None, parameters, parallel=parallel,
+                           tag=strict_calls(tools, style, parallel) if strict else None)
     if isinstance(choice, dict):
         name = choice["function"]["name"]
         if name not in names:
@@ -171,9 +171,10 @@ def call_tags(tools: list[dict[str, Any]], style: str) -> list[dict]:
     return tags
 
 
-def strict_calls(tools: list[dict[str, Any]], style: str) -> dict:
+def strict_calls(tools: list[dict[str, Any]], style: str, parallel: bool = True) -> dict:
     """``auto``'s structural tag with strict functions: free text, and each call opened in ``style``
-    held to ``call_tags``; ValueError naming ``tools[k].function.parameters`` when a strict schema
+    held to ``call_tags`` — without ``parallel`` calls the answer ends with the first (xgrammar's
+    ``stop_after_first``); ValueError naming ``tools[k].function.parameters`` when a strict schema
     cannot be served."""
     tags = call_tags(tools, style)
     for k, tag in enumerate(tags):  # each on its own first: an error names the tool
@@ -184,11 +185,13 @@ def strict_calls(tools: list[dict[str, Any]], style: str) -> dict:
             raise ValueError(f"tools[{k}].function.parameters{rest}") from None
     if style == "minimax":  # one block, the calls in it one a line
         block = {"type": "tag", "begin": "<tool_calls>\n", "end": "\n</tool_calls>",
-                 "content": {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}}
-        fmt = {"type": "triggered_tags", "triggers": ["<tool_calls>"], "tags": [block]}
+                 "content": {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+                             "stop_after_first": not parallel}}
+        fmt = {"type": "triggered_tags", "triggers": ["<tool_calls>"], "tags": [block],
+               "stop_after_first": not parallel}
     else:
         trigger = "<tool_call>\n<function=" if style == "qwen_xml" else "<tool_call>"
-        fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags}
+        fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": not parallel}
     return {"type": "structural_tag", "format": fmt}
 
 

@@ -412,6 +412,12 @@ def test_every_call_the_strict_tag_lets_through_parses_to_a_valid_call(style: st
             "minimax": 'Sure. <tool_calls>\n{"name": "get_weather", "arguments": {"city":"Oslo","days":2}}\n'
                        '{"name": "lookup", "arguments": {"any":[1]}}\n</tool_calls> done'}[style]
     assert accepts(node, good.encode()) and accepts(node, b"No call is needed.")
+    once = compile_tags(strict_calls(tools, style, parallel=False))  # one call: the answer ends with it
+    call = good.removeprefix("Sure. ").removesuffix(" done")
+    if style == "minimax":  # one call in the block
+        call = call.replace('\n{"name": "lookup", "arguments": {"any":[1]}}', "")
+    assert accepts(once, ("Sure. " + call).encode()) and not accepts(once, good.encode())
+    assert not accepts(once, ("Sure. " + call + call).encode()) and accepts(node, ("Sure. " + call + call).encode())
     for bad in (good.replace("2", "2.5"), good.replace("Oslo", "Oslo in Norway"), good.replace("get_weather", "rm"),
                 good.replace("2", '"two"')):
         assert not accepts(node, bad.encode()), (style, bad)  # a strict function's schema, a listed name
