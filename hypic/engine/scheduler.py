@@ -121,16 +121,25 @@ class Scheduler:
 
     def submit(self, prompt: list[list[int]], params: SamplingParams, *, mode: str = "hypic",
                salt: str | None = None) -> Submission:
-        sub = Submission(prompt, params, mode, salt)
+        return self.submit_all([(prompt, params, mode, salt)])[0]
+
+    def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]]) -> list[Submission]:
+        """(prompt, params, mode, salt) each, queued together or not at all (``QueueFull``): a request's
+        ``n`` choices take their places at once, so a refused one never held places another request
+        could have had. The places are the queue's and the running slots free now (which the requests
+        waiting take first)."""
+        subs = [Submission(prompt, params, mode, salt) for prompt, params, mode, salt in items]
         with self._cv:
             self._drop_cancelled_waiting()
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) >= self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are waiting (limit {self.max_queue})")
-            self._waiting.append(sub)
+            free = max(0, self.max_running - len(self._running) - self._prefilling)
+            if len(self._waiting) + len(subs) > self.max_queue + free:
+                need = "" if len(subs) == 1 else f"; this request needs {len(subs)} places"
+                raise QueueFull(f"{len(self._waiting)} requests are waiting (limit {self.max_queue}){need}")
+            self._waiting.extend(subs)
             self._cv.notify()
-        return sub
+        return subs
 
     def _drop_cancelled_waiting(self) -> None:
         """Cancelled requests out of the waiting queue (the caller holds the lock): a client that went

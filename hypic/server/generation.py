@@ -389,8 +389,6 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     indexed prompt by prompt (choice index = prompt index × n + choice). ``shape``: the stream's
     events and the whole answer in another API's spelling (``hypic.server.responses``) than the
     chat or completions one; ``endpoint``: the label it is counted under."""
-    jobs: list[Job] = []
-    owners: list[Generation] = []
     places = sum(g.n for g in gens)
     room = runner.settings.max_queue + runner.settings.max_concurrent  # all choices are queued at once; at
     # best the running ones have left the queue by then: a request needing more could never be taken,
@@ -399,15 +397,10 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
         param = "n" if len(gens) == 1 else "prompt"
         raise APIError(400, f"{param}: this request's {places} choices need {places} places, more than the server "
                        f"ever has ({room}: max_queue + max_concurrent)", param=param)
-    try:  # all choices or none: a choice refused (429/503) takes back the ones already queued
-        for gen in gens:
-            for i in range(gen.n):
-                jobs.append(runner.submit(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt, arrival))
-                owners.append(gen)
-    except APIError:
-        for job in jobs:
-            job.cancel()
-        raise
+    owners = [gen for gen in gens for _ in range(gen.n)]
+    # all choices or none, queued at once (a refused request holds no places meanwhile)
+    jobs = runner.submit_all([(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt)
+                              for gen in gens for i in range(gen.n)], arrival)
     gen = gens[0]
     metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
     stream_body, whole_body = shape or (_stream, _whole)

@@ -351,7 +351,7 @@ class Common(Strict):
         if len(named) > 1 and named[0] == named[1]:  # structured_outputs' own two: named in full
             named = fields
         if len(named) > 1:
-            raise ValueError(f"{named[1]}: one constraint a request (with {named[0]})")
+            raise ValueError(f"{named[1]}: one constraint per request ({named[0]} is given too)")
         return self
 
     @property

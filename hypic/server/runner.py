@@ -107,15 +107,21 @@ class Runner:
 
     def submit(self, prompt: list[list[int]], params: SamplingParams, mode: str, salt: str | None,
                arrival: float) -> Job:
+        return self.submit_all([(prompt, params, mode, salt)], arrival)[0]
+
+    def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]],
+                   arrival: float) -> list[Job]:
+        """(prompt, params, mode, salt) each — a request's choices — queued all or none (429 / 503)."""
         if self.closing:
             raise self._unavailable("the server is shutting down", 503, "shutting_down")
         try:
-            sub = self.scheduler.submit(prompt, params, mode=mode, salt=salt)
+            subs = self.scheduler.submit_all(items)
         except QueueFull as e:
             if self.closing or "shutting down" in str(e):
                 raise self._unavailable("the server is shutting down", 503, "shutting_down") from None
             raise self._unavailable(f"the server is busy: {e}; retry later", 429, "overloaded") from None
-        return Job(sub, arrival, arrival + self.settings.request_timeout_s, self.settings.retry_after_s)
+        return [Job(sub, arrival, arrival + self.settings.request_timeout_s, self.settings.retry_after_s)
+                for sub in subs]
 
     def begin_shutdown(self) -> None:
         """Stop admitting now; in-flight jobs get the shutdown timeout to finish, then are cancelled

@@ -66,6 +66,21 @@ def test_queue_bound_cancellation_and_shutdown(llm) -> None:
         sched.submit(_prompt(5), SamplingParams(max_tokens=2))
 
 
+def test_a_request_s_choices_are_queued_together_or_not_at_all(llm) -> None:
+    """Refused, a request with several choices holds no place meanwhile (queued one by one, its first
+    choices took places a request arriving then was refused for, then were taken back)."""
+    sched = Scheduler(llm.engine, max_running=1, max_queue=2)
+    busy = sched.submit(_prompt(1), SamplingParams(max_tokens=400))
+    next(busy.stream(timeout=60))  # running: the queue's 2 places are all there are
+    with pytest.raises(QueueFull, match="this request needs 3 places"):
+        sched.submit_all([(_prompt(i), SamplingParams(max_tokens=2), "hypic", None) for i in range(3)])
+    assert sched.depth == (0, 1)  # nothing of it was queued
+    pair = sched.submit_all([(_prompt(i), SamplingParams(max_tokens=2), "hypic", None) for i in range(2)])
+    busy.cancel()
+    assert [[e.kind for e in sub.stream(timeout=60)][-1] for sub in pair] == ["done", "done"]
+    sched.shutdown()
+
+
 # a cold prompt here computes 92 tokens: 76, and each document's seam again in context
 @pytest.mark.parametrize("cap, most", [(200, 2), (10, 1)])
 def test_a_prefill_call_takes_at_most_max_prefill_tokens(llm, cap: int, most: int) -> None:
