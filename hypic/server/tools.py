@@ -5,8 +5,9 @@ passes them: Qwen's templates list them in the system turn), so the model knows 
 Then, by ``tool_choice``:
 
 - ``required`` or a named function: decoding is constrained (``SamplingParams.json_schema``) to
-  one call ``{"name": …, "arguments": {…}}`` whose arguments the function's ``parameters`` schema
-  accepts — model-agnostic, as vLLM does it; the answer is that call (``finish_reason: tool_calls``);
+  calls ``{"name": …, "arguments": {…}}`` whose arguments the function's ``parameters`` schema
+  accepts — a list of them for ``required`` with parallel calls, else one — model-agnostic, as vLLM
+  does it; the answer is those calls (``finish_reason: tool_calls``);
 - ``auto`` (the default with tools): decoding is free and the text is searched for calls in the
   formats the supported families' templates teach — Hermes JSON (``<tool_call>{"name": …, "arguments":
   …}</tool_call>``, Qwen2.5 / Qwen3), XML (``<tool_call><function=NAME><parameter=KEY>VALUE</parameter>…``,
@@ -26,10 +27,10 @@ Then, by ``tool_choice``:
 
 With ``parallel_tool_calls`` (OpenAI's default) ``required`` is constrained to a list of one call or
 more (vLLM's shape) and ``auto`` returns every well-formed block; with it false, one call (the
-first). A named function is one call of it. Streamed, an ``auto`` answer's text flows as it comes — held back
-only where it could be the start of a ``<tool_call>`` or ``<tool_calls>`` tag, and from a tag on to the end
-(``StreamedCalls``) — and its calls come whole in the last chunk; a forced call comes whole in one
-chunk (a call is not useful in pieces).
+first). A named function is one call of it. Streamed, an ``auto`` answer's text flows as it comes —
+held back only where it could be the start of a ``<tool_call>`` or ``<tool_calls>`` tag, and from a
+tag on to the end (``StreamedCalls``) — and its calls come whole in the last chunk; a forced call
+comes whole in one chunk (a call is not useful in pieces).
 """
 
 from __future__ import annotations
