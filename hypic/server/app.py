@@ -19,10 +19,10 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import torch
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
@@ -295,8 +295,9 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise responses.renamed(e) from None
         stored = req.store is not False and settings.max_stored_responses > 0
         base = responses.envelope(req, settings.model_name, f"resp_{uuid.uuid4().hex}", int(time.time()), stored)
-        items = [*earlier, *responses.bare(responses.input_items(req))]  # earlier: bare already
-        keep = (lambda done: state.responses.keep(done, items)) if stored else None
+        own = responses.bare(responses.input_items(req))
+        items = [*earlier, *own]  # earlier: bare already
+        keep = (lambda done: state.responses.keep(done, items, responses.listed(own))) if stored else None
         shape = (lambda rs: responses.events(rs[0], base, keep), lambda rs: responses.whole(rs[0], base, keep))
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival, shape,
                              "responses")
@@ -311,6 +312,17 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     @v1.get("/responses/{rid}")
     async def get_response(rid: str) -> dict[str, Any]:
         return kept_response(rid)
+
+    @v1.get("/responses/{rid}/input_items")
+    async def list_input_items(rid: str, order: Literal["asc", "desc"] = "desc",
+                               limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None,
+                               include: Annotated[list[str] | None, Query()] = None) -> dict[str, Any]:
+        """A kept response's own input items (what ``client.responses.input_items.list`` reads), each
+        with the id made when it was kept; ``include`` is accepted (no item carries more here)."""
+        page = state.responses.input_items(rid, order, limit, after)
+        if page is None:
+            kept_response(rid)  # the 404
+        return page
 
     @v1.delete("/responses/{rid}")
     async def delete_response(rid: str) -> dict[str, Any]:

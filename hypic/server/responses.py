@@ -235,6 +235,24 @@ def bare(items: list[Any]) -> list[Any]:
     return out
 
 
+def listed(items: list[Any]) -> list[dict[str, Any]]:
+    """A response's own input items (``bare``) as ``GET /v1/responses/{id}/input_items`` lists them:
+    each with an id of its own, made when the response is kept, and status completed."""
+    out = []
+    for item in items:
+        if isinstance(item, InputMessage):
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            parts = [item.content] if isinstance(item.content, str) else [p.text for p in item.content]
+            content = [{"type": kind, "text": t, **({"annotations": []} if kind == "output_text" else {})}
+                       for t in parts]
+            body, prefix = {"type": "message", "role": item.role, "content": content}, "msg"
+        else:
+            body = item.model_dump(exclude_none=True)
+            prefix = "fc" if item.type == "function_call" else "fco"
+        out.append({"id": f"{prefix}_{uuid.uuid4().hex}", **body, "status": "completed"})
+    return out
+
+
 def messages(req: ResponsesRequest, earlier: list[Any] = ()) -> list[dict[str, Any]]:
     """The conversation as chat messages — the earlier items (a previous response's conversation),
     then the request's — one per item, an assistant's consecutive tool calls gathered into one
@@ -549,7 +567,8 @@ class ResponseStore:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
-        self._kept: OrderedDict[str, tuple[dict[str, Any], list[Any]]] = OrderedDict()
+        # id → (the response, its conversation's items, its own input items as listed)
+        self._kept: OrderedDict[str, tuple[dict[str, Any], list[Any], list[dict[str, Any]]]] = OrderedDict()
 
     def conversation(self, rid: str) -> list[Any]:
         """The items a continuation of ``rid`` starts from: its conversation and its output."""
@@ -558,13 +577,14 @@ class ResponseStore:
                            "deleted, or forgotten to make room)", param="previous_response_id",
                            code="previous_response_not_found")
         self._kept.move_to_end(rid)
-        response, items = self._kept[rid]
+        response, items, _ = self._kept[rid]
         return [*items, *bare([_output_item(o) for o in response["output"]])]
 
-    def keep(self, response: dict[str, Any], items: list[Any]) -> None:
+    def keep(self, response: dict[str, Any], items: list[Any], own: list[dict[str, Any]] = ()) -> None:
+        """``own``: the request's own input items, ``listed``."""
         if self.capacity == 0:
             return
-        self._kept[response["id"]] = (response, items)
+        self._kept[response["id"]] = (response, items, list(own))
         while len(self._kept) > self.capacity:
             self._kept.popitem(last=False)
 
@@ -574,6 +594,24 @@ class ResponseStore:
 
     def delete(self, rid: str) -> bool:
         return self._kept.pop(rid, None) is not None
+
+    def input_items(self, rid: str, order: str = "desc", limit: int = 20, after: str | None = None
+                    ) -> dict[str, Any] | None:
+        """A kept response's own input items, OpenAI's list page (``order`` of arrival, ``limit`` of
+        them after the item ``after``); None when no such response is kept; an unknown ``after`` is a
+        400."""
+        kept = self._kept.get(rid)
+        if kept is None:
+            return None
+        items = kept[2] if order == "asc" else kept[2][::-1]
+        if after is not None:
+            at = next((i for i, item in enumerate(items) if item["id"] == after), None)
+            if at is None:
+                raise bad_request(f"after: no input item {after!r} in response {rid!r}", "after")
+            items = items[at + 1:]
+        page = items[:limit]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
 
 
 # a kept output item, read back as the input item a continuation sends

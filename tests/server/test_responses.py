@@ -201,6 +201,19 @@ def test_a_kept_response_is_continued_read_and_deleted(client: OpenAI, http: htt
                {"role": "user", "content": "And where does Tal play?"}])
     assert spelled_out.output_text == follow.output_text and spelled_out.store is False
     assert http.get(f"/v1/responses/{spelled_out.id}").status_code == 404  # store: false keeps nothing
+    # a kept response's own input items, as the client lists them (newest first by default), ids kept
+    listed = client.responses.input_items.list(first.id)
+    texts = [item.content[0].text for item in listed.data]
+    assert texts == list(reversed([m["content"] for m in _input(DOCS)])) and not listed.has_more
+    assert all(item.type == "message" and item.role == "user" and item.id.startswith("msg_") for item in listed.data)
+    again = client.responses.input_items.list(first.id, order="asc", limit=1, after=listed.data[-1].id)
+    assert [i.id for i in again.data] == [listed.data[-2].id] and again.has_more  # the page after the oldest
+    assert [i.content[0].text for i in client.responses.input_items.list(follow.id).data] == \
+        ["And where does Tal play?"]  # a continuation's own items only
+    for query, param in (("limit=0", "limit"), ("order=up", "order"), ("after=msg_nope", "after")):
+        r = http.get(f"/v1/responses/{first.id}/input_items?{query}")
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert http.get("/v1/responses/resp_nope/input_items").status_code == 404
     assert http.delete(f"/v1/responses/{first.id}").json() == {"id": first.id, "object": "response.deleted",
                                                                "deleted": True}
     gone = http.get(f"/v1/responses/{first.id}")
@@ -238,8 +251,8 @@ def test_what_the_prompt_does_not_read_is_not_kept(http: httpx.Client, tool_serv
         {"type": "reasoning", "encrypted_content": big},
         {"role": "user", "id": big, "content": [{"type": "input_text", "text": "hi", "annotations": [big]}]}]})
     assert r.status_code == 200, r.text
-    _, items = tool_server.app.state.hypic.responses._kept[r.json()["id"]]
-    assert len(json.dumps([i.model_dump() for i in items])) < 1000
+    _, items, own = tool_server.app.state.hypic.responses._kept[r.json()["id"]]
+    assert len(json.dumps([i.model_dump() for i in items])) < 1000 and len(json.dumps(own)) < 1000
     follow = http.post("/v1/responses", json={"model": MODEL, "max_output_tokens": 1, "input": "and?",
                                               "previous_response_id": r.json()["id"]})
     assert follow.status_code == 200 and follow.json()["usage"]["input_tokens"] > r.json()["usage"]["input_tokens"]
