@@ -74,8 +74,6 @@ class ToolCalling:
 
     def message(self, text: str, finish: str) -> tuple[dict[str, Any], str]:
         """The assistant message and finish reason for a generated ``text``."""
-        calls: list[dict[str, Any]] = []
-        content: str | None = text
         if self.forced:
             # a whole value has the call's shape (the matcher saw to it); a stop string may have cut it
             calls = (_forced_calls(text, self.names) or []) if finish == "stop" else []
@@ -248,12 +246,19 @@ def parse_calls(text: str, names: tuple[str, ...], parameters: dict[str, dict] |
     block that is not a call of a known function stays in the text, as the model wrote it. The text
     left is what a stream of the answer sends (``StreamedCalls``): all before the first tag as it is
     (vLLM's content too), and what is left of the rest unless that is only whitespace."""
-    first = min((at for at in (text.find(t) for t in OPENS) if at >= 0), default=len(text))
+    first = _first_open(text)
+    if first is None:
+        return [], text
     calls, rest = _split(text, names, parameters or {}, first)
     if not calls:
         return [], text
     kept = text[:first] + (rest if rest.strip() else "")
     return calls, kept if kept.strip() else None
+
+
+def _first_open(text: str) -> int | None:
+    """Where the first call tag (``OPENS``) begins in ``text``; None without one."""
+    return min((at for at in (text.find(t) for t in OPENS) if at >= 0), default=None)
 
 
 def _split(text: str, names: tuple[str, ...], parameters: dict[str, dict], start: int = 0
@@ -347,10 +352,8 @@ class StreamedCalls:
         self.text += piece
         if self.calling.forced:
             return ""
-        tags = [at for at in (self.text.find(t) for t in OPENS) if at >= 0]
-        if tags:
-            end = min(tags)
-        else:
+        end = _first_open(self.text)
+        if end is None:
             end = len(self.text) - max(partial_tag(self.text, t) for t in OPENS)
         end = max(end, self.sent)
         out, self.sent = self.text[self.sent:end], end

@@ -21,6 +21,7 @@ as JSON requires.
 
 from __future__ import annotations
 
+import itertools
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -372,11 +373,10 @@ def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
 def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
     """The declared keys that may come next, whose values fit here: those after the last one written,
     in declared order, up to the first required one (a required key is never skipped)."""
-    order = node.order
-    last = max((order[k] for k in used), default=-1)
+    last = max((node.order[k] for k in used), default=-1)
     out = []
-    for k in list(node.props)[last + 1:]:
-        if _fits(node.props[k], depth):
+    for k, v in itertools.islice(node.props.items(), last + 1, None):
+        if _fits(v, depth):
             out.append(k)
         if k in node.required:
             break

@@ -12,11 +12,11 @@ A string property's value is its raw text — anything without ``</parameter>``;
 ``const``'s strings exactly; a ``pattern`` found in it, as JSON Schema reads one; at most
 ``maxLength`` characters (the newlines around the value not counted, as the parser strips them;
 ``minLength`` and ``format`` are not held in this style, nor a length beside a pattern); a union
-with a string among its options (pydantic's
-``Optional[str]``) and a ``$ref`` to a string's schema too — and any other value compact JSON its
-schema accepts (``$defs`` / ``definitions`` of the root resolve inside it). With no declared
-properties, ``additionalProperties: false`` allows none. A newline may follow
-the opening tag, precede the closing one and follow a parameter, as the templates write them.
+with a string among its options (pydantic's ``Optional[str]``) and a ``$ref`` to a string's schema
+too — and any other value compact JSON its schema accepts (``$defs`` / ``definitions`` of the root
+resolve inside it). With no declared properties, ``additionalProperties: false`` allows none. A
+newline may follow the opening tag, precede the closing one and follow a parameter, as the templates
+write them.
 Required properties must appear, the others may be left out; with no declared properties any
 parameter name (``[A-Za-z_][A-Za-z0-9_]*``) takes raw text.
 """
