@@ -274,6 +274,12 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
               cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
               cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype)
+    warm = getattr(args, "warm_up", "off")  # serve's option; run-batch pays its kernels in its batch anyway
+    if warm == "on" or (warm == "auto" and llm.engine.device.type == "cuda"):
+        # before the saved cache is loaded: the warm-up's documents never push a saved entry down a tier
+        done = llm.warm_up()
+        print(f"hypic {command}: warmed up in {done.seconds:.1f} s ({done.requests} synthetic calls, "
+              f"{done.tokens} prompt tokens: kernels compiled and tuned before the first request)", flush=True)
     loaded = _load_saved_cache(llm, args.cache_dir)
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
@@ -407,6 +413,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` on /v1 and the tokenizer routes "
                                      "(/health and /metrics stay open; default: $HYPIC_API_KEY)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--warm-up", default="auto", choices=["auto", "on", "off"],
+                   help="before listening, run every request path once on synthetic prompts, so the first "
+                        "requests do not compile and tune kernels (a minute on a GPU); the cache and the "
+                        "metrics are left as they were (default auto: on a GPU)")
     _served_options(p)
     p.set_defaults(func=serve)
     b = sub.add_parser("run-batch", help="answer a file of requests in OpenAI's batch format, as the server would")

@@ -19,6 +19,7 @@ import torch
 from hypic.cache.budgets import AUTO, Budget
 from hypic.engine.engine import Engine
 from hypic.engine.request import RequestOutput, SamplingParams
+from hypic.engine.warm_up import WarmUp, warm_up
 from hypic.models.loader import load_model
 
 SEPARATOR = "<<PIC_SEP>>"
@@ -365,6 +366,12 @@ class LLM:
         """Prefill documents (text or token ids) into the cache before the prompts that use them: per
         document, True if it was cached already, False if filled now, None if too short to cache."""
         return self.engine.prewarm(self._documents(documents), salt=self._salt(cache_salt))
+
+    def warm_up(self) -> WarmUp:
+        """Run every path a request can take once, on synthetic prompts, so that the first requests
+        do not pay for compiling and tuning kernels (seconds to a minute on a GPU); the cache and the
+        counters are left as they were (``hypic.engine.warm_up``). ``hypic serve`` does it on a GPU."""
+        return warm_up(self.engine)
 
     def evict(self, documents: list[str | list[int]], *, cache_salt: str | None = None,
               saved: str | Path | None = None) -> list[bool]:

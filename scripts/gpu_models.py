@@ -331,9 +331,9 @@ class Bench:
         os.environ["HYPIC_FUSED_NORMS"] = "0"
         self.case(shape, "hypic prefill, PyTorch norms", f"1×{T}", prefill([ids], True))
         del os.environ["HYPIC_FUSED_NORMS"]
-        hattn._CUDNN_MIN_TOKENS = 1 << 40
+        hattn.CUDNN_MIN_TOKENS = 1 << 40
         self.case(shape, "hypic prefill, flash attention (no cuDNN)", f"1×{T}", prefill([ids], True))
-        hattn._CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
+        hattn.CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
         if a.profile:
             self.profile(shape, lambda: hypic_prefill(model, [ids], dev))
         self.free()

@@ -26,7 +26,7 @@ from hypic.ops.family import repeat_heads
 # Hopper kernels may be the faster ones, so it is tried first from HYPIC_CUDNN_MIN_TOKENS tokens on.
 SHORT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SHORT_BACKENDS]
-_CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
+CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
 
 
 def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -41,7 +41,7 @@ def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
 def long_prefill(tokens: int, q: Tensor) -> bool:
     """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, and not
     under autograd (training shapes change every step, and the backward builds a graph too)."""
-    return tokens >= _CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
+    return tokens >= CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor | None, k_positions: Tensor | None,

@@ -187,7 +187,8 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
                              "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning",
                              "--cold-workers", "1",  # documents prefilled by a worker process as well
-                             "--max-prefill-tokens", "4096", "--cache-dir", str(cache)],
+                             "--max-prefill-tokens", "4096", "--cache-dir", str(cache),
+                             "--warm-up", "on"],  # off by default on the CPU
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -198,6 +199,11 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
             except httpx.ConnectError:
                 return False
         wait_for(up, timeout=120)
+        # warmed up before listening, and the metrics do not show it: no work, no lookups, nothing cached
+        scraped = httpx.get(f"{url}/metrics").text
+        for name in ("hypic_recomputed_tokens_total", "hypic_cache_lookup_misses_total",
+                     'hypic_cache_entries{tier="device"}', 'hypic_cold_segments_total{rank="0"}'):
+            assert re.search(rf"^{re.escape(name)} 0\.0$", scraped, re.M), (name, scraped[-2000:])
         assert httpx.get(f"{url}/v1/models").status_code == 401  # the key came from $HYPIC_API_KEY
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer sk-cli"}, json=body(2), timeout=60)
         assert r.status_code == 200 and r.json()["model"] == model_dir.name
@@ -219,7 +225,9 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
         assert proc.wait(60) == 0
         # the cache was saved at shutdown (the three documents; under SIGTERM the process once died
         # before saving, rc 143); the next start loads it
-        saved = re.search(r"(\d+) cached segments saved", proc.stdout.read())
+        printed = proc.stdout.read()
+        assert re.search(r"hypic serve: warmed up in [\d.]+ s \(6 synthetic calls", printed), printed[-500:]
+        saved = re.search(r"(\d+) cached segments saved", printed)
         assert saved and int(saved.group(1)) >= 3 and (cache / "manifest.json").exists()
     finally:
         if proc.poll() is None:

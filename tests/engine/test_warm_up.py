@@ -1,0 +1,93 @@
+"""The warm-up before serving: every path run once, and nothing of it left in the cache or the counters."""
+
+import pytest
+import torch
+
+from hypic.engine import warm_up as warm
+from hypic.engine.engine import Engine
+from hypic.engine.request import SamplingParams
+from hypic.models.loader import load_model
+
+
+def _engine(path) -> Engine:
+    return Engine(load_model(path, device="cpu", dtype=torch.float32), seam=4)
+
+
+DOCS = [[5 + (7 * i + j) % 50 for j in range(30 + 11 * i)] for i in range(3)]
+QUERY = [3, 9, 27, 81 % 50]
+
+
+def _history(engine: Engine) -> None:
+    """Traffic before the warm-up: documents cached, a prefix state kept, counters moved."""
+    engine.prewarm(DOCS[:2])
+    engine.generate([[DOCS[0], DOCS[2], QUERY]], [SamplingParams(max_tokens=3, temperature=0.0)])
+    engine.generate([[DOCS[1], DOCS[0], QUERY]], [SamplingParams(max_tokens=2, temperature=0.0)], mode="prefix")
+
+
+def _snapshot(engine: Engine) -> tuple:
+    return (engine.store.stats(), sorted(e.key.digest for e in engine.store.entries()), engine.prefix.stats(),
+            engine.prefill_tokens, dict(engine.prefill_calls), {k: list(v) for k, v in engine.cold_counts.items()},
+            dict(engine.cold_failures), dict(engine.out_of_memory), dict(engine.cache_shed),
+            repr(engine.decode_stats))
+
+
+def test_warm_up_runs_every_path_and_leaves_cache_and_counters_as_they_were(qwen3_5_path, monkeypatch) -> None:
+    engine = _engine(qwen3_5_path)
+    _history(engine)
+    before = _snapshot(engine)
+    assert before[0].entries["device"] > 0 and before[2][0] > 0 and before[3] > 0  # a history to keep
+    calls = []
+    real = engine.generate
+
+    def spy(prompts, params, *, mode="hypic", salts=None):
+        outs = real(prompts, params, mode=mode, salts=salts)
+        calls.append((mode, [(o.metrics.segment_misses, o.metrics.segment_hits, len(o.token_ids)) for o in outs]))
+        return outs
+
+    monkeypatch.setattr(engine, "generate", spy)
+    done = warm.warm_up(engine)
+    monkeypatch.undo()
+    assert done.requests == 6 and done.tokens > 600 and done.seconds > 0
+    assert [m for m, _ in calls] == ["full", "hypic", "hypic", "prefix", "prefix"]
+    cold, warm_call = calls[1][1][0], calls[2][1]
+    assert cold[0] == 1 + len(warm.DOCUMENTS) and cold[1] == 0  # the head and every document built cold
+    assert warm_call[0][:2] == (0, 1 + len(warm.DOCUMENTS))  # then all hit, in another order
+    assert all(n == warm.DECODE for _, outs in calls for *_, n in outs)  # decode ran (EOS ignored)
+    assert _snapshot(engine) == before and engine.store.check_integrity()
+
+    # and it changed nothing a request reads: the same next request as an engine that never warmed up
+    twin = _engine(qwen3_5_path)
+    _history(twin)
+    for mode in ("hypic", "prefix"):
+        prompt = [[DOCS[1], DOCS[0], DOCS[2], QUERY]]
+        got, _ = engine.prefill_logits(prompt, mode=mode)
+        want, _ = twin.prefill_logits(prompt, mode=mode)
+        assert torch.equal(got, want), mode
+
+
+def test_a_warm_up_that_fails_leaves_nothing_behind(qwen3_5_path, monkeypatch) -> None:
+    engine = _engine(qwen3_5_path)
+    _history(engine)
+    before = _snapshot(engine)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("scoring broke")
+
+    monkeypatch.setattr(engine, "prompts_logprobs", broken)  # the last path: every other one has run
+    with pytest.raises(RuntimeError, match="scoring broke"):
+        warm.warm_up(engine)
+    assert _snapshot(engine) == before and engine.store.check_integrity()
+
+
+def test_the_documents_fit_the_context() -> None:
+    assert warm._fitting(10**6) == list(warm.DOCUMENTS)
+    assert warm._fitting(200) == [40, 96, 64] and sum(warm._fitting(1000)) == 1000
+    assert warm._fitting(5) == [5]
+
+
+def test_on_a_gpu_one_prompt_takes_attentions_long_path_when_the_context_holds_it() -> None:
+    from hypic.ops import attention
+
+    assert warm._long_prompt("cuda", 262144) == attention.CUDNN_MIN_TOKENS
+    assert warm._long_prompt("cuda", attention.CUDNN_MIN_TOKENS) == 0  # the context cannot hold it
+    assert warm._long_prompt("cpu", 262144) == 0  # cuDNN is CUDA's
