@@ -91,3 +91,17 @@ def test_on_a_gpu_one_prompt_takes_attentions_long_path_when_the_context_holds_i
     assert warm._long_prompt("cuda", 262144) == attention.CUDNN_MIN_TOKENS
     assert warm._long_prompt("cuda", attention.CUDNN_MIN_TOKENS) == 0  # the context cannot hold it
     assert warm._long_prompt("cpu", 262144) == 0  # cuDNN is CUDA's
+
+
+def test_with_a_tokenizer_the_structured_path_is_warmed_too(qwen3_5_path) -> None:
+    """The bundled model has a tokenizer: the trie is built and a constrained answer runs; the tiny
+    test model has none, and its warm-up leaves structured output alone."""
+    from hypic.llm import LLM
+
+    llm = LLM(device="cpu")
+    assert llm.engine._token_vocab is None
+    done = llm.warm_up()
+    assert done.requests == 7 and llm.engine._token_vocab is not None
+    assert llm.cache_stats()["entries"] == {"device": 0, "host": 0}
+    bare = _engine(qwen3_5_path)
+    assert warm.warm_up(bare).requests == 6 and bare._token_vocab is None
