@@ -15,8 +15,8 @@ long ones will meet. The warm-up sends random token ids (never EOS) down each pa
 seams); the same documents warm in another order, with a query long enough for the chunked kernels
 started from a state; ``prefix`` twice (the second continues a kept state); decode steps (on a GPU
 the second step of a batch captures its graph); echo scoring; with a tokenizer, the vocabulary's
-trie that structured output reads and one constrained answer; and on a GPU one prompt long enough
-for attention's long-prompt path (cuDNN, whose first call sets itself up). Its documents live under a salt
+trie that structured output reads and one constrained answer; and on a GPU two prompts long enough
+for attention's long-prompt path (cuDNN, whose first calls set it up). Its documents live under a salt
 of their own and are evicted afterwards, and the counters the server reports are put back: the
 cache and the metrics read as if nothing had run. (What stays is what the warm-up is for: the
 compiled kernels, the tuned configurations and the allocator's cached blocks.)
@@ -75,9 +75,8 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
     if _structured_ready(engine):  # a constrained answer: the masks' path on the device
         calls.append(("hypic", [[head, docs[0], query]], [SamplingParams(max_tokens=DECODE, temperature=0.0,
                                                                           choice=["yes", "no"])]))
-    long = _long_prompt(engine.device.type, engine.max_positions)
-    if long:  # attention switches to cuDNN from this length on; its first call set up ≈ 1.3 s (9B shape)
-        calls.append(("full", [[tokens(long)]], [SamplingParams(max_tokens=1, ignore_eos=True)]))
+    for n in _long_prompts(engine.device.type, engine.max_positions):  # cuDNN's set-up
+        calls.append(("full", [[tokens(n)]], [SamplingParams(max_tokens=1, ignore_eos=True)]))
     saved = _counters(engine)
     sent = 0
     try:
@@ -108,12 +107,19 @@ def _structured_ready(engine: Engine) -> bool:
     return True
 
 
-def _long_prompt(device_type: str, max_positions: int) -> int:
-    """Tokens of a prompt as long as attention's long-prompt path needs (cuDNN, on CUDA, from
-    ``attention.CUDNN_MIN_TOKENS`` on), or 0 where that path is never taken."""
-    if device_type != "cuda" or attention.CUDNN_MIN_TOKENS + 1 > max_positions:
-        return 0
-    return attention.CUDNN_MIN_TOKENS
+def _long_prompts(device_type: str, max_positions: int) -> list[int]:
+    """Lengths of prompts long enough for attention's long-prompt path (cuDNN, on CUDA, from
+    ``attention.CUDNN_MIN_TOKENS`` on), or none where that path is never taken. Two: the first call
+    sets cuDNN up, and the first length that is not a multiple of 64 cost ≈ 1 s more on its own
+    (each further new length ≈ 50 ms: an execution graph per shape; scripts/cudnn_shapes.py, the
+    bundled model on the H200, docs/benchmarks.md session 36)."""
+    n = attention.CUDNN_MIN_TOKENS
+    if device_type != "cuda" or n + ODD + 1 > max_positions:
+        return []
+    return [n, n + ODD]
+
+
+ODD = 37  # a length past CUDNN_MIN_TOKENS no power of two divides
 
 
 def _fitting(room: int) -> list[int]:

@@ -85,12 +85,14 @@ def test_the_documents_fit_the_context() -> None:
     assert warm._fitting(5) == [5]
 
 
-def test_on_a_gpu_one_prompt_takes_attentions_long_path_when_the_context_holds_it() -> None:
+def test_on_a_gpu_two_prompts_take_attentions_long_path_when_the_context_holds_them() -> None:
     from hypic.ops import attention
 
-    assert warm._long_prompt("cuda", 262144) == attention.CUDNN_MIN_TOKENS
-    assert warm._long_prompt("cuda", attention.CUDNN_MIN_TOKENS) == 0  # the context cannot hold it
-    assert warm._long_prompt("cpu", 262144) == 0  # cuDNN is CUDA's
+    n = attention.CUDNN_MIN_TOKENS
+    lengths = warm._long_prompts("cuda", 262144)
+    assert lengths == [n, n + warm.ODD] and (n + warm.ODD) % 2 == 1  # a multiple of 64, and a length that is not
+    assert warm._long_prompts("cuda", n + warm.ODD) == []  # the context cannot hold them (and one token out)
+    assert warm._long_prompts("cpu", 262144) == []  # cuDNN is CUDA's
 
 
 def test_with_a_tokenizer_the_structured_path_is_warmed_too(qwen3_5_path) -> None:
