@@ -2,24 +2,26 @@
 
 Why: on a GPU the first request down a path pays for its kernels. Triton compiles a kernel the
 first time it is launched with new constants (an initial state or none, one sequence or varlen,
-transitions' widened states), and flash-linear-attention's kernels autotune each such variant
-over several configurations. On the 9B shape a fresh process's first `full` request took 53 s
-and its first cold `hypic` request 9 s against ≈ 1 s afterwards (docs/benchmarks.md, session 36).
+transitions' widened states), and flash-linear-attention's kernels autotune each such variant over
+several configurations. On the 9B shape a fresh process's first `full` request took 53 s and its
+first cold `hypic` request 24 s, against ≈ 0.25 s each afterwards (docs/benchmarks.md, session 36).
 A server should pay that before it listens, not on a user's request.
 
 The kernels' compiled variants and tuned configurations depend on the model's dimensions and on
 which path runs, not on the prompt's length (fla's autotune keys are head counts, head sizes and
 chunk sizes; hypic's own kernels take fixed launch shapes), so short synthetic prompts cover what
-long ones will meet. The warm-up sends random token ids (never EOS) down each path: ``full``; a cold
-``hypic`` request (documents prefilled standalone with their transitions, the combine pass with
-seams); the same documents warm in another order, with a query long enough for the chunked kernels
-started from a state; ``prefix`` twice (the second continues a kept state); decode steps (on a GPU
-the second step of a batch captures its graph); echo scoring; with a tokenizer, the vocabulary's
-trie that structured output reads and one constrained answer; and on a GPU two prompts long enough
-for attention's long-prompt path (cuDNN, whose first calls set it up). Its documents live under a salt
-of their own and are evicted afterwards, and the counters the server reports are put back: the
-cache and the metrics read as if nothing had run. (What stays is what the warm-up is for: the
-compiled kernels, the tuned configurations and the allocator's cached blocks.)
+long ones will meet. The warm-up sends random token ids (never EOS) down each path: ``full``; a
+cold ``hypic`` request (documents prefilled standalone with their transitions, a segment for every
+device — cold workers compile their own kernels —, the combine pass with seams); the same documents
+warm in another order, with a query long enough for the chunked kernels started from a state;
+``prefix`` twice (the second continues a kept state); decode steps (on a GPU the second step of a
+batch captures its graph); echo scoring; with a tokenizer, the vocabulary's trie that structured
+output reads and one constrained answer; and on a GPU two prompts long enough for attention's
+long-prompt path (cuDNN, whose first calls set it up). Its documents live under a salt of their
+own and are evicted afterwards, and what the server reports or routes by is put back (the counters,
+the cold workers' learned handicaps): the cache and the metrics read as if nothing had run. (What
+stays is what the warm-up is for: the compiled kernels, the tuned configurations and the
+allocator's cached blocks.)
 """
 
 from __future__ import annotations
@@ -63,11 +65,14 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
 
     head, query, long_query = tokens(HEAD), tokens(QUERY), tokens(LONG_QUERY)
     docs = [tokens(n) for n in _fitting(engine.max_positions - HEAD - LONG_QUERY - DECODE)]
+    # one cold segment at least per device prefilling them (each cold worker compiles its own kernels)
+    devices = 1 if engine.pool is None else engine.pool.workers
+    extra = [tokens(min(48, len(docs[0]))) for _ in range(max(0, devices - 1 - len(docs)))]
     greedy = SamplingParams(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=DECODE, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True)
     calls: list[tuple[str, list[list[list[int]]], list[SamplingParams]]] = [
         ("full", [[head, *docs, query]], [greedy]),
-        ("hypic", [[head, *docs, query]], [greedy]),  # cold: every document new
+        ("hypic", [[head, *docs, *extra, query]], [greedy]),  # cold: every document new
         ("hypic", [[head, *reversed(docs), long_query], [head, docs[-1], query]], [greedy, sampled]),
         ("prefix", [[head, *docs[:2], query]], [greedy]),
         ("prefix", [[head, *docs[:2], long_query]], [greedy]),  # continues the kept state
@@ -78,6 +83,8 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
     for n in _long_prompts(engine.device.type, engine.max_positions):  # cuDNN's set-up
         calls.append(("full", [[tokens(n)]], [SamplingParams(max_tokens=1, ignore_eos=True)]))
     saved = _counters(engine)
+    if engine.pool is not None:  # route as a fresh pool does: a segment for every device, the
+        engine.pool.handicap[:] = [0.0] * len(engine.pool.handicap)  # learned handicaps back after
     sent = 0
     try:
         for mode, prompts, params in calls:
@@ -87,7 +94,7 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
         engine.prompts_logprobs(scored, 1)
         sent += sum(len(s) for s in scored[0])
     finally:
-        engine.evict_segments([head, *docs, query, long_query], salt=SALT)
+        engine.evict_segments([head, *docs, *extra, query, long_query], salt=SALT)
         _restore(engine, saved)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
@@ -139,6 +146,7 @@ def _counters(engine: Engine) -> dict[str, object]:
     store = engine.store
     return {"engine": {name: copy.deepcopy(getattr(engine, name)) for name in _ENGINE_COUNTERS},
             "decode": copy.deepcopy(engine.decode_stats),
+            "handicap": None if engine.pool is None else list(engine.pool.handicap),
             "store": {name: getattr(store, name) for name in _STORE_COUNTERS}}
 
 
@@ -150,6 +158,8 @@ def _restore(engine: Engine, saved: dict[str, object]) -> None:
         else:
             setattr(engine, name, value)
     engine.decode_stats.__dict__.update(saved["decode"].__dict__)  # type: ignore[union-attr]
+    if saved["handicap"] is not None and engine.pool is not None:  # learned from a call of cold kernels
+        engine.pool.handicap[:] = saved["handicap"]  # type: ignore[index]
     with engine.store._lock:
         for name, value in saved["store"].items():  # type: ignore[union-attr]
             setattr(engine.store, name, value)

@@ -64,6 +64,28 @@ def test_prewarm_scatters_documents(pair):
     assert pooled.engine.store.check_integrity()
 
 
+def test_the_warm_up_gives_every_worker_a_segment_and_leaves_the_pool_as_it_was(pair, monkeypatch):
+    """Each cold worker compiles its own kernels, so the warm-up's cold call routes as a fresh pool
+    would (a segment to every device, whatever handicaps the pool has learned), and the handicaps,
+    learned from a call of cold kernels, are put back afterwards."""
+    pooled, _ = pair
+    pool = pooled.engine.pool
+    pool.handicap[:] = [0.0, 1e9, 5e8]  # learned: the workers far behind (each would sit this call out)
+    counts = {k: list(v) for k, v in pooled.engine.cold_counts.items()}
+    owners = []
+    real = pool.prefill
+
+    def spy(segments, owner, *args, **kwargs):
+        owners.append(list(owner))
+        return real(segments, owner, *args, **kwargs)
+
+    monkeypatch.setattr(pool, "prefill", spy)
+    pooled.warm_up()
+    assert owners and set(owners[0]) == {0, 1, 2}
+    assert pool.handicap == [0.0, 1e9, 5e8] and pooled.engine.cold_counts == counts
+    assert pooled.engine.store.check_integrity()
+
+
 def test_a_failing_segment_names_the_worker_and_the_pool_keeps_serving(pair):
     pooled, _ = pair
     pool, vocab = pooled.engine.pool, pooled.vocab_size
