@@ -277,6 +277,8 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     warm = getattr(args, "warm_up", "off")  # serve's option; run-batch pays its kernels in its batch anyway
     if warm == "on" or (warm == "auto" and llm.engine.device.type == "cuda"):
         # before the saved cache is loaded: the warm-up's documents never push a saved entry down a tier
+        print(f"hypic {command}: warming up: every request path once, compiling and tuning its kernels "
+              "(about a minute on a GPU; --warm-up off skips it)", flush=True)
         done = llm.warm_up()
         print(f"hypic {command}: warmed up in {done.seconds:.1f} s ({done.requests} synthetic calls, "
               f"{done.tokens} prompt tokens: kernels compiled and tuned before the first request)", flush=True)
