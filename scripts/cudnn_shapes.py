@@ -1,50 +1,102 @@
-"""What a `full` prompt of a length not met before costs when attention takes cuDNN (from
-``attention.CUDNN_MIN_TOKENS`` tokens on), against lengths met before and against cuDNN left out,
-in one process: cuDNN builds an execution graph per shape.
+"""What `full` prompts of lengths a process has not met cost when attention takes cuDNN (from
+``attention.CUDNN_MIN_TOKENS`` tokens on: an execution graph per shape), against lengths met before,
+against flash attention, and against cuDNN on bucketed lengths (``attention.LONG_BUCKETS``).
 
-    python3 scripts/cudnn_shapes.py [--model DIR] [--shape qwen3.5-9b]
+Each arm is a process of its own (cuDNN's graph cache is per process; the Triton cache is shared,
+so only the first arm compiles kernels, in its unmeasured priming prompt). Per arm: one priming
+prompt of ``CUDNN_MIN_TOKENS`` tokens (what the warm-up sends), then in each length range
+``--new`` prompts of new random lengths, each followed by a prompt of the same length again (met).
+Prints a table of mean TTFT (ms) per range:
+
+    python3 scripts/cudnn_shapes.py [--model DIR | --shape qwen3.5-9b] [--arms flash,exact,buckets]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
+import sys
 
-import torch
+ARMS = {  # environment of each arm's process
+    "flash": {"HYPIC_CUDNN_MIN_TOKENS": str(1 << 40)},
+    "exact": {"HYPIC_CUDNN_BUCKETS": "0"},
+    "buckets": {"HYPIC_CUDNN_BUCKETS": "8"},
+}
 
-from hypic.engine.engine import Engine
-from hypic.engine.request import SamplingParams
-from hypic.ops import attention
 
+def child(args: argparse.Namespace) -> dict:
+    import torch
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model")
-    ap.add_argument("--shape", default="qwen3.5-9b")
-    ap.add_argument("--prime", default="8192,8192", help="lengths run first, unmeasured (kernels, cuDNN's set-up)")
-    args = ap.parse_args()
     from hypic.bench.shapes import SHAPES
+    from hypic.engine.engine import Engine
+    from hypic.engine.request import SamplingParams
     from hypic.models.loader import load_model
     from hypic.models.random_init import random_model
+    from hypic.ops import attention
 
     loaded = (load_model(args.model, device="cuda", dtype=torch.bfloat16) if args.model
               else random_model(SHAPES[args.shape], device="cuda", dtype=torch.bfloat16))
     engine = Engine(loaded, seam=8)
-    rng = random.Random(0)
+    rng = random.Random(args.seed)
     one = SamplingParams(max_tokens=1)
 
     def ttft(n: int) -> float:
         prompt = [[rng.randrange(10, 1000) for _ in range(n)]]
         return 1e3 * engine.generate([prompt], [one], mode="full")[0].metrics.ttft_s
 
-    for n in args.prime.split(","):  # kernels compiled, cuDNN set up
-        ttft(int(n))
-    base = attention.CUDNN_MIN_TOKENS
-    print("| cuDNN | tokens | TTFT (ms) |\n|---|---|---|")
-    for use in (True, False, True):
-        attention.CUDNN_MIN_TOKENS = base if use else 1 << 40
-        for n in (8192, 8192 + rng.randrange(1, 2000), 8192, 8192 + rng.randrange(2000, 4000), 9000):
-            print(f"| {'on' if use else 'off'} | {n} | {ttft(n):.1f} |", flush=True)
+    prime = ttft(8192)
+    out: dict = {"prime_ms": prime, "buckets": attention.LONG_BUCKETS, "min_tokens": attention.CUDNN_MIN_TOKENS,
+                 "ranges": {}}
+    for span in args.ranges.split(","):
+        lo, hi = (int(x) for x in span.split("-"))
+        new, met = [], []
+        for _ in range(args.new):
+            n = rng.randrange(lo, hi)
+            new.append(ttft(n))
+            met.append(ttft(n))
+        out["ranges"][span] = {"new": new, "met": met}
+        torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--shape", default="qwen3.5-9b")
+    ap.add_argument("--arms", default="flash,exact,buckets")
+    ap.add_argument("--ranges", default="8193-16384,16385-32768,32769-65536")
+    ap.add_argument("--new", type=int, default=3, help="new lengths per range")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args)), flush=True)
+        return
+    rows = {}
+    for arm in args.arms.split(","):
+        cmd = [sys.executable, __file__, "--child", "--shape", args.shape, "--ranges", args.ranges,
+               "--new", str(args.new), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
+        env = {**os.environ, **ARMS[arm]}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+        if done.returncode or not lines:
+            print(f"{arm}: failed (rc {done.returncode})\n{done.stderr[-3000:]}", flush=True)
+            continue
+        rows[arm] = json.loads(lines[-1][len("RESULT "):])
+        print(f"{arm}: {json.dumps(rows[arm])}", flush=True)
+    ranges = args.ranges.split(",")
+
+    def mean(xs: list[float]) -> str:
+        return f"{sum(xs) / len(xs):.1f}"
+
+    print("\n| arm | prime 8192 (ms) | " + " | ".join(f"{r} new | {r} met" for r in ranges) + " |")
+    print("|---|---|" + "---|---|" * len(ranges))
+    for arm, r in rows.items():
+        cells = " | ".join(f"{mean(r['ranges'][s]['new'])} | {mean(r['ranges'][s]['met'])}" for s in ranges)
+        print(f"| {arm} | {r['prime_ms']:.1f} | {cells} |")
 
 
 if __name__ == "__main__":

@@ -24,9 +24,14 @@ from hypic.ops.family import repeat_heads
 # memory-efficient attention have no per-shape set-up.
 # A long causal prefill is the exception: there the set-up is small next to the work, and cuDNN's
 # Hopper kernels may be the faster ones, so it is tried first from HYPIC_CUDNN_MIN_TOKENS tokens on.
+# Even there a new length costs ≈ 50 ms of set-up (a `full` prompt of 8–12k tokens on the H200,
+# against ≈ 10 ms with flash attention; docs/benchmarks.md, session 36), and serving lengths rarely
+# repeat: so a long prefill is padded at its end to one of LONG_BUCKETS lengths per octave, and the
+# process meets a bounded set of shapes. Causal masking hides the padding from every real query.
 SHORT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SHORT_BACKENDS]
 CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
+LONG_BUCKETS = int(os.environ.get("HYPIC_CUDNN_BUCKETS", "8"))  # per octave; 0: exact lengths
 
 
 def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -42,6 +47,26 @@ def long_prefill(tokens: int, q: Tensor) -> bool:
     """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, and not
     under autograd (training shapes change every step, and the backward builds a graph too)."""
     return tokens >= CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
+
+
+def long_length(tokens: int, buckets: int | None = None) -> int:
+    """The length a long prefill of ``tokens`` is padded to: the next of ``buckets`` evenly spaced
+    lengths per octave (8: at most 1/8 more tokens, multiples of 2^(⌊log2 tokens⌋ − 3)); with 0
+    buckets, ``tokens`` itself."""
+    buckets = LONG_BUCKETS if buckets is None else buckets
+    if buckets <= 0 or tokens <= 0:
+        return tokens
+    step = max(1, (1 << (tokens.bit_length() - 1)) // buckets)
+    return -(-tokens // step) * step
+
+
+def pad_tokens(x: Tensor, length: int, dim: int = 0) -> Tensor:
+    """``x`` zero-padded at the end of its token axis ``dim`` to ``length`` (itself when it fits)."""
+    extra = length - x.shape[dim]
+    if extra <= 0:
+        return x
+    pad = [0, 0] * (x.dim() - 1 - dim) + [0, extra]
+    return F.pad(x, pad)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor | None, k_positions: Tensor | None,
@@ -71,13 +96,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, q_positions: Tensor | None, k_
         ki, vi = (repeat_heads(x, rep, dim=1) for x in (ki, vi))
         gqa = False
     long = causal_prefill and long_prefill(q.shape[0], q)
+    if long:  # padded to a bucketed length: see LONG_BUCKETS
+        n = long_length(q.shape[0])
+        qi, ki, vi = (pad_tokens(x, n, dim=2) for x in (qi, ki, vi))
     with sdpa_kernel(LONG_BACKENDS if long else SHORT_BACKENDS, set_priority=long):
         if suffix:
             bias = causal_lower_right(q.shape[0], k.shape[0])
             o = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=bias, scale=scale, enable_gqa=gqa)
         else:
             o = _sdpa(qi, ki, vi, q_positions, k_positions, scale, causal_prefill, all_visible, gqa, visible)
-    return o[0].transpose(0, 1)
+    return o[0, :, :q.shape[0]].transpose(0, 1)
 
 
 def _sdpa(qi: Tensor, ki: Tensor, vi: Tensor, q_positions: Tensor | None, k_positions: Tensor | None, scale: float,

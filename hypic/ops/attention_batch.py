@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import sdpa_kernel
 
-from hypic.ops.attention import LONG_BACKENDS, SHORT_BACKENDS, attention, long_prefill
+from hypic.ops.attention import LONG_BACKENDS, SHORT_BACKENDS, attention, long_length, long_prefill, pad_tokens
 from hypic.ops.family import repeat_heads
 from hypic.ops.transfer import device_cache, to_device
 
@@ -101,7 +101,10 @@ def _batched(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     if gqa and q.dtype == torch.float32:
         ki, vi = (repeat_heads(x, q.shape[2] // k.shape[2], dim=1) for x in (ki, vi))
         gqa = False
-    long = long_prefill(q.shape[1], q)
+    L = q.shape[1]
+    long = long_prefill(L, q)
+    if long:  # a bucketed length, as in ``attention``
+        qi, ki, vi = (pad_tokens(x, long_length(L), dim=2) for x in (qi, ki, vi))
     with sdpa_kernel(LONG_BACKENDS if long else SHORT_BACKENDS, set_priority=long):
         o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=gqa)
-    return o.transpose(1, 2)
+    return o[:, :, :L].transpose(1, 2)

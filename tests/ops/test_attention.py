@@ -61,3 +61,47 @@ def test_batched_causal_prefill_equals_one_call_per_sequence() -> None:
     for a, b in zip(torch.autograd.grad(ref.square().sum(), (q, k, v)),
                     torch.autograd.grad(got.square().sum(), (q, k, v)), strict=True):
         assert (a - b).abs().max() < 1e-12
+
+
+def test_long_lengths_are_bucketed_a_few_per_octave() -> None:
+    from hypic.ops.attention import long_length
+
+    for n in range(1, 70_000, 7):
+        m = long_length(n, 8)
+        assert n <= m <= n * 9 / 8 and long_length(m, 8) == m and long_length(n, 0) == n
+    # one octave meets at most 8 shapes, each a multiple of 1/8 of the octave's start
+    octave = {long_length(n, 8) for n in range(8193, 16385)}
+    assert len(octave) == 8 and all(m % 1024 == 0 for m in octave)
+    assert sorted({long_length(n, 4) for n in range(8193, 16385)}) == [10240, 12288, 14336, 16384]
+
+
+def test_long_prefill_padded_to_its_bucket_equals_the_exact_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The long path (cuDNN on CUDA) pads the tokens to a bucketed length; causal masking hides the
+    padding from every real query, so the outputs equal the unpadded ones. Forced on here on CPU."""
+    from hypic.ops import attention as attention_module
+    from hypic.ops import attention_batch
+    from hypic.ops.attention import long_length
+    from hypic.ops.attention_batch import causal_prefill_batch
+
+    gen = torch.Generator().manual_seed(2)
+    n = 75
+    assert long_length(n) == 80  # so padding does happen
+    q, k, v = (torch.randn(n, h, d, generator=gen, dtype=torch.float64) for h, d in ((8, 16), (2, 16), (2, 8)))
+    cu = torch.tensor([0, 30, 30 + n])
+    qq, kk, vv = (torch.cat([x[:30], x]) for x in (q, k, v))  # two sequences: 30 and n tokens
+    kw = dict(q_positions=None, k_positions=None, scale=0.3, causal_prefill=True)
+    ref, ref_batch = attention(q, k, v, **kw), causal_prefill_batch(qq, kk, vv, cu, 0.3)
+    padded = []
+    real = attention_module.pad_tokens
+    monkeypatch.setattr(attention_module, "long_prefill", lambda tokens, q: True)
+    monkeypatch.setattr(attention_batch, "long_prefill", lambda tokens, q: True)
+
+    def spy(x: torch.Tensor, length: int, dim: int = 0) -> torch.Tensor:
+        padded.append(length)
+        return real(x, length, dim)
+
+    for module in (attention_module, attention_batch):
+        monkeypatch.setattr(module, "pad_tokens", spy)
+    got, got_batch = attention(q, k, v, **kw), causal_prefill_batch(qq, kk, vv, cu, 0.3)
+    assert 80 in padded and got.shape == ref.shape and got_batch.shape == ref_batch.shape
+    assert (got - ref).abs().max() < 1e-12 and (got_batch - ref_batch).abs().max() < 1e-12

@@ -40,3 +40,20 @@ def test_cuda_attention_paths_match_the_explicit_mask() -> None:
     one_by_one = torch.cat([attention(qs[a:b], ks[a:b], vs[a:b], q_positions=None, k_positions=None, scale=0.0625,
                                       causal_prefill=True) for a, b in runs])
     assert _rel(causal_prefill_batch(qs, ks, vs, cu, 0.0625), one_by_one) < 1e-2
+
+
+def test_long_prefill_on_a_bucketed_length_matches_flash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A causal prefill past CUDNN_MIN_TOKENS takes cuDNN on a length padded to its bucket; its
+    outputs are the unpadded ones (against flash attention on the exact length)."""
+    from hypic.ops import attention as attention_module
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    n = attention_module.CUDNN_MIN_TOKENS + 37
+    assert attention_module.long_length(n) > n
+    q, k, v = (torch.randn(n, h, 256, device="cuda", generator=gen).bfloat16() for h in (16, 4, 4))
+    kw = dict(q_positions=None, k_positions=None, scale=0.0625, causal_prefill=True)
+    with torch.no_grad():
+        long = attention(q, k, v, **kw)
+        monkeypatch.setattr(attention_module, "CUDNN_MIN_TOKENS", 1 << 40)
+        flash = attention(q, k, v, **kw)
+    assert long.shape == flash.shape and _rel(long, flash) < 1e-2
