@@ -116,14 +116,15 @@ def _structured_ready(engine: Engine) -> bool:
 
 def _long_prompts(device_type: str, max_positions: int) -> list[int]:
     """Lengths of prompts long enough for attention's long-prompt path (cuDNN, on CUDA, from
-    ``attention.CUDNN_MIN_TOKENS`` on), or none where that path is never taken. Two: the first call
-    sets cuDNN up, and the first length that is not a multiple of 64 cost ≈ 1 s more on its own
-    (each further new length ≈ 50 ms: an execution graph per shape; scripts/cudnn_shapes.py, the
-    bundled model on the H200, docs/benchmarks.md session 36)."""
+    ``attention.CUDNN_MIN_TOKENS`` on), or none where that path is never taken. One sets cuDNN up.
+    With exact lengths (``attention.LONG_BUCKETS`` 0) a second: the first length that is not a
+    multiple of 64 cost ≈ 1 s more on its own (0.6 s on the 9B shape); bucketed lengths are
+    multiples of 1 024 and never pay it (scripts/cudnn_shapes.py, docs/benchmarks.md, session 37)."""
     n = attention.CUDNN_MIN_TOKENS
-    if device_type != "cuda" or n + ODD + 1 > max_positions:
+    lengths = [n] if attention.LONG_BUCKETS > 0 else [n, n + ODD]
+    if device_type != "cuda" or lengths[-1] + 1 > max_positions:
         return []
-    return [n, n + ODD]
+    return lengths
 
 
 ODD = 37  # a length past CUDNN_MIN_TOKENS no power of two divides

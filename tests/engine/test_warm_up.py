@@ -85,14 +85,17 @@ def test_the_documents_fit_the_context() -> None:
     assert warm._fitting(5) == [5]
 
 
-def test_on_a_gpu_two_prompts_take_attentions_long_path_when_the_context_holds_them() -> None:
+def test_on_a_gpu_long_prompts_take_attentions_long_path_when_the_context_holds_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from hypic.ops import attention
 
     n = attention.CUDNN_MIN_TOKENS
-    lengths = warm._long_prompts("cuda", 262144)
-    assert lengths == [n, n + warm.ODD] and (n + warm.ODD) % 2 == 1  # a multiple of 64, and a length that is not
-    assert warm._long_prompts("cuda", n + warm.ODD) == []  # the context cannot hold them (and one token out)
+    assert attention.LONG_BUCKETS > 0 and warm._long_prompts("cuda", 262144) == [n]  # buckets: one
+    assert warm._long_prompts("cuda", n) == []  # the context cannot hold it (and one token out)
     assert warm._long_prompts("cpu", 262144) == []  # cuDNN is CUDA's
+    monkeypatch.setattr(attention, "LONG_BUCKETS", 0)  # exact lengths: a multiple of 64, and a length that is not
+    assert warm._long_prompts("cuda", 262144) == [n, n + warm.ODD] and (n + warm.ODD) % 2 == 1
+    assert warm._long_prompts("cuda", n + warm.ODD) == []
 
 
 def test_with_a_tokenizer_the_structured_path_is_warmed_too(qwen3_5_path) -> None:
