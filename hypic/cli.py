@@ -277,15 +277,34 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     warm = getattr(args, "warm_up", "off")  # serve's option; run-batch pays its kernels in its batch anyway
     if warm == "on" or (warm == "auto" and llm.engine.device.type == "cuda"):
         # before the saved cache is loaded: the warm-up's documents never push a saved entry down a tier
-        print(f"hypic {command}: warming up: every request path once, compiling and tuning its kernels "
-              "(about a minute on a GPU; --warm-up off skips it)", flush=True)
-        done = llm.warm_up()
-        print(f"hypic {command}: warmed up in {done.seconds:.1f} s ({done.requests} synthetic calls, "
-              f"{done.tokens} prompt tokens: kernels compiled and tuned before the first request)", flush=True)
+        _warm_up(llm, command, required=warm == "on")
     loaded = _load_saved_cache(llm, args.cache_dir)
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
     return llm, settings
+
+
+def _warm_up(llm: LLM, command: str, *, required: bool) -> None:
+    """The warm-up before serving, said as it runs. If it fails: with ``required`` (``--warm-up on``)
+    a ValueError naming it (the command stops); else (``auto``) a warning, and the server starts
+    without it — its first requests then compile their kernels."""
+    where = "about a minute on a GPU" if llm.engine.device.type == "cuda" else "seconds on a CPU"
+    print(f"hypic {command}: warming up: every request path once, compiling and tuning its kernels "
+          f"({where}; --warm-up off skips it)", flush=True)
+    try:
+        done = llm.warm_up()
+    except Exception as e:  # a model that cannot run says so here, not as a bare traceback
+        if required:
+            raise ValueError(f"--warm-up on: the warm-up failed: {type(e).__name__}: {e}") from e
+        print(f"hypic {command}: the warm-up failed ({type(e).__name__}: {e}); serving without it: the first "
+              "requests compile their kernels (--warm-up on makes this an error)", file=sys.stderr, flush=True)
+    else:
+        print(f"hypic {command}: warmed up in {done.seconds:.1f} s ({done.requests} synthetic calls, "
+              f"{done.tokens} prompt tokens: kernels compiled and tuned before the first request)", flush=True)
+        if done.out_of_memory or done.workers_lost:
+            print(f"hypic {command}: the warm-up met faults the metrics count: {done.out_of_memory} calls out "
+                  f"of device memory (retried), {done.workers_lost} cold workers lost", file=sys.stderr,
+                  flush=True)
 
 
 def _aliases(model: str | None, served_model_name: str | None) -> tuple[str, ...]:

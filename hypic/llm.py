@@ -369,10 +369,11 @@ class LLM:
 
     def warm_up(self) -> WarmUp:
         """Run every path a request can take once, on synthetic prompts, so that the first requests
-        do not pay for compiling and tuning kernels (seconds to a minute on a GPU); the cache and the
-        counters are left as they were (``hypic.engine.warm_up``). ``hypic serve`` does it on a GPU,
-        before loading a saved cache: run later, into a store at its budget, its few documents (evicted
-        after) may push older entries down a tier while they are held."""
+        do not pay for compiling and tuning kernels (seconds to a minute on a GPU); the counters of
+        work are left as they were, faults met are kept and reported (``hypic.engine.warm_up``). Best
+        before the cache fills, and never while requests run: ``hypic serve`` does it on a GPU before
+        loading a saved cache. Into a store at its budget, the entries its documents (evicted after)
+        pushed down a tier, or out where there is no lower tier, stay there."""
         return warm_up(self.engine)
 
     def evict(self, documents: list[str | list[int]], *, cache_salt: str | None = None,

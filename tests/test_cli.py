@@ -138,3 +138,34 @@ def test_the_model_path_given_is_an_alias_unless_a_name_is_served(tmp_path) -> N
     assert _aliases(rel, None) == (rel, str(folder.resolve()))
     assert _aliases(str(folder.resolve()), None) == (str(folder.resolve()),)
     assert _aliases(rel, "mine") == () == _aliases(None, None)
+
+
+def test_a_failing_warm_up_stops_serve_with_on_and_is_a_warning_with_auto(monkeypatch, capsys) -> None:
+    from types import SimpleNamespace
+
+    import pytest
+
+    import hypic.cli as cli
+    from hypic.engine.warm_up import WarmUp
+    from hypic.llm import LLM
+
+    def broken(self):
+        raise RuntimeError("the device is out of memory")
+
+    monkeypatch.setattr(LLM, "warm_up", broken)
+    assert main(["serve", "--device", "cpu", "--warm-up", "on"]) == 2  # before listening
+    err = capsys.readouterr().err
+    assert "--warm-up on: the warm-up failed: RuntimeError: the device is out of memory" in err
+
+    # auto (on a GPU only, so the choice is tested on its own): a warning, and serving goes on
+    fake = SimpleNamespace(engine=SimpleNamespace(device=SimpleNamespace(type="cuda")), warm_up=lambda: broken(None))
+    cli._warm_up(fake, "serve", required=False)
+    err = capsys.readouterr().err
+    assert "the warm-up failed (RuntimeError: the device is out of memory); serving without it" in err
+    with pytest.raises(ValueError, match="--warm-up on: the warm-up failed"):
+        cli._warm_up(fake, "serve", required=True)
+    # faults met on the way are said
+    fake.warm_up = lambda: WarmUp(1.0, 7, 100, out_of_memory=1, workers_lost=2)
+    cli._warm_up(fake, "serve", required=True)
+    out = capsys.readouterr()
+    assert "warmed up in 1.0 s" in out.out and "1 calls out of device memory (retried), 2 cold workers lost" in out.err

@@ -16,12 +16,17 @@ device — cold workers compile their own kernels —, the combine pass with sea
 warm in another order, with a query long enough for the chunked kernels started from a state;
 ``prefix`` twice (the second continues a kept state); decode steps (on a GPU the second step of a
 batch captures its graph); echo scoring; with a tokenizer, the vocabulary's trie that structured
-output reads and one constrained answer; and on a GPU two prompts long enough for attention's
-long-prompt path (cuDNN, whose first calls set it up). Its documents live under a salt of their
-own and are evicted afterwards, and what the server reports or routes by is put back (the counters,
-the cold workers' learned handicaps): the cache and the metrics read as if nothing had run. (What
-stays is what the warm-up is for: the compiled kernels, the tuned configurations and the
-allocator's cached blocks.)
+output reads and one constrained answer; and on a GPU a prompt long enough for attention's
+long-prompt path (cuDNN, whose first call sets it up). It does not cover every sampling option
+(penalties, logit_bias, top-n logprobs: host-side work, no kernels of their own to compile). Its
+documents live under a salt of their own and are evicted afterwards, and what the server reports
+or routes by is put back (the counters of work, the cold workers' learned handicaps, a device
+budget an out-of-memory shed lowered): the metrics read as if nothing had run, but for faults (a
+call out of memory, a cold worker lost), which the operator should see whoever met them. Into an
+empty cache — how ``hypic serve`` runs it, before loading a saved cache — the cache is left as it
+was; into a full one, the entries its documents pushed down a tier or out stay there. (What stays
+is what the warm-up is for: the compiled kernels, the tuned configurations and the allocator's
+cached blocks.)
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from hypic.engine.engine import Engine
+from hypic.engine.plan import all_seam
 from hypic.engine.request import SamplingParams
 from hypic.ops import attention
 
@@ -50,12 +56,22 @@ class WarmUp:
     seconds: float
     requests: int  # engine calls made (prefills, decode runs, scorings)
     tokens: int  # prompt tokens sent
+    out_of_memory: int = 0  # calls that ran out of device memory and were retried (counted in the metrics too)
+    workers_lost: int = 0  # cold workers lost (the engine goes on without them; counted in the metrics too)
+
+
+MIN_CONTEXT = 32  # a context shorter than this (a test model's) has nothing worth warming
 
 
 def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
-    """Run each path once on synthetic prompts and leave the cache and the counters as they were.
-    Raises whatever a request would (a model that cannot run is better found before serving)."""
+    """Run each path once on synthetic prompts and leave the cache and the counters as they were:
+    the counters of work put back, those of faults (out of memory, a cold worker lost) kept, and
+    reported in the result. Raises whatever a request would (a model that cannot run is better
+    found before serving); the cache and the counters are put back then too. Not while requests run:
+    it puts counters back that they would have moved."""
     t0 = time.perf_counter()
+    if engine.max_positions < MIN_CONTEXT:
+        return WarmUp(time.perf_counter() - t0, 0, 0)
     rng = random.Random(seed)
     eos = set(engine.eos)
     usable = [t for t in range(min(engine.model.vocab_size, 4096)) if t not in eos]
@@ -63,11 +79,14 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
     def tokens(n: int) -> list[int]:
         return [rng.choice(usable) for _ in range(n)]
 
-    head, query, long_query = tokens(HEAD), tokens(QUERY), tokens(LONG_QUERY)
-    docs = [tokens(n) for n in _fitting(engine.max_positions - HEAD - LONG_QUERY - DECODE)]
-    # one cold segment at least per device prefilling them (each cold worker compiles its own kernels)
+    room = engine.max_positions - DECODE  # a small context scales the head and the queries down
+    head, query, long_query = (tokens(min(n, room // 4)) for n in (HEAD, QUERY, LONG_QUERY))
+    # one cold segment at least per device prefilling them (each cold worker compiles its own kernels);
+    # a segment no longer than the seam is never cold (computed in context), so the extras are longer
     devices = 1 if engine.pool is None else engine.pool.workers
-    extra = [tokens(min(48, len(docs[0]))) for _ in range(max(0, devices - 1 - len(docs)))]
+    extra_len = max(48, engine.seam + 1)
+    docs = [tokens(n) for n in _fitting(room - len(head) - len(long_query) - (devices - 1) * extra_len)]
+    extra = [tokens(extra_len) for _ in range(_extra_count(engine.seam, [head, *docs], devices))]
     greedy = SamplingParams(max_tokens=DECODE, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(max_tokens=DECODE, temperature=1.0, top_p=0.9, seed=seed, ignore_eos=True)
     calls: list[tuple[str, list[list[list[int]]], list[SamplingParams]]] = [
@@ -83,6 +102,7 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
     for n in _long_prompts(engine.device.type, engine.max_positions):  # cuDNN's set-up
         calls.append(("full", [[tokens(n)]], [SamplingParams(max_tokens=1, ignore_eos=True)]))
     saved = _counters(engine)
+    faults = (sum(engine.out_of_memory.values()), engine.cold_failures["lost"])
     if engine.pool is not None:  # route as a fresh pool does: a segment for every device, the
         engine.pool.handicap[:] = [0.0] * len(engine.pool.handicap)  # learned handicaps back after
     sent = 0
@@ -94,11 +114,20 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
         engine.prompts_logprobs(scored, 1)
         sent += sum(len(s) for s in scored[0])
     finally:
-        engine.evict_segments([head, *docs, *extra, query, long_query], salt=SALT)
-        _restore(engine, saved)
+        try:  # the counters come back even if the eviction fails
+            engine.evict_segments([head, *docs, *extra, query, long_query], salt=SALT)
+        finally:
+            _restore(engine, saved)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
-    return WarmUp(time.perf_counter() - t0, len(calls) + 1, sent)
+    return WarmUp(time.perf_counter() - t0, len(calls) + 1, sent,
+                  sum(engine.out_of_memory.values()) - faults[0], engine.cold_failures["lost"] - faults[1])
+
+
+def _extra_count(seam: int, segments: list[list[int]], devices: int) -> int:
+    """Segments to add so that a cold call holds one for every device: those given count only when
+    longer than the seam (a shorter one is never cached, so never prefilled cold)."""
+    return max(0, devices - sum(not all_seam(seam, len(s)) for s in segments))
 
 
 def _structured_ready(engine: Engine) -> bool:
@@ -116,12 +145,13 @@ def _structured_ready(engine: Engine) -> bool:
 
 def _long_prompts(device_type: str, max_positions: int) -> list[int]:
     """Lengths of prompts long enough for attention's long-prompt path (cuDNN, on CUDA, from
-    ``attention.CUDNN_MIN_TOKENS`` on), or none where that path is never taken. One sets cuDNN up.
-    With exact lengths (``attention.LONG_BUCKETS`` 0) a second: the first length that is not a
-    multiple of 64 cost ≈ 1 s more on its own (0.6 s on the 9B shape); bucketed lengths are
-    multiples of 1 024 and never pay it (scripts/cudnn_shapes.py, docs/benchmarks.md, session 37)."""
+    ``attention.CUDNN_MIN_TOKENS`` on), or none where that path is never taken. The first call sets
+    cuDNN up (≈ 5 s in a fresh process on the H200). With bucketed lengths one prompt, not on a
+    bucket, so the padding runs too. With exact lengths (``attention.LONG_BUCKETS`` 0) two: the first
+    length that is not a multiple of 64 cost ≈ 1 s more on its own (0.6 s on the 9B shape; bucketed
+    lengths never pay it; scripts/cudnn_shapes.py, docs/benchmarks.md, sessions 36–37)."""
     n = attention.CUDNN_MIN_TOKENS
-    lengths = [n] if attention.LONG_BUCKETS > 0 else [n, n + ODD]
+    lengths = [n + ODD] if attention.LONG_BUCKETS > 0 else [n, n + ODD]
     if device_type != "cuda" or lengths[-1] + 1 > max_positions:
         return []
     return lengths
@@ -146,12 +176,15 @@ def _counters(engine: Engine) -> dict[str, object]:
     """What the server's metrics read off the engine and its store (deep copies)."""
     store = engine.store
     return {"engine": {name: copy.deepcopy(getattr(engine, name)) for name in _ENGINE_COUNTERS},
+            "budget": (engine.store.budgets["device"], engine._shed_floor, engine._auto_device_budget),
             "decode": copy.deepcopy(engine.decode_stats),
             "handicap": None if engine.pool is None else list(engine.pool.handicap),
             "store": {name: getattr(store, name) for name in _STORE_COUNTERS}}
 
 
 def _restore(engine: Engine, saved: dict[str, object]) -> None:
+    if engine.cache_shed != saved["engine"]["cache_shed"]:  # type: ignore[index]
+        _restore_budget(engine, saved["budget"])  # type: ignore[arg-type]
     for name, value in saved["engine"].items():  # type: ignore[union-attr]
         if isinstance(value, dict):  # in place: whoever holds the dict keeps reading the engine's
             getattr(engine, name).clear()
@@ -166,5 +199,22 @@ def _restore(engine: Engine, saved: dict[str, object]) -> None:
             setattr(engine.store, name, value)
 
 
-_ENGINE_COUNTERS = ("cold_counts", "cold_failures", "prefill_calls", "prefill_tokens", "out_of_memory", "cache_shed")
+def _restore_budget(engine: Engine, budget: tuple[int | None, int | None, int | None]) -> None:
+    """The device running out of memory during the warm-up made the cache shed part of its device
+    tier and lower its budget to match, for good, measured against what the tier held then: the
+    warm-up's own few entries on a server that has loaded nothing yet, a budget of a few MB. Put the
+    budget back (the entries shed stay shed); real traffic that runs out of memory sheds again."""
+    device, floor, auto = budget
+    engine._shed_floor = floor
+    if auto is not None:  # an auto budget is refitted to the cold graphs still held
+        engine._auto_device_budget = auto
+        engine._fit_cache_to_cold_graphs()
+    else:
+        engine.store.set_budget("device", device)
+
+
+# Counters of work, put back. Counters of faults stay as they are (``cold_failures``: a cold worker
+# lost; ``out_of_memory``): the operator needs them whoever met the fault. ``cache_shed`` is put back
+# with the device budget a shed lowered (``_restore_budget``).
+_ENGINE_COUNTERS = ("cold_counts", "prefill_calls", "prefill_tokens", "cache_shed")
 _STORE_COUNTERS = ("hits", "misses", "evictions", "promotions", "demotions", "move_s")

@@ -24,14 +24,33 @@ from hypic.ops.family import repeat_heads
 # memory-efficient attention have no per-shape set-up.
 # A long causal prefill is the exception: there the set-up is small next to the work, and cuDNN's
 # Hopper kernels may be the faster ones, so it is tried first from HYPIC_CUDNN_MIN_TOKENS tokens on.
-# Even there a new length costs ≈ 50 ms of set-up (a `full` prompt of 8–12k tokens on the H200,
-# against ≈ 10 ms with flash attention; docs/benchmarks.md, session 36), and serving lengths rarely
-# repeat: so a long prefill is padded at its end to one of LONG_BUCKETS lengths per octave, and the
-# process meets a bounded set of shapes. Causal masking hides the padding from every real query.
+# (At the 9B shape cuDNN's prefill is 6–15% faster than flash's from 8k to 64k tokens.) Even there a
+# new length costs set-up — ≈ 50 ms on the bundled model, hidden behind the queued GPU work at the 9B
+# shape — and the first length that is not a multiple of 64 0.6–1 s (docs/benchmarks.md, sessions
+# 36–37); serving lengths rarely repeat. So a long prefill is padded at its end to one of
+# LONG_BUCKETS lengths per octave, and a process meets a bounded set of aligned shapes, at 1.2–1.7%
+# of a 9B prefill and a transient copy of q, k and v. Causal masking hides the padding from every
+# real query.
 SHORT_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 LONG_BACKENDS = [SDPBackend.CUDNN_ATTENTION, *SHORT_BACKENDS]
-CUDNN_MIN_TOKENS = int(os.environ.get("HYPIC_CUDNN_MIN_TOKENS", "8192"))
-LONG_BUCKETS = int(os.environ.get("HYPIC_CUDNN_BUCKETS", "8"))  # per octave; 0: exact lengths
+
+
+def _env_count(name: str, default: int, *, power_of_two: bool = False) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}: expected a non-negative integer, got {raw!r}") from None
+    if value < 0 or (power_of_two and value & (value - 1)):
+        kind = "0 or a power of two" if power_of_two else "a non-negative integer"
+        raise ValueError(f"{name}: expected {kind}, got {value}")
+    return value
+
+
+CUDNN_MIN_TOKENS = _env_count("HYPIC_CUDNN_MIN_TOKENS", 8192)
+# per octave, a power of two so every bucket is a multiple of a power of two (0: exact lengths)
+LONG_BUCKETS = _env_count("HYPIC_CUDNN_BUCKETS", 8, power_of_two=True)
+MIN_STEP = 64  # buckets are multiples of at least this (an unaligned length cost cuDNN ≈ 1 s once)
 
 
 def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -44,19 +63,21 @@ def flash_varlen_fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 
 def long_prefill(tokens: int, q: Tensor) -> bool:
-    """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, and not
-    under autograd (training shapes change every step, and the backward builds a graph too)."""
-    return tokens >= CUDNN_MIN_TOKENS and q.is_cuda and not torch.is_grad_enabled()
+    """Whether a causal prefill may use cuDNN: long enough to amortise its per-shape set-up, in half
+    precision (cuDNN's only; float32 would be padded for flash to compute), and not under autograd
+    (training shapes change every step, and the backward builds a graph too)."""
+    return (tokens >= CUDNN_MIN_TOKENS and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+            and not torch.is_grad_enabled())
 
 
 def long_length(tokens: int, buckets: int | None = None) -> int:
-    """The length a long prefill of ``tokens`` is padded to: the next of ``buckets`` evenly spaced
-    lengths per octave (8: at most 1/8 more tokens, multiples of 2^(⌊log2 tokens⌋ − 3)); with 0
-    buckets, ``tokens`` itself."""
+    """The length a long prefill of ``tokens`` is padded to: the next of ``buckets`` (a power of
+    two) evenly spaced lengths per octave, a multiple of 2^(⌊log2 tokens⌋ − log2 buckets) and of
+    ``MIN_STEP`` (8 buckets: at most 1/8 more tokens from 512 tokens on); with 0 buckets, ``tokens``."""
     buckets = LONG_BUCKETS if buckets is None else buckets
     if buckets <= 0 or tokens <= 0:
         return tokens
-    step = max(1, (1 << (tokens.bit_length() - 1)) // buckets)
+    step = max(MIN_STEP, (1 << (tokens.bit_length() - 1)) // buckets)
     return -(-tokens // step) * step
 
 

@@ -79,6 +79,75 @@ def test_a_warm_up_that_fails_leaves_nothing_behind(qwen3_5_path, monkeypatch) -
     assert _snapshot(engine) == before and engine.store.check_integrity()
 
 
+def test_out_of_memory_in_the_warm_up_keeps_the_budget_and_reports_the_fault(qwen3_5_path, monkeypatch) -> None:
+    """A call out of memory makes the cache shed part of its device tier and lower the budget for
+    good, measured against what the tier held then — during the warm-up, its own few entries. The
+    budget comes back; the fault stays counted and is reported."""
+    engine = _engine(qwen3_5_path)
+    _history(engine)
+    budget, floor = engine.store.budgets["device"], engine._shed_floor
+    shed = []
+    real_shed, real_prefix = engine._shed_device_tier, engine._prefix
+
+    def shedding() -> None:
+        real_shed()
+        shed.append(engine.store.budgets["device"])
+
+    def out_once(*args, **kwargs):
+        if not shed:
+            raise torch.OutOfMemoryError("simulated")
+        return real_prefix(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_shed_device_tier", shedding)
+    monkeypatch.setattr(engine, "_prefix", out_once)  # the warm-up's first prefix call runs out, once
+    done = warm.warm_up(engine)
+    assert shed and shed[0] < budget  # it did shed, and lowered the budget
+    assert engine.store.budgets["device"] == budget and engine._shed_floor == floor
+    assert engine.cache_shed == {"times": 0, "bytes": 0}
+    assert done.out_of_memory == 1 == engine.out_of_memory["retried"] and done.workers_lost == 0
+    assert engine.store.check_integrity()
+
+
+def test_the_counters_come_back_when_the_eviction_fails(qwen3_5_path, monkeypatch) -> None:
+    engine = _engine(qwen3_5_path)
+    _history(engine)
+    before = (engine.prefill_tokens, dict(engine.prefill_calls), engine.store.hits, engine.store.misses)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("eviction broke")
+
+    monkeypatch.setattr(engine, "evict_segments", broken)
+    with pytest.raises(RuntimeError, match="eviction broke"):
+        warm.warm_up(engine)
+    assert (engine.prefill_tokens, dict(engine.prefill_calls), engine.store.hits, engine.store.misses) == before
+
+
+def test_a_small_context_scales_the_prompts_down(qwen3_5_path, monkeypatch) -> None:
+    engine = _engine(qwen3_5_path)
+    engine.max_positions = 48
+    longest = []
+    real = engine.generate
+
+    def spy(prompts, params, *, mode="hypic", salts=None):
+        longest.extend(sum(map(len, p)) + q.max_tokens for p, q in zip(prompts, params, strict=True))
+        return real(prompts, params, mode=mode, salts=salts)
+
+    monkeypatch.setattr(engine, "generate", spy)
+    assert warm.warm_up(engine).requests == 6 and longest and max(longest) <= 48
+    engine.max_positions = warm.MIN_CONTEXT - 1  # too small to be worth it: nothing runs
+    longest.clear()
+    assert warm.warm_up(engine).requests == 0 and not longest
+
+
+def test_every_device_gets_a_segment_longer_than_the_seam() -> None:
+    lengths = [24, 40, 96, 200, 1000]
+    segments = [[1] * n for n in lengths]
+    assert warm._extra_count(8, segments, 6) == 1  # all five prefilled cold
+    assert warm._extra_count(64, segments, 6) == 3  # 24 and 40 are all seam: in context, never cold
+    assert warm._extra_count(64, segments, 2) == 0
+    assert warm._extra_count(0, segments, 1) == 0
+
+
 def test_the_documents_fit_the_context() -> None:
     assert warm._fitting(10**6) == list(warm.DOCUMENTS)
     assert warm._fitting(200) == [40, 96, 64] and sum(warm._fitting(1000)) == 1000
@@ -90,8 +159,9 @@ def test_on_a_gpu_long_prompts_take_attentions_long_path_when_the_context_holds_
     from hypic.ops import attention
 
     n = attention.CUDNN_MIN_TOKENS
-    assert attention.LONG_BUCKETS > 0 and warm._long_prompts("cuda", 262144) == [n]  # buckets: one
-    assert warm._long_prompts("cuda", n) == []  # the context cannot hold it (and one token out)
+    assert attention.LONG_BUCKETS > 0 and warm._long_prompts("cuda", 262144) == [n + warm.ODD]  # one, padded
+    assert attention.long_length(n + warm.ODD) > n + warm.ODD
+    assert warm._long_prompts("cuda", n + warm.ODD) == []  # the context cannot hold it (and one token out)
     assert warm._long_prompts("cpu", 262144) == []  # cuDNN is CUDA's
     monkeypatch.setattr(attention, "LONG_BUCKETS", 0)  # exact lengths: a multiple of 64, and a length that is not
     assert warm._long_prompts("cuda", 262144) == [n, n + warm.ODD] and (n + warm.ODD) % 2 == 1

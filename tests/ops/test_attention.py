@@ -68,7 +68,8 @@ def test_long_lengths_are_bucketed_a_few_per_octave() -> None:
 
     for n in range(1, 70_000, 7):
         m = long_length(n, 8)
-        assert n <= m <= n * 9 / 8 and long_length(m, 8) == m and long_length(n, 0) == n
+        assert n <= m and m % 64 == 0 and long_length(m, 8) == m and long_length(n, 0) == n
+        assert m <= n * 9 / 8 if n >= 512 else m - n < 64  # below 512 tokens: the next multiple of 64
     # one octave meets at most 8 shapes, each a multiple of 1/8 of the octave's start
     octave = {long_length(n, 8) for n in range(8193, 16385)}
     assert len(octave) == 8 and all(m % 1024 == 0 for m in octave)
@@ -85,7 +86,7 @@ def test_long_prefill_padded_to_its_bucket_equals_the_exact_length(monkeypatch: 
 
     gen = torch.Generator().manual_seed(2)
     n = 75
-    assert long_length(n) == 80  # so padding does happen
+    assert long_length(n) == 128  # so padding does happen
     q, k, v = (torch.randn(n, h, d, generator=gen, dtype=torch.float64) for h, d in ((8, 16), (2, 16), (2, 8)))
     cu = torch.tensor([0, 30, 30 + n])
     qq, kk, vv = (torch.cat([x[:30], x]) for x in (q, k, v))  # two sequences: 30 and n tokens
@@ -103,5 +104,17 @@ def test_long_prefill_padded_to_its_bucket_equals_the_exact_length(monkeypatch: 
     for module in (attention_module, attention_batch):
         monkeypatch.setattr(module, "pad_tokens", spy)
     got, got_batch = attention(q, k, v, **kw), causal_prefill_batch(qq, kk, vv, cu, 0.3)
-    assert 80 in padded and got.shape == ref.shape and got_batch.shape == ref_batch.shape
+    assert 128 in padded and got.shape == ref.shape and got_batch.shape == ref_batch.shape
     assert (got - ref).abs().max() < 1e-12 and (got_batch - ref_batch).abs().max() < 1e-12
+
+
+def test_the_long_paths_settings_are_checked_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypic.ops.attention import _env_count
+
+    for raw, match in (("abc", "non-negative integer, got 'abc'"), ("-1", "got -1"), ("6", "power of two, got 6")):
+        monkeypatch.setenv("HYPIC_CUDNN_BUCKETS", raw)
+        with pytest.raises(ValueError, match=f"HYPIC_CUDNN_BUCKETS: expected .*{match}"):
+            _env_count("HYPIC_CUDNN_BUCKETS", 8, power_of_two=True)
+    for raw, want in (("0", 0), ("16", 16)):
+        monkeypatch.setenv("HYPIC_CUDNN_BUCKETS", raw)
+        assert _env_count("HYPIC_CUDNN_BUCKETS", 8, power_of_two=True) == want

@@ -127,7 +127,10 @@ def test_a_worker_with_other_weights_is_refused(pair):
     pool.close()
 
 
-def test_a_lost_worker_leaves_the_engine_serving_alone(pair):
+@pytest.mark.parametrize("found_by", ["request", "warm-up"])
+def test_a_lost_worker_leaves_the_engine_serving_alone(pair, found_by):
+    """Found by a request or by the warm-up before serving (which puts back the counters of work,
+    not those of faults: a server that starts with a cold worker gone says so in its metrics)."""
     pooled, alone = pair
     pooled.close()  # whichever test ran last, this process may hold one pool
     llm = LLM(cold_workers=1)
@@ -136,6 +139,9 @@ def test_a_lost_worker_leaves_the_engine_serving_alone(pair):
         llm.engine.pool._procs[0].wait()
         prompts = _prompts(2, seed=14)
         with pytest.warns(RuntimeWarning, match="cold worker 1 exited"):
+            if found_by == "warm-up":
+                assert llm.warm_up().workers_lost == 1
+                assert llm.cache_stats()["entries"] == {"device": 0, "host": 0}
             got = llm.generate(prompts, SamplingParams(max_tokens=6))
         assert llm.engine.pool is None and llm.engine.cold_failures == {"request": 0, "lost": 1}  # closed
         want = alone.generate(prompts, SamplingParams(max_tokens=6))
