@@ -358,6 +358,18 @@ def test_length_bounds_a_pattern_can_afford_compile() -> None:
         assert SamplingParams(json_schema=schema).json_schema is not None
 
 
+def test_a_pattern_keeps_the_length_masks_of_its_latest_caps_only() -> None:
+    """One compiled pattern serves every schema naming it (a format, a common pattern), each
+    maxLength a cap of its own: the masks of the latest LENGTH_CAPS caps are kept, and a cap let go
+    is worked out again the same."""
+    from hypic.engine.structured.regex import LENGTH_CAPS, compile_regex
+
+    r = compile_regex("[a-z]+@[a-z]+\\.[a-z]{2,4}")
+    first = {cap: list(r.lengths(cap)) for cap in range(10, 10 + 3 * LENGTH_CAPS)}
+    assert len(r._lengths) == LENGTH_CAPS and set(r._lengths) == set(range(10 + 2 * LENGTH_CAPS, 10 + 3 * LENGTH_CAPS))
+    assert all(r.lengths(cap) == masks for cap, masks in first.items())
+
+
 def test_json_schema_refuses_min_tokens_and_ignore_eos() -> None:
     for kwargs in ({"min_tokens": 2}, {"ignore_eos": True}):
         with pytest.raises(ValueError, match="not with json_schema"):
@@ -837,3 +849,38 @@ def test_every_email_the_format_lets_through_is_a_dot_atom_address(vocab) -> Non
         assert _is_email(text) and _matches(schema, json.dumps(text)), text
     for text in (".a@b.co", "a.@b.co", "a..b@b.co", "a@-b.co", "a@b-.co", "a@b.c", "a@b.c0", "a@b", "@b.co", "a@.co"):
         assert not _is_email(text) and not _matches(schema, json.dumps(text)), text
+
+
+def test_the_memo_keeps_the_states_of_the_latest_constraints_only(tokenizer, monkeypatch) -> None:
+    """A memoized state holds its constraint (compiled nodes, a pattern's automaton and its own
+    memo): a server meeting a new schema per request kept every one alive. Now the states of at most
+    MEMO_ROOTS constraints are kept, their device masks with them, and what a state allows is the
+    same whether memoized or walked again."""
+    import gc
+    import weakref
+
+    from hypic.engine.structured import matcher
+    from hypic.engine.structured import vocab as vocab_module
+
+    monkeypatch.setattr(vocab_module, "MEMO_ROOTS", 3)
+    fresh = TokenVocab(token_bytes(tokenizer))
+    size, cpu = max(fresh.pieces) + 2, torch.device("cpu")
+    schemas = [{"type": "string", "pattern": f"^id{i}-[0-9]{{3}}$"} for i in range(8)]
+    first_allowed, roots = [], []
+    for schema in schemas:
+        c = JsonConstraint(fresh, compile_schema(schema), {EOS})
+        roots.append(weakref.ref(vocab_module._root_of(c.state)))
+        first_allowed.append(c.allowed().clone())
+        c.allowed_mask(size, cpu)
+        assert c.accept(int(c.allowed()[0]))  # a second state of it
+        c.allowed_mask(size, cpu)
+        assert fresh.memo_roots <= 3 and len(fresh._masks) <= 2 * 3
+    kept = {id(s) for g in fresh._memo.values() for s in g.ids}
+    assert fresh.memo_roots == 3 and {id(k[0]) for k in fresh._masks} <= kept  # no mask of one let go
+    assert fresh._memo_ids == sum(len(t) for g in fresh._memo.values() for t in g.ids.values())
+    del c
+    matcher._root.cache_clear()  # the compile caches' own bounds aside: nothing else holds the old ones
+    gc.collect()
+    assert [r() is None for r in roots] == [True] * 5 + [False] * 3
+    for schema, want in zip(schemas, first_allowed, strict=True):  # walked again: the same
+        assert torch.equal(JsonConstraint(fresh, compile_schema(schema), {EOS}).allowed(), want)

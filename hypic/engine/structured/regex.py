@@ -83,6 +83,13 @@ class Window:
         return Window(cap, bits)
 
 
+MEMO_SETS = 65536  # a pattern's memoized steps, and its loops, at most (then started again)
+# caps whose ``lengths`` a pattern keeps: one compiled pattern serves every schema that names it (a
+# ``format``, a common ``pattern``), each maxLength a cap of its own — kept without a bound, 200 of
+# them held 4.7 MB on the email format
+LENGTH_CAPS = 16
+
+
 @dataclass
 class Regex:
     """The automaton: ``edges[s]`` the (class, target) pairs of state s, ``eps[s]`` its ε targets."""
@@ -122,7 +129,7 @@ class Regex:
         got = self._steps.get(key)
         if got is None:
             got = self.closure({t for s in states for r, t in self.edges[s] if _has(r, c)})
-            if len(self._steps) > 65536:
+            if len(self._steps) > MEMO_SETS:
                 self._steps.clear()
             self._steps[key] = got
         return got
@@ -152,6 +159,8 @@ class Regex:
             edges = [r for s in states for r, _ in self.edges[s]]
             cuts = sorted({lo for r in edges for lo, _ in r} | {hi + 1 for r in edges for _, hi in r})
             kept = [(a, b - 1) for a, b in zip(cuts, cuts[1:], strict=False) if self.step(states, a) == states]
+            if len(self._loops) > MEMO_SETS:
+                self._loops.clear()
             got = self._loops[states] = (normal(kept), self._fewest(states))
         return got
 
@@ -203,6 +212,8 @@ class Regex:
                     work += cap
                     if budget is not None and work > budget:
                         raise LengthsTooCostly(cap)
+        if len(self._lengths) >= LENGTH_CAPS:  # a hot pattern (a format) meets many maxLengths: the oldest out
+            del self._lengths[next(iter(self._lengths))]
         self._lengths[cap] = masks
         return masks
 

@@ -39,6 +39,33 @@ from hypic.engine.structured.schema import Node
 
 MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
 MASK_BYTES = 64 << 20  # the device masks memoized at most (≈ 440 states at a 151 936-token vocabulary)
+# Constraints (a compiled schema, pattern, choice, grammar or tag set) whose states the memo keeps at
+# once, the least recently used out with their masks. A memoized state holds its constraint's root,
+# and through it the compiled nodes and a pattern's automaton with its own step memo (≈ 0.3 MB at the
+# bundled vocabulary, up to ≈ 17 MB at 150 000 tokens): without a bound, every distinct constraint a
+# server ever met stayed alive past the compile caches' own bounds (a regex per request: 360 KB a
+# request, linearly, on the bundled model).
+MEMO_ROOTS = 64
+
+
+def _root_of(state: State) -> object:
+    """The constraint a state belongs to: the bottom frame of its stacks (every state of one
+    constraint shares it: ``matcher.start``)."""
+    stack = state.alts[0][0]
+    while stack[2] is not None:
+        stack = stack[2]
+    return stack[0]
+
+
+class _Memo:
+    """One constraint's memoized states: the ids each allows, and the device masks made of them."""
+
+    __slots__ = ("ids", "masks", "size")
+
+    def __init__(self) -> None:
+        self.ids: dict[State, torch.Tensor] = {}
+        self.masks: set[tuple] = set()  # its keys of ``TokenVocab._masks``
+        self.size = 0  # token ids held
 
 
 def _byte_stand_ins() -> dict[str, int]:
@@ -242,10 +269,11 @@ class TokenVocab:
         if missing:
             raise ValueError(f"json_schema: this tokenizer has no token for {missing[0]!r}, so it cannot spell "
                              "every JSON text; structured output is unavailable for this model")
-        self._memo: dict[State, torch.Tensor] = {}
+        self._memo: OrderedDict[object, _Memo] = OrderedDict()  # a constraint's root → its states
         self._memo_ids = 0
         self.memo_hits = self.memo_misses = 0
-        self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()  # (state, eos, size, device) → mask
+        # (state, eos, size, device) → mask, least recently used first; each key also in its root's _Memo
+        self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._insides: OrderedDict[tuple, _Inside] = OrderedDict()  # a pattern loop's characters → its tokens
 
     def _inside(self, chars: tuple[tuple[int, int], ...]) -> _Inside:
@@ -268,6 +296,30 @@ class TokenVocab:
         self._memo_ids = 0
         self._masks.clear()
 
+    @property
+    def memo_roots(self) -> int:
+        """Constraints whose states are memoized now (at most ``MEMO_ROOTS``)."""
+        return len(self._memo)
+
+    def _group(self, state: State) -> _Memo:
+        """The memo of ``state``'s constraint, made the most recently used (made if new; the least
+        recently used constraints out past ``MEMO_ROOTS``)."""
+        root = _root_of(state)
+        group = self._memo.get(root)
+        if group is not None:
+            self._memo.move_to_end(root)
+            return group
+        group = self._memo[root] = _Memo()
+        while len(self._memo) > MEMO_ROOTS:
+            self._drop_oldest()
+        return group
+
+    def _drop_oldest(self) -> None:
+        _, group = self._memo.popitem(last=False)
+        self._memo_ids -= group.size
+        for key in group.masks:
+            self._masks.pop(key, None)
+
     def mask(self, state: State, eos: tuple[int, ...], size: int, device: torch.device) -> torch.Tensor:
         """``allowed(state)`` and ``eos`` as a [size] boolean mask on ``device``, memoized (least
         recently used out past MASK_BYTES): a decode step reads it where it lies instead of copying
@@ -276,18 +328,24 @@ class TokenVocab:
         got = self._masks.get(key)
         if got is not None:
             self._masks.move_to_end(key)
+            self._group(state)  # its constraint recently used too
             return got
         ids = self.allowed(state)
         if eos:
             ids = torch.cat([ids, torch.tensor(eos, dtype=torch.long)])
         got = self._masks[key] = token_mask(ids, size, device)
+        self._group(state).masks.add(key)
         while len(self._masks) * size > MASK_BYTES and len(self._masks) > 1:
-            self._masks.popitem(last=False)
+            old, _ = self._masks.popitem(last=False)
+            group = self._memo.get(_root_of(old[0]))
+            if group is not None:
+                group.masks.discard(old)
         return got
 
     def allowed(self, state: State) -> torch.Tensor:
         """Ids of the tokens whose bytes the matcher reads from ``state`` (CPU, int64)."""
-        got = self._memo.get(state)
+        group = self._group(state)
+        got = group.ids.get(state)
         if got is not None:
             self.memo_hits += 1
             return got
@@ -323,10 +381,16 @@ class TokenVocab:
         got = torch.tensor(sorted(ids), dtype=torch.long)
         if taken is not None and len(taken):
             got = torch.cat([got, taken]).sort().values
-        if self._memo_ids + len(got) > MEMO_IDS:  # full: start again (recurring states come back at once)
-            self._memo.clear()
-            self._memo_ids = 0
-        self._memo[state] = got
+        # full: the least recently used constraints out, this one's states too if it alone fills it
+        while self._memo_ids + len(got) > MEMO_IDS and self._memo:
+            if next(iter(self._memo.values())) is group:
+                self._memo_ids -= group.size
+                group.ids.clear()
+                group.size = 0
+                break
+            self._drop_oldest()
+        group.ids[state] = got
+        group.size += len(got)
         self._memo_ids += len(got)
         return got
 
