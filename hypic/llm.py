@@ -21,6 +21,7 @@ from hypic.engine.engine import Engine
 from hypic.engine.request import RequestOutput, SamplingParams
 from hypic.engine.warm_up import WarmUp, warm_up
 from hypic.models.loader import load_model
+from hypic.models.tokenize import encode
 
 SEPARATOR = "<<PIC_SEP>>"
 # a string (split on SEPARATOR), a list of segments (strings or token-id lists), one segment's token ids,
@@ -89,7 +90,7 @@ class LLM:
                 raise ValueError(f"{where}: empty segment")
             if self.tokenizer is None:
                 raise ValueError(f"{where}: this model has no tokenizer.json; pass token ids")
-            ids = self.tokenizer.encode(segment, add_special_tokens=False).ids
+            ids = encode(self.tokenizer, segment).ids
             if not ids:
                 raise ValueError(f"{where}: segment has no tokens")
             return ids
@@ -488,7 +489,7 @@ def _folder(path: object, name: str) -> str | Path:
 def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]], list[dict[str, Any]]]:
     """OpenAI's messages → (role, text parts) per message and what else the template reads; the
     server's rules for roles and content (``hypic.server.protocol``)."""
-    from hypic.server.chat import ROLES, needs_content
+    from hypic.server.chat import ROLES, needs_content, no_content
 
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ValueError(f"{where}: expected a non-empty list of messages")
@@ -500,8 +501,7 @@ def _messages(messages: object, where: str) -> tuple[list[tuple[str, list[str]]]
             raise ValueError(f"{where}[{i}].role: expected one of {ROLES}, got {m['role']!r}")
         content = m.get("content")
         if content is None and needs_content(m["role"], m.get("tool_calls")):
-            raise ValueError(f"{where}[{i}].content: a {m['role']} message needs content (only an assistant's "
-                             "tool calls go without)")
+            raise ValueError(f"{where}[{i}].content: {no_content(m['role'])}")
         if content is None or isinstance(content, str):
             parts = [content or ""]
         elif isinstance(content, list) and content and all(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import Any
 
+from hypic.models.tokenize import encode
+
 
 @dataclass(frozen=True)
 class BadWords:
@@ -46,7 +48,7 @@ def _sequences(tokenizer: Any, words: tuple[str, ...]) -> BadWords:
     found: dict[tuple[int, ...], None] = {}
 
     def ids(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer.encode(text, add_special_tokens=False).ids)
+        return tuple(encode(tokenizer, text).ids)
 
     newline = ids("\n")
     for word in words:

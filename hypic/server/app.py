@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -85,6 +86,8 @@ async def read_body(request: Request, model: type[M], limit: int) -> M:
     try:
         data = json.loads(bytes(body))
     except (ValueError, RecursionError) as e:
+        if isinstance(e, ValueError) and "integer string conversion" in str(e):  # Python's own limit, not
+            e = ValueError(f"an integer of more than {sys.get_int_max_str_digits()} digits")  # a setting to change
         raise APIError(400, f"malformed JSON: {e}", code="invalid_json") from None
     try:
         return model.model_validate(data)

@@ -47,6 +47,12 @@ def needs_content(role: str, tool_calls: object) -> bool:
     return not (role == "assistant" and tool_calls)
 
 
+def no_content(role: str) -> str:
+    """Why a ``role`` message without content is refused (``needs_content``)."""
+    article = "an" if role == "assistant" else "a"  # the roles: system, developer, user, assistant, tool
+    return f"{article} {role} message needs content (only an assistant's tool calls go without)"
+
+
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
     taken = sorted(set(kwargs or {}) & TEMPLATE_VARIABLES)
     if taken:

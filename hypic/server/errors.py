@@ -36,12 +36,27 @@ NOT_SERVED = {
 }
 
 
+MAX_MESSAGE, MAX_PARAM = 2000, 200  # characters of an error's message and param: see ``clipped``
+
+
+def clipped(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, saying how much was left out. A message quotes
+    what was wrong, and that may be a 30 MB model name or a 4 MB metadata key: a refusal is no
+    reason to send the input back whole."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    return f"{head}… ({len(text) - limit} characters more)"
+
+
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, param: str | None = None, kind: str = "invalid_request",
                  type: str = "invalid_request_error", code: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
+        message = clipped(message, MAX_MESSAGE)
         super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.status, self.message, self.kind = status, message, kind
+        self.param = None if param is None else clipped(param, MAX_PARAM)
         self.type, self.code, self.headers = type, code, headers
 
     def body(self) -> dict:

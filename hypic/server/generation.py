@@ -425,9 +425,19 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     finally:
         for task in (consumer, watcher):
             task.cancel()
+            # a consumer cancelled with an event at hand ends on that event's error (its job was
+            # cancelled: "the request was cancelled"), which nobody awaits now: asyncio logged it
+            task.add_done_callback(_retrieved)
         for job in jobs:
             if not job.finished:
                 job.cancel()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    """Reads a finished task's exception, so that one ended after its request was answered (or its
+    client left) is not logged as "never retrieved": nobody was waiting for it."""
+    if not task.cancelled():
+        task.exception()
 
 
 _REQUEST_ID = re.compile(REQUEST_ID)  # the header's value held to the body's request_id rule

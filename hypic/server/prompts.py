@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR, cut_prompt
+from hypic.models.tokenize import encode
 from hypic.server.chat import ChatSegment, ChatTemplate
 from hypic.server.errors import bad_request, from_value_error
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Message, NamedToolChoice
@@ -282,7 +283,7 @@ def _placed(llm: LLM, texts: list[str], segments: list[list[int]], separator: st
     text alone, as here, so the encodings are the segments' tokens)."""
     offsets, start = [], 0
     for text, ids in zip(texts, segments, strict=True):
-        spans = llm.tokenizer.encode(text, add_special_tokens=False).offsets
+        spans = encode(llm.tokenizer, text).offsets
         assert len(spans) == len(ids)
         offsets += [start + a for a, _ in spans]
         start += len(text) + len(separator)

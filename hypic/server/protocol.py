@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from hypic.engine.modes import MODES
-from hypic.server.chat import ROLES, check_template_kwargs, needs_content  # noqa: F401 (re-exported)
+from hypic.server.chat import ROLES, check_template_kwargs, needs_content, no_content  # noqa: F401 (re-exported)
 
 
 def _utf8(text: str) -> str:
@@ -38,10 +38,12 @@ Text = Annotated[str, AfterValidator(_utf8)]
 def _salt(value: str) -> str:
     if value == "":  # it would key entries as no salt does: another tenant's entries served
         raise ValueError("empty (leave it out for no salt)")
+    if len(value) > 1024:  # said here: pydantic's length check on this type spoke of "items"
+        raise ValueError(f"expected at most 1024 characters, got {len(value)}")
     return value
 
 
-Salt = Annotated[Text, Field(max_length=1024), AfterValidator(_salt)]
+Salt = Annotated[Text, AfterValidator(_salt)]
 
 
 def not_supported(why: str) -> Callable[[object], None]:
@@ -461,8 +463,7 @@ class Message(Lenient):
     @model_validator(mode="after")
     def _has_content(self) -> Message:
         if self.content is None and needs_content(self.role, self.tool_calls):
-            raise ValueError(f"content: a {self.role} message needs content (only an assistant's tool calls go "
-                             "without)")
+            raise ValueError(f"content: {no_content(self.role)}")
         return self
 
     @property

@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from hypic.engine.modes import MODES
+from hypic.models.tokenize import encode
 from hypic.server.errors import APIError, bad_request, loc_to_param
 from hypic.server.generation import Piece, Responder
 from hypic.server.logprobs import Scored, TokenTexts, chat_logprobs
@@ -361,7 +362,7 @@ def _usage(r: Responder, output: list[dict[str, Any]]) -> dict[str, Any]:
     u = r.usage()
     # the reasoning's tokens, re-counted from its text (the <think> markers aside)
     reasoning = "".join(p["text"] for o in output if o["type"] == "reasoning" for p in o["content"])
-    thought = len(r.tokenizer.encode(reasoning, add_special_tokens=False).ids) if reasoning else 0
+    thought = len(encode(r.tokenizer, reasoning).ids) if reasoning else 0
     return {"input_tokens": u["prompt_tokens"], "input_tokens_details": u["prompt_tokens_details"],
             "output_tokens": u["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": min(thought, u["completion_tokens"])},

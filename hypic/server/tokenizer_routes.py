@@ -20,6 +20,7 @@ from fastapi.responses import Response
 from pydantic import Field, model_validator
 
 from hypic.llm import LLM, SEPARATOR
+from hypic.models.tokenize import encode
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import bad_request
 from hypic.server.generation import json_response
@@ -96,7 +97,7 @@ def tokenizer_router(llm: LLM, template: ChatTemplate, read_body: Callable[..., 
             # counted 38 tokens where the server read 14), the parts' ids back to back
             special = req.add_special_tokens is not False
             return [t for part in req.prompt.split(SEPARATOR)
-                    for t in tokenizer.encode(part, add_special_tokens=special).ids]
+                    for t in encode(tokenizer, part, add_special_tokens=special).ids]
 
         tokens = await asyncio.to_thread(ids)  # a long prompt takes seconds: off the event loop, and so
         return await json_response({"tokens": tokens, "count": len(tokens),  # is writing its ids

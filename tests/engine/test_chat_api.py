@@ -53,6 +53,7 @@ def test_a_batch_of_conversations_text_parts_and_structured_output(llm: LLM) -> 
     ([{"role": "user", "content": 5}], r"conversations\[0\]\[0\]\.content"),
     ([{"role": "wizard", "content": "hi"}], r"conversations\[0\]\[0\]\.role: expected one of"),  # as the server
     ([{"role": "user"}], r"conversations\[0\]\[0\]\.content: a user message needs content"),
+    ([{"role": "assistant"}], r"conversations\[0\]\[0\]\.content: an assistant message needs content"),
     ([[SYSTEM], "not a conversation"], r"conversations\[1\]"),
 ])
 def test_bad_conversations_are_refused_by_name_and_the_model_goes_on(llm: LLM, conversations, needle: str) -> None:

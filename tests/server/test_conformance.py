@@ -117,3 +117,20 @@ def test_a_field_not_served_is_refused_in_words(http: httpx.Client) -> None:
     for best_of in (None, 1):
         r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "best_of": best_of})
         assert r.status_code == 200, r.text
+
+
+def test_a_refusal_quotes_a_huge_input_cut_short_and_speaks_plainly(http: httpx.Client) -> None:
+    """An error message quotes what was wrong; a megabyte model name or metadata key is cut, not sent
+    back whole. Lengths are said in characters, and Python's own limits are not advice to the client."""
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "model": "m" * 1_000_000})
+    assert r.status_code == 404 and len(r.content) < 5000 and "characters more)" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "metadata": {"k" * 1_000_000: "v"}})
+    assert r.status_code == 400 and len(r.content) < 5000, r.text[:300]
+    r = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "cache_salt": "s" * 1025})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+    assert "at most 1024 characters, got 1025" in r.json()["error"]["message"], r.text
+    r = http.post("/v1/completions", content=b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}",
+                  headers={"Content-Type": "application/json"})
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and "an integer of more than" in message and "set_int_max_str_digits" not in message
+    assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200

@@ -374,3 +374,31 @@ def test_long_answers_and_token_lists_are_written_off_the_event_loop(server: Liv
         r = httpx.post(f"{server.url}{path}", headers=AUTH, json=body, timeout=60)
         assert r.status_code == 200, r.text
         assert on_loop == [], path
+
+
+def test_a_task_ended_by_an_error_after_its_request_left_is_not_logged_as_never_retrieved() -> None:
+    """``respond`` cancels its consumer when the client leaves; one cancelled with an event at hand
+    ends on that event's error instead, and asyncio logged it "never retrieved" once collected."""
+    import asyncio
+    import gc
+
+    from hypic.server.generation import _retrieved
+
+    logged = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: logged.append(context["message"]))
+
+        async def fails() -> None:
+            raise RuntimeError("the request was cancelled")
+
+        for retrieve in (False, True):
+            task = asyncio.ensure_future(fails())
+            if retrieve:
+                task.add_done_callback(_retrieved)
+            await asyncio.sleep(0.01)
+            del task
+            gc.collect()
+
+    asyncio.run(main())
+    assert logged == ["Task exception was never retrieved"]  # the first (unread) only
