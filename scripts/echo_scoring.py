@@ -3,8 +3,11 @@ loglikelihood requests), one prompt per forward against packed together (``hypic
 
 A batch of ``--batch`` prompts of ``--min-tokens``…``--max-tokens`` random tokens (lm-eval's
 multiple-choice contexts are a few hundred tokens) is scored both ways on one engine, alternated,
-medians of ``--reps``; a warm-up pass first. For scale, the same batch's one-token generation in
-``hypic`` mode (what the server does next for ``max_tokens: 1``, cold: every prompt new) is timed too.
+medians of ``--reps``; a warm-up pass first. Then the whole of lm-eval's request (``max_tokens: 1``)
+two ways: packed scoring and then a prefill for the one token (``hypic`` mode, one segment: full's
+token; how the server answered until session 38), against packed scoring that also gives each
+prompt's last-row logits, the token drawn from them (``Engine.score(first=…)`` →
+``Engine.start(first_logits=…)``: how it answers now); their greedy tokens are compared.
 Both ways give the same scores (``tests/engine/test_scoring.py``); the script reports the largest
 difference, beside that between the one-per-forward scores and the same cut into 100-token pieces (not the kernels' 64-token chunks) (two
 ways exact in exact arithmetic: what the dtype alone makes of them).
@@ -72,35 +75,51 @@ def main() -> None:
     def packed(prompts):
         return score_prompts(engine.model, engine.device, prompts, [args.top] * len(prompts), lock=engine._lock)
 
-    def generate(prompts):
-        return engine.generate([[p] for p in prompts], [SamplingParams(max_tokens=1)] * len(prompts), mode="hypic")
+    one = SamplingParams(max_tokens=1, temperature=0, logprobs=1)
+
+    def prefilled(prompts):  # scored, then a prefill for the token
+        packed(prompts)
+        segmented = [[p] for p in prompts]
+        return [r.output.token_ids[0] for r in engine.start(segmented, [one] * len(prompts), mode="hypic")]
+
+    def drawn(prompts):  # scored with the last rows' logits, the token drawn from them
+        segmented = [[p] for p in prompts]
+        scored = engine.score(segmented, args.top, first=[True] * len(prompts))
+        runs = engine.start(segmented, [one] * len(prompts), first_logits=scored.first_logits)
+        return [r.output.token_ids[0] for r in runs]
 
     for n in (8, 64):  # warm-up: kernels for every shape the arms meet
         w = batch(n)
-        one_by_one(w), packed(w), generate(batch(n))
+        one_by_one(w), packed(w), prefilled(batch(n)), drawn(batch(n))
     rows = []
     for n in [int(b) for b in args.batches.split(",")]:
-        times: dict[str, list[float]] = {"one": [], "packed": [], "gen": []}
+        times: dict[str, list[float]] = {"one": [], "packed": [], "prefilled": [], "drawn": []}
         worst = floor = 0.0
+        same = 0
         for _ in range(args.reps):
             prompts = batch(n)
             t1, a = timed(lambda: one_by_one(prompts))
             t2, b = timed(lambda: packed(prompts))
-            t3, _ = timed(lambda: generate(batch(n)))  # new prompts: cold, as lm-eval's are
+            fresh = batch(n)  # new prompts: lm-eval's are
+            t3, x = timed(lambda: prefilled(fresh))
+            t4, y = timed(lambda: drawn(fresh))
+            same += sum(p == q for p, q in zip(x, y, strict=True))
             worst = max(worst, _largest(a, b))
             floor = max(floor, _largest(a, in_pieces(prompts)))
-            for k, t in (("one", t1), ("packed", t2), ("gen", t3)):
+            for k, t in (("one", t1), ("packed", t2), ("prefilled", t3), ("drawn", t4)):
                 times[k].append(t)
         tokens = sum(len(p) for p in prompts)
-        one, pk, gen = (statistics.median(times[k]) * 1e3 for k in ("one", "packed", "gen"))
-        rows.append((n, tokens, one, pk, one / pk, gen, worst, floor))
+        one_ms, pk, pre, dr = (statistics.median(times[k]) * 1e3 for k in ("one", "packed", "prefilled", "drawn"))
+        rows.append((n, tokens, one_ms, pk, pre, dr, f"{same}/{n * args.reps}", worst, floor))
     print(f"shape {args.shape}, {args.device}, prompts of {args.min_tokens}-{args.max_tokens} tokens, "
           f"top {args.top}, medians of {args.reps}")
-    print("| prompts | tokens (last rep) | one per forward ms | packed ms | ratio | 1-token generation ms "
-          "| largest score difference, packed | the same, cut in 100-token pieces |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n, tokens, one, pk, ratio, gen, worst, floor in rows:
-        print(f"| {n} | {tokens} | {one:.1f} | {pk:.1f} | {ratio:.2f}× | {gen:.1f} | {worst:.1e} | {floor:.1e} |")
+    print("| prompts | tokens (last rep) | one per forward ms | packed ms | ratio | max_tokens 1: scored, then "
+          "prefilled ms | token drawn from the scoring ms | ratio | same token | largest score difference, packed "
+          "| the same, cut in 100-token pieces |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, tokens, one_ms, pk, pre, dr, same, worst, floor in rows:
+        print(f"| {n} | {tokens} | {one_ms:.1f} | {pk:.1f} | {one_ms / pk:.2f}× | {pre:.1f} | {dr:.1f} "
+              f"| {pre / dr:.2f}× | {same} | {worst:.1e} | {floor:.1e} |")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from hypic.engine.prefix import PrefixCache
 from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import TokenCounts, sample, token_mask
-from hypic.engine.scoring import score_prompts
+from hypic.engine.scoring import Scored, score_prompts, score_with_first
 from hypic.engine.structured import JsonConstraint, TokenVocab, token_bytes
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeBatch, DecodeStats, gather
@@ -426,19 +426,30 @@ class Engine(ColdPrefill, PrefixPrefill):
     @torch.no_grad()
     def start(self, prompts: list[list[list[int]]], params: list[SamplingParams], *, mode: str = "hypic",
               salts: list[str | None] | None = None,
-              warmed: list[frozenset[SegmentKey]] | None = None, keep_logits: bool = False) -> list[Running]:
+              warmed: list[frozenset[SegmentKey]] | None = None, keep_logits: bool = False,
+              first_logits: list[torch.Tensor] | None = None) -> list[Running]:
         """Prefill prompts (tokenized by segment, the query last) and sample their first tokens.
         ``keep_logits``: each run keeps its first-token logits (``Running.first_logits``).
         ``warmed``: per prompt, the keys ``prefill_ahead`` built for it (its metrics count them as
-        its own misses, not as hits)."""
+        its own misses, not as hits). ``first_logits``: each prompt's first-token logits, computed
+        already (``score(first=…)``): nothing is prefilled, so every run must end at its first token
+        (``max_tokens`` 1) — there is no decode state to go on from."""
         mode = check_mode(mode)
         salts = salts or [None] * len(prompts)
         params = self.checked(prompts, params)
+        if first_logits is not None:
+            _check_first(first_logits, params, self.model.vocab_size)
         token_vocab = self.token_vocab() if any(p.constraint_kinds for p in params) else None
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
-            logits, states = self._assemble_in_memory(prompts, mode, salts, metrics, warmed)
+            if first_logits is None:
+                logits, states = self._assemble_in_memory(prompts, mode, salts, metrics, warmed)
+            else:  # computed by the forward that scored them: every token of it
+                logits = torch.stack(first_logits).to(self.device)
+                states = [SequenceState() for _ in prompts]
+                for m in metrics:
+                    m.recomputed_tokens = m.prompt_tokens
             runs = [Running(p, st, RequestOutput("", [], [] if p.logprobs is not None else None, m),
                             None if p.seed is None else torch.Generator().manual_seed(p.seed),
                             counts=self._token_counts(p, prompt))
@@ -512,9 +523,15 @@ class Engine(ColdPrefill, PrefixPrefill):
                          stop: Callable[[], str | None] | None = None) -> list[list[dict[int, float] | None]]:
         """``prompt_logprobs`` for several prompts, scored together (packed into shared forwards);
         ``top``: one for all, or one per prompt."""
+        return self.score(prompts, top, stop).rows
+
+    def score(self, prompts: list[list[list[int]]], top: int | list[int] = 0,
+              stop: Callable[[], str | None] | None = None, first: list[bool] | None = None) -> Scored:
+        """``prompts_logprobs``, and the first-token logits (``full``'s, on the host) of each prompt
+        ``first`` marks: what ``start(first_logits=…)`` draws a one-token answer from."""
         tops = top if isinstance(top, list) else [top] * len(prompts)
-        return score_prompts(self.model, self.device, [[t for s in p for t in s] for p in prompts],
-                             tops, lock=self._lock, stop=stop)
+        return score_with_first(self.model, self.device, [[t for s in p for t in s] for p in prompts],
+                                tops, first=first, lock=self._lock, stop=stop)
 
     def evict_segments(self, segments: list[list[int]], *, salt: str | None = None,
                        saved: str | Path | None = None) -> list[bool]:
@@ -770,6 +787,17 @@ class Engine(ColdPrefill, PrefixPrefill):
         failed = next((r.error for r in runs if r.error is not None), None)
         if failed is not None:
             raise failed
+
+
+def _check_first(first_logits: list[torch.Tensor], params: list[SamplingParams], vocab: int) -> None:
+    """``start``'s given first-token logits: one [vocab] row per prompt, for runs of one token."""
+    if len(first_logits) != len(params):
+        raise ValueError(f"first_logits: expected one per prompt ({len(params)}), got {len(first_logits)}")
+    for k, (row, p) in enumerate(zip(first_logits, params, strict=True)):
+        if tuple(row.shape) != (vocab,):
+            raise ValueError(f"first_logits[{k}]: expected shape ({vocab},), got {tuple(row.shape)}")
+        if p.max_tokens != 1:
+            raise ValueError(f"first_logits[{k}]: given logits answer one token, but max_tokens is {p.max_tokens}")
 
 
 def _check_prompts(prompts: list[list[list[int]]]) -> None:

@@ -72,6 +72,9 @@ class Submission:
     warm_s: float = 0.0  # seconds those slices took
     ahead: bool = True  # whether prefilling ahead may still find a document to build
     layout: list[SegmentPlan] | None = None  # its segments' keys, computed once (Scheduler._cost)
+    # its first-token logits, computed already (an echo's scoring forward): nothing to prefill, one
+    # token to draw (``Engine.start(first_logits=…)``)
+    first_logits: torch.Tensor | None = None
 
     def cancel(self, reason: str = CANCELLED) -> None:
         if not self.cancelled.is_set():
@@ -123,12 +126,19 @@ class Scheduler:
                salt: str | None = None) -> Submission:
         return self.submit_all([(prompt, params, mode, salt)])[0]
 
-    def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]]) -> list[Submission]:
+    def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]],
+                   first_logits: list[torch.Tensor | None] | None = None) -> list[Submission]:
         """(prompt, params, mode, salt) each, queued together or not at all (``QueueFull``): a request's
         ``n`` choices take their places at once, so a refused one never held places another request
         could have had. The places are the queue's and the running slots free now (which the requests
-        waiting take first)."""
+        waiting take first). ``first_logits``: per item, its first-token logits if computed already
+        (``Submission.first_logits``)."""
+        if first_logits is not None and len(first_logits) != len(items):
+            raise ValueError(f"first_logits: expected one per item ({len(items)}), got {len(first_logits)}")
         subs = [Submission(prompt, params, mode, salt) for prompt, params, mode, salt in items]
+        for sub, row in zip(subs, first_logits or [None] * len(subs), strict=True):
+            sub.first_logits = row
+            sub.ahead = row is None  # nothing of its prompt is prefilled, ahead or not
         with self._cv:
             self._drop_cancelled_waiting()
             if self._stopping:
@@ -211,7 +221,7 @@ class Scheduler:
         """The tokens its prefill would compute now (``Engine.uncached_tokens``); the prompt's length
         when the engine cannot plan it (a bad mode, segment or salt: its call fails it by name). Only
         with ``max_prefill_tokens``: nothing is counted without a limit."""
-        if self.max_prefill_tokens is None:
+        if self.max_prefill_tokens is None or sub.first_logits is not None:
             return 0
         try:
             if sub.layout is None:
@@ -270,12 +280,16 @@ class Scheduler:
         kept = _without_cancelled(batch)
         self._settled(len(batch) - len(kept))
         batch = kept
-        groups = [[s for s in batch if s.mode == mode] for mode in {s.mode for s in batch}]
+        # one call per mode, and those whose first-token logits are given apart (nothing to prefill)
+        kinds = {(s.mode, s.first_logits is not None) for s in batch}
+        groups = [[s for s in batch if (s.mode, s.first_logits is not None) == kind] for kind in kinds]
         while groups:
             group = groups.pop()
+            given = None if group[0].first_logits is None else [s.first_logits for s in group]
             try:
                 runs = self.engine.start([s.prompt for s in group], [s.params for s in group], mode=group[0].mode,
-                                         salts=[s.salt for s in group], warmed=[s.warmed for s in group])
+                                         salts=[s.salt for s in group], warmed=[s.warmed for s in group],
+                                         first_logits=given)
             except torch.OutOfMemoryError as e:  # a prompt too big for the device even alone
                 if len(group) > 1:  # (hypic.engine.memory): the others are served, each alone
                     groups.extend([s] for s in group)

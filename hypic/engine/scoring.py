@@ -8,6 +8,11 @@ The language-model head runs over chunks of rows, so a long prompt never holds i
 [tokens × vocabulary] logits at once (at the 9B shape's 248 320-token vocabulary, 1 GiB per 1 000
 rows): at most 128 MiB of them, beside a serving store that keeps the device nearly full.
 
+The same forward holds the logits of the token after each prompt (its last row's): ``first`` asks for
+them. A harness scoring a continuation sends ``echo`` with ``max_tokens: 1`` (lm-eval's loglikelihood);
+the token it draws is its prompt's first under ``full``, so the server draws it from these logits
+rather than prefill the prompt a second time (``Engine.start(first_logits=…)``).
+
 Several prompts (a harness's batch) are scored together: packed into forwards of at most ``PIECE``
 tokens, each prompt its own sequence there, a long one cut into pieces that each continue the last's
 state. Every forward runs under the lock the caller names: between forwards the engine serves its
@@ -20,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -37,6 +43,18 @@ FIRST_SEQS = 4  # ... and the first forward, before a state's size is known, at 
 
 class ScoringStopped(Exception):
     """``stop`` said why between two pieces: the rest of the prompt was not scored."""
+
+
+Rows = list[dict[int, float] | None]
+
+
+@dataclass
+class Scored:
+    """Per prompt: each token's row (``score_prompt``), and, where asked, the [vocab] fp32 logits of the
+    token after it, on the host (``full``'s first-token logits for that prompt)."""
+
+    rows: list[Rows]
+    first_logits: list[torch.Tensor | None]
 
 
 def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int, *,
@@ -85,18 +103,30 @@ def _state_bytes(state: SequenceState) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-@torch.no_grad()
 def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]], tops: list[int], *,
                   lock: threading.Lock | threading.RLock | None = None,
-                  stop: Callable[[], str | None] | None = None) -> list[list[dict[int, float] | None]]:
+                  stop: Callable[[], str | None] | None = None) -> list[Rows]:
     """``score_prompt`` for each of ``prompts`` (its own ``top``), packed together into forwards of
     at most ``PIECE`` tokens: each prompt is its own sequence in them, its state carried from one
     forward to the next."""
+    return score_with_first(model, device, prompts, tops, lock=lock, stop=stop).rows
+
+
+@torch.no_grad()
+def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[int]], tops: list[int], *,
+                     first: list[bool] | None = None, lock: threading.Lock | threading.RLock | None = None,
+                     stop: Callable[[], str | None] | None = None) -> Scored:
+    """``score_prompts``, and the first-token logits of each prompt ``first`` marks (one flag per
+    prompt; None: none), read off the last row of its last piece."""
     _check(model, prompts, tops)
+    first = [False] * len(prompts) if first is None else first
+    if len(first) != len(prompts):
+        raise ValueError(f"first: expected one flag per prompt ({len(prompts)}), got {len(first)}")
+    firsts: list[torch.Tensor | None] = [None] * len(prompts)
     if not prompts:
-        return []
+        return Scored([], [])
     states: list[SequenceState | None] = [SequenceState() for _ in prompts]
-    out: list[list[dict[int, float] | None]] = [[None] for _ in prompts]
+    out: list[Rows] = [[None] for _ in prompts]
     rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
     most = max(tops)
     lengths, done = [len(p) for p in prompts], [0] * len(prompts)
@@ -122,9 +152,19 @@ def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]
             ctx.finish()
             if not sized:
                 max_seqs, sized = max(1, STATE_BYTES // max(1, _state_bytes(states[pack[0][0]]))), True
-            for k, _, b in pack:
+            ends, offset = [], 0  # the prompts asking whose last token this forward holds, and its row
+            for k, a, b in pack:
+                offset += b - a
                 if b == len(prompts[k]):
                     states[k] = None  # scored whole: its state is not needed any more
+                    if first[k]:
+                        ends.append((k, offset - 1))
+            for a in range(0, len(ends), rows):
+                part = ends[a:a + rows]
+                # to the host: a harness's round holds hundreds of prompts, 1 MiB each at a 248k vocabulary
+                logits = model.lm_head(hidden[to_device([row for _, row in part], device)]).float().cpu()
+                for (k, _), row in zip(part, logits, strict=True):
+                    firsts[k] = row
             at, nxt_d = to_device(where, device), to_device(nxt, device)
             for a in range(0, len(where), rows):
                 b = min(a + rows, len(where))
@@ -137,4 +177,4 @@ def score_prompts(model: HybridLM, device: torch.device, prompts: list[list[int]
                     row = dict(zip(ix[:tops[k]], vs[:tops[k]], strict=True))
                     row[token] = lp
                     out[k].append(row)
-    return out
+    return Scored(out, firsts)

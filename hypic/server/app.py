@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from hypic.engine.scheduler import CANCELLED, SHUTDOWN, Scheduler
-from hypic.engine.scoring import ScoringStopped
+from hypic.engine.scoring import Scored, ScoringStopped
 from hypic.llm import LLM
 from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
@@ -149,15 +149,16 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_key)])
 
-    async def score(request: Request, prompts: list[list[list[int]]], top: int, arrival: float
-                    ) -> list[list[dict[int, float] | None]]:
-        """The prompts' own log-probabilities (echo), scored with every other request's waiting then
+    async def score(request: Request, prompts: list[list[list[int]]], top: int, arrival: float,
+                    first: bool = False) -> Scored:
+        """The prompts' own log-probabilities (echo), and with ``first`` their first-token logits,
+        scored with every other request's waiting then
         (``hypic.server.scorer``), between the scheduler's calls, and held as any request is: at most
         --max-queue wait to be scored (429), the request's timeout bounds the wait and the scoring
         (504), a client that leaves is dropped, waiting or scoring, and past the shutdown timeout it
         ends with a 503; out of device memory, a 503 to retry."""
         state.live_runner()
-        ask = Ask(prompts, top)
+        ask = Ask(prompts, top, first)
         watcher = asyncio.ensure_future(until_disconnected(request.receive))
         scoring = asyncio.ensure_future(state.scorer.score(ask))
         try:
@@ -185,7 +186,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             state.scorer.abandon(ask)  # a no-op once scored
             scoring.cancel()
             watcher.cancel()
-        metrics.scored_tokens.inc(sum(len(s) for s in scores))
+        metrics.scored_tokens.inc(sum(len(s) for s in scores.rows))
         return scores
 
     async def structured_ready(req: Common, held_calls: bool = False) -> None:
@@ -233,11 +234,16 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         gens = await asyncio.to_thread(prepare)
         if req.echo:
             state.live_runner()  # a stopping server scores nothing either
-            scores = ([None] * len(gens) if req.logprobs is None else
-                      await score(request, [gen.prompt for gen in gens], req.logprobs, arrival))
-            for k, (gen, scored) in enumerate(zip(gens, scores, strict=True)):
+            # a one-token answer its mode draws from full's first-token logits (lm-eval's loglikelihood:
+            # echo, max_tokens 1) takes them from the forward that scores the prompt: no second prefill
+            first = req.max_tokens != 0 and all(
+                gen.params.max_tokens == 1 and (gen.mode == "full" or len(gen.prompt) == 1) for gen in gens)
+            scores = (Scored([None] * len(gens), [None] * len(gens)) if req.logprobs is None else
+                      await score(request, [gen.prompt for gen in gens], req.logprobs, arrival, first))
+            for k, (gen, scored, logits) in enumerate(zip(gens, scores.rows, scores.first_logits, strict=True)):
                 echoed = await asyncio.to_thread(prompts.echo_text, llm, req, k, gen.prompt)
                 gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scored)
+                gen.first_logits = logits
             if req.max_tokens == 0:  # the prompt's tokens named and offset: off the event loop too
                 return await asyncio.to_thread(echo_only, request, gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -80,6 +81,9 @@ class Generation:
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and the answer's ids beside the text
     as_ids: bool = False  # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:N"
+    # [vocab] fp32 on the host: its first token's logits, from the forward that scored its echo (one
+    # token to draw, no prefill: ``Submission.first_logits``)
+    first_logits: torch.Tensor | None = None
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -400,7 +404,8 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     owners = [gen for gen in gens for _ in range(gen.n)]
     # all choices or none, queued at once (a refused request holds no places meanwhile)
     jobs = runner.submit_all([(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt)
-                              for gen in gens for i in range(gen.n)], arrival)
+                              for gen in gens for i in range(gen.n)], arrival,
+                             [gen.first_logits for gen in gens for _ in range(gen.n)])
     gen = gens[0]
     metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
     stream_body, whole_body = shape or (_stream, _whole)

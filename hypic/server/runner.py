@@ -110,12 +110,13 @@ class Runner:
         return self.submit_all([(prompt, params, mode, salt)], arrival)[0]
 
     def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]],
-                   arrival: float) -> list[Job]:
-        """(prompt, params, mode, salt) each — a request's choices — queued all or none (429 / 503)."""
+                   arrival: float, first_logits: list[torch.Tensor | None] | None = None) -> list[Job]:
+        """(prompt, params, mode, salt) each — a request's choices — queued all or none (429 / 503);
+        ``first_logits``: per item, its first-token logits if computed already (echo scoring)."""
         if self.closing:
             raise self._unavailable("the server is shutting down", 503, "shutting_down")
         try:
-            subs = self.scheduler.submit_all(items)
+            subs = self.scheduler.submit_all(items, first_logits)
         except QueueFull as e:
             if self.closing or "shutting down" in str(e):
                 raise self._unavailable("the server is shutting down", 503, "shutting_down") from None

@@ -3,8 +3,10 @@
 A harness scoring continuations (lm-eval's loglikelihood: ``echo`` + ``logprobs``) sends its
 prompts a batch per request and often several requests at once. Scored one request at a time, each
 paid whole forwards of its own; the scorer instead takes every request waiting when a round begins
-(up to ``ROUND_TOKENS``) and scores all their prompts in one ``Engine.prompts_logprobs`` call, whose
-forwards pack them (``hypic.engine.scoring``). Requests arriving meanwhile wait for the next round.
+(up to ``ROUND_TOKENS``) and scores all their prompts in one ``Engine.score`` call, whose forwards
+pack them (``hypic.engine.scoring``). Requests arriving meanwhile wait for the next round. A request
+whose answer is one token drawn from its prompt's first-token logits under ``full`` (``Ask.first``)
+takes those logits from the same forwards.
 
 Each request keeps its own limits: it waits at most its deadline and leaves when its client does —
 the handler stops waiting at once and the request is *abandoned*; a round whose requests are all
@@ -23,8 +25,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hypic.engine.engine import Engine
+from hypic.engine.scoring import Scored
 
-Scores = list[dict[int, float] | None]
 ROUND_TOKENS = 1 << 16  # prompt tokens a round takes at most (more than that: the next round's)
 
 
@@ -38,6 +40,7 @@ class Ask:
 
     prompts: list[list[list[int]]]
     top: int
+    first: bool = False  # each prompt's first-token logits wanted too (``Scored.first_logits``)
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     abandoned: bool = False  # its client left or its deadline passed: nobody reads its scores
 
@@ -60,11 +63,11 @@ class Scorer:
     def waiting(self) -> int:
         return len(self.queue)
 
-    async def score(self, ask: Ask) -> list[Scores]:
-        """``ask``'s scores, one list per prompt. Raises ``Overloaded``, ``ScoringStopped`` (the
-        shutdown), ``torch.OutOfMemoryError`` (its prompts, scored alone, did not fit), or whatever else
-        the round's engine call raised; a caller that stops waiting (cancelled, its deadline)
-        calls ``abandon``."""
+    async def score(self, ask: Ask) -> Scored:
+        """``ask``'s scores, one list per prompt (and its first-token logits, if it asked). Raises
+        ``Overloaded``, ``ScoringStopped`` (the shutdown), ``torch.OutOfMemoryError`` (its prompts,
+        scored alone, did not fit), or whatever else the round's engine call raised; a caller that
+        stops waiting (cancelled, its deadline) calls ``abandon``."""
         if len(self.queue) >= self.max_waiting:
             raise Overloaded
         self.queue.append(ask)
@@ -100,9 +103,10 @@ class Scorer:
 
         prompts = [p for a in batch for p in a.prompts]
         tops = [a.top for a in batch for _ in a.prompts]
+        first = [a.first for a in batch for _ in a.prompts]
         short: torch.OutOfMemoryError | None = None
         try:
-            scores = await asyncio.to_thread(self.engine.prompts_logprobs, prompts, tops, stop)
+            scores = await asyncio.to_thread(self.engine.score, prompts, tops, stop, first)
         except torch.OutOfMemoryError as e:
             short = e.with_traceback(None)  # no frame of the failed round (its states) outlives the handler
         except Exception as e:  # noqa: BLE001 — every request of the round told at once (a bug: a 500),
@@ -118,11 +122,12 @@ class Scorer:
             return
         at = 0
         for a in batch:
-            self._settle(a, scores[at:at + len(a.prompts)])
-            at += len(a.prompts)
+            end = at + len(a.prompts)
+            self._settle(a, Scored(scores.rows[at:end], scores.first_logits[at:end]))
+            at = end
 
     @staticmethod
-    def _settle(ask: Ask, outcome: list[Scores] | BaseException) -> None:
+    def _settle(ask: Ask, outcome: Scored | BaseException) -> None:
         """The answer, to whoever still waits; an abandoned ask's is dropped (cancelled: an error
         nobody reads would be logged as never retrieved)."""
         if ask.done.done():

@@ -148,6 +148,51 @@ def test_the_last_prompt_position_scores_the_generated_token(llm) -> None:
     assert plain.prompt_logprobs is None and plain.token_ids == out.token_ids
 
 
+@pytest.mark.parametrize("piece", [scoring.PIECE, 9])
+def test_first_token_logits_come_from_the_scoring_forward(llm, reference, monkeypatch, piece: int) -> None:
+    """``score(first=…)``: the logits of the token after each prompt that asks, from its last row —
+    in a shared forward or in pieces (9 tokens: prompts end mid-forward and at a piece's end) — equal
+    fp64 transformers' last row, and the prompts' rows are the same as without."""
+    monkeypatch.setattr(scoring, "PIECE", piece)
+    prompts = [_prompt(20 + k, [n]) for k, n in enumerate([1, 17, 9, 30])]
+    got = llm.engine.score(prompts, 2, first=[True, False, True, True])
+    assert got.rows == llm.engine.prompts_logprobs(prompts, 2)
+    assert got.first_logits[1] is None
+    for k in (0, 2, 3):
+        with torch.no_grad():
+            want = reference(torch.tensor(prompts[k])).logits[0, -1]
+        row = got.first_logits[k]
+        assert row.device.type == "cpu" and row.dtype == torch.float32 and row.shape == want.shape
+        assert float((row.double() - want).abs().max()) < 1e-4, k
+    with pytest.raises(ValueError, match="first: expected one flag per prompt"):
+        llm.engine.score(prompts, 2, first=[True])
+
+
+def test_a_one_token_answer_drawn_from_given_logits_is_the_full_prefills(llm) -> None:
+    """``start(first_logits=…)`` prefills nothing (the cache and the prefill counter untouched) and
+    draws what a ``full`` prefill's logits draw — greedy, seeded with a bias, its logprobs alike —
+    its metrics counting the whole prompt computed; a run that would need a decode state is refused."""
+    prompts = [_prompt(30, [6, 11]), _prompt(31, [25])]
+    params = [SamplingParams(max_tokens=1, temperature=0, logprobs=3),
+              SamplingParams(max_tokens=1, temperature=0.9, seed=7, logit_bias={5: 2.0}, logprobs=1)]
+    want = llm.engine.start(prompts, params, mode="full")
+    scored = llm.engine.score(prompts, 0, first=[True, True])
+    before = (llm.engine.prefill_tokens, llm.engine.store.stats().entries)
+    got = llm.engine.start(prompts, params, mode="hypic", first_logits=scored.first_logits)
+    assert (llm.engine.prefill_tokens, llm.engine.store.stats().entries) == before
+    for g, w, prompt in zip(got, want, prompts, strict=True):
+        assert g.done and g.output.finish_reason == w.output.finish_reason == "length"
+        assert g.output.token_ids == w.output.token_ids
+        assert all(abs(g.output.logprobs[0][t] - lp) < 1e-5 for t, lp in w.output.logprobs[0].items())
+        assert g.output.metrics.recomputed_tokens == sum(len(s) for s in prompt)
+    with pytest.raises(ValueError, match="max_tokens is 2"):
+        llm.engine.start(prompts[:1], [SamplingParams(max_tokens=2)], first_logits=scored.first_logits[:1])
+    with pytest.raises(ValueError, match="expected one per prompt"):
+        llm.engine.start(prompts[:1], [SamplingParams(max_tokens=1)], first_logits=scored.first_logits)
+    with pytest.raises(ValueError, match=r"expected shape"):
+        llm.engine.start(prompts[:1], [SamplingParams(max_tokens=1)], first_logits=[torch.zeros(3)])
+
+
 @pytest.mark.parametrize("call, needle", [
     (lambda e: e.prompt_logprobs([[5, 6]], top=21), "prompt_logprobs"),
     (lambda e: e.prompt_logprobs([[5, 6]], top=True), "prompt_logprobs"),

@@ -387,7 +387,7 @@ def test_scoring_out_of_memory_is_a_503_to_retry(http: httpx.Client, llm: LLM, m
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 128.00 MiB")
 
-    monkeypatch.setattr(llm.engine, "prompts_logprobs", full)
+    monkeypatch.setattr(llm.engine, "score", full)
     r = http.post("/v1/completions", json={"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1})
     assert r.status_code == 503 and "out of device memory" in r.json()["error"]["message"] and r.headers["Retry-After"]
     monkeypatch.undo()
@@ -399,15 +399,15 @@ def test_a_round_that_fails_tells_its_requests_at_once_and_the_next_round_runs(h
                                                                               monkeypatch) -> None:
     """Anything the engine raises in a scoring round (a kernel error, a bug) is every request's of
     that round at once — a 500, not a wait for the request timeout — and the rounds go on."""
-    real, calls = llm.engine.prompts_logprobs, []
+    real, calls = llm.engine.score, []
 
-    def broken_once(prompts, top, stop=None):
+    def broken_once(prompts, top, stop=None, first=None):
         calls.append(len(prompts))
         if len(calls) == 1:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return real(prompts, top, stop)
+        return real(prompts, top, stop, first)
 
-    monkeypatch.setattr(llm.engine, "prompts_logprobs", broken_once)
+    monkeypatch.setattr(llm.engine, "score", broken_once)
     body = {"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1}
     t0 = time.monotonic()
     r = http.post("/v1/completions", json=body)
@@ -423,17 +423,17 @@ def test_a_round_out_of_memory_fails_only_the_request_that_does_not_fit(http: ht
     prompt does not fit alone gets the 503 to retry, the one beside it its scores."""
     import torch
 
-    real, gate, calls = llm.engine.prompts_logprobs, threading.Event(), []
+    real, gate, calls = llm.engine.score, threading.Event(), []
 
-    def tight(prompts, top, stop=None):
+    def tight(prompts, top, stop=None, first=None):
         calls.append(len(prompts))
         if len(calls) == 1:
             gate.wait(30)  # the first round held until the other two wait
         if any(sum(len(s) for s in p) > 50 for p in prompts):  # the long prompt never fits
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(prompts, top, stop)
+        return real(prompts, top, stop, first)
 
-    monkeypatch.setattr(llm.engine, "prompts_logprobs", tight)
+    monkeypatch.setattr(llm.engine, "score", tight)
     short = {"prompt": "Question: who?", "max_tokens": 0, "echo": True, "logprobs": 1}
     long = {**short, "prompt": " ".join(f"w{i}" for i in range(40))}
     with ThreadPoolExecutor(3) as pool:
@@ -481,20 +481,20 @@ def test_requests_waiting_to_be_scored_are_scored_together(http: httpx.Client, l
     one is scored go into the next round together — one engine call for all their prompts — and each
     gets its own prompts' scores with its own ``logprobs`` count."""
     calls: list[tuple[int, list[int]]] = []
-    real, gate = llm.engine.prompts_logprobs, threading.Event()
+    real, gate = llm.engine.score, threading.Event()
 
-    def counted(prompts, top, stop=None):
+    def counted(prompts, top, stop=None, first=None):
         calls.append((len(prompts), top))
         if len(calls) == 1:
             gate.wait(30)  # the first round held until the others wait
-        return real(prompts, top, stop)
+        return real(prompts, top, stop, first)
 
     texts = [SEPARATOR.join(rag(i)) for i in (9, 10, 11)]
     bodies = [{"prompt": texts[0], "max_tokens": 0, "echo": True, "logprobs": 0},
               {"prompt": texts[1], "max_tokens": 0, "echo": True, "logprobs": 2},
               {"prompt": [texts[2], texts[0]], "max_tokens": 0, "echo": True, "logprobs": 1},
               {"prompt": texts[1], "max_tokens": 1, "echo": True, "logprobs": 3}]
-    monkeypatch.setattr(llm.engine, "prompts_logprobs", counted)
+    monkeypatch.setattr(llm.engine, "score", counted)
     with ThreadPoolExecutor(5) as pool:
         first = pool.submit(http.post, "/v1/completions", json=bodies[0])
         while not calls:
@@ -527,11 +527,17 @@ def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM)
     context = [t for s in llm.tokenize(rag(9)) for t in s]
     options = [llm.tokenize("Wrenna Jessop")[0], llm.tokenize("the harbour")[0]]
     body = {"model": MODEL, "prompt": [context + o for o in options], "temperature": 0, "max_tokens": 1,
-            "logprobs": 1, "seed": 1234, "echo": True}
+            "logprobs": 1, "seed": 1234, "echo": True, "return_token_ids": True}
+    prefilled = llm.engine.prefill_tokens
     out = http.post("/v1/completions", json=body).json()
+    # the one-token answers were drawn from the scoring forward's last rows: nothing prefilled again
+    assert llm.engine.prefill_tokens == prefilled
     for choice, option in zip(sorted(out["choices"], key=lambda c: c["index"]), options, strict=True):
         lp = choice["logprobs"]
         assert len(lp["token_logprobs"]) == len(context) + len(option) + 1
+        token = choice["token_ids"][0]  # full's greedy token, its log-probability the scored one's
+        after = llm.engine.prompt_logprobs([context + option + [token]], top=1)[-1]
+        assert max(after, key=after.get) == token and abs(lp["token_logprobs"][-1] - after[token]) < 1e-4
         got = sum(lp["token_logprobs"][len(context):-1])
         scores = llm.engine.prompt_logprobs([context + option], top=1)
         want = sum(scores[i][t] for i, t in enumerate(context + option) if i >= len(context))
@@ -540,6 +546,28 @@ def test_a_harness_scores_continuations_in_a_batch(http: httpx.Client, llm: LLM)
                                                                    lp["top_logprobs"][len(context):-1], strict=True))
         best = all(max(scores[i], key=scores[i].get) == t for i, t in enumerate(context + option) if i >= len(context))
         assert greedy == best
+
+
+def test_an_echoed_one_token_answer_is_its_modes_own(http: httpx.Client, llm: LLM) -> None:
+    """Echo with ``max_tokens: 1``: where the mode's first token is ``full``'s (one segment, or
+    ``full``) it comes from the scoring forward — the same answer, usage and text as without
+    scoring, nothing prefilled; a prompt of several segments under ``hypic`` is prefilled by its
+    mode (its documents cached), as is a request whose answer goes on past one token."""
+    single = {"prompt": " ".join(rag(11)), "max_tokens": 1, "echo": True, "temperature": 0.8, "seed": 5, "n": 2}
+    plain = http.post("/v1/completions", json={**single, "mode": "full"}).json()  # no logprobs: no scoring
+    prefilled = llm.engine.prefill_tokens
+    scored = http.post("/v1/completions", json={**single, "logprobs": 2}).json()
+    assert llm.engine.prefill_tokens == prefilled
+    assert [c["text"] for c in scored["choices"]] == [c["text"] for c in plain["choices"]]
+    assert scored["usage"] == plain["usage"] and scored["usage"]["completion_tokens"] == 2
+    segmented = {"prompt": SEPARATOR.join(rag(11)), "max_tokens": 1, "echo": True, "logprobs": 1,
+                 "cache_salt": "echo-one"}
+    entries = llm.engine.store.stats().entries
+    http.post("/v1/completions", json=segmented).raise_for_status()
+    assert llm.engine.prefill_tokens > prefilled and llm.engine.store.stats().entries != entries
+    prefilled = llm.engine.prefill_tokens
+    http.post("/v1/completions", json={**single, "logprobs": 1, "max_tokens": 2}).raise_for_status()
+    assert llm.engine.prefill_tokens > prefilled
 
 
 def test_the_tokenizer_over_http_as_vllm_serves_it(server: LiveServer, http: httpx.Client, llm: LLM) -> None:
