@@ -20,6 +20,8 @@
 #                        Triton cache (scripts/first_requests.py; GPU_FIRST_ARGS, e.g. --model for the bundled one)
 #   GPU_CUDNN=1          `full` prompts of new and met lengths ≥ 8 192 tokens: flash, cuDNN on exact lengths, cuDNN on
 #                        bucketed lengths, one process each (scripts/cudnn_shapes.py; GPU_CUDNN_ARGS)
+#   GPU_ECHO=1           echo scoring one prompt a forward vs packed, and lm-eval's max_tokens 1 request with a
+#                        prefill for its token vs the token drawn from the scoring (scripts/echo_scoring.py; GPU_ECHO_ARGS)
 #   GPU_DECODE_ATTN=1    decode attention candidates side by side (scripts/decode_attention.py)
 #   GPU_STORE_MOVES=1    tier moves, churn and save/load of 9B-shape entries (scripts/store_moves.py)
 #   GPU_WARM_PROFILE=1   calls of fully cached trace prompts timed per size, one profiled (trace_costs.py --warm-profile)
@@ -69,6 +71,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/first_requests.py --device cuda ${GPU_FIRST_ARGS:-}
 [ "${GPU_CUDNN:-0}" = 1 ] && section cudnn "${GPU_CUDNN_SECONDS:-300}" \
   python3 scripts/cudnn_shapes.py ${GPU_CUDNN_ARGS:-}
+[ "${GPU_ECHO:-0}" = 1 ] && section echo "${GPU_ECHO_SECONDS:-300}" \
+  python3 scripts/echo_scoring.py ${GPU_ECHO_ARGS:-}
 [ "${GPU_SCATTER:-0}" = 1 ] && section scatter "${GPU_SCATTER_SECONDS:-300}" \
   python3 -m hypic.cli bench scatter --shape qwen3.5-9b --device cuda:0 \
   --workers $(( $(python3 -c 'import torch; print(torch.cuda.device_count())') - 1 )) \
@@ -145,7 +149,7 @@ fi
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 16 "$OUT/pytest_gpu.log"
-for f in ops models ttft first cudnn scatter trace graph_ab decode_attention combine_bench agreement; do
+for f in ops models ttft first cudnn echo scatter trace graph_ab decode_attention combine_bench agreement; do
   [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|failed \(rc|^warm-up (on|off):|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
 done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14

@@ -446,7 +446,7 @@ class Engine(ColdPrefill, PrefixPrefill):
             if first_logits is None:
                 logits, states = self._assemble_in_memory(prompts, mode, salts, metrics, warmed)
             else:  # computed by the forward that scored them: every token of it
-                logits = torch.stack(first_logits).to(self.device)
+                logits = torch.stack(first_logits).to(self.device).float()  # as HybridLM.forward gives them
                 states = [SequenceState() for _ in prompts]
                 for m in metrics:
                     m.recomputed_tokens = m.prompt_tokens
@@ -527,7 +527,7 @@ class Engine(ColdPrefill, PrefixPrefill):
 
     def score(self, prompts: list[list[list[int]]], top: int | list[int] = 0,
               stop: Callable[[], str | None] | None = None, first: list[bool] | None = None) -> Scored:
-        """``prompts_logprobs``, and the first-token logits (``full``'s, on the host) of each prompt
+        """``prompts_logprobs``, and the first-token logits (``full``'s, in the head's dtype) of each prompt
         ``first`` marks: what ``start(first_logits=…)`` draws a one-token answer from."""
         tops = top if isinstance(top, list) else [top] * len(prompts)
         return score_with_first(self.model, self.device, [[t for s in p for t in s] for p in prompts],

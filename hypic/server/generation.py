@@ -81,7 +81,7 @@ class Generation:
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: each chunk carries its choice's usage
     token_ids: bool = False  # vLLM's return_token_ids: the prompt's and the answer's ids beside the text
     as_ids: bool = False  # vLLM's return_tokens_as_token_ids: log-probabilities name tokens "token_id:N"
-    # [vocab] fp32 on the host: its first token's logits, from the forward that scored its echo (one
+    # [vocab] on the device: its first token's logits, from the forward that scored its echo (one
     # token to draw, no prefill: ``Submission.first_logits``)
     first_logits: torch.Tensor | None = None
 

@@ -162,7 +162,7 @@ def test_first_token_logits_come_from_the_scoring_forward(llm, reference, monkey
         with torch.no_grad():
             want = reference(torch.tensor(prompts[k])).logits[0, -1]
         row = got.first_logits[k]
-        assert row.device.type == "cpu" and row.dtype == torch.float32 and row.shape == want.shape
+        assert row.device == llm.engine.device and row.dtype == torch.float32 and row.shape == want.shape
         assert float((row.double() - want).abs().max()) < 1e-4, k
     with pytest.raises(ValueError, match="first: expected one flag per prompt"):
         llm.engine.score(prompts, 2, first=[True])
@@ -243,6 +243,12 @@ def test_on_a_gpu_scores_equal_the_models_own_logits_and_the_cpus() -> None:
     # row scored at the wrong position is off by ≫ 0.1
     off = max(abs(got[i][ids[i]] - on_cpu[i][ids[i]]) for i in range(1, len(ids)))
     assert off < 2e-2, off
+    # the first-token logits the same packed forward gives (echo's one token) are a `full` prefill's
+    prompts = [[ids], *([p] for p in short)]
+    first = gpu.score(prompts, 3, first=[True] * len(prompts)).first_logits
+    full, _ = gpu.prefill_logits(prompts, mode="full")
+    gap = max(float((row.to(full.device) - full[k]).abs().max()) for k, row in enumerate(first))
+    assert gap < 2e-2, gap
 
 
 def test_scoring_stops_between_pieces_and_frees_the_engine_between_them(llm, monkeypatch) -> None:
