@@ -407,6 +407,9 @@ def serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        # the shutdown a SIGTERM asks for is under way: one more (a supervisor repeating itself) asks the
+        # same, as uvicorn reads it, and must not cut the cache's save short (seconds for a large cache)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         saved = _close(llm, "serve", args.cache_dir)  # the cold workers, if any, and the cache
     return saved
 

@@ -9,17 +9,18 @@ the weights, since a checkpoint retrained in place keeps its folder and configur
 the files from least to most recently used, so loading them in order restores recency, and a
 smaller budget keeps the most recent.
 
-Every file is written under a temporary name, flushed to disk (fsync) and renamed, the folder
-synced before the manifest is renamed in and again after it; files no manifest names are removed
-after it. A save cut off midway — the process killed or the machine losing power — leaves the
-folder loadable (the previous manifest, whose files a save only ever replaces with the same
-content, or the new one). Each entry's header carries a CRC-32 of its bytes and one of itself,
-and is held to the engine's own layout (its seam, tensors, dtypes and offsets): a file damaged on
-disk is refused, never served. A load that meets a damaged entry file skips it with a warning that
-names it (the segment is a miss, computed again when a prompt needs it, and the next save drops the
-file): one bad file must not keep a server from starting warm. A manifest that cannot be trusted
-(another model, dtype or weights, unreadable, naming files outside its folder) stops the load with
-an error naming it; what it loaded before stays, consistent.
+Every file is written under a temporary name, flushed to disk (fsync) and renamed, the folder synced
+before the manifest is renamed in and again after it; files no manifest names are removed after it.
+A save cut off midway — the process killed or the machine losing power — leaves the folder loadable
+(the previous manifest, whose files a save only ever replaces with the same content, or the new
+one), and the next save removes the temporary file it was writing. Each entry's header carries a
+CRC-32 of its bytes and one of itself, and is held to the engine's own layout (its seam, tensors,
+dtypes and offsets): a file damaged on disk is refused, never served. A load that meets a damaged
+entry file skips it with a warning that names it (the segment is a miss, computed again when a
+prompt needs it, and the next save drops the file): one bad file must not keep a server from
+starting warm. A manifest that cannot be trusted (another model, dtype or weights, unreadable,
+naming files outside its folder) stops the load with an error naming it; what it loaded before
+stays, consistent.
 """
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ def save(store: SegmentStore, folder: str | Path, stamp: Stamp) -> int:
     sync_path(folder)
     for stale in set(folder.glob("*" + SUFFIX)) - {folder / n for n in names}:
         stale.unlink()
+    # and the temporary files of a save cut off midway (a process killed while writing one): this
+    # save's own are renamed by now, and a folder is one process's (``claim``)
+    for partial in [*folder.glob(f"*{SUFFIX}.*.tmp"), *folder.glob(f"{MANIFEST}.*.tmp")]:
+        partial.unlink(missing_ok=True)
     return len(names)
 
 

@@ -40,7 +40,7 @@ from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import after_reasoning, opened_by
 from hypic.server.responses import ResponsesRequest, ResponseStore
-from hypic.server.runner import TIMEOUT, Runner, ended_error, until_disconnected
+from hypic.server.runner import TIMEOUT, Runner, before_overdue, ended_error, until_disconnected
 from hypic.server.scorer import Ask, Overloaded, Scorer
 from hypic.server.settings import ServerSettings
 from hypic.server.tokenizer_routes import tokenizer_router
@@ -360,9 +360,13 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         for i, (seg, about) in enumerate(zip(ids, said, strict=True)):
             field = f"messages[{about['message']}]" if about else f"segments[{i}]"
             prompts.token_budget(llm, [seg], field, 1, 1, settings)
-        state.live_runner()
-        async with state.prewarm_lock:
-            cached = await asyncio.to_thread(llm.engine.prewarm, ids, salt=req.cache_salt)
+        runner = state.live_runner()
+
+        async def fill() -> list[bool | None]:
+            async with state.prewarm_lock:
+                return await asyncio.to_thread(llm.engine.prewarm, ids, salt=req.cache_salt)
+
+        cached = await before_overdue(runner, fill())
         metrics.prewarmed_segments.inc(len({tuple(s) for s, c in zip(ids, cached, strict=True) if c is False}))
         data = [{"index": i, **about, "tokens": len(seg), "cached": c is True, "cacheable": c is not None}
                 for i, (seg, c, about) in enumerate(zip(ids, cached, said, strict=True))]
@@ -374,13 +378,17 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
     async def evict(request: Request) -> dict[str, Any]:
         """Forget documents: their cache entries (every tier) and the prefix states holding them."""
         req, ids, said = await segments_body(request)
-        async with state.prewarm_lock:
-            try:
-                evicted = await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
-                                                  saved=settings.cache_dir)  # gone from the saved cache too
-            except (ValueError, OSError) as e:  # the folder, not the request: gone from memory, not from it
-                raise APIError(500, f"the documents left the cache, but the saved cache could not be updated: {e}",
-                               kind="internal", type="server_error") from None
+
+        async def forget() -> list[bool]:
+            async with state.prewarm_lock:
+                return await asyncio.to_thread(llm.engine.evict_segments, ids, salt=req.cache_salt,
+                                               saved=settings.cache_dir)  # gone from the saved cache too
+
+        try:
+            evicted = await before_overdue(state.runner, forget())
+        except (ValueError, OSError) as e:  # the folder, not the request: gone from memory, not from it
+            raise APIError(500, f"the documents left the cache, but the saved cache could not be updated: {e}",
+                           kind="internal", type="server_error") from None
         metrics.evicted_segments.inc(sum(evicted))
         return {"object": "list", "model": settings.model_name,
                 "data": [{"index": i, **about, "tokens": len(seg), "evicted": e}
@@ -393,7 +401,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if settings.cache_dir is None:
             raise APIError(400, "this server was started without --cache-dir: there is nowhere to save the cache")
         try:
-            n = await asyncio.to_thread(llm.save_cache, settings.cache_dir)
+            n = await before_overdue(state.runner, asyncio.to_thread(llm.save_cache, settings.cache_dir))
         except OSError as e:
             raise APIError(500, f"the cache could not be saved: {e}", kind="internal",
                            type="server_error") from None

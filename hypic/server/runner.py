@@ -15,6 +15,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import torch
 
@@ -22,6 +23,9 @@ from hypic.engine.request import RequestMetrics, SamplingParams
 from hypic.engine.scheduler import CANCELLED, SHUTDOWN, Event, QueueFull, Scheduler, Submission
 from hypic.server.errors import APIError
 from hypic.server.settings import ServerSettings
+
+T = TypeVar("T")
+OVERDUE_POLL_S = 0.1  # how often work that cannot be stopped looks whether the shutdown timeout passed
 
 
 class Job:
@@ -142,6 +146,24 @@ class Runner:
         """The lifespan's end: the shutdown begun (if it was not) and finished."""
         self.begin_shutdown()
         await asyncio.to_thread(self._stopping.join)
+
+
+async def before_overdue(runner: Runner | None, work: Awaitable[T]) -> T:
+    """``work`` awaited — engine work that cannot stop midway on a worker thread: a pre-warm, an
+    eviction, a save — but once the shutdown timeout has passed its request ends with the shutdown's
+    503, as a generation's does (left running, uvicorn cancelled it ``GRACE_S`` later: a 500 and a
+    traceback in the log). The thread goes on to its end; the cache is saved after it."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=OVERDUE_POLL_S)
+            if not task.done() and runner is not None and runner.overdue():
+                raise ended_error(SHUTDOWN)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # no one reads its outcome now
 
 
 async def until_disconnected(receive: Callable[[], Awaitable[dict]]) -> None:

@@ -266,6 +266,20 @@ def test_a_saved_file_is_on_disk_before_a_manifest_names_it(tmp_path, monkeypatc
     assert not list(tmp_path.glob("*.tmp"))
 
 
+def test_a_save_removes_what_a_save_cut_off_midway_left(tmp_path) -> None:
+    """A save killed while it wrote a file (SIGKILL, an OOM kill, power) leaves that file's temporary
+    copy; no later save removed it (only unnamed ``.entry`` files were), so each such crash left up to
+    an entry's bytes on disk for good. The next save removes them."""
+    stamp = Stamp("m", "bfloat16", [1.0])
+    save(_small_store(), tmp_path, stamp)
+    named = sorted(p.name for p in tmp_path.glob("*.entry"))
+    left = [tmp_path / f"{named[0]}.99999.tmp", tmp_path / f"{MANIFEST}.99999.tmp"]
+    for path in left:
+        path.write_bytes(b"partial")
+    assert save(_small_store(), tmp_path, stamp) == 3
+    assert not list(tmp_path.glob("*.tmp"))
+    assert sorted(p.name for p in tmp_path.glob("*.entry")) == named
+
 def test_a_folder_is_held_by_one_process_at_a_time(tmp_path) -> None:
     """Two processes saving into one folder would remove each other's entry files: the second to
     claim it is refused, naming the holder's pid, until the holder ends."""

@@ -399,3 +399,64 @@ def test_echo_scoring_waiting_or_past_the_shutdown_timeout_ends_as_requests_do(e
     finally:
         if live.thread.is_alive():
             live.stop()
+
+
+def test_a_second_sigterm_does_not_cut_the_shutdown_save_short(model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A supervisor that repeats its SIGTERM while ``hypic serve`` writes the cache at shutdown (seconds
+    for a large cache) left the cache unsaved: the signal interrupted the save (KeyboardInterrupt, a
+    traceback, exit 1). uvicorn takes a second SIGTERM as the same request; so must the save after it.
+    Here the server's run returns at once (as after a SIGTERM) and the save sends itself the second."""
+    from hypic import cli
+    from hypic.cache import persist
+    from hypic.server.serving import HypicServer
+
+    real = persist.save
+
+    def save(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled (or not) right here, in this thread
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(HypicServer, "run", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(persist, "save", save)
+    cache = tmp_path / "cache"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = cli.main(["serve", "--model", str(model_dir), "--device", "cpu", "--cache-dir", str(cache)])
+    except KeyboardInterrupt:
+        pytest.fail("the second SIGTERM interrupted the cache's save")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert rc == 0 and (cache / "manifest.json").exists()
+
+
+def test_cache_routes_past_the_shutdown_timeout_end_as_requests_do(endless: LLM, monkeypatch) -> None:
+    """A pre-warm (or an eviction, or a save) still running when the shutdown timeout passes ends
+    with the shutdown's 503, as a generation does. It ran on: uvicorn cancelled it ``GRACE_S`` later,
+    a 500 and "Exception in ASGI application" in the log. The pre-warm is slowed to 2 s here; its
+    thread still finishes (the documents are cached for the save)."""
+    real = endless.engine.prewarm
+
+    def slow(*args, **kwargs):
+        time.sleep(2.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(endless.engine, "prewarm", slow)
+    live = serve(endless, shutdown_timeout_s=0.3)
+    try:
+        answer: dict[str, httpx.Response] = {}
+        doc = "Profile of Wrenna Jessop. She lives in a city by the sea and plays the harp."
+        sender = threading.Thread(target=lambda: answer.setdefault("r", httpx.post(
+            f"{live.url}/v1/segments", json={"segments": [doc]}, timeout=30)))
+        sender.start()
+        time.sleep(0.3)  # the pre-warm is under way
+        t0 = time.monotonic()
+        live.server.should_exit = True
+        sender.join(30)
+        r = answer["r"]
+        assert r.status_code == 503 and time.monotonic() - t0 < 1.5, (r.status_code, time.monotonic() - t0)
+        assert r.json()["error"]["message"] == "the server shut down before the request finished"
+        live.thread.join(30)
+        assert not live.thread.is_alive()
+    finally:
+        if live.thread.is_alive():
+            live.stop()
