@@ -433,7 +433,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         ``warmed``: per prompt, the keys ``prefill_ahead`` built for it (its metrics count them as
         its own misses, not as hits). ``first_logits``: each prompt's first-token logits, computed
         already (``score(first=…)``): nothing is prefilled, so every run must end at its first token
-        (``max_tokens`` 1) — there is no decode state to go on from."""
+        (``max_tokens`` 1) — there is no decode state to go on from. Prompts that all ask their own
+        log-probabilities and one token their mode draws as ``full`` does (vLLM's scoring idiom,
+        ``max_tokens=1, prompt_logprobs=k``) are prefilled by the forward that scores them."""
         mode = check_mode(mode)
         salts = salts or [None] * len(prompts)
         params = self.checked(prompts, params)
@@ -443,6 +445,11 @@ class Engine(ColdPrefill, PrefixPrefill):
         with self._lock:
             t0 = time.perf_counter()
             metrics = [RequestMetrics(prompt_tokens=sum(len(s) for s in p)) for p in prompts]
+            scored = None
+            if first_logits is None and _scored_whole(prompts, params, mode):
+                scored = score_with_first(self.model, self.device, [[t for s in p for t in s] for p in prompts],
+                                          [p.prompt_logprobs for p in params], first=[True] * len(prompts))
+                first_logits = scored.first_logits
             if first_logits is None:
                 logits, states = self._assemble_in_memory(prompts, mode, salts, metrics, warmed)
             else:  # computed by the forward that scored them: every token of it
@@ -466,9 +473,12 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.output.metrics.ttft_s = ttft
                 r.first_logits = row if keep_logits else None
                 r.accept(t, lp, self.eos)
-            # after the first token: not in TTFT; the prompts asking, scored together
+            # after the first token: not in TTFT; the prompts asking, scored together (unless scored already)
+            if scored is not None:
+                for r, rows in zip(runs, scored.rows, strict=True):
+                    r.output.prompt_logprobs = rows if r.error is None else None
             asking = [(r, prompt) for r, prompt in zip(runs, prompts, strict=True)
-                      if r.params.prompt_logprobs is not None and r.error is None]
+                      if r.params.prompt_logprobs is not None and r.error is None and scored is None]
             scores = score_prompts(self.model, self.device, [[t for s in prompt for t in s] for _, prompt in asking],
                                    [r.params.prompt_logprobs for r, _ in asking])
             for (r, _), scored in zip(asking, scores, strict=True):
@@ -787,6 +797,13 @@ class Engine(ColdPrefill, PrefixPrefill):
         failed = next((r.error for r in runs if r.error is not None), None)
         if failed is not None:
             raise failed
+
+
+def _scored_whole(prompts: list[list[list[int]]], params: list[SamplingParams], mode: str) -> bool:
+    """Whether every prompt asks its own log-probabilities and one token that its mode draws from
+    ``full``'s logits (one segment: nothing of it is cached in any mode; or ``full``)."""
+    return bool(prompts) and all(p.prompt_logprobs is not None and p.max_tokens == 1 and (mode == "full" or len(q) == 1)
+                                 for p, q in zip(params, prompts, strict=True))
 
 
 def _check_first(first_logits: list[torch.Tensor], params: list[SamplingParams], vocab: int) -> None:

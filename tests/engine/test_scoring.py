@@ -193,6 +193,35 @@ def test_a_one_token_answer_drawn_from_given_logits_is_the_full_prefills(llm) ->
         llm.engine.start(prompts[:1], [SamplingParams(max_tokens=1)], first_logits=[torch.zeros(3)])
 
 
+def test_scoring_with_one_token_is_the_prefill(llm, monkeypatch) -> None:
+    """vLLM's scoring idiom (``max_tokens=1, prompt_logprobs=k``) on prompts whose token their mode
+    draws as ``full`` does (one segment; or ``full``): one forward scores them and gives the token —
+    the same token, logprobs and prompt scores as the two passes, TTFT covering the forward; a prompt
+    of several segments under ``hypic``, or a second token, is prefilled by its mode."""
+    prompts = [_prompt(40, [33]), _prompt(41, [12])]
+    params = SamplingParams(max_tokens=1, logprobs=2, prompt_logprobs=1)
+    plain = llm.generate(prompts, SamplingParams(max_tokens=1, logprobs=2), mode="hypic")
+    assembled = []
+    real = llm.engine._assemble_in_memory
+
+    def spy(*args, **kwargs):
+        assembled.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(llm.engine, "_assemble_in_memory", spy)
+    got = llm.generate(prompts, params, mode="hypic")
+    assert assembled == []
+    for g, p, prompt in zip(got, plain, prompts, strict=True):
+        assert g.token_ids == p.token_ids and g.metrics.ttft_s > 0
+        assert all(abs(g.logprobs[0][t] - lp) < 1e-5 for t, lp in p.logprobs[0].items())
+        want = llm.engine.prompt_logprobs(prompt, top=1)
+        assert g.prompt_logprobs[0] is None and len(g.prompt_logprobs) == len(want)
+        assert all(abs(a[t] - b[t]) < 1e-6 for a, b in zip(g.prompt_logprobs[1:], want[1:], strict=True) for t in b)
+    llm.generate([_prompt(42, [10, 20])], params, mode="hypic")  # documents: hypic's own first token
+    llm.generate(prompts[:1], SamplingParams(max_tokens=2, prompt_logprobs=1), mode="full")
+    assert assembled == [1, 1]
+
+
 @pytest.mark.parametrize("call, needle", [
     (lambda e: e.prompt_logprobs([[5, 6]], top=21), "prompt_logprobs"),
     (lambda e: e.prompt_logprobs([[5, 6]], top=True), "prompt_logprobs"),
