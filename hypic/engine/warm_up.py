@@ -15,8 +15,8 @@ cold ``hypic`` request (documents prefilled standalone with their transitions, a
 device — cold workers compile their own kernels —, the combine pass with seams); the same documents
 warm in another order, with a query long enough for the chunked kernels started from a state;
 ``prefix`` twice (the second continues a kept state); decode steps (on a GPU the second step of a
-batch captures its graph); echo scoring; with a tokenizer, the vocabulary's trie that structured
-output reads and one constrained answer; and on a GPU a prompt long enough for attention's
+batch captures its graph); echo scoring and its one token; with a tokenizer, the vocabulary's trie
+that structured output reads and one constrained answer; and on a GPU a prompt long enough for attention's
 long-prompt path (cuDNN, whose first call sets it up). It does not cover every sampling option
 (penalties, logit_bias, top-n logprobs: host-side work, no kernels of their own to compile). Its
 documents live under a salt of their own and are evicted afterwards, and what the server reports
@@ -110,8 +110,9 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
         for mode, prompts, params in calls:
             engine.generate(prompts, params, mode=mode, salts=[SALT] * len(prompts))
             sent += sum(len(s) for p in prompts for s in p)
-        scored = [[head, *docs, query]]
-        engine.prompts_logprobs(scored, 1)
+        scored = [[head, *docs, query]]  # echo scoring, and its one token drawn from the same forward
+        first = engine.score(scored, 1, first=[True]).first_logits
+        engine.start(scored, [SamplingParams(max_tokens=1, temperature=0.0, logprobs=1)], first_logits=first)
         sent += sum(len(s) for s in scored[0])
     finally:
         try:  # the counters come back even if the eviction fails
@@ -120,7 +121,7 @@ def warm_up(engine: Engine, seed: int = 0) -> WarmUp:
             _restore(engine, saved)
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
-    return WarmUp(time.perf_counter() - t0, len(calls) + 1, sent,
+    return WarmUp(time.perf_counter() - t0, len(calls) + 2, sent,
                   sum(engine.out_of_memory.values()) - faults[0], engine.cold_failures["lost"] - faults[1])
 
 

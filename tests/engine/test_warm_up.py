@@ -47,7 +47,7 @@ def test_warm_up_runs_every_path_and_leaves_cache_and_counters_as_they_were(qwen
     monkeypatch.setattr(engine, "generate", spy)
     done = warm.warm_up(engine)
     monkeypatch.undo()
-    assert done.requests == 6 and done.tokens > 600 and done.seconds > 0
+    assert done.requests == 7 and done.tokens > 600 and done.seconds > 0
     assert [m for m, _ in calls] == ["full", "hypic", "hypic", "prefix", "prefix"]
     cold, warm_call = calls[1][1][0], calls[2][1]
     assert cold[0] == 1 + len(warm.DOCUMENTS) and cold[1] == 0  # the head and every document built cold
@@ -73,7 +73,7 @@ def test_a_warm_up_that_fails_leaves_nothing_behind(qwen3_5_path, monkeypatch) -
     def broken(*args, **kwargs):
         raise RuntimeError("scoring broke")
 
-    monkeypatch.setattr(engine, "prompts_logprobs", broken)  # the last path: every other one has run
+    monkeypatch.setattr(engine, "score", broken)  # the last path: every other one has run
     with pytest.raises(RuntimeError, match="scoring broke"):
         warm.warm_up(engine)
     assert _snapshot(engine) == before and engine.store.check_integrity()
@@ -133,7 +133,7 @@ def test_a_small_context_scales_the_prompts_down(qwen3_5_path, monkeypatch) -> N
         return real(prompts, params, mode=mode, salts=salts)
 
     monkeypatch.setattr(engine, "generate", spy)
-    assert warm.warm_up(engine).requests == 6 and longest and max(longest) <= 48
+    assert warm.warm_up(engine).requests == 7 and longest and max(longest) <= 48
     engine.max_positions = warm.MIN_CONTEXT - 1  # too small to be worth it: nothing runs
     longest.clear()
     assert warm.warm_up(engine).requests == 0 and not longest
@@ -176,7 +176,7 @@ def test_with_a_tokenizer_the_structured_path_is_warmed_too(qwen3_5_path) -> Non
     llm = LLM(device="cpu")
     assert llm.engine._token_vocab is None
     done = llm.warm_up()
-    assert done.requests == 7 and llm.engine._token_vocab is not None
+    assert done.requests == 8 and llm.engine._token_vocab is not None
     assert llm.cache_stats()["entries"] == {"device": 0, "host": 0}
     bare = _engine(qwen3_5_path)
-    assert warm.warm_up(bare).requests == 6 and bare._token_vocab is None
+    assert warm.warm_up(bare).requests == 7 and bare._token_vocab is None
