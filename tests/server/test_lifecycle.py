@@ -226,7 +226,7 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
         # the cache was saved at shutdown (the three documents; under SIGTERM the process once died
         # before saving, rc 143); the next start loads it
         printed = proc.stdout.read()
-        assert re.search(r"hypic serve: warming up: .*\nhypic serve: warmed up in [\d.]+ s \(7 synthetic calls",
+        assert re.search(r"hypic serve: warming up: .*\nhypic serve: warmed up in [\d.]+ s \(8 synthetic calls",
                          printed), printed[-500:]
         saved = re.search(r"(\d+) cached segments saved", printed)
         assert saved and int(saved.group(1)) >= 3 and (cache / "manifest.json").exists()
