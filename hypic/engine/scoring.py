@@ -56,6 +56,9 @@ class Scored:
 
     rows: list[Rows]
     first_logits: list[torch.Tensor | None]
+    # per prompt, per token: its rank in its position's distribution (1: the likeliest; None for the
+    # first token) — vLLM's prompt_logprobs report it
+    ranks: list[list[int | None]] | None = None
 
 
 def score_prompt(model: HybridLM, device: torch.device, ids: list[int], top: int, *,
@@ -125,9 +128,10 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
         raise ValueError(f"first: expected one flag per prompt ({len(prompts)}), got {len(first)}")
     firsts: list[torch.Tensor | None] = [None] * len(prompts)
     if not prompts:
-        return Scored([], [])
+        return Scored([], [], [])
     states: list[SequenceState | None] = [SequenceState() for _ in prompts]
     out: list[Rows] = [[None] for _ in prompts]
+    ranks: list[list[int | None]] = [[None] for _ in prompts]
     rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
     most = max(tops)
     lengths, done = [len(p) for p in prompts], [0] * len(prompts)
@@ -172,11 +176,14 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
                 b = min(a + rows, len(where))
                 # gathered and ranked where the logits are: only [rows × (1 + top)] numbers leave the device
                 logp = model.lm_head(hidden[at[a:b]]).float().log_softmax(-1)
-                actual = logp.gather(1, nxt_d[a:b, None])[:, 0].tolist()
+                gathered = logp.gather(1, nxt_d[a:b, None])
+                rank = ((logp > gathered).sum(-1) + 1).tolist()
+                actual = gathered[:, 0].tolist()
                 values, indices = (logp.topk(most, dim=-1) if most else (logp[:, :0], logp[:, :0].long()))
-                for k, token, lp, vs, ix in zip(whose[a:b], nxt[a:b], actual, values.tolist(), indices.tolist(),
-                                                strict=True):
+                for k, token, lp, r, vs, ix in zip(whose[a:b], nxt[a:b], actual, rank, values.tolist(),
+                                                   indices.tolist(), strict=True):
                     row = dict(zip(ix[:tops[k]], vs[:tops[k]], strict=True))
                     row[token] = lp
                     out[k].append(row)
-    return Scored(out, firsts)
+                    ranks[k].append(r)
+    return Scored(out, firsts, ranks)

@@ -35,7 +35,7 @@ from hypic.server import prompts, responses
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from hypic.server.generation import Echo, Generation, echo_only, respond
-from hypic.server.logprobs import TokenTexts
+from hypic.server.logprobs import TokenTexts, trimmed, vllm_prompt_logprobs
 from hypic.server.metrics import CONTENT_TYPE, Metrics
 from hypic.server.protocol import ChatRequest, Common, CompletionRequest, SegmentsRequest
 from hypic.server.reasoning import after_reasoning, opened_by
@@ -189,6 +189,31 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         metrics.scored_tokens.inc(sum(len(s) for s in scores.rows))
         return scores
 
+    async def prompt_scores(request: Request, req: Common, gens: list[Generation], arrival: float,
+                            echo_top: int | None = None) -> Scored | None:
+        """The prompts' own log-probabilities a request asks — echo's, with ``echo_top`` alternatives,
+        and vLLM's ``prompt_logprobs`` (rendered into each generation) — in one scoring for the larger
+        count; None when it asks none. A one-token answer its mode draws as ``full`` does (lm-eval's
+        loglikelihood: echo, max_tokens 1) takes its logits from the same forward: no second prefill."""
+        tops = [t for t in (echo_top, req.prompt_logprobs) if t is not None]
+        if not tops:
+            return None
+        state.live_runner()  # a stopping server scores nothing either
+        first = req.max_tokens != 0 and all(
+            gen.params.max_tokens == 1 and (gen.mode == "full" or len(gen.prompt) == 1) for gen in gens)
+        scores = await score(request, [gen.prompt for gen in gens], max(tops), arrival, first)
+        wants = req.prompt_logprobs
+        if wants is not None:
+            def render() -> None:  # a long prompt's: off the event loop
+                for gen, rows, ranks in zip(gens, scores.rows, scores.ranks or [], strict=True):
+                    ids = gen.prompt_ids
+                    gen.prompt_logprobs = vllm_prompt_logprobs(TokenTexts(llm.tokenizer, gen.as_ids), ids,
+                                                               trimmed(rows, ids, wants), ranks)
+            await asyncio.to_thread(render)
+        for gen, logits in zip(gens, scores.first_logits, strict=True):
+            gen.first_logits = logits
+        return scores
+
     async def structured_ready(req: Common, held_calls: bool = False) -> None:
         """Structured output's trie, built once and off the event loop (≈ 3 s for 151 000 tokens);
         ``held_calls``: a forced call's schema or strict functions' tag holds the answer."""
@@ -232,18 +257,17 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             return gens
 
         gens = await asyncio.to_thread(prepare)
+        echo_top = req.logprobs if req.echo else None
+        scores = await prompt_scores(request, req, gens, arrival, echo_top)
         if req.echo:
-            state.live_runner()  # a stopping server scores nothing either
-            # a one-token answer its mode draws from full's first-token logits (lm-eval's loglikelihood:
-            # echo, max_tokens 1) takes them from the forward that scores the prompt: no second prefill
-            first = req.max_tokens != 0 and all(
-                gen.params.max_tokens == 1 and (gen.mode == "full" or len(gen.prompt) == 1) for gen in gens)
-            scores = (Scored([None] * len(gens), [None] * len(gens)) if req.logprobs is None else
-                      await score(request, [gen.prompt for gen in gens], req.logprobs, arrival, first))
-            for k, (gen, scored, logits) in enumerate(zip(gens, scores.rows, scores.first_logits, strict=True)):
-                echoed = await asyncio.to_thread(prompts.echo_text, llm, req, k, gen.prompt)
-                gen.echo = Echo(echoed.text, [t for s in gen.prompt for t in s], echoed.offsets, scored)
-                gen.first_logits = logits
+            state.live_runner()  # a stopping server echoes nothing either
+            for k, gen in enumerate(gens):
+                def echoed(k: int = k, gen: Generation = gen) -> Echo:
+                    said = prompts.echo_text(llm, req, k, gen.prompt)
+                    rows = None if scores is None or echo_top is None else trimmed(scores.rows[k], gen.prompt_ids,
+                                                                                  echo_top)
+                    return Echo(said.text, gen.prompt_ids, said.offsets, rows)
+                gen.echo = await asyncio.to_thread(echoed)
             if req.max_tokens == 0:  # the prompt's tokens named and offset: off the event loop too
                 return await asyncio.to_thread(echo_only, request, gens, llm.tokenizer, metrics)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, gens, arrival)
@@ -287,6 +311,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         req = await read_body(request, ChatRequest, settings.max_body_bytes)
         check_model(req.model)
         gen = await chat_generation(req)
+        await prompt_scores(request, req, [gen], arrival)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
 
     @v1.post("/responses")

@@ -84,6 +84,7 @@ class Generation:
     # [vocab] on the device: its first token's logits, from the forward that scored its echo (one
     # token to draw, no prefill: ``Submission.first_logits``)
     first_logits: torch.Tensor | None = None
+    prompt_logprobs: list[dict[str, dict] | None] | None = None  # vLLM's, rendered (``vllm_prompt_logprobs``)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -238,8 +239,10 @@ class Responder:
             body["text"] = self.gen.echo.text + text
             if self.gen.echo.logprobs is not None:
                 logprobs = joined(echo_logprobs(self.tokenizer, self.gen.echo, self.gen.as_ids), logprobs)
+        own = self.gen.prompt_logprobs  # vLLM's: a completion's in its choice, a chat's at the top level
+        scored = {} if self.gen.chat or own is None else {"prompt_logprobs": own}
         return {"index": self.index, **body, "logprobs": logprobs, "finish_reason": finish,
-                "stop_reason": self.stop_reason, **self._ids(tokens)}
+                "stop_reason": self.stop_reason, **self._ids(tokens), **scored}
 
     def echo_chunk(self, finish: str | None = None) -> dict:
         """A stream's first chunk of this choice when the prompt is echoed: the prompt and its logprobs."""
@@ -363,8 +366,9 @@ async def collect(r: Responder) -> dict:
 async def _whole(rs: list[Responder]) -> dict:
     choices = await asyncio.gather(*(collect(r) for r in rs))
     r0 = rs[0]
+    scored = {"prompt_logprobs": r0.gen.prompt_logprobs} if r0.gen.chat and r0.gen.prompt_logprobs is not None else {}
     return {**r0._envelope(False), **r0.chat_prompt_ids(), "choices": list(choices), "usage": _usage(rs),
-            "hypic": r0.extension()}
+            **scored, "hypic": r0.extension()}
 
 
 class _JobStream(StreamingResponse):
@@ -469,10 +473,11 @@ def echo_only(request: Request, gens: list[Generation], tokenizer: Any, metrics:
         assert echo is not None and not gen.chat
         logprobs = None if echo.logprobs is None else echo_logprobs(tokenizer, echo, gen.as_ids)
         ids = {"prompt_token_ids": echo.tokens, "token_ids": []} if gen.token_ids else {}
+        own = {} if gen.prompt_logprobs is None else {"prompt_logprobs": gen.prompt_logprobs}
         choices += [{"index": len(choices) + i, "text": echo.text, "logprobs": logprobs, "finish_reason": "length",
-                     "stop_reason": None, **ids} for i in range(gen.n)]
+                     "stop_reason": None, **ids, **own} for i in range(gen.n)]
         tokens += len(echo.tokens)
-        scored += len(echo.tokens) if echo.logprobs is not None else 0
+        scored += len(echo.tokens) if echo.logprobs is not None or gen.prompt_logprobs is not None else 0
     usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens,
              "prompt_tokens_details": {"cached_tokens": 0}}
     metrics.prompt_tokens.inc(tokens)

@@ -107,6 +107,31 @@ def prompt_logprobs(texts: TokenTexts, ids: list[int], scores: list[dict[int, fl
             "text_offset": list(offsets)}
 
 
+def trimmed(scores: list[dict[int, float] | None], ids: list[int], top: int) -> list[dict[int, float] | None]:
+    """Prompt rows scored with more alternatives than asked (a round scored for its largest ``top``):
+    each cut to its ``top`` likeliest and its own token."""
+    return [None if lp is None else {**dict(_likeliest(lp, top)), t: lp[t]} for t, lp in zip(ids, scores, strict=True)]
+
+
+def vllm_prompt_logprobs(texts: TokenTexts, ids: list[int], scores: list[dict[int, float] | None],
+                         ranks: list[int | None]) -> list[dict[str, dict] | None]:
+    """vLLM's ``prompt_logprobs``: per prompt token (the first: null), its own and the likeliest
+    alternatives' log-probabilities keyed by token id, each with its rank in the position's
+    distribution (1: the likeliest) and its text."""
+    out: list[dict[str, dict] | None] = []
+    for t, lp, rank in zip(ids, scores, ranks, strict=True):
+        if lp is None:
+            out.append(None)
+            continue
+        # the row holds the position's likeliest tokens, so their order is their rank; the prompt's own
+        # token, which may lie below them, is ranked over the whole vocabulary by the scoring
+        row = {str(a): {"logprob": v, "rank": i, "decoded_token": texts.name(a)}
+               for i, (a, v) in enumerate(_likeliest(lp), 1)}
+        own = row.pop(str(t))
+        out.append({str(t): {**own, "rank": rank}, **row})  # its own token first, as vLLM's
+    return out
+
+
 def joined(head: dict, tail: dict | None) -> dict:
     """Two completions ``logprobs`` objects as one (``tail``'s offsets already past ``head``'s text)."""
     if tail is None:

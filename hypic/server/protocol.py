@@ -290,6 +290,9 @@ class Common(Strict):
     # vLLM's: only the prompt's last k tokens are read (-1: as many as the context holds); a segment
     # cut in two is a new one (its tail), the segments before it are left out
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # vLLM's: the prompt's own log-probabilities with this many alternatives (a full forward over it),
+    # in the response beside the answer (a completion's choice; a chat response's top level)
+    prompt_logprobs: int | None = Field(None, ge=0, le=20)
 
     def _constraints(self) -> list[str]:
         """Where a constraint is given, each as a refusal of it names it (at most one passes
@@ -348,6 +351,8 @@ class Common(Strict):
     def _stream_options_with_stream(self) -> Common:
         if self.stream_options is not None and not self.stream:  # OpenAI's and vLLM's refusal too
             raise ValueError("stream_options: only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:  # vLLM's refusal too
+            raise ValueError("prompt_logprobs: not with stream (the prompt's scores come with the whole answer)")
         fields = self._constraints()
         named = [field.split(".")[0] for field in fields]
         if len(named) > 1 and named[0] == named[1]:  # structured_outputs' own two: named in full

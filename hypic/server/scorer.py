@@ -123,7 +123,8 @@ class Scorer:
         at = 0
         for a in batch:
             end = at + len(a.prompts)
-            self._settle(a, Scored(scores.rows[at:end], scores.first_logits[at:end]))
+            self._settle(a, Scored(scores.rows[at:end], scores.first_logits[at:end],
+                                   None if scores.ranks is None else scores.ranks[at:end]))
             at = end
 
     @staticmethod

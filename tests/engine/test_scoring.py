@@ -164,6 +164,11 @@ def test_first_token_logits_come_from_the_scoring_forward(llm, reference, monkey
         row = got.first_logits[k]
         assert row.device == llm.engine.device and row.dtype == torch.float32 and row.shape == want.shape
         assert float((row.double() - want).abs().max()) < 1e-4, k
+    for prompt, ranks in zip(prompts, got.ranks, strict=True):  # each token's rank in its position's distribution
+        ids = prompt[0]
+        with torch.no_grad():
+            logp = reference(torch.tensor([ids])).logits[0].log_softmax(-1)
+        assert ranks == [None] + [int((logp[i - 1] > logp[i - 1, ids[i]]).sum()) + 1 for i in range(1, len(ids))]
     with pytest.raises(ValueError, match="first: expected one flag per prompt"):
         llm.engine.score(prompts, 2, first=[True])
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from openai import AuthenticationError, OpenAI
 
 from hypic import LLM, SamplingParams
@@ -568,6 +569,56 @@ def test_an_echoed_one_token_answer_is_its_modes_own(http: httpx.Client, llm: LL
     prefilled = llm.engine.prefill_tokens
     http.post("/v1/completions", json={**single, "logprobs": 1, "max_tokens": 2}).raise_for_status()
     assert llm.engine.prefill_tokens > prefilled
+
+
+def _ranked(llm: LLM, ids: list[int]) -> list[int]:
+    """Each prompt token's rank in its position's distribution, from the model's own logits (1: the likeliest)."""
+    from hypic.models.context import SequenceContext, SequenceState
+
+    with torch.no_grad():
+        ctx = SequenceContext([SequenceState()], [len(ids)], llm.engine.device)
+        logp = llm.engine.model(torch.tensor(ids), ctx).log_softmax(-1)
+    return [int((logp[i - 1] > logp[i - 1, ids[i]]).sum()) + 1 for i in range(1, len(ids))]
+
+
+def test_prompt_logprobs_as_vllm_gives_them(http: httpx.Client, llm: LLM, monkeypatch) -> None:
+    """vLLM's ``prompt_logprobs``: a completion's in its choice, a chat's at the response's top level —
+    per prompt token (the first null) its own log-probability and the k likeliest, keyed by token id,
+    each ranked (its own over the whole vocabulary) and named; equal to the engine's scores. Asked
+    with echo's ``logprobs`` too, one scoring gives both, each cut to its own count; not with stream."""
+    text = SEPARATOR.join(rag(10))
+    out = http.post("/v1/completions", json={"prompt": text, "max_tokens": 2, "prompt_logprobs": 3,
+                                             "return_token_ids": True}).json()
+    choice = out["choices"][0]
+    ids = choice["prompt_token_ids"]
+    got, want = choice["prompt_logprobs"], llm.engine.prompt_logprobs(llm.tokenize(text), top=3)
+    ranks = _ranked(llm, ids)
+    assert len(got) == len(ids) == out["usage"]["prompt_tokens"] and got[0] is None
+    for i in range(1, len(ids)):
+        row, own = got[i], str(ids[i])
+        assert next(iter(row)) == own and {int(t) for t in row} == set(want[i])  # its own first, then the 3 likeliest
+        assert all(abs(entry["logprob"] - want[i][int(t)]) < 1e-5 for t, entry in row.items())
+        assert row[own]["rank"] == ranks[i - 1] and row[own]["decoded_token"] == llm.tokenizer.decode([ids[i]])
+        by_logprob = sorted(row.values(), key=lambda e: -e["logprob"])  # the ranks follow the log-probabilities
+        assert [e["rank"] for e in by_logprob] == sorted(e["rank"] for e in row.values())
+        assert sorted(e["rank"] for e in row.values())[:3] == [1, 2, 3]
+    messages = [{"role": "user", "content": "Who is Wrenna Jessop?"}]
+    chat = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1, "prompt_logprobs": 0,
+                                                   "return_token_ids": True}).json()
+    ids = chat["prompt_token_ids"]
+    want = llm.engine.prompt_logprobs([ids], top=0)
+    assert "prompt_logprobs" not in chat["choices"][0] and len(chat["prompt_logprobs"]) == len(ids)
+    assert all(list(row) == [str(ids[i])] and abs(row[str(ids[i])]["logprob"] - want[i][ids[i]]) < 1e-5
+               for i, row in enumerate(chat["prompt_logprobs"][1:], 1))
+    calls, real = [], llm.engine.score
+    monkeypatch.setattr(llm.engine, "score", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    both = http.post("/v1/completions", json={"prompt": text, "max_tokens": 0, "echo": True, "logprobs": 1,
+                                              "prompt_logprobs": 4}).json()["choices"][0]
+    assert calls == [[4]]  # one scoring, for the larger count
+    assert max(len(t) for t in both["logprobs"]["top_logprobs"][1:]) == 2  # 1 and its own
+    assert max(len(row) for row in both["prompt_logprobs"][1:]) == 5  # 4 and its own
+    r = http.post("/v1/chat/completions", json={"messages": messages, "stream": True, "prompt_logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
 
 
 def test_the_tokenizer_over_http_as_vllm_serves_it(server: LiveServer, http: httpx.Client, llm: LLM) -> None:
