@@ -171,7 +171,9 @@ class CombineContext(ForwardContext):
         for x in self.extracts:  # the segment's last W−1 raw inputs, reaching into the run's initial tail
             start = cu[x.conv_run]
             history = initial[x.conv_run] if initial is not None else raw.new_zeros(width, raw.shape[1])
-            x.entry.conv_tails[layer] = torch.cat([history, raw[start:x.conv_end]])[-width:].clone()
+            seen = torch.cat([history, raw[start:x.conv_end]])
+            # its last ``width`` rows by their start: ``[-width:]`` is every row when W = 1 (no tail)
+            x.entry.conv_tails[layer] = seen[seen.shape[0] - width:].clone()
 
     def linear(self, layer: int, family: str, run: LinearRun, rope: RopeSpec | None) -> Tensor:
         if self._fusable(family, rope):

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hypic import LLM, SamplingParams
+from tests.engine.conftest import _qwen3_5
 
 TOL = 1e-4
 
@@ -102,3 +103,14 @@ def test_addition_is_naive_without_the_rope_fix(llm) -> None:
     out = llm.generate([prompt], SamplingParams(max_tokens=2), mode="addition")[0]
     assert len(out.token_ids) == 2 and out.metrics.segment_hits == 3  # decodes on after the straw-man prefill
     assert llm.engine.store.check_integrity()
+
+
+def test_a_conv_kernel_of_width_one_keeps_no_tail_in_context_entries(tmp_path) -> None:
+    """W = 1: a conv tail has no rows. An in-context entry's tail is its run's last W − 1 raw inputs,
+    and ``[-0:]`` would have kept every row (a tail as long as the run, which no stack of tails fits)."""
+    llm = LLM(str(_qwen3_5(tmp_path / "w1", linear_conv_kernel_dim=1)), device="cpu", cold="in_context")
+    prompt = _segments(12, [20, 30, 9, 5])
+    full = _logits(llm, prompt, "full")
+    for _ in range(2):  # cold: entries extracted; warm: served, their tails stacked
+        assert _maxdiff(_logits(llm, prompt, "hypic"), full) <= TOL
+    assert all(t.shape[0] == 0 for e in llm.engine.store.entries() for t in e.conv_tails.values())
