@@ -3,9 +3,10 @@
 A folder holds one file per entry and a manifest. An entry's file is one JSON line — its
 ``Header``: key, token ids, seam, where each tensor sits — then its bytes in that layout, the one
 the host tier and the wire use (``hypic.cache.layout``), so an entry is written from and read into
-one buffer. The manifest names what the entries were computed by — the engine's fingerprint
-(configuration and model folder, which every key folds in already), the dtype, and a fingerprint of
-the weights, since a checkpoint retrained in place keeps its folder and configuration — and lists
+one buffer. The manifest names what the entries were computed by — the engine's fingerprint (its
+configuration, which every key folds in already), the dtype, and a fingerprint of the weights, since a
+checkpoint retrained in place keeps its configuration; not the model's folder, so a checkpoint moved
+or copied (a container's mount, the bundled model in another environment) keeps its cache — and lists
 the files from least to most recently used, so loading them in order restores recency, and a
 smaller budget keeps the most recent.
 
@@ -52,7 +53,7 @@ SUFFIX = ".entry"
 class Stamp:
     """What a store's entries were computed by."""
 
-    fingerprint: str  # the engine's: configuration and model folder
+    fingerprint: str  # the engine's: its configuration
     dtype: str
     weights: list[float]  # ``hypic.models.fingerprint.weight_fingerprint``
 
@@ -217,7 +218,7 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp, unfit: Unfit | N
     if not isinstance(saved, dict) or not isinstance(names, list):
         raise ValueError(f"cache folder {folder}: {MANIFEST} has no model stamp or entry list")
     if saved.get("fingerprint") != stamp.fingerprint or saved.get("dtype") != stamp.dtype:
-        raise ValueError(f"cache folder {folder}: saved for another model, model folder or dtype "
+        raise ValueError(f"cache folder {folder}: saved for another model configuration or dtype "
                          f"({saved.get('dtype')}); remove it or point --cache-dir elsewhere")
     weights = saved.get("weights")
     if not isinstance(weights, list) or not all(isinstance(w, (int, float)) for w in weights) \

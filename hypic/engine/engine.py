@@ -199,8 +199,11 @@ class Engine(ColdPrefill, PrefixPrefill):
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
         self._token_vocab_lock = threading.Lock()  # built once, whichever thread asks first
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")
-        self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode() +
-                                           str(loaded.path.resolve()).encode(), digest_size=16).hexdigest()
+        # the configuration's, not the folder's: a checkpoint copied or moved (a container's mount, the
+        # bundled model in another environment) keeps its saved cache; its weights are checked apart
+        # (``stamp``: a saved cache, a cold worker's model)
+        self.fingerprint = hashlib.blake2b(json.dumps(loaded.config, sort_keys=True).encode(),
+                                           digest_size=16).hexdigest()
         self.pool: ColdPool | None = None
         self._template = None  # the model's entry layout (ColdPrefill._new_cold)
         self._graphs = {}  # padded cold prefills per HYPIC_COLD_GRAPHS value (ColdPrefill._cold_graphs)

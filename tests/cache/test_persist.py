@@ -87,10 +87,18 @@ def test_a_cache_of_another_model_or_weights_or_a_damaged_file_is_refused(tmp_pa
     (escaping / MANIFEST).write_text(json.dumps({**manifest, "entries": ["../cache/" + manifest["entries"][0]]}))
     with pytest.raises(ValueError, match="not an entry file of this folder"):
         a.load_cache(escaping)
-    with pytest.raises(ValueError, match="another model"):  # the bundled folder: another fingerprint
-        LLM(device="cpu").load_cache(folder)
-    with pytest.raises(ValueError, match="another model, model folder or dtype"):
+    # the same checkpoint in another folder (model_copy is the bundled model's copy): its cache loads and hits
+    moved = LLM(device="cpu")
+    assert moved.load_cache(folder) == len(a.engine.store.entries())
+    assert moved.generate([_prompt([0, 1, 2])], SamplingParams(max_tokens=1))[0].metrics.segment_hits == 3
+    with pytest.raises(ValueError, match="another model configuration or dtype"):
         LLM(str(model_copy), device="cpu", dtype="bfloat16").load_cache(folder)
+    other = tmp_path / "other"  # another configuration: another fingerprint
+    shutil.copytree(model_copy, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rms_norm_eps": config.get("rms_norm_eps", 1e-6) * 2}))
+    with pytest.raises(ValueError, match="another model configuration"):
+        LLM(str(other), device="cpu").load_cache(folder)
     # a damaged file (cut short) and a missing one: each skipped with a warning naming it, the
     # others loaded, the engine serves the prompt as before, and the next save drops the damaged file
     damaged = tmp_path / "damaged"
