@@ -7,7 +7,10 @@ medians of ``--reps``; a warm-up pass first. Then the whole of lm-eval's request
 two ways: packed scoring and then a prefill for the one token (``hypic`` mode, one segment: full's
 token; how the server answered until session 38), against packed scoring that also gives each
 prompt's last-row logits, the token drawn from them (``Engine.score(first=…)`` →
-``Engine.start(first_logits=…)``: how it answers now); their greedy tokens are compared.
+``Engine.start(first_logits=…)``: how it answers now); their greedy tokens are compared. Last, a
+multiple-choice batch (``--choices`` options per context, each a continuation of 1–8 tokens: how a
+harness sends MMLU-like questions) scored packed with each shared context once (now) against with
+every prompt whole (``SHARED_MIN`` out of reach).
 Both ways give the same scores (``tests/engine/test_scoring.py``); the script reports the largest
 difference, beside that between the one-per-forward scores and the same cut into 100-token pieces (not the kernels' 64-token chunks) (two
 ways exact in exact arithmetic: what the dtype alone makes of them).
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shape", default="qwen3.5-9b")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--choices", type=int, default=4)
     args = ap.parse_args()
     cuda = args.device == "cuda"
     engine = Engine(random_model(SHAPES[args.shape], device=args.device,
@@ -120,6 +124,36 @@ def main() -> None:
     for n, tokens, one_ms, pk, pre, dr, same, worst, floor in rows:
         print(f"| {n} | {tokens} | {one_ms:.1f} | {pk:.1f} | {one_ms / pk:.2f}× | {pre:.1f} | {dr:.1f} "
               f"| {pre / dr:.2f}× | {same} | {worst:.1e} | {floor:.1e} |")
+
+    def questions(n: int) -> list[list[int]]:  # n prompts: n / choices contexts, each with its options
+        out = []
+        for ctx in batch(max(1, n // args.choices)):
+            out += [ctx + [rng.randrange(vocab) for _ in range(rng.randint(1, 8))] for _ in range(args.choices)]
+        return out
+
+    def whole(prompts):  # no prefix shared: every prompt through the model whole
+        with patch.object(scoring, "SHARED_MIN", 1 << 30):
+            return packed(prompts)
+
+    whole(questions(16)), packed(questions(16))
+    shared_rows = []
+    for n in [int(b) for b in args.batches.split(",") if int(b) >= args.choices]:
+        t_whole, t_shared, worst = [], [], 0.0
+        for _ in range(args.reps):
+            prompts = questions(n)
+            t1, a = timed(lambda: whole(prompts))
+            t2, b = timed(lambda: packed(prompts))
+            t_whole.append(t1)
+            t_shared.append(t2)
+            worst = max(worst, _largest(a, b))
+        wh, sh = statistics.median(t_whole) * 1e3, statistics.median(t_shared) * 1e3
+        shared_rows.append((n, sum(len(p) for p in prompts), wh, sh, worst))
+    print(f"multiple choice: {args.choices} options a context (continuations of 1-8 tokens)")
+    print("| prompts | tokens (last rep) | every prompt whole ms | each context once ms | ratio "
+          "| largest score difference |")
+    print("|---|---|---|---|---|---|")
+    for n, tokens, wh, sh, worst in shared_rows:
+        print(f"| {n} | {tokens} | {wh:.1f} | {sh:.1f} | {wh / sh:.2f}× | {worst:.1e} |")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ CHUNK_BYTES = 128 << 20  # … and at most this many bytes of fp32 logits (the 9
 PIECE = 2048  # prompt tokens per forward
 STATE_BYTES = 512 << 20  # the sequences of one forward hold at most about this much state ...
 FIRST_SEQS = 4  # ... and the first forward, before a state's size is known, at most this many
+SHARED_MIN = 32  # tokens prompts must share for their common prefix to be scored once ...
+WAVE = 8  # ... groups of them at a time: each holds its prefix's state until its members start
 
 
 class ScoringStopped(Exception):
@@ -121,15 +123,110 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
                      first: list[bool] | None = None, lock: threading.Lock | threading.RLock | None = None,
                      stop: Callable[[], str | None] | None = None) -> Scored:
     """``score_prompts``, and the first-token logits of each prompt ``first`` marks (one flag per
-    prompt; None: none), read off the last row of its last piece."""
+    prompt; None: none), read off the last row of its last piece. Prompts that share a long prefix
+    (``shared_prefixes``) have it scored once."""
     _check(model, prompts, tops)
     first = [False] * len(prompts) if first is None else first
     if len(first) != len(prompts):
         raise ValueError(f"first: expected one flag per prompt ({len(prompts)}), got {len(first)}")
-    firsts: list[torch.Tensor | None] = [None] * len(prompts)
     if not prompts:
         return Scored([], [], [])
-    states: list[SequenceState | None] = [SequenceState() for _ in prompts]
+    groups = shared_prefixes(prompts)
+    if not groups:
+        return _run(model, device, prompts, tops, first, lock=lock, stop=stop)[0]
+    out = Scored([[] for _ in prompts], [None] * len(prompts), [[] for _ in prompts])
+    grouped = {k for _, members in groups for k in members}
+    alone = [k for k in range(len(prompts)) if k not in grouped]
+    if alone:
+        _place(out, alone, _run(model, device, [prompts[k] for k in alone], [tops[k] for k in alone],
+                                [first[k] for k in alone], lock=lock, stop=stop)[0])
+    for w in range(0, len(groups), WAVE):  # a wave's prefix states are held until its members start
+        wave = groups[w:w + WAVE]
+        # the prefixes, each once (as many alternatives as its members ask), their states kept
+        heads, kept = _run(model, device, [prompts[m[0]][:n] for n, m in wave],
+                           [max(tops[k] for k in m) for _, m in wave], [True] * len(wave), keep=True,
+                           lock=lock, stop=stop)
+        members = [k for _, m in wave for k in m]
+        starts = [_fork(kept[g]) for g, (_, m) in enumerate(wave) for _ in m]
+        tails = _run(model, device, [prompts[k][n:] for n, m in wave for k in m], [tops[k] for k in members],
+                     [first[k] for k in members], starts=starts, lock=lock, stop=stop)[0]
+        del kept, starts
+        at = 0
+        for g, (n, m) in enumerate(wave):
+            logp = heads.first_logits[g].float().log_softmax(-1)  # the row after the prefix: each member's own
+            for k in m:
+                token = prompts[k][n]
+                top = logp.topk(tops[k]) if tops[k] else None
+                row = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+                row[token] = float(logp[token])
+                out.rows[k] = [*_rows(heads.rows[g], prompts[k][:n], tops[k]), row, *tails.rows[at][1:]]
+                out.ranks[k] = [*heads.ranks[g], int((logp > logp[token]).sum()) + 1, *tails.ranks[at][1:]]
+                out.first_logits[k] = tails.first_logits[at]
+                at += 1
+    return out
+
+
+def shared_prefixes(prompts: list[list[int]]) -> list[tuple[int, list[int]]]:
+    """Groups of prompts whose common prefix is worth scoring once — a harness's options of one
+    question (lm-eval's multiple choice: one context, several continuations) — as (prefix length,
+    prompts): at least two prompts sharing at least ``SHARED_MIN`` tokens, each with a token of its
+    own after them. Prompts sorted by their tokens sit beside those they share most with; a run of
+    them grows while the tokens it saves do not shrink."""
+    order = sorted(range(len(prompts)), key=lambda k: prompts[k])
+    groups: list[tuple[int, list[int]]] = []
+    shared, run = 0, [order[0]]
+    for a, b in zip(order, order[1:], strict=False):
+        common = min(_common(prompts[a], prompts[b]), len(prompts[a]) - 1, len(prompts[b]) - 1)
+        grown = common if len(run) == 1 else min(shared, common)
+        if grown >= SHARED_MIN and grown * len(run) >= shared * (len(run) - 1):
+            shared, run = grown, [*run, b]
+            continue
+        if len(run) > 1:
+            groups.append((shared, run))
+        shared, run = 0, [b]
+    if len(run) > 1:
+        groups.append((shared, run))
+    return groups
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _fork(state: SequenceState) -> Callable[[], SequenceState]:
+    """A copy of ``state`` made when it is first needed (a wave's members do not all hold one at once)."""
+    return lambda: SequenceState({k: v.clone() for k, v in state.linear.items()},
+                                 {k: v.clone() for k, v in state.conv.items()},
+                                 {k: v.clone() for k, v in state.kv.items()}, state.length)
+
+
+def _rows(rows: Rows, ids: list[int], top: int) -> Rows:
+    """A shared prefix's rows (scored for its members' largest ``top``) cut to one member's ``top``."""
+    return [None if r is None else {**dict(sorted(r.items(), key=lambda kv: -kv[1])[:top]), t: r[t]}
+            for t, r in zip(ids, rows, strict=True)]
+
+
+def _place(out: Scored, where: list[int], part: Scored) -> None:
+    for k, rows, logits, ranks in zip(where, part.rows, part.first_logits, part.ranks or [], strict=True):
+        out.rows[k], out.first_logits[k], out.ranks[k] = rows, logits, ranks
+
+
+def _run(model: HybridLM, device: torch.device, prompts: list[list[int]], tops: list[int], first: list[bool], *,
+         starts: list[Callable[[], SequenceState]] | None = None, keep: bool = False,
+         lock: threading.Lock | threading.RLock | None = None,
+         stop: Callable[[], str | None] | None = None) -> tuple[Scored, list[SequenceState | None]]:
+    """The packed forwards: each prompt from its ``starts`` state (made when its first piece is packed;
+    its first token's row is then not this call's to give) or from nothing; with ``keep``, each
+    prompt's state at its end is returned too."""
+    firsts: list[torch.Tensor | None] = [None] * len(prompts)
+    states: list[SequenceState | None] = [None] * len(prompts)
+    finals: list[SequenceState | None] = [None] * len(prompts)
+    pending = list(starts) if starts is not None else [SequenceState] * len(prompts)
     out: list[Rows] = [[None] for _ in prompts]
     ranks: list[list[int | None]] = [[None] for _ in prompts]
     rows = max(1, min(ROWS, CHUNK_BYTES // (4 * model.vocab_size)))
@@ -152,6 +249,9 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
             whose += [k] * scored
             offset += b - a
         with lock if lock is not None else contextlib.nullcontext():
+            for k, a, _ in pack:
+                if a == 0:  # its first piece: its state now
+                    states[k], pending[k] = pending[k](), None
             ctx = SequenceContext([states[k] for k, _, _ in pack], [b - a for _, a, b in pack], device)
             hidden = model.hidden_states(to_device([t for k, a, b in pack for t in prompts[k][a:b]], device), ctx)
             ctx.finish()
@@ -161,7 +261,8 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
             for k, a, b in pack:
                 offset += b - a
                 if b == len(prompts[k]):
-                    states[k] = None  # scored whole: its state is not needed any more
+                    finals[k] = states[k] if keep else None
+                    states[k] = None  # scored whole: its state is not needed any more (unless kept)
                     if first[k]:
                         ends.append((k, offset - 1))
             for a in range(0, len(ends), rows):
@@ -186,4 +287,4 @@ def score_with_first(model: HybridLM, device: torch.device, prompts: list[list[i
                     row[token] = lp
                     out[k].append(row)
                     ranks[k].append(r)
-    return Scored(out, firsts, ranks)
+    return Scored(out, firsts, ranks), finals

@@ -72,6 +72,53 @@ def test_prompts_scored_together_match_fp64_transformers_each(llm, reference, mo
     assert all(abs(a[t] - b[t]) < 1e-5 for a, b in zip(alone[1:], got[3][1:], strict=True) for t in a)
 
 
+def test_shared_prefixes_group_a_questions_options() -> None:
+    """Prompts sharing at least SHARED_MIN tokens, each with one of its own after them, grouped by
+    their common prefix; a member that would shrink what the group saves starts its own."""
+    context, other = list(range(3, 43)), list(range(100, 140))
+    prompts = [context + [7], other + [1, 2], context + [8, 9], [5, 6], context + [7], context[:35] + [1], other + [3]]
+    groups = sorted((n, sorted(m)) for n, m in scoring.shared_prefixes(prompts))
+    assert groups == [(35, [0, 2, 4, 5]), (40, [1, 6])], groups
+    assert [(n, sorted(m)) for n, m in scoring.shared_prefixes([context, context[:-1] + [0]])] == [(39, [0, 1])]
+    assert scoring.shared_prefixes([context[:20] + [1], context[:20] + [2]]) == []  # under SHARED_MIN
+    assert scoring.shared_prefixes([[1], [1]]) == []  # nothing of their own would be left
+
+
+@pytest.mark.parametrize(("piece", "wave"), [(scoring.PIECE, scoring.WAVE), (13, 1)])
+def test_a_shared_prefix_is_scored_once_and_each_prompt_as_alone(llm, reference, monkeypatch, piece: int,
+                                                                  wave: int) -> None:
+    """A harness's options of one question (one context, several continuations) and a duplicate, beside
+    unrelated prompts: the context runs through the model once, and every prompt's rows, ranks and
+    first-token logits are fp64 transformers' — in pieces of 13 tokens and in waves of one group too."""
+    monkeypatch.setattr(scoring, "PIECE", piece)
+    monkeypatch.setattr(scoring, "WAVE", wave)
+    context = [t for s in _prompt(50, [70]) for t in s]
+    prompts = [context + [11], context + [12, 13, 14], _prompt(51, [25])[0], context + [11],
+               context[:40] + [t for s in _prompt(52, [9]) for t in s], _prompt(53, [40])[0]]
+    tops = [2, 0, 3, 1, 4, 2]
+    seen = []
+    real = llm.engine.model.hidden_states
+    monkeypatch.setattr(llm.engine.model, "hidden_states", lambda ids, ctx: seen.append(len(ids)) or real(ids, ctx))
+    got = scoring.score_with_first(llm.engine.model, llm.engine.device, prompts, tops, first=[True] * len(prompts))
+    groups = scoring.shared_prefixes(prompts)
+    assert any(sorted(m)[:3] == [0, 1, 3] and n >= 40 for n, m in groups)  # the options share the context
+    grouped = {k for _, m in groups for k in m}
+    own = sum(len(p) for k, p in enumerate(prompts) if k not in grouped)
+    assert sum(seen) == own + sum(n + sum(len(prompts[k]) - n for k in m) for n, m in groups) < \
+        sum(len(p) for p in prompts)  # each shared prefix through the model once, each prompt's own after it
+    for ids, top, rows, ranks, last in zip(prompts, tops, got.rows, got.ranks, got.first_logits, strict=True):
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids])).logits[0]
+        logp = logits.log_softmax(-1)
+        assert len(rows) == len(ranks) == len(ids) and rows[0] is None and ranks[0] is None
+        for i in range(1, len(ids)):
+            want = logp[i - 1]
+            assert set(rows[i]) == set(want.topk(top).indices.tolist()) | {ids[i]}, (len(ids), i)
+            assert all(abs(lp - float(want[t])) < 1e-4 for t, lp in rows[i].items()), (len(ids), i)
+            assert ranks[i] == int((want > want[ids[i]]).sum()) + 1, (len(ids), i)
+        assert float((last.double() - logits[-1]).abs().max()) < 1e-4
+
+
 def _packs(lengths: list[int], max_seqs: int = 1 << 30) -> list[list[tuple[int, int, int]]]:
     """Every forward ``score_prompts`` would run for prompts of ``lengths``, its cap fixed."""
     done, packs = [0] * len(lengths), []
