@@ -223,8 +223,9 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp, unfit: Unfit | N
     weights = saved.get("weights")
     if not isinstance(weights, list) or not all(isinstance(w, (int, float)) for w in weights) \
             or not same_weights(weights, stamp.weights):
-        raise ValueError(f"cache folder {folder}: computed by other weights than this model's (a checkpoint "
-                         "changed in place?); remove it")
+        raise ValueError(f"cache folder {folder}: computed by other weights than this model's (another "
+                         "checkpoint of the same configuration, or one changed in place); remove it or point "
+                         "--cache-dir elsewhere")
     inserted, skipped = 0, []
     for name in names:
         if not isinstance(name, str) or Path(name).name != name or not name.endswith(SUFFIX):

@@ -243,7 +243,7 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
     other = subprocess.run([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--device", "cpu",
                             "--dtype", "bfloat16", "--cache-dir", str(cache)], capture_output=True, text=True,
                            timeout=120)
-    assert other.returncode == 2 and "saved for another model, model folder or dtype" in other.stderr
+    assert other.returncode == 2 and "saved for another model configuration or dtype" in other.stderr, other.stderr
     afile = tmp_path / "afile"
     afile.write_text("")
     for args, needle in ((["--port", "70000"], "port number 0–65535"),
