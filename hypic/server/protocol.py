@@ -162,6 +162,8 @@ class StructuredOutputs(Strict):
                 return json.loads(self.json_)
             except json.JSONDecodeError as e:
                 raise ValueError(f"structured_outputs.json: not JSON: {e}") from None
+            except RecursionError:  # "[[[…" past Python's stack: the request's fault, not a 500
+                raise ValueError("structured_outputs.json: nested too deep to read") from None
         return self.json_
 
 

@@ -37,6 +37,10 @@ CASES = [  # (path, body: dict or raw bytes, status, param)
      "response_format.json_schema.schema"),
     ("/v1/chat/completions", {"messages": OK_CHAT, "response_format": {"type": "json_schema", "json_schema": {
         "name": "n", "schema": DEEP_SCHEMA}}}, 400, "response_format.json_schema.schema"),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": {"json": "[" * 5000}}, 400,
+     "structured_outputs.json"),  # the schema's own JSON text, read past Python's stack: was a 500
+    ("/v1/chat/completions", {"messages": OK_CHAT, "structured_outputs": {"json": "[" * 5000 + "]" * 5000}}, 400,
+     "structured_outputs.json"),
     ("/v1/completions", {}, 400, "prompt"),
     ("/v1/completions", {"prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, -3]}, 400, "prompt[2]"),
