@@ -321,7 +321,7 @@ def _call_of(value: object, names: tuple[str, ...]) -> dict[str, Any] | None:
 def _json(text: str) -> object:
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past Python's stack ("[[[…")
         return None  # not a call's arguments: the block stays text
 
 
@@ -331,7 +331,7 @@ def _xml_value(text: str, schema: object) -> object:
         return text
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
 
 

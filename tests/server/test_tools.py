@@ -233,6 +233,18 @@ def test_auto_answers_are_searched_for_hermes_blocks() -> None:
     assert auto.message("plain", "length") == ({"role": "assistant", "content": "plain"}, "length")
 
 
+def test_a_call_nested_past_python_s_stack_is_text_not_a_500() -> None:
+    """A block whose JSON nests deeper than Python's stack reads (a grammar can make a model write
+    one; 21 s of decoding then ended in a RecursionError, a 500) is no call: it stays text."""
+    names = ("lookup",)
+    for text in ("<tool_call>" + "[" * 5000, "<tool_calls>\n" + '{"a": ' * 5000):
+        assert parse_calls(text, names) == ([], text)
+    calls, _ = parse_calls("<tool_call><function=lookup><parameter=q>" + "[" * 5000, names)
+    assert json.loads(calls[0]["function"]["arguments"]) == {"q": "[" * 5000}  # an XML value: its text, as not JSON
+    forced = ToolCalling(True, names, {"type": "object"})
+    assert forced.message("[" * 5000, "stop") == ({"role": "assistant", "content": "[" * 5000}, "stop")
+
+
 def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
     for choice in ("auto", "none"):
         out = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=choice,
