@@ -180,7 +180,9 @@ def strict_calls(tools: list[dict[str, Any]], style: str, parallel: bool = True)
         try:
             compile_tags({"type": "structural_tag", "format": tag})
         except ValueError as e:
-            _, _, rest = str(e).partition(".json_schema")
+            _, inside, rest = str(e).partition(".json_schema")
+            if not inside:  # about the tag's whole text (not JSON, a lone surrogate): its reason, not nothing
+                rest = ": " + str(e).partition(": ")[2]
             raise ValueError(f"tools[{k}].function.parameters{rest}") from None
     if style == "minimax":  # one block, the calls in it one a line
         block = {"type": "tag", "begin": "<tool_calls>\n", "end": "\n</tool_calls>",

@@ -269,10 +269,16 @@ def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
      "forces a call"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]}, "tools[0].function.name", "pattern"),
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "not set through them"),
+    # a strict function's schema that is no JSON (Python's json reads Infinity): the message was the field alone,
+    # "tools[0].function.parameters", without the reason
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"x": {"maximum": float("inf")}}}}}]}, "tools[0].function.parameters",
+     "parameters: not JSON (Out of range float"),
 ])
 def test_what_cannot_be_served_is_a_400_and_serving_goes_on(http: httpx.Client, client: OpenAI, body, param,
                                                             needle) -> None:
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4, **body})
+    r = http.post("/v1/chat/completions", headers={"Content-Type": "application/json"},
+                  content=json.dumps({"model": MODEL, "messages": ASK, "max_tokens": 4, **body}))
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and needle in err["message"], err
