@@ -421,6 +421,8 @@ class CompletionRequest(Common):
             raise ValueError("prompt: give exactly one of prompt and segments")
         if self.max_tokens == 0 and not self.echo:
             raise ValueError("max_tokens: 0 generates nothing; it is allowed only with echo (to score the prompt)")
+        if self.max_tokens == 0 and self.min_tokens > 0:  # said here: the sampling check sees max_tokens 1
+            raise ValueError(f"min_tokens: expected an integer in [0, max_tokens = 0], got {self.min_tokens}")
         return self
 
     @property

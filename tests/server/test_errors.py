@@ -182,6 +182,11 @@ def test_a_message_says_the_real_problem(server: LiveServer) -> None:
         r = httpx.post(f"{server.url}{path}", headers=AUTH, timeout=60, json={**body, "cache_salt": ""})
         assert r.status_code == 400 and _error_shape(r)["param"] == "cache_salt"
         assert _error_shape(r)["message"] == "cache_salt: empty (leave it out for no salt)", r.text  # as the library
+    # echo's max_tokens 0 is checked as 1 for sampling: a min_tokens over it was said to exceed "max_tokens = 1"
+    r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=60,
+                   json={"prompt": "hi", "echo": True, "max_tokens": 0, "min_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert _error_shape(r)["message"] == "min_tokens: expected an integer in [0, max_tokens = 0], got 2"
     # a list where a string or a list is allowed: the list's complaint, not the string's
     r = httpx.post(f"{server.url}/v1/responses", headers=AUTH, timeout=60, json={"input": []})
     assert r.status_code == 400 and "at least 1 item" in _error_shape(r)["message"], r.text
