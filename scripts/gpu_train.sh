@@ -50,7 +50,9 @@ fi
 # (hypic.train.grow); the config only on a first run (resuming never changes it).
 cp "$ck"/model-*.safetensors "$ck"/optim-*.safetensors "$ck"/model.safetensors.index.json "$ck"/train_state.json "$OUT"/
 [ -f .ckpt/train_state.json ] || cp "$ck"/config.json "$OUT"/
-[ "${QUALITY_SECONDS:-60}" = 0 ] || timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda --n 12 --difficulty 0.5 --json \
-  --labels full,naive,hypic_w8 2>&1 | tail -1 || true
+# QUALITY_LABELS / QUALITY_N / QUALITY_DIFFICULTY: the check's modes, examples per family, difficulty
+[ "${QUALITY_SECONDS:-60}" = 0 ] || timeout "${QUALITY_SECONDS:-60}" python3 -m hypic.cli eval quality --model "$ck" --device cuda \
+  --n "${QUALITY_N:-12}" --difficulty "${QUALITY_DIFFICULTY:-0.5}" --json \
+  --labels "${QUALITY_LABELS:-full,naive,hypic_w8}" 2>&1 | tail -1 || true
 tail -3 /tmp/train.log
 [ "$(ls "$OUT" | wc -l)" -le 8 ] || echo "warning: $(ls "$OUT" | wc -l) files in \$OUT; a call returns at most 8"

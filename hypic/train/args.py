@@ -65,6 +65,9 @@ def parser(description: str) -> OneLineParser:
                    help="every K-th step computes the segments before the query standalone, as hypic does (0: never)")
     p.add_argument("--standalone-seam", type=int, default=0,
                    help="hypic's seam w in those steps: each segment's first w tokens recomputed in context")
+    p.add_argument("--blind-every", type=int, default=0,
+                   help="the last of every K steps (when not a standalone one) lets the query attend only to "
+                        "itself: the documents reach it through the linear layers (0: never; hypic.train.blind)")
     p.add_argument("--schedule-start", type=int, default=0,
                    help="step where this learning-rate schedule (warm-up, cosine to --total-steps) begins")
     return p
@@ -91,6 +94,7 @@ def check(args: argparse.Namespace) -> None:
                 "--warmup": (args.warmup, 0), "--ramp-steps": (args.ramp_steps, 0), "--workers": (args.workers, 0),
                 "--extra-questions": (args.extra_questions, 0), "--extra-multi": (args.extra_multi, 0),
                 "--standalone-every": (args.standalone_every, 0), "--standalone-seam": (args.standalone_seam, 0),
+                "--blind-every": (args.blind_every, 0),
                 "--schedule-start": (args.schedule_start, 0)}
     for option, (value, low) in at_least.items():
         if value < low:

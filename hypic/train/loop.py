@@ -26,6 +26,7 @@ from hypic.models.random_init import random_model
 from hypic.ops.linear import backend_override
 from hypic.ops.transfer import to_device
 from hypic.train.args import check, check_out, parse_weights, parser
+from hypic.train.blind import QueryBlindContext
 from hypic.train.checkpoint import load_checkpoint, save_checkpoint, tokenizer_config
 from hypic.train.data import Stream, difficulty_at
 from hypic.train.pic import StandaloneSegmentsContext
@@ -61,18 +62,25 @@ def lr_at(step: int, peak: float, warmup: int, total: int) -> float:
 
 
 def loss_of(model: torch.nn.Module, batch, device: torch.device,
-            standalone: bool = False, seam: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            standalone: bool = False, seam: int = 0, blind: bool = False,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(weighted loss, teacher-forced accuracy on the answer tokens, on answers' first tokens): the
     accuracies are the signal that retrieval is being learned (the first token most of all); the
     loss alone mixes in the documents' language modelling.
     ``standalone``: the forward hypic makes at seam ``seam`` — segments before the query computed
-    on their own, their first ``seam`` tokens again in context (``hypic.train.pic``)."""
+    on their own, their first ``seam`` tokens again in context (``hypic.train.pic``); ``blind``: the
+    query onward attends only to itself, the documents reach it through the linear layers
+    (``hypic.train.blind``)."""
+    if standalone and blind:
+        raise ValueError("a step is standalone or query-blind, not both")
     ids, labels, w, first = batch.input_ids, batch.labels, batch.weights, batch.first
     if standalone:
         ctx = StandaloneSegmentsContext(batch.lengths, batch.segments, device, seam=seam)
         # physical rows: seam copies scored 0 (their tokens are scored once, in the cold prefill)
         ids, labels, w = ids[ctx.source], labels[ctx.source], w[ctx.source] * ~ctx.seam_copy
         first = first[ctx.source] & ~ctx.seam_copy
+    elif blind:
+        ctx = QueryBlindContext(batch.lengths, batch.segments, device)
     else:
         ctx = SequenceContext([SequenceState() for _ in batch.lengths], batch.lengths, device, keep_state=False)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -126,7 +134,10 @@ def train(args: argparse.Namespace) -> dict:
                     g["lr"] = lr_at(step - args.schedule_start, args.lr, args.warmup,
                                     args.total_steps - args.schedule_start)
                 standalone = args.standalone_every > 0 and step % args.standalone_every == 0
-                loss, accuracy, first = loss_of(model, batch, device, standalone, args.standalone_seam)
+                # query-blind steps fall on the last of every --blind-every steps, when that is no standalone one
+                blind = (not standalone and args.blind_every > 0
+                         and step % args.blind_every == args.blind_every - 1)
+                loss, accuracy, first = loss_of(model, batch, device, standalone, args.standalone_seam, blind)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -138,7 +149,7 @@ def train(args: argparse.Namespace) -> dict:
                     last = time.time()
                     row = {"step": state["step"], "loss": round(loss.item(), 4),
                            "answer_acc": round(accuracy.item(), 3), "first_acc": round(first.item(), 3),
-                           "standalone": standalone, "grad_norm": round(norm.item(), 3),
+                           "standalone": standalone, "blind": blind, "grad_norm": round(norm.item(), 3),
                            "lr": g["lr"], "difficulty": round(difficulty_at(step, args.ramp_steps), 3),
                            "tok_per_s": round((state["tokens"] - logged_tokens) / dt)}
                     logged_tokens = state["tokens"]

@@ -28,6 +28,7 @@ def _one_line(capsys, prog: str) -> str:
     (["--ramp-steps", "-10"], "--ramp-steps: expected an integer ≥ 0"),
     (["--standalone-every", "-1"], "--standalone-every"),
     (["--standalone-seam", "-1"], "--standalone-seam"),
+    (["--blind-every", "-1"], "--blind-every"),
     (["--workers", "-1"], "--workers"),
     (["--extra-questions", "-1"], "--extra-questions"),
     (["--lr", "-1"], "--lr: expected a finite learning rate > 0"),
