@@ -21,6 +21,7 @@ from torch import Tensor
 
 from hypic.models.context import RopeSpec, SequenceContext, SequenceState
 from hypic.ops.attention_batch import causal_prefill_batch
+from hypic.train.pic import check_segments
 
 
 class QueryBlindContext(SequenceContext):
@@ -29,11 +30,8 @@ class QueryBlindContext(SequenceContext):
     of the query onward sees only the query onward; tokens before it attend causally as usual."""
 
     def __init__(self, lengths: list[int], segments: list[list[int]], device: torch.device) -> None:
-        runs: list[int] = []
-        for n, segs in zip(lengths, segments, strict=True):
-            if sum(segs) != n or any(s < 0 for s in segs) or not segs:
-                raise ValueError(f"segments {segs} do not cut a sequence of {n} tokens")
-            runs += [r for r in (n - segs[-1], segs[-1]) if r]
+        check_segments(lengths, segments)
+        runs = [r for n, segs in zip(lengths, segments, strict=True) for r in (n - segs[-1], segs[-1]) if r]
         super().__init__([SequenceState() for _ in lengths], lengths, device, keep_state=False)
         self.cu_attention = torch.tensor([0, *runs]).cumsum(0)
 

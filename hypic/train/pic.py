@@ -34,6 +34,14 @@ from hypic.ops.conv import causal_conv1d
 from hypic.ops.transfer import to_device
 
 
+def check_segments(lengths: list[int], segments: list[list[int]]) -> None:
+    """ValueError unless each ``segments[i]`` cuts sequence i (``lengths[i]`` tokens) into pieces
+    of ≥ 0 tokens, the last the query onward: the batches' cut that the training forwards read."""
+    for n, segs in zip(lengths, segments, strict=True):
+        if sum(segs) != n or any(s < 0 for s in segs) or not segs:
+            raise ValueError(f"segments {segs} do not cut a sequence of {n} tokens")
+
+
 class StandaloneSegmentsContext(ForwardContext):
     """Sequences ``lengths`` packed in order; ``segments[i]`` cuts sequence i into its prompt
     segments before the query, then the rest (query, answer, anything after) as the last entry.
@@ -48,9 +56,7 @@ class StandaloneSegmentsContext(ForwardContext):
                  seam: int = 0) -> None:
         if seam < 0:
             raise ValueError(f"seam: expected w ≥ 0, got {seam}")
-        for n, segs in zip(lengths, segments, strict=True):
-            if sum(segs) != n or any(s < 0 for s in segs) or not segs:
-                raise ValueError(f"segments {segs} do not cut a sequence of {n} tokens")
+        check_segments(lengths, segments)
         source: list[int] = []  # physical row → original token (flat over the batch)
         virtual: list[int] = []  # the request in true-position order, as physical rows
         alone_runs: list[int] = []

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from hypic.eval.tokenizer import corpus, train_tokenizer
+from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.random_init import random_model
 from hypic.ops.rope import RopeSpec
 from hypic.train.blind import QueryBlindContext
@@ -76,7 +77,6 @@ def test_the_query_reads_the_documents_only_through_the_linear_layers() -> None:
         if blind:
             ctx = QueryBlindContext(b.lengths, b.segments, cpu)
         else:
-            from hypic.models.context import SequenceContext, SequenceState
             ctx = SequenceContext([SequenceState()], b.lengths, cpu, keep_state=False)
         with torch.no_grad():
             return model.hidden_states(b.input_ids, ctx)
