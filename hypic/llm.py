@@ -18,7 +18,7 @@ import torch
 
 from hypic.cache.budgets import AUTO, Budget
 from hypic.engine.engine import Engine
-from hypic.engine.request import RequestOutput, SamplingParams
+from hypic.engine.request import RequestOutput, SamplingParams, check_utf8
 from hypic.engine.warm_up import WarmUp, warm_up
 from hypic.models.loader import load_model
 from hypic.models.tokenize import encode
@@ -64,8 +64,8 @@ class LLM:
             raise ValueError(f"model: {model} is not a folder here; hypic loads local folders and downloads "
                              f"nothing (fetch it first, e.g. `huggingface-cli download {model} --local-dir DIR`)")
         if seed is not None:
-            if not isinstance(seed, int) or isinstance(seed, bool):
-                raise ValueError(f"seed: expected an integer or None, got {seed!r}")
+            if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
+                raise ValueError(f"seed: expected an integer in [-2**63, 2**64) or None, got {seed!r}")
             torch.manual_seed(seed)
         self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
@@ -88,6 +88,7 @@ class LLM:
         if isinstance(segment, str):
             if not segment:
                 raise ValueError(f"{where}: empty segment")
+            check_utf8(segment, where)
             if self.tokenizer is None:
                 raise ValueError(f"{where}: this model has no tokenizer.json; pass token ids")
             ids = encode(self.tokenizer, segment).ids
@@ -366,7 +367,12 @@ class LLM:
     def prewarm(self, documents: list[str | list[int]], *, cache_salt: str | None = None) -> list[bool | None]:
         """Prefill documents (text or token ids) into the cache before the prompts that use them: per
         document, True if it was cached already, False if filled now, None if too short to cache."""
-        return self.engine.prewarm(self._documents(documents), salt=self._salt(cache_salt))
+        ids = self._documents(documents)
+        for i, doc in enumerate(ids):  # no prompt could hold it: its prefill would be wasted (and unbounded)
+            if len(doc) >= self.max_positions:
+                raise ValueError(f"documents[{i}]: {len(doc)} tokens exceed the model's limit of "
+                                 f"{self.max_positions - 1}")
+        return self.engine.prewarm(ids, salt=self._salt(cache_salt))
 
     def warm_up(self) -> WarmUp:
         """Run every path a request can take once, on synthetic prompts, so that the first requests
@@ -397,7 +403,7 @@ class LLM:
             raise ValueError("cache_salt: expected a string")
         if cache_salt == "":  # it would key entries as no salt does: another tenant's entries served
             raise ValueError("cache_salt: empty (leave it out for no salt)")
-        return cache_salt
+        return cache_salt if cache_salt is None else check_utf8(cache_salt, "cache_salt")
 
     def close(self) -> None:
         """Stop the cold workers, if any."""
@@ -405,7 +411,13 @@ class LLM:
 
     def save_cache(self, folder: str | Path) -> int:
         """Save the segment cache into ``folder`` (one file per entry and a manifest); how many entries."""
-        return self.engine.save_cache(_folder(folder, "folder"))
+        folder = _folder(folder, "folder")
+        for path in (Path(folder), *Path(folder).parents):  # a file in the way: mkdir's OSError, unnamed
+            if path.exists():
+                if not path.is_dir():
+                    raise ValueError(f"folder: {path} is a file, not a folder")
+                break
+        return self.engine.save_cache(folder)
 
     def load_cache(self, folder: str | Path) -> int:
         """Load a cache saved by ``save_cache`` for this model; how many entries the cache took."""
@@ -483,6 +495,8 @@ def _prompt_text(prompt: object) -> str | None:
 def _folder(path: object, name: str) -> str | Path:
     if not isinstance(path, (str, Path)):
         raise ValueError(f"{name}: expected a folder path, got {type(path).__name__}")
+    if path == "":  # Path("") is the working directory: a save would write (and prune) there
+        raise ValueError(f"{name}: empty path")
     return path
 
 

@@ -237,7 +237,8 @@ def load(store: SegmentStore, folder: str | Path, stamp: Stamp, unfit: Unfit | N
             continue
         inserted += store.insert(entry)
     if skipped:
-        warnings.warn(f"cache folder {folder}: {len(skipped)} damaged entry file(s) skipped, their segments "
+        warnings.warn(f"cache folder {folder}: {len(skipped)} entry file(s) skipped — damaged, or of a layout "
+                      f"not this engine's (another seam) —, their segments "
                       f"computed again when needed: {'; '.join(skipped[:3])}", stacklevel=2)
     return inserted
 

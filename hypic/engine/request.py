@@ -7,6 +7,17 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 
+def check_utf8(text: str, what: str) -> str:
+    """``text`` unchanged; ValueError named ``what`` when it holds a lone surrogate (no UTF-8 text
+    holds one: the tokenizer and the constraints' byte automata cannot take it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what}: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
+                         "no UTF-8 text holds") from None
+    return text
+
+
 def check_top(top: object) -> int:
     """How many likeliest tokens to report per prompt token: an integer in [0, 20] (OpenAI's bound)."""
     if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
@@ -166,6 +177,8 @@ class SamplingParams:
                 not isinstance(w, str) or not w.strip() for w in self.bad_words):
             raise ValueError(f"bad_words: expected a list of words (non-blank strings), got {self.bad_words!r}")
         object.__setattr__(self, "bad_words", tuple(self.bad_words))
+        for word in self.bad_words:
+            check_utf8(word, "bad_words")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos: expected a boolean, got {self.ignore_eos!r}")
         if (not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or self.min_tokens < 0
@@ -176,6 +189,8 @@ class SamplingParams:
         if not isinstance(stop, (tuple, list)) or any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop: expected a non-empty string or a list of them, got {self.stop!r}")
         object.__setattr__(self, "stop", tuple(stop))
+        for text in self.stop:
+            check_utf8(text, "stop")
         for name in ("include_stop_str_in_output", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected a boolean, got {getattr(self, name)!r}")
@@ -195,9 +210,13 @@ class SamplingParams:
                     not isinstance(c, str) for c in self.choice):
                 raise ValueError(f"choice: expected a non-empty list of strings, got {self.choice!r}")
             object.__setattr__(self, "choice", tuple(self.choice))
+            for text in self.choice:
+                check_utf8(text, "choice")
         for name in ("regex", "grammar"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}: expected a string, got {getattr(self, name)!r}")
+        if self.grammar is not None:
+            check_utf8(self.grammar, "grammar")
         if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
             raise ValueError(f"structural_tag: expected its JSON text or an object, got {self.structural_tag!r}")
         kinds = self.constraint_kinds

@@ -427,7 +427,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise APIError(400, "this server was started without --cache-dir: there is nowhere to save the cache")
         try:
             n = await before_overdue(state.runner, asyncio.to_thread(llm.save_cache, settings.cache_dir))
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: --cache-dir became a file since the start
             raise APIError(500, f"the cache could not be saved: {e}", kind="internal",
                            type="server_error") from None
         return {"object": "cache.saved", "entries": n}

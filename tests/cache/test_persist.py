@@ -109,7 +109,7 @@ def test_a_cache_of_another_model_or_weights_or_a_damaged_file_is_refused(tmp_pa
     victim.write_bytes(victim.read_bytes()[:-100])
     gone.unlink()
     b = LLM(str(model_copy), device="cpu")
-    with pytest.warns(UserWarning, match="2 damaged entry file") as caught:
+    with pytest.warns(UserWarning, match="2 entry file.*skipped — damaged") as caught:
         assert b.load_cache(damaged) == len(names) - 2
     said = str(caught[0].message)
     assert victim.name in said and gone.name in said and "bytes after its header" in said
@@ -217,7 +217,7 @@ def test_an_older_files_header_is_held_to_the_engines_layout(tmp_path) -> None:
     _flip_in_header(files[0], f", {offset}]".encode(), f", {offset ^ 64}]".encode(), drop_own_checksum=True)
     _flip_in_header(files[1], b'"seam": 8', b'"seam": 9', drop_own_checksum=True)
     b = LLM(device="cpu")
-    with pytest.warns(UserWarning, match="2 damaged entry file.*not an entry of this engine's layout"):
+    with pytest.warns(UserWarning, match="2 entry file.*skipped — damaged.*not an entry of this engine's layout"):
         assert b.load_cache(folder) == 0
     got = b.generate([_prompt([0, 1])], params)[0]
     assert got.metrics.segment_misses == 2 and got.token_ids == want.token_ids and b.engine.store.check_integrity()

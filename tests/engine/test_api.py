@@ -63,10 +63,19 @@ def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
     assert [r.output.token_ids for r in runs] == alone
 
 
-def test_a_folder_that_is_not_a_path_is_a_value_error(llm) -> None:
+def test_a_folder_that_is_not_a_path_is_a_value_error(llm, tmp_path, monkeypatch) -> None:
     for call in (lambda: LLM(5), lambda: llm.save_cache(5), lambda: llm.load_cache(["cache"])):
         with pytest.raises(ValueError, match="expected a folder path"):
             call()
+    monkeypatch.chdir(tmp_path)  # "" is the working directory to pathlib: a save wrote (and pruned) there
+    for call in (lambda: llm.save_cache(""), lambda: llm.load_cache("")):
+        with pytest.raises(ValueError, match="folder: empty path"):
+            call()
+    (tmp_path / "file").write_text("not a folder")
+    for folder in (tmp_path / "file", tmp_path / "file" / "below"):  # mkdir's FileExistsError, NotADirectoryError
+        with pytest.raises(ValueError, match=f"folder: {tmp_path / 'file'} is a file, not a folder"):
+            llm.save_cache(folder)
+    assert list(tmp_path.iterdir()) == [tmp_path / "file"]
 
 
 def test_a_run_keeps_its_first_logits_only_when_asked(llm) -> None:
@@ -387,6 +396,8 @@ def test_bad_input_raises_and_engine_survives(llm, prompt, needle) -> None:
     (dict(ignore_eos=1), "ignore_eos"), (dict(max_tokens=4, min_tokens=5), "min_tokens"),
     (dict(min_tokens=-1), "min_tokens"), (dict(seed=2**64), "seed"), (dict(seed=-2**63 - 1), "seed"),
     (dict(temperature=True), "temperature"), (dict(top_p=True), "top_p"),
+    (dict(stop=["\udc80"]), "stop: a string holds a lone surrogate"),
+    (dict(choice=["\ud800"]), "choice: a string holds a lone surrogate"),
 ])
 def test_bad_sampling_params(kwargs, needle) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -448,6 +459,16 @@ def test_the_library_prewarms_and_evicts_documents_by_content(llm) -> None:
         with pytest.raises(ValueError, match=needle):
             call()
     assert llm.engine.store.check_integrity()
+
+
+def test_a_document_no_prompt_could_hold_is_not_prewarmed(qwen3_5_path) -> None:
+    """A document as long as the context fits no prompt (its query needs a token): its prefill was
+    wasted, and unbounded (a 40 000-token text ran a minute past the bundled model's context)."""
+    short = LLM(str(qwen3_5_path), device="cpu", max_model_len=64)
+    with pytest.raises(ValueError, match=r"documents\[1\]: 64 tokens exceed the model's limit of 63"):
+        short.prewarm([[5] * 30, [6] * 64])
+    assert short.cache_stats()["entries"]["device"] == 0  # refused before any was built
+    assert short.prewarm([[6] * 63]) == [False]
 
 
 def test_evicting_with_a_saved_cache_keeps_the_document_from_coming_back(qwen3_5_path, tmp_path) -> None:

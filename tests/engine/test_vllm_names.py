@@ -103,6 +103,27 @@ def test_llm_takes_vllms_dtype_max_model_len_and_seed() -> None:
         LLM(max_model_len=10**9)
     with pytest.raises(ValueError, match="downloads nothing"):
         LLM("Qwen/Qwen3-0.6B")
+    with pytest.raises(ValueError, match=r"seed: expected an integer in \[-2\*\*63, 2\*\*64\)"):
+        LLM(seed=2**64)  # torch's "Overflow when unpacking long long" named nothing
+    with pytest.raises(ValueError, match="model: empty path"):
+        LLM("")
+
+
+def test_a_lone_surrogate_is_refused_by_name_wherever_text_is_taken(llm: LLM) -> None:
+    """No UTF-8 text holds one: the tokenizer failed with a TypeError about its input types, and the
+    choices' and the grammar's encoding with a UnicodeEncodeError naming no field."""
+    lone = "\ud800"
+    calls = [(lambda: llm.generate([["a document", "Where?" + lone]]), r"prompts\[0\]\.segments\[1\]"),
+             (lambda: llm.chat([{"role": "user", "content": lone}]), r"segments\[0\]"),
+             (lambda: llm.prewarm([lone]), r"documents\[0\]"), (lambda: llm.tokenize(lone), r"segments\[0\]"),
+             (lambda: llm.generate("Hello", cache_salt=lone), "cache_salt"),
+             (lambda: SamplingParams(stop=[lone]), "stop"), (lambda: SamplingParams(bad_words=[lone]), "bad_words"),
+             (lambda: SamplingParams(choice=["yes", lone]), "choice"),
+             (lambda: SamplingParams(grammar=f'root ::= "{lone}"'), "grammar")]
+    for call, field in calls:
+        with pytest.raises(ValueError, match=f"{field}: a string holds a lone surrogate"):
+            call()
+    assert llm.generate("Hello", SamplingParams(max_tokens=2))[0].token_ids
 
 
 def test_chat_renders_as_vllm_asks_and_as_transformers_renders(llm: LLM) -> None:
