@@ -38,6 +38,9 @@ def demo(args: argparse.Namespace) -> int:
     from hypic.demo import print_session, rag_session
     from hypic.llm import LLM, bundled_model_path
 
+    # torch's seeds (the self-check's seed + i per family): 10**20 failed as "Overflow when unpacking long long"
+    if not -2**63 <= args.seed < 2**64 - len(FAMILIES):
+        raise ValueError(f"--seed: expected an integer in [-2**63, 2**64 - {len(FAMILIES)}), got {args.seed}")
     if args.self_check:
         return algebra_check(args)
     if args.model or bundled_model_path().is_dir():
@@ -49,11 +52,16 @@ def demo(args: argparse.Namespace) -> int:
     return algebra_check(args)
 
 
+MAX_CHECK_LENGTH = 10_000  # the token loop over 2 × 10 000 tokens per family: a minute on a CPU
+
+
 def algebra_check(args: argparse.Namespace) -> int:
     """0 when every composition and the chunk kernel are within 1e-4 of the token loop, else 1."""
     n = args.length
     if n < 1:  # an empty span passes trivially
         raise ValueError(f"--length: expected at least 1 token per span, got {n}")
+    if n > MAX_CHECK_LENGTH:  # 10**9 asked the allocator for 2 TB after the table's header was printed
+        raise ValueError(f"--length: expected at most {MAX_CHECK_LENGTH} tokens per span, got {n}")
     gen = torch.Generator().manual_seed(args.seed)
     print(f"hypic algebra self-check: two spans of {n} tokens, 4 heads, K = V = 32")
     print(f"{'family':<10}{'compose fp64':>14}{'compose fp32':>14}{'chunk kernel':>14}{'naive S1+S2':>14}")
@@ -98,15 +106,15 @@ def eval_quality(args: argparse.Namespace) -> int:
 
     if args.out:
         _check_report_out(args.out, sides=(".png", ".json"))
+    n = args.n if args.n is not None else (4 if args.quick else 200)
+    if n < 1:
+        raise ValueError(f"--n: expected at least 1 example per family, got {n}")
+    labels = _labels(args.labels)  # checked before the model loads
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
     shown = os.path.relpath(path)
     shown = path if shown.startswith("..") else shown  # inside the checkout: no machine-specific path
-    n = args.n if args.n is not None else (4 if args.quick else 200)
-    if n < 1:
-        raise ValueError(f"--n: expected at least 1 example per family, got {n}")
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
-    labels = args.labels.split(",") if args.labels else None
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
     def summary(results) -> dict:
@@ -153,9 +161,9 @@ def eval_deviation(args: argparse.Namespace) -> int:
 
     if args.out:
         _check_report_out(args.out)
+    labels = _labels(args.labels)  # checked before the model loads
     path = args.model or str(bundled_model_path())
     loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype)
-    labels = args.labels.split(",") if args.labels else None
     results = measure(loaded, n=args.n, difficulty=args.difficulty, labels=labels, batch=args.batch)
     text = tables(results, loaded.model.kinds.kinds)
     if args.out:
@@ -188,6 +196,25 @@ def _check_report_out(out: str, sides: tuple[str, ...] = ()) -> None:
         if p.exists() and not ours:
             raise ValueError(f"--out {out}: {p} exists and {path} does not begin with the line hypic eval "
                              f"writes first ({REPORT_MARK}); choose another path or remove it")
+
+
+def flagged(error: ValueError, args: argparse.Namespace) -> str:
+    """A library check's ``name: why`` as the option the user typed: ``--max-tokens: why`` for
+    SamplingParams' ``max_tokens: why`` (``or None`` is no value a command line can give)."""
+    name, sep, why = str(error).partition(": ")
+    if sep and name.isidentifier() and name in vars(args) and name not in ("prompt", "func", "command", "argv"):
+        return f"--{name.replace('_', '-')}: {why.replace(' or None', '')}"
+    return str(error)
+
+
+def _labels(text: str | None) -> list[str] | None:
+    """``--labels``: None (all) when left out; ``""`` ran every label (hours on the bundled model)."""
+    if text is None:
+        return None
+    labels = [label.strip() for label in text.split(",")]
+    if not all(labels):
+        raise ValueError(f"--labels: expected a comma list of mode labels, got {text!r}")
+    return labels
 
 
 def positive_int(text: str) -> int:
@@ -249,6 +276,8 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
 
     # everything that can be checked without the model is, first: loading it (and starting cold
     # workers) takes minutes on a GPU before a typo in a limit or an unusable --cache-dir would show
+    if args.served_model_name is not None and not args.served_model_name.strip():  # "" served the folder's name
+        raise ValueError("--served-model-name: empty (leave it out to serve the folder's name)")
     try:
         settings = ServerSettings(
             model_name=args.served_model_name or _served_name(args.model),
@@ -331,6 +360,10 @@ def _take_cache_dir(folder: str) -> None:
     (ValueError): found at shutdown, an unusable folder lost everything the server had cached."""
     from hypic.cache import persist
 
+    if not folder.strip():
+        raise ValueError("--cache-dir: empty path (leave it out to run without a kept cache)")
+    if Path(folder).exists() and not Path(folder).is_dir():  # mkdir said "File exists"
+        raise ValueError(f"--cache-dir {folder}: not a folder")
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -362,11 +395,25 @@ def run_batch(args: argparse.Namespace) -> int:
     try:
         # bytes, split at line ends only: a line that is not UTF-8 is that line's error, and a JSON
         # string's raw U+2028 (a line break to str.splitlines) stays inside its line
-        lines = Path(args.input).read_bytes().splitlines()
-        Path(args.output).open("a").close()  # the output can be written: found after the batch, it lost every result
+        for option, path in (("--input", args.input), ("--output", args.output)):
+            if not path.strip():
+                raise ValueError(f"{option}: empty path")
+            if Path(path).is_dir():
+                raise ValueError(f"{option} {path}: a folder; expected a JSONL file")
+        if Path(args.output).exists() and Path(args.output).resolve() == Path(args.input).resolve():
+            # the results were written over the requests
+            raise ValueError(f"--output {args.output}: the --input file; the results would replace the requests")
+        try:
+            lines = Path(args.input).read_bytes().splitlines()
+        except OSError as e:
+            raise ValueError(f"--input {args.input}: {e.strerror or e}") from None
+        try:
+            Path(args.output).open("a").close()  # writable: found after the batch, it lost every result
+        except OSError as e:
+            raise ValueError(f"--output {args.output}: {e.strerror or e}") from None
         llm, settings = _served(args, "run-batch", None)  # in process: no key
     except (ValueError, OSError) as e:
-        print(f"hypic run-batch: {e}", file=sys.stderr)
+        print(f"hypic run-batch: {flagged(e, args) if isinstance(e, ValueError) else e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     try:
@@ -389,10 +436,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         if args.api_key is not None and not args.api_key.strip():  # "$UNSET_VAR": no key is not what was meant
             raise ValueError("--api-key: empty (leave it out to serve without a key)")
+        _check_address(args.host, args.port)
         llm, settings = _served(args, "serve", args.api_key or os.environ.get("HYPIC_API_KEY") or None)
         app = create_app(llm, settings)
     except ValueError as e:
-        print(f"hypic serve: {e}", file=sys.stderr)
+        print(f"hypic serve: {flagged(e, args)}", file=sys.stderr)
         return 2
     auth = "API key required" if settings.api_key else "no API key"
     print(f"hypic serve: {settings.model_name} on http://{args.host}:{args.port} ({llm.engine.device}, {auth})",
@@ -414,6 +462,29 @@ def serve(args: argparse.Namespace) -> int:
     return saved
 
 
+def _check_address(host: str, port: int) -> None:
+    """ValueError unless ``host:port`` can be bound now, as uvicorn binds it (SO_REUSEADDR, every
+    address the host resolves to). Found by uvicorn, a port in use or a mistyped host ended the
+    command with exit status 3 after the model had loaded and warmed up (minutes on a GPU)."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"--host {host}: {getattr(e, 'strerror', None) or e}") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio's create_server does
+            try:
+                s.bind(address)
+            except OSError as e:  # in use or privileged: the port's fault; not this machine's address: the host's
+                option = f"--port {port}" if e.errno in (errno.EADDRINUSE, errno.EACCES) else f"--host {host}"
+                raise ValueError(f"{option}: cannot listen on {address[0]}:{address[1]} ({e.strerror or e})") from None
+
+
 def _load_saved_cache(llm, folder: str | None) -> int | None:
     """The cache saved in ``folder`` loaded into ``llm`` (entries taken); None when no folder was given
     or nothing was saved there yet (a first run)."""
@@ -427,7 +498,9 @@ def _load_saved_cache(llm, folder: str | None) -> int | None:
 def parse_workers(text: str) -> int | list[str]:
     """``--cold-workers``: a count (``2``) or devices (``cuda:1,cuda:2``)."""
     text = text.strip()
-    return int(text) if text.isdigit() else [d.strip() for d in text.split(",") if d.strip()]
+    if text.removeprefix("-").isdigit():  # -1: refused as a count, not as "'-1' is not a device"
+        return int(text)
+    return [d.strip() for d in text.split(",") if d.strip()]
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -499,7 +572,7 @@ def generate(args: argparse.Namespace) -> int:
     from hypic.llm import LLM
 
     try:
-        if args.cache_dir:
+        if args.cache_dir is not None:  # "" ran without a cache, silently
             _take_cache_dir(args.cache_dir)
         llm = LLM(args.model, device=args.device, seam=args.seam)
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
@@ -523,7 +596,7 @@ def generate(args: argparse.Namespace) -> int:
         if args.cache_dir:
             llm.save_cache(args.cache_dir)
     except (ValueError, OSError) as e:
-        print(f"hypic generate: {e}", file=sys.stderr)
+        print(f"hypic generate: {flagged(e, args) if isinstance(e, ValueError) else e}", file=sys.stderr)
         return 2
     return 0
 
@@ -534,9 +607,10 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="the main job: a short end-to-end run on the bundled model")
     p_demo.add_argument("--model", help="model folder (default: the bundled model)")
     p_demo.add_argument("--device")
-    p_demo.add_argument("--questions", type=int, default=3)
+    p_demo.add_argument("--questions", type=positive_int, default=3)
     p_demo.add_argument("--self-check", action="store_true", help="run the algebra self-check instead (no model)")
-    p_demo.add_argument("--length", type=int, default=300, help="span length of the algebra self-check")
+    p_demo.add_argument("--length", type=int, default=300,
+                        help=f"span length of the algebra self-check (1 to {MAX_CHECK_LENGTH})")
     p_demo.add_argument("--seed", type=int, default=0)
     p_demo.set_defaults(func=demo)
     p_gen = sub.add_parser("generate", help="answer one prompt (segments split on <<PIC_SEP>>)")
@@ -554,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--top-k", type=int, default=0, help="0: off")
     p_gen.add_argument("--min-p", type=float, default=0.0)
     p_gen.add_argument("--repetition-penalty", type=float, default=1.0)
-    p_gen.add_argument("--repeat", type=int, default=1, help="ask again (the second time the segments are cached)")
+    p_gen.add_argument("--repeat", type=positive_int, default=1,
+                       help="ask again (the second time the segments are cached)")
     p_gen.add_argument("--json-schema", help="answer in JSON this schema accepts: a file or the JSON itself "
                        "('true': any JSON value)")
     p_gen.set_defaults(func=generate)
@@ -591,11 +666,16 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = sys.argv[1:] if argv is None else argv  # the command line, for the tables' footers
     out = getattr(args, "out", None)
     try:
-        if out and not Path(out).resolve().parent.is_dir():  # found after the run, it lost the run
-            raise ValueError(f"--out {out}: its folder does not exist")
+        if out is not None:  # found after the run, each lost the run (a folder: a traceback)
+            if not out.strip():
+                raise ValueError("--out: empty path (leave it out to print only)")
+            if Path(out).is_dir() and args.command != "eval":  # eval's report says more (_check_report_out)
+                raise ValueError(f"--out {out}: a folder; expected a file path")
+            if not Path(out).resolve().parent.is_dir():
+                raise ValueError(f"--out {out}: its folder does not exist")
         return args.func(args)
     except ValueError as e:  # the library's checks name what is wrong: one line, not a traceback
-        print(f"hypic {args.command}: {e}", file=sys.stderr)
+        print(f"hypic {args.command}: {flagged(e, args)}", file=sys.stderr)
         return 2
 
 

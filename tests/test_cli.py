@@ -83,7 +83,7 @@ def test_generate_command_reports_cache_use(tmp_path, capsys) -> None:
         answers.append(capsys.readouterr().out)
     assert answers[0] == answers[1]
     assert main(["generate", "--model", str(tmp_path), "--min-p", "2", prompt]) == 2
-    assert "min_p" in capsys.readouterr().err
+    assert "--min-p: expected a number in [0, 1], got 2.0" in capsys.readouterr().err
 
 
 def test_byte_counts_and_budgets_parse() -> None:
@@ -154,7 +154,7 @@ def test_a_failing_warm_up_stops_serve_with_on_and_is_a_warning_with_auto(monkey
         raise RuntimeError("the device is out of memory")
 
     monkeypatch.setattr(LLM, "warm_up", broken)
-    assert main(["serve", "--device", "cpu", "--warm-up", "on"]) == 2  # before listening
+    assert main(["serve", "--device", "cpu", "--port", "0", "--warm-up", "on"]) == 2  # before listening
     err = capsys.readouterr().err
     assert "--warm-up on: the warm-up failed: RuntimeError: the device is out of memory" in err
 
@@ -170,3 +170,112 @@ def test_a_failing_warm_up_stops_serve_with_on_and_is_a_warning_with_auto(monkey
     cli._warm_up(fake, "serve", required=True)
     out = capsys.readouterr()
     assert "warmed up in 1.0 s" in out.out and "1 calls out of device memory (retried), 2 cold workers lost" in out.err
+
+
+def _tiny_model(folder) -> str:
+    from pathlib import Path
+
+    import torch
+
+    from hypic.bench.shapes import SHAPES
+    from hypic.models.random_init import random_model
+    from hypic.train.checkpoint import save_model
+
+    config = dict(SHAPES["tiny"], vocab_size=2048)
+    tokenizer = Path(__file__).parent.parent / "hypic" / "assets" / "tokenizer" / "tokenizer.json"
+    save_model(folder, random_model(config, device="cpu", dtype=torch.float32).model, config, tokenizer=tokenizer)
+    return str(folder)
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """Exit status 2 and one line on stderr (argparse's own errors: its last line), no traceback."""
+    import pytest
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse: usage, then the error
+        rc = e.code
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+    else:
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+    if rc != 2:
+        pytest.fail(f"{argv}: exit status {rc}, not 2 ({err})")
+    assert "Traceback" not in err
+    return err
+
+
+def test_bad_values_are_refused_by_the_option_s_name_before_the_work(tmp_path, capsys) -> None:
+    """Each ran, or failed unnamed: ``--repeat 0`` printed nothing with exit status 0 (``--questions -1``
+    failed in the trace generator's words after the model loaded); ``--length 10**9`` was a
+    traceback from the allocator; ``--seed 10**20`` "Overflow when unpacking long long"; library
+    checks named their field (``max_tokens: … or None``), not the flag typed."""
+    model = _tiny_model(tmp_path / "m")
+    assert "--questions: expected a whole number of at least 1" in _refused(["demo", "--questions", "0"], capsys)
+    assert "--repeat: expected a whole number of at least 1" in _refused(
+        ["generate", "--model", model, "--repeat", "0", "hi"], capsys)
+    assert _refused(["demo", "--self-check", "--length", str(10**9)], capsys) == (
+        "hypic demo: --length: expected at most 10000 tokens per span, got 1000000000")
+    assert "hypic demo: --seed: expected an integer in" in _refused(
+        ["demo", "--self-check", "--length", "2", "--seed", str(10**20)], capsys)
+    assert _refused(["generate", "--model", model, "--max-tokens", "0", "hi"], capsys) == (
+        "hypic generate: --max-tokens: expected an integer ≥ 1, got 0")
+    assert _refused(["generate", "--model", str(tmp_path / "none"), "hi"], capsys).startswith(
+        "hypic generate: --model: ")
+    assert "--cold-workers: expected a count ≥ 0, got -1" in _refused(
+        ["serve", "--model", model, "--port", "0", "--cold-workers", "-1"], capsys)
+
+
+def test_empty_paths_and_names_are_refused_not_read_as_left_out(tmp_path, capsys) -> None:
+    """``--labels ""`` ran every label (hours on the bundled model), ``--cache-dir ""`` ran without the
+    cache, ``--out ""`` wrote no report, ``--served-model-name ""`` served the folder's name; an
+    ``--out`` folder was a traceback after the benchmark had run."""
+    model = _tiny_model(tmp_path / "m")
+    missing = str(tmp_path / "none")  # the labels are checked before the model is looked for
+    assert "--labels: expected a comma list of mode labels, got ''" in _refused(
+        ["eval", "quality", "--model", missing, "--labels", ""], capsys)
+    assert "--labels" in _refused(["eval", "deviation", "--model", missing, "--labels", "full,,naive"], capsys)
+    assert "--out: empty path" in _refused(["eval", "quality", "--model", missing, "--out", ""], capsys)
+    assert f"--out {tmp_path}: a folder" in _refused(
+        ["bench", "ttft", "--shape", "tiny", "--device", "cpu", "--out", str(tmp_path)], capsys)
+    assert "--cache-dir: empty path" in _refused(["generate", "--model", model, "--cache-dir", "", "hi"], capsys)
+    assert f"--cache-dir {tmp_path / 'm' / 'config.json'}: not a folder" in _refused(
+        ["generate", "--model", model, "--cache-dir", str(tmp_path / "m" / "config.json"), "hi"], capsys)
+    assert "--served-model-name: empty" in _refused(
+        ["serve", "--model", model, "--port", "0", "--served-model-name", ""], capsys)
+
+
+def test_run_batch_keeps_its_input_and_names_its_files(tmp_path, capsys) -> None:
+    """``-o`` the ``-i`` file wrote the results over the requests; OSErrors named no option."""
+    model = _tiny_model(tmp_path / "m")
+    requests = tmp_path / "requests.jsonl"
+    line = '{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"prompt": "hi"}}\n'
+    requests.write_text(line)
+    assert "--output" in _refused(["run-batch", "--model", model, "-i", str(requests), "-o", str(requests)], capsys)
+    assert requests.read_text() == line
+    assert f"--input {tmp_path / 'none'}: No such file" in _refused(
+        ["run-batch", "--model", model, "-i", str(tmp_path / "none"), "-o", str(tmp_path / "out")], capsys)
+    assert f"--input {tmp_path}: a folder" in _refused(
+        ["run-batch", "--model", model, "-i", str(tmp_path), "-o", str(tmp_path / "out")], capsys)
+
+
+def test_serve_refuses_an_address_it_cannot_listen_on_before_loading_the_model(monkeypatch, tmp_path,
+                                                                               capsys) -> None:
+    """A port in use (or a host not this machine's) was found by uvicorn after the model had loaded
+    and warmed up (minutes on a GPU): exit status 3, uvicorn's log line."""
+    import socket
+
+    from hypic import llm
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the address was checked")
+
+    monkeypatch.setattr(llm.LLM, "__init__", loaded)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert _refused(["serve", "--port", str(port)], capsys) == (
+            f"hypic serve: --port {port}: cannot listen on 127.0.0.1:{port} (Address already in use)")
+    assert "hypic serve: --host 192.0.2.1: cannot listen on 192.0.2.1" in _refused(
+        ["serve", "--host", "192.0.2.1", "--port", "0"], capsys)  # TEST-NET-1: no machine's own

@@ -63,13 +63,25 @@ def _rag_options(args: argparse.Namespace) -> None:
     _at_least(args, 0, "--seam")
 
 
+def _fits(loaded: object, tokens: int, what: str) -> None:
+    """The benchmark's longest prompt within the model's context, checked before its token lists are
+    drawn: ``--doc-tokens 99999999999`` filled the host's memory until the kernel killed the process."""
+    limit = loaded.model.max_positions  # type: ignore[attr-defined]
+    if tokens > limit:
+        raise ValueError(f"{what}: a prompt of {tokens} tokens; the model's context holds {limit}")
+
+
 def bench_ttft(args: argparse.Namespace) -> int:
     from hypic.bench.ttft import RagShape, report, run
     from hypic.engine.engine import Engine
 
     _rag_options(args)
     _at_least(args, 1, "--head-tokens", "--query-tokens")
+    if args.sync_report and not os.path.isdir(os.path.dirname(os.path.abspath(args.sync_report))):
+        raise ValueError(f"--sync-report {args.sync_report}: its folder does not exist")  # found after the run
     loaded, title, machine = _bench_model(args)
+    _fits(loaded, args.head_tokens + args.docs * args.doc_tokens + args.query_tokens,
+          "--head-tokens + --docs × --doc-tokens + --query-tokens")
     device = loaded.device  # type: ignore[attr-defined]
     shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
     engine = Engine(loaded, seam=args.seam)
@@ -92,7 +104,7 @@ def bench_ttft(args: argparse.Namespace) -> int:
 
 
 def bench_scatter(args: argparse.Namespace) -> int:
-    from hypic.bench.scatter import KINDS, report, run
+    from hypic.bench.scatter import HEAD_TOKENS, KINDS, QUERY_TOKENS, report, run
     from hypic.engine.engine import Engine
 
     _rag_options(args)
@@ -101,6 +113,10 @@ def bench_scatter(args: argparse.Namespace) -> int:
     if not kinds or any(k not in KINDS for k in kinds):
         raise ValueError(f"--kinds: expected a comma list of {', '.join(KINDS)}, got {args.kinds!r}")
     loaded, title, machine = _bench_model(args)
+    # a skewed document is up to 4 × --doc-tokens long (SKEWED_LENGTHS), each prompt has a head and a query
+    longest = max(8, (4 if "skewed" in kinds else 1) * args.doc_tokens)
+    _fits(loaded, HEAD_TOKENS + args.docs * longest + QUERY_TOKENS,
+          "--docs × --doc-tokens" + (" (skewed: documents up to 4 × --doc-tokens)" if "skewed" in kinds else ""))
     engine = Engine(loaded, seam=args.seam, cold_workers=args.workers)
     try:
         results = [run(engine, kind, args.docs, args.doc_tokens, args.reps) for kind in kinds]

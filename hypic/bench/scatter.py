@@ -28,10 +28,11 @@ from hypic.parallel.router import assign, makespan
 
 SKEWED_LENGTHS = (4096, 2048, 1024, 512, 256, 128)  # drawn with weights 1, 2, 4, 8, 8, 8
 KINDS = ("uniform", "skewed")  # the prompt sets
+HEAD_TOKENS, QUERY_TOKENS = 512, 64  # each prompt's head and query
 
 
 def prompts(kind: str, docs: int, doc_tokens: int, vocab: int, count: int, seed: int = 0,
-            head: int = 512, query: int = 64) -> list[list[list[int]]]:
+            head: int = HEAD_TOKENS, query: int = QUERY_TOKENS) -> list[list[list[int]]]:
     """``count`` prompts of fresh documents: ``uniform`` ones of ``doc_tokens`` each, or ``skewed``
     lengths from SKEWED_LENGTHS (scaled by doc_tokens / 1024), the same length list every prompt."""
     rng = random.Random(seed)

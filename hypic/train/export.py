@@ -25,9 +25,11 @@ def export(src: Path, dst: Path, dtype: torch.dtype = torch.bfloat16) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = OneLineParser(prog="hypic.train.export", description=__doc__.splitlines()[0])
+    # the docstring's first paragraph, not its first line: that ended "… and tokenizer in"
+    p = OneLineParser(prog="hypic.train.export", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--from", dest="src", required=True, help="a training checkpoint folder")
-    p.add_argument("--to", dest="dst", default=str(bundled_model_path()))
+    p.add_argument("--to", dest="dst", default=str(bundled_model_path()),
+                   help="the model folder written, replaced whole (default: the bundled model's)")
     args = p.parse_args(argv)
     try:
         size = export(Path(args.src), Path(args.dst))

@@ -75,7 +75,10 @@ def grow(src: Path, dst: Path, at: int, blocks: int = 1) -> int:
     """Write the grown checkpoint to ``dst``; returns the number of new parameters."""
     if not (src / "config.json").exists():
         raise ValueError(f"--from {src}: not a checkpoint folder (no config.json)")
-    config = json.loads((src / "config.json").read_text())
+    try:
+        config = json.loads((src / "config.json").read_text())
+    except ValueError as e:  # the bare decoder message named no file
+        raise ValueError(f"--from {src / 'config.json'}: not valid JSON ({e})") from None
     new_config = grow_config(config, at, blocks)
     every = config.get("full_attention_interval", 4)
     shift = new_config["num_hidden_layers"] - config["num_hidden_layers"]

@@ -115,8 +115,13 @@ def main(argv: list[str] | None = None) -> int:
             for kind, cos in report(ckpt).items():
                 print(f"{kind:12s} {cos:.3f}")
             return 0
-        ids = reinit(ckpt, [k.strip() for k in args.kinds.split(",") if k.strip()], args.seed)
-    except ValueError as e:  # one line naming what is wrong, not a traceback
+        kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+        if not kinds:  # read as "no single-token values of [] or 'instrument' in this tokenizer"
+            raise ValueError(f"--kinds: expected a comma list of value kinds, got {args.kinds!r}")
+        if not -2**63 <= args.seed < 2**64:  # torch's seeds: "Overflow when unpacking long long" named nothing
+            raise ValueError(f"--seed: expected an integer in [-2**63, 2**64), got {args.seed}")
+        ids = reinit(ckpt, kinds, args.seed)
+    except (ValueError, OSError) as e:  # one line naming what is wrong, not a traceback (a missing shard)
         print(f"hypic.train.reinit: {e}", file=sys.stderr)
         return 2
     print(f"re-initialised {len(ids)} value embeddings in {ckpt}")

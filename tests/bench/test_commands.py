@@ -69,3 +69,18 @@ def test_bench_ttft_refuses_bad_options_in_one_line(argv, message, no_model, cap
 ])
 def test_bench_scatter_refuses_bad_options_in_one_line(argv, message, no_model, capsys) -> None:
     assert message in refused(["bench", "scatter", *TINY, *argv], capsys)
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_its_tokens_are_drawn(capsys) -> None:
+    """``--doc-tokens 99999999999`` drew the prompts' token lists until the kernel killed the process
+    (out of host memory); a skewed scatter's documents reach 4 × --doc-tokens."""
+    err = refused(["bench", "ttft", *TINY, "--docs", "2", "--doc-tokens", "99999999999"], capsys)
+    assert err == ("hypic bench: --head-tokens + --docs × --doc-tokens + --query-tokens: a prompt of "
+                   "200000000574 tokens; the model's context holds 65536")
+    err = refused(["bench", "scatter", *TINY, "--docs", "4", "--doc-tokens", "8192", "--kinds", "skewed"], capsys)
+    assert "--docs × --doc-tokens (skewed: documents up to 4 × --doc-tokens): a prompt of 131648 tokens" in err
+
+
+def test_the_sync_report_s_folder_is_checked_before_the_run(no_model, tmp_path, capsys) -> None:
+    err = refused(["bench", "ttft", *TINY, "--sync-report", str(tmp_path / "none" / "syncs.txt")], capsys)
+    assert err == f"hypic bench: --sync-report {tmp_path / 'none' / 'syncs.txt'}: its folder does not exist"

@@ -290,7 +290,7 @@ def test_startup_pins_the_host_tier_before_any_request(model_dir: Path) -> None:
 
 def test_the_command_line_names_bad_values_in_one_line(tmp_path: Path) -> None:
     """demo, eval and bench let the library's ValueErrors out as tracebacks, some after a whole run."""
-    for args, needle in ((["demo", "--model", str(tmp_path / "nope")], "hypic demo: model:"),
+    for args, needle in ((["demo", "--model", str(tmp_path / "nope")], "hypic demo: --model:"),
                          (["eval", "quality", "--n", "0"], "hypic eval: --n: expected at least 1"),
                          (["eval", "deviation", "--out", str(tmp_path / "no" / "dev.md")], "its folder does not exist"),
                          (["bench", "ttft", "--model", str(tmp_path / "nope")], "hypic bench:")):
@@ -421,7 +421,7 @@ def test_a_second_sigterm_does_not_cut_the_shutdown_save_short(model_dir: Path, 
     cache = tmp_path / "cache"
     before = signal.getsignal(signal.SIGTERM)
     try:
-        rc = cli.main(["serve", "--model", str(model_dir), "--device", "cpu", "--cache-dir", str(cache)])
+        rc = cli.main(["serve", "--model", str(model_dir), "--device", "cpu", "--port", "0", "--cache-dir", str(cache)])
     except KeyboardInterrupt:
         pytest.fail("the second SIGTERM interrupted the cache's save")
     finally:

@@ -125,3 +125,32 @@ def test_a_first_run_writes_nothing_until_its_save(tmp_path, monkeypatch) -> Non
         train_main(["--out", str(out), "--tokenizer", TOKENIZER, "--preset", "tiny", "--device", "cpu",
                     "--workers", "0", "--batch-tokens", "800", "--total-steps", "2"])
     assert not out.exists()  # no config or tokenizer without the weights they belong to
+
+
+def test_reinit_grow_and_seeds_name_what_is_wrong(tiny_trained_model, tmp_path, capsys) -> None:
+    """A checkpoint missing its shard was a FileNotFoundError traceback (reinit); ``--kinds ""`` was
+    "no single-token values of [] …"; a config that is not JSON, the decoder's message without the
+    file (grow); a seed past torch's range, "Overflow when unpacking long long"."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny_trained_model, ckpt)
+    assert reinit_main(["--ckpt", str(ckpt), "--kinds", " , "]) == 2
+    assert "--kinds: expected a comma list of value kinds" in _one_line(capsys, "hypic.train.reinit")
+    assert reinit_main(["--ckpt", str(ckpt), "--seed", str(10**20)]) == 2
+    assert "--seed: expected an integer in [-2**63, 2**64)" in _one_line(capsys, "hypic.train.reinit")
+    for shard in ckpt.glob("model-*.safetensors"):
+        shard.unlink()
+    assert reinit_main(["--ckpt", str(ckpt), "--report"]) == 2
+    assert "No such file or directory" in _one_line(capsys, "hypic.train.reinit")
+    (ckpt / "config.json").write_text("{not json")
+    assert grow_main(["--from", str(ckpt), "--to", str(tmp_path / "g")]) == 2
+    assert f"--from {ckpt / 'config.json'}: not valid JSON" in _one_line(capsys, "hypic.train.grow")
+    assert train_main(["--out", str(tmp_path / "run"), "--tokenizer", TOKENIZER, "--seed", str(10**20)]) == 2
+    assert "--seed: expected an integer in [-2**63, 2**64)" in _one_line(capsys, "hypic.train")
+
+
+def test_export_help_says_where_it_writes(capsys) -> None:
+    """The description was the docstring's first line, cut at "… config and tokenizer in"."""
+    with pytest.raises(SystemExit):
+        export_main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "tokenizer in ``hypic/assets/default_model``" in out and "replaced whole" in out
