@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from hypic.llm import LLM
     from hypic.server.settings import ServerSettings
 from hypic.engine.modes import MODES
+from hypic.engine.request import check_seed
 from hypic.ops import recurrence as R
 from hypic.ops.family import FAMILIES
 from hypic.ops.linear import linear_attention
@@ -38,9 +39,7 @@ def demo(args: argparse.Namespace) -> int:
     from hypic.demo import print_session, rag_session
     from hypic.llm import LLM, bundled_model_path
 
-    # torch's seeds (the self-check's seed + i per family): 10**20 failed as "Overflow when unpacking long long"
-    if not -2**63 <= args.seed < 2**64 - len(FAMILIES):
-        raise ValueError(f"--seed: expected an integer in [-2**63, 2**64 - {len(FAMILIES)}), got {args.seed}")
+    check_seed(args.seed, "--seed", room=len(FAMILIES))  # the self-check seeds seed + i per family
     if args.self_check:
         return algebra_check(args)
     if args.model or bundled_model_path().is_dir():

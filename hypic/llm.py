@@ -18,7 +18,7 @@ import torch
 
 from hypic.cache.budgets import AUTO, Budget
 from hypic.engine.engine import Engine
-from hypic.engine.request import RequestOutput, SamplingParams, check_utf8
+from hypic.engine.request import RequestOutput, SamplingParams, check_seed, check_utf8
 from hypic.engine.warm_up import WarmUp, warm_up
 from hypic.models.loader import load_model
 from hypic.models.tokenize import encode
@@ -63,9 +63,8 @@ class LLM:
         if isinstance(model, str) and not Path(model).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", model):
             raise ValueError(f"model: {model} is not a folder here; hypic loads local folders and downloads "
                              f"nothing (fetch it first, e.g. `huggingface-cli download {model} --local-dir DIR`)")
+        check_seed(seed, "seed", optional=True)
         if seed is not None:
-            if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < 2**64:
-                raise ValueError(f"seed: expected an integer in [-2**63, 2**64) or None, got {seed!r}")
             torch.manual_seed(seed)
         self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,

@@ -63,10 +63,9 @@ def _rag_options(args: argparse.Namespace) -> None:
     _at_least(args, 0, "--seam")
 
 
-def _fits(loaded: object, tokens: int, what: str) -> None:
+def _fits(limit: int, tokens: int, what: str) -> None:
     """The benchmark's longest prompt within the model's context, checked before its token lists are
     drawn: ``--doc-tokens 99999999999`` filled the host's memory until the kernel killed the process."""
-    limit = loaded.model.max_positions  # type: ignore[attr-defined]
     if tokens > limit:
         raise ValueError(f"{what}: a prompt of {tokens} tokens; the model's context holds {limit}")
 
@@ -80,7 +79,7 @@ def bench_ttft(args: argparse.Namespace) -> int:
     if args.sync_report and not os.path.isdir(os.path.dirname(os.path.abspath(args.sync_report))):
         raise ValueError(f"--sync-report {args.sync_report}: its folder does not exist")  # found after the run
     loaded, title, machine = _bench_model(args)
-    _fits(loaded, args.head_tokens + args.docs * args.doc_tokens + args.query_tokens,
+    _fits(loaded.model.max_positions, args.head_tokens + args.docs * args.doc_tokens + args.query_tokens,
           "--head-tokens + --docs × --doc-tokens + --query-tokens")
     device = loaded.device  # type: ignore[attr-defined]
     shape = RagShape(args.docs, args.doc_tokens, args.head_tokens, args.query_tokens)
@@ -115,7 +114,7 @@ def bench_scatter(args: argparse.Namespace) -> int:
     loaded, title, machine = _bench_model(args)
     # a skewed document is up to 4 × --doc-tokens long (SKEWED_LENGTHS), each prompt has a head and a query
     longest = max(8, (4 if "skewed" in kinds else 1) * args.doc_tokens)
-    _fits(loaded, HEAD_TOKENS + args.docs * longest + QUERY_TOKENS,
+    _fits(loaded.model.max_positions, HEAD_TOKENS + args.docs * longest + QUERY_TOKENS,
           "--docs × --doc-tokens" + (" (skewed: documents up to 4 × --doc-tokens)" if "skewed" in kinds else ""))
     engine = Engine(loaded, seam=args.seam, cold_workers=args.workers)
     try:

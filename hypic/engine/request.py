@@ -18,6 +18,18 @@ def check_utf8(text: str, what: str) -> str:
     return text
 
 
+def check_seed(seed: object, what: str, *, room: int = 0, optional: bool = False) -> None:
+    """ValueError named ``what`` unless ``seed`` is an integer torch takes as a seed, with ``room`` more
+    after it (seed + i for i < room) — past [-2**63, 2**64) torch fails with "Overflow when unpacking
+    long long", naming nothing; ``optional``: None is taken too."""
+    if optional and seed is None:
+        return
+    end = 2**64 - room
+    if not isinstance(seed, int) or isinstance(seed, bool) or not -2**63 <= seed < end:
+        span = f"[-2**63, 2**64{f' - {room}' if room else ''})" + (" or None" if optional else "")
+        raise ValueError(f"{what}: expected an integer in {span}, got {seed!r}")
+
+
 def check_top(top: object) -> int:
     """How many likeliest tokens to report per prompt token: an integer in [0, 20] (OpenAI's bound)."""
     if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20:
@@ -134,9 +146,7 @@ class SamplingParams:
             raise ValueError(f"temperature: expected a number in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not -2**63 <= self.seed < 2**64):
-            raise ValueError(f"seed: expected an integer in [-2**63, 2**64) or None, got {self.seed!r}")
+        check_seed(self.seed, "seed", optional=True)
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
                                           or not 0 <= self.logprobs <= 20):
             raise ValueError(f"logprobs: expected an integer in [0, 20] or None, got {self.logprobs!r}")

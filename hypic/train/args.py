@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hypic.engine.request import check_seed
 from hypic.eval.tasks import FAMILIES
 from hypic.models.loader import resolve_device
 from hypic.train.atomic import check_replaceable
@@ -105,8 +106,7 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--doc-weight: expected a finite weight ≥ 0, got {args.doc_weight}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"--lr: expected a finite learning rate > 0, got {args.lr}")
-    if not -2**63 <= args.seed < 2**64:  # torch's seeds: "Overflow when unpacking long long" named nothing
-        raise ValueError(f"--seed: expected an integer in [-2**63, 2**64), got {args.seed}")
+    check_seed(args.seed, "--seed")
     if not args.minutes > 0:  # inf: no time limit, --total-steps ends the run
         raise ValueError(f"--minutes: expected a time > 0, got {args.minutes}")
     for option, value in (("--easy-share", args.easy_share), ("--easy-max", args.easy_max)):

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
+from hypic.engine.request import check_seed
 from hypic.eval.world import VALUES
 from hypic.train.args import OneLineParser
 from hypic.train.atomic import replace_file
@@ -118,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
         if not kinds:  # read as "no single-token values of [] or 'instrument' in this tokenizer"
             raise ValueError(f"--kinds: expected a comma list of value kinds, got {args.kinds!r}")
-        if not -2**63 <= args.seed < 2**64:  # torch's seeds: "Overflow when unpacking long long" named nothing
-            raise ValueError(f"--seed: expected an integer in [-2**63, 2**64), got {args.seed}")
+        check_seed(args.seed, "--seed")
         ids = reinit(ckpt, kinds, args.seed)
     except (ValueError, OSError) as e:  # one line naming what is wrong, not a traceback (a missing shard)
         print(f"hypic.train.reinit: {e}", file=sys.stderr)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property, lru_cache
 
+from hypic.engine.request import check_utf8
 from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible
 from hypic.engine.structured.regex import LengthsTooCostly, Regex, Window, compile_regex
 
@@ -183,14 +184,12 @@ def json_text(value: object, what: str, sort_keys: bool = True) -> str:
     holds, or nests too deep."""
     try:
         text = json.dumps(value, sort_keys=sort_keys, allow_nan=False)
-        json.dumps(value, ensure_ascii=False).encode()  # every string writable as the output's UTF-8
-    except UnicodeEncodeError as e:
-        raise ValueError(f"{what}: a string holds a lone surrogate ({e.object[e.start:e.end]!r}), which "
-                         "no UTF-8 text holds") from None
+        written = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{what}: not JSON ({e})") from None
     except RecursionError:
         raise ValueError(f"{what}: nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
+    check_utf8(written, what)  # every string writable as the output's UTF-8
     return text
 
 
