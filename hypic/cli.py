@@ -216,6 +216,17 @@ def _labels(text: str | None) -> list[str] | None:
     return labels
 
 
+def unit_interval(text: str) -> float:
+    """``--difficulty``: a number in [0, 1], refused before the model loads (after it, once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 1.0:  # nan too
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -432,17 +443,21 @@ def serve(args: argparse.Namespace) -> int:
     from hypic.server import create_app, serving
     from hypic.server.serving import HypicServer
 
+    sockets: list = []
     try:
         if args.api_key is not None and not args.api_key.strip():  # "$UNSET_VAR": no key is not what was meant
             raise ValueError("--api-key: empty (leave it out to serve without a key)")
-        _check_address(args.host, args.port)
+        sockets = _listen(args.host, args.port)
         llm, settings = _served(args, "serve", args.api_key or os.environ.get("HYPIC_API_KEY") or None)
         app = create_app(llm, settings)
     except ValueError as e:
+        for s in sockets:
+            s.close()
         print(f"hypic serve: {flagged(e, args)}", file=sys.stderr)
         return 2
     auth = "API key required" if settings.api_key else "no API key"
-    print(f"hypic serve: {settings.model_name} on http://{args.host}:{args.port} ({llm.engine.device}, {auth})",
+    port = sockets[0].getsockname()[1]  # --port 0: the one the system chose, which a client must be told
+    print(f"hypic serve: {settings.model_name} on http://{args.host}:{port} ({llm.engine.device}, {auth})",
           flush=True)
     # uvicorn shuts down gracefully on SIGINT and SIGTERM (the app finishes or cancels in-flight
     # requests), then raises the signal again under the handler it found: SIGINT's is Python's
@@ -450,21 +465,26 @@ def serve(args: argparse.Namespace) -> int:
     # (SIGTERM is what systemd, docker stop and Kubernetes send). So SIGTERM interrupts like Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        HypicServer(serving.config(app, settings, host=args.host, port=args.port, log_level=args.log_level)).run()
+        HypicServer(serving.config(app, settings, host=args.host, port=port, log_level=args.log_level)).run(sockets)
     except KeyboardInterrupt:
         pass
     finally:
         # the shutdown a SIGTERM asks for is under way: one more (a supervisor repeating itself) asks the
         # same, as uvicorn reads it, and must not cut the cache's save short (seconds for a large cache)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for s in sockets:  # uvicorn closes those it listened on; a run cut short before that leaves them
+            s.close()
         saved = _close(llm, "serve", args.cache_dir)  # the cold workers, if any, and the cache
     return saved
 
 
-def _check_address(host: str, port: int) -> None:
-    """ValueError unless ``host:port`` can be bound now, as uvicorn binds it (SO_REUSEADDR, every
-    address the host resolves to). Found by uvicorn, a port in use or a mistyped host ended the
-    command with exit status 3 after the model had loaded and warmed up (minutes on a GPU)."""
+def _listen(host: str, port: int) -> list:
+    """Sockets bound to ``host:port`` now, as uvicorn would bind them (SO_REUSEADDR, every address the
+    host resolves to), for uvicorn to listen on once the model is ready; ValueError naming --host or
+    --port when that cannot be. Found by uvicorn, a port in use or a mistyped host ended the command
+    with exit status 3 after the model had loaded and warmed up (minutes on a GPU). Binding here also
+    tells ``--port 0``'s chosen port before serving (announced as 0 before): such a port is bound on
+    the first address only, since each address would get a port of its own."""
     import errno
     import socket
 
@@ -472,8 +492,11 @@ def _check_address(host: str, port: int) -> None:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (OSError, UnicodeError) as e:
         raise ValueError(f"--host {host}: {getattr(e, 'strerror', None) or e}") from None
-    for family, kind, proto, _, address in infos:
-        with socket.socket(family, kind, proto) as s:
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in infos[:1] if port == 0 else infos:
+            s = socket.socket(family, kind, proto)
+            sockets.append(s)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
                 s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio's create_server does
@@ -482,6 +505,11 @@ def _check_address(host: str, port: int) -> None:
             except OSError as e:  # in use or privileged: the port's fault; not this machine's address: the host's
                 option = f"--port {port}" if e.errno in (errno.EADDRINUSE, errno.EACCES) else f"--host {host}"
                 raise ValueError(f"{option}: cannot listen on {address[0]}:{address[1]} ({e.strerror or e})") from None
+    except BaseException:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
 
 
 def _load_saved_cache(llm, folder: str | None) -> int | None:
@@ -499,7 +527,11 @@ def parse_workers(text: str) -> int | list[str]:
     text = text.strip()
     if text.removeprefix("-").isdigit():  # -1: refused as a count, not as "'-1' is not a device"
         return int(text)
-    return [d.strip() for d in text.split(",") if d.strip()]
+    devices = [d.strip() for d in text.split(",")]
+    if not all(devices):  # '' ("$UNSET_VAR") ran with no workers, "cuda:1,,cuda:2" with two
+        raise argparse.ArgumentTypeError(f"expected a count such as 2 (0: none) or devices such as cuda:1,cuda:2, "
+                                         f"got {text!r}")
+    return devices
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -640,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--quick", action="store_true", help="a few short examples per family (CI)")
     p_q.add_argument("--json", action="store_true", help="print one JSON object with per-mode scores")
     p_q.add_argument("--n", type=int, help="examples per family (default 200; 4 with --quick)")
-    p_q.add_argument("--difficulty", type=float)
+    p_q.add_argument("--difficulty", type=unit_interval)
     p_q.add_argument("--labels", help="comma list of mode labels (default: all)")
     p_q.add_argument("--device")
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
@@ -651,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     p_d = eval_sub.add_parser("deviation", help="per-layer deviation from full across the mode ladder")
     p_d.add_argument("--model", help="model folder (default: the bundled model)")
     p_d.add_argument("--n", type=int, default=50, help="examples per family")
-    p_d.add_argument("--difficulty", type=float, default=1.0)
+    p_d.add_argument("--difficulty", type=unit_interval, default=1.0)
     p_d.add_argument("--labels", help="comma list of mode labels (default: full, prefix, zero_state, naive, "
                                       "addition, transition, hypic_w0, hypic_w8)")
     p_d.add_argument("--device")

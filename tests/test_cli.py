@@ -224,6 +224,12 @@ def test_bad_values_are_refused_by_the_option_s_name_before_the_work(tmp_path, c
         "hypic generate: --model: ")
     assert "--cold-workers: expected a count ≥ 0, got -1" in _refused(
         ["serve", "--model", model, "--port", "0", "--cold-workers", "-1"], capsys)
+    for difficulty in ("nan", "1.5", "hard"):  # refused after the model had loaded, unnamed ("difficulty must")
+        assert f"--difficulty: expected a number in [0, 1], got {difficulty!r}" in _refused(
+            ["eval", "quality", "--model", str(tmp_path / "none"), "--difficulty", difficulty], capsys)
+    for empty in ("", "cuda:1,,cuda:2"):  # served with no workers, or with two
+        assert f"--cold-workers: expected a count such as 2 (0: none) or devices such as cuda:1,cuda:2, got {empty!r}" \
+            in _refused(["serve", "--model", model, "--port", "0", "--cold-workers", empty], capsys)
 
 
 def test_empty_paths_and_names_are_refused_not_read_as_left_out(tmp_path, capsys) -> None:

@@ -149,10 +149,12 @@ def bench_trace(args: argparse.Namespace) -> int:
     from hypic.bench.trace import TraceLoad, make_trace, report, run
     from hypic.bench.trace_targets import EngineTarget, HttpTarget
     from hypic.engine.engine import Engine
-    from hypic.engine.modes import check_mode
+    from hypic.engine.modes import MODES
     from hypic.llm import bundled_model_path
 
-    modes = [check_mode(m) for m in args.modes.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    if not all(m in MODES for m in modes):  # the library's check names its field (mode:), not the flag
+        raise ValueError(f"--modes: expected a comma list of {', '.join(MODES)}, got {args.modes!r}")
     rates = _rates(args.rates)
     load = TraceLoad(requests=args.requests, warm=args.warm, pool=args.pool, zipf=args.zipf,
                      num_docs=_pair(args.num_docs, "num-docs"), doc_tokens=_pair(args.doc_tokens, "doc-tokens"),

@@ -244,7 +244,7 @@ def knobs(family: str, difficulty: float = 1.0, num_docs: tuple[int, int] | None
     if family not in FAMILIES:
         raise ValueError(f"unknown task family {family!r}; choose from {sorted(FAMILIES)}")
     if not 0.0 <= difficulty <= 1.0:
-        raise ValueError(f"difficulty must be in [0, 1], got {difficulty}")
+        raise ValueError(f"difficulty: expected a number in [0, 1], got {difficulty!r}")
     least = FAMILIES[family].min_docs
 
     def lerp(a: int, b: int) -> int:

@@ -37,7 +37,7 @@ def refused(argv: list[str], capsys) -> str:
     (["--rates", ""], "--rates"),
     (["--num-docs", "4"], "--num-docs: expected lo,hi"), (["--num-docs", "5,2"], "--num-docs"),
     (["--doc-tokens", "0,8"], "--doc-tokens"),
-    (["--modes", "hypic,best"], "mode"),
+    (["--modes", "hypic,best"], "--modes: expected a comma list of full, prefix"), (["--modes", ""], "--modes"),
     (["--slo-ms", "-1"], "--slo-ms: expected a finite positive number, got -1"), (["--slo-ms", "0"], "--slo-ms"),
     (["--slo-ms", "nan"], "--slo-ms"),
     (["--requests", "0"], "--requests: expected at least 1, got 0"), (["--warm", "-1"], "--warm"),

@@ -174,24 +174,24 @@ def test_shutdown_cancels_what_does_not_finish_in_time(endless: LLM) -> None:
     assert live.app.state.hypic.runner.scheduler.depth == (0, 0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
-    port = _free_port()
     cache = tmp_path / "cache"
     env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}
-    proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "hypic.cli", "serve", "--model", str(model_dir), "--port", "0",
                              "--device", "cpu", "--max-concurrent", "2", "--log-level", "warning",
                              "--cold-workers", "1",  # documents prefilled by a worker process as well
                              "--max-prefill-tokens", "4096", "--cache-dir", str(cache),
                              "--warm-up", "on"],  # off by default on the CPU
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
     try:
+        # --port 0: the system's choice is announced (it was announced as port 0), and served on
+        first = []
+        while not (announced := re.search(r" on http://127\.0\.0\.1:(\d+) ", first[-1] if first else "")):
+            first.append(proc.stdout.readline())
+            assert first[-1] or proc.poll() is None, "".join(first)
+        assert int(announced.group(1)) > 0, first[-1]
+        url = f"http://127.0.0.1:{announced.group(1)}"
+
         def up() -> bool:
             assert proc.poll() is None, proc.stdout.read()
             try:
@@ -225,7 +225,7 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
         assert proc.wait(60) == 0
         # the cache was saved at shutdown (the three documents; under SIGTERM the process once died
         # before saving, rc 143); the next start loads it
-        printed = proc.stdout.read()
+        printed = "".join(first) + proc.stdout.read()
         assert re.search(r"hypic serve: warming up: .*\nhypic serve: warmed up in [\d.]+ s \(8 synthetic calls",
                          printed), printed[-500:]
         saved = re.search(r"(\d+) cached segments saved", printed)
