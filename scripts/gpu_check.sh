@@ -44,8 +44,10 @@
 #                        under cProfile (bench trace --profile): where the host time of a block goes
 #   GPU_ARENA_EXIT=1     six processes that exit while the host tier's thread pins a slab (scripts/arena_exit.py)
 #   SKIP_GPU_TESTS=1     skips the GPU-marked pytest tests (run last; GPU_TESTS_PATHS picks files, default all;
-#                        HYPIC_TEST_SHARD=k/n runs the k-th of n shards of the files: the whole suite took
-#                        > 440 s on 2026-12-01, more than one call leaves it after a trace)
+#                        HYPIC_TEST_SHARD=k/n runs the k-th of n shards of the files). GPU_TESTS_WORKERS
+#                        (default 4) test processes share the GPU, a file each at a time (pytest-xdist,
+#                        installed there): one process took > 570 s for the whole suite on 2026-12-04,
+#                        more than a call leaves; most tests wait on the host (launches, compiles), not the GPU
 set -u
 OUT=${OUT:-$(mktemp -d)}
 site=$(mktemp -d)
@@ -143,8 +145,11 @@ if [ "${GPU_ARENA_EXIT:-0}" = 1 ]; then  # exits while the host tier pins: every
     echo "arena_exit run $k (delay 0.0$k s): rc $? $(grep -h 'alive at exit' "$OUT/arena_exit_$k.log")" >> "$OUT/arena_exit.txt"
   done
 fi
+xdist=""
+[ "${GPU_TESTS_WORKERS:-4}" -gt 1 ] && python3 -c 'import xdist' 2>/dev/null \
+  && xdist="-n ${GPU_TESTS_WORKERS:-4} --dist loadfile"
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
-  python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} -p no:cacheprovider --durations=8
+  python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} $xdist -p no:cacheprovider --durations=12
 
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"

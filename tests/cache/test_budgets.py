@@ -54,9 +54,9 @@ def test_an_engine_on_a_gpu_is_bounded_by_default() -> None:
     from hypic.models.random_init import random_model
 
     engine = Engine(random_model(SHAPES["tiny"], device="cuda", dtype=torch.bfloat16))
-    free, _ = torch.cuda.mem_get_info(engine.device)
+    _, total = torch.cuda.mem_get_info(engine.device)  # not free: tests in other processes share the GPU
     device_budget = engine.store.budgets["device"]
-    assert device_budget is not None and 0 < device_budget <= free
+    assert device_budget is not None and 0 < device_budget <= total // 2
     assert engine.store.budgets["host"] is not None
     assert engine.store.host_dtype is torch.bfloat16  # the host tier's summaries: "auto" on a GPU
 
