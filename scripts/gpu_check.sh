@@ -145,9 +145,8 @@ if [ "${GPU_ARENA_EXIT:-0}" = 1 ]; then  # exits while the host tier pins: every
     echo "arena_exit run $k (delay 0.0$k s): rc $? $(grep -h 'alive at exit' "$OUT/arena_exit_$k.log")" >> "$OUT/arena_exit.txt"
   done
 fi
-xdist=""
-[ "${GPU_TESTS_WORKERS:-4}" -gt 1 ] && python3 -c 'import xdist' 2>/dev/null \
-  && xdist="-n ${GPU_TESTS_WORKERS:-4} --dist loadfile"
+xdist="" workers=${GPU_TESTS_WORKERS:-4}
+[ "$workers" -gt 1 ] && python3 -c 'import xdist' 2>/dev/null && xdist="-n $workers --dist loadfile"
 [ "${SKIP_GPU_TESTS:-0}" != 1 ] && section pytest_gpu "${GPU_TESTS_SECONDS:-420}" \
   python3 -m pytest -q -m gpu ${GPU_TESTS_PATHS:-tests --ignore=tests/server} $xdist -p no:cacheprovider --durations=12
 

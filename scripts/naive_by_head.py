@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -31,7 +32,6 @@ from decay_profile import FAST, LONG, MIDDLE, profile  # noqa: E402
 def naive_in(heads: dict[int, torch.Tensor]):
     """Within: the combine pass's prefix states use the naive sum in ``heads[layer]`` (a bool per head)."""
     from hypic.engine import combine
-    from hypic.ops.scan import prefix_states_many
 
     linear, scan = combine.CombineContext.linear, combine.CombineContext._scan
 
@@ -44,9 +44,12 @@ def naive_in(heads: dict[int, torch.Tensor]):
         mask = heads.get(self._probe_layer)
         if mask is None or not mask.any():
             return exact
-        def items(field):
-            return [(getattr(runs, field), x) if isinstance(x, int) else (getattr(x, field), None) for x in chain]
-        summed = prefix_states_many(family, None, items("state"), cu, naive=True)
+        assembly = self.assembly  # the same scan as `naive` runs it: its assembly without T
+        self.assembly = dataclasses.replace(assembly, use_transition=False)
+        try:
+            summed = scan(self, family, chain, cu, runs)
+        finally:
+            self.assembly = assembly
         return torch.where(mask.to(exact.device)[None, :, None, None], summed, exact)
 
     combine.CombineContext.linear, combine.CombineContext._scan = linear_at, mixed

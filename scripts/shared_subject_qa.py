@@ -60,8 +60,7 @@ def _value_in(ex: tasks.Example, rel) -> str | None:
 
 
 def single_hop(n: int, difficulty: float, seed: int) -> list[tuple[list[str], str]]:
-    return [(ex.segments, ex.references[0]) for ex in tasks.generate("single_hop", n, seed=seed, difficulty=difficulty)
-            if ex.meta.get("subject")]
+    return [(ex.segments, ex.references[0]) for ex in tasks.generate("single_hop", n, seed=seed, difficulty=difficulty)]
 
 
 def run(llm: LLM, prompts: list[tuple[list[str], str]]) -> dict[str, tuple[float, float]]:
