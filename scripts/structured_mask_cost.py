@@ -3,7 +3,7 @@ real model's vocabulary size (a synthetic byte-level vocabulary: the 256 bytes p
 punctuation runs and multi-byte characters), with and without the plain-token shortcut inside free
 strings, memo cold (every state new) and warm (the same draws again).
 
-    python scripts/structured_mask_cost.py [--vocab 151000] [--steps 300] [--grammar]
+    python scripts/structured_mask_cost.py [--vocab 151000] [--steps 300] [--grammar | --lark]
 """
 
 from __future__ import annotations
@@ -52,12 +52,19 @@ line   ::= "- " [^\n]+ "\n"
 record ::= "{" "\"name\": \"" [^"\\]* "\", \"n\": " [0-9]{1,6} "}"
 """
 
+# the same language in Lark's notation (``--lark``): its loops are regexes, read as grammar frames
+LARK = r"""
+start: line~1..3 record
+line: "- " /[^\n]+/ "\n"
+record: "{\"name\": \"" /[^"\\]*/ "\", \"n\": " /[0-9]{1,6}/ "}"
+"""
 
-def run(vocab: TokenVocab, steps: int, seed: int, grammar: bool = False) -> tuple[list[float], int]:
+
+def run(vocab: TokenVocab, steps: int, seed: int, grammar: str | None = None) -> tuple[list[float], int]:
     """ms per step for ``steps`` tokens drawn at random under the mask (restarting at each end);
     tokens holding a closing byte weigh 3 000 times more, so that values end."""
     rng = random.Random(seed)
-    node = compile_grammar(GRAMMAR) if grammar else compile_schema(SCHEMA)
+    node = compile_grammar(grammar) if grammar else compile_schema(SCHEMA)
     c = JsonConstraint(vocab, node, set())
     times, values = [], 0
     for _ in range(steps):
@@ -80,7 +87,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151_000)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--grammar", action="store_true", help="a GBNF grammar's masks (GRAMMAR) instead of a schema's")
+    ap.add_argument("--lark", action="store_true", help="the same grammar in Lark's notation (LARK)")
     args = ap.parse_args()
+    grammar = LARK if args.lark else GRAMMAR if args.grammar else None
     pieces = synthetic_pieces(args.vocab)
     t0 = time.perf_counter()
     vocab = TokenVocab(pieces)
@@ -90,12 +99,12 @@ def main() -> None:
           "walked states: mean (ms) |")
     print("|---|---|---|---|---|---|---|---|---|")
     real = vocab_module.free_string_room
-    for shortcut in (True,) if args.grammar else (True, False):
+    for shortcut in (True,) if grammar else (True, False):
         vocab_module.free_string_room = real if shortcut else (lambda state: None)
         vocab.clear_memo()
         for memo in ("cold", "warm"):
             before = vocab.memo_misses
-            times, values = run(vocab, args.steps, seed=1, grammar=args.grammar)
+            times, values = run(vocab, args.steps, seed=1, grammar=grammar)
             walked = vocab.memo_misses - before
             q = statistics.quantiles(times, n=10)
             slow = sorted(times)[-walked:] if walked else [0.0]  # a walk costs far more than a memo hit

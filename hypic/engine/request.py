@@ -41,7 +41,7 @@ def check_top(top: object) -> int:
 class StructuredOutputsParams:
     """vLLM's offline structured-output request, for code written against it
     (``SamplingParams(structured_outputs=StructuredOutputsParams(choice=[...]))``): one of ``json`` (a
-    schema, or its JSON text), ``json_object``, ``regex``, ``choice``, ``grammar`` (GBNF) or
+    schema, or its JSON text), ``json_object``, ``regex``, ``choice``, ``grammar`` (GBNF or Lark) or
     ``structural_tag`` (its JSON text); SamplingParams reads it into its own ``json_schema`` / ``regex`` /
     ``choice`` / ``grammar`` / ``structural_tag``."""
 
@@ -114,8 +114,8 @@ class SamplingParams:
     # hypic.engine.structured.regex reads), or is exactly one of these strings
     regex: str | None = None
     choice: tuple[str, ...] | None = None
-    # vLLM's grammar constraint: the whole text derived from this GBNF grammar's root rule
-    # (hypic.engine.structured.grammar)
+    # vLLM's grammar constraint: the whole text derived from this grammar's start — GBNF's root
+    # rule, or Lark's start (hypic.engine.structured.grammar, .lark)
     grammar: str | None = None
     # vLLM's structural tags: free text in which each trigger opens a tagged JSON structure (its JSON
     # text or the object: {"structures": [{"begin", "schema", "end"}], "triggers": [...]};

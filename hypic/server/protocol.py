@@ -131,13 +131,13 @@ class StreamOptions(Strict):
 
 Choices = Annotated[list[Annotated[str, Field(max_length=4096)]], Field(min_length=1, max_length=1024)]
 Pattern = Annotated[str, Field(max_length=16384)]
-Grammar = Annotated[str, Field(max_length=65536)]  # GBNF text (hypic.engine.structured.grammar.MAX_GRAMMAR)
+Grammar = Annotated[str, Field(max_length=65536)]  # GBNF or Lark text (hypic.engine.structured.grammar.MAX_GRAMMAR)
 
 
 class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: ``json`` (a schema, or its JSON text) constrains decoding as
     ``response_format`` json_schema does; ``regex`` (the whole answer matches it) and ``choice`` (the
-    answer is one of the strings) and ``grammar`` (GBNF: the answer derived from its ``root``) as
+    answer is one of the strings) and ``grammar`` (GBNF or Lark: the answer derived from its start) as
     ``SamplingParams.regex`` / ``choice`` / ``grammar``; ``structural_tag`` (its JSON text, as vLLM
     takes it, or the object) as ``SamplingParams.structural_tag``."""
 

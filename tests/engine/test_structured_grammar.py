@@ -103,6 +103,26 @@ def test_random_regular_grammars_accept_what_re_fullmatch_accepts(seed: int) -> 
         assert accepts(node, t.encode()) == (re.fullmatch(pattern, t) is not None), (text, pattern, t)
 
 
+def test_a_rule_whose_alternatives_start_with_itself_reads_as_the_repetition_it_means() -> None:
+    """``expr ::= expr "+" term | expr "-" term | term``: Lark's and yacc's way to write a chain,
+    which a top-down matcher would unfold without end; checked against the repetition, text by text."""
+    left = compile_grammar('root ::= expr\nexpr ::= expr "+" term | term | expr "-" term\n'
+                           'term ::= [0-9] | "(" expr ")"')
+    for n in range(7):
+        for t in map("".join, itertools.product("1+-()", repeat=n)):
+            assert accepts(left, t.encode()) == _chain(t), t
+
+
+def _chain(s: str) -> bool:
+    """A ± chain of one-digit numbers and bracketed chains, read by Python's parser (no unary signs)."""
+    try:
+        tree = ast.parse(s, mode="eval")
+    except SyntaxError:
+        return False
+    ok = (ast.Expression, ast.BinOp, ast.Constant, ast.Add, ast.Sub)
+    return all(isinstance(n, ok) for n in ast.walk(tree)) and "11" not in s
+
+
 def _brackets_ok(s: str) -> bool:
     stack = []
     for c in s:
@@ -178,10 +198,12 @@ def test_a_json_grammar_derives_what_json_loads_reads() -> None:
 
 
 @pytest.mark.parametrize("grammar, needle", [
-    ('root ::= expr\nexpr ::= expr "+" "1" | "1"', "rule 'expr' is left-recursive"),
-    ('root ::= a\na ::= b? "x" | "y"\nb ::= "z"? a', "is left-recursive"),  # through a rule that reads nothing
+    ('root ::= expr\nexpr ::= expr "+" "1" | expr "-" "1"', "rule 'expr' derives no text: each of its"),
+    ('root ::= a\na ::= b? "x" | "y"\nb ::= "z"? a', "rule 'a' reaches itself before reading anything"),
+    ('root ::= a\na ::= "z"? a "x" | "y"', "rule 'a' reaches itself"),  # after an item that may read nothing
     ('root ::= "a" x', "rule 'x' is used but never defined"),
-    ('start: "a"', r"expected a rule: name ::= … \(Lark's"),
+    ('root ::= "a"\nb: "x"', r"b: … is a Lark rule \(a grammar is read as Lark when its first rule is written so\); "
+                              r"in GBNF: name ::= … \(line 2, column 1\)"),
     ('a ::= "x"', "no root rule"),
     ('root ::= "a"\nroot ::= "b"', r"rule 'root' defined twice \(line 2, column 1\)"),
     ('root ::= "a" root', "no finite value satisfies it"),
@@ -218,18 +240,27 @@ def llm() -> LLM:
     return LLM(device="cpu")  # a CPU test wherever it runs (on a GPU LLM() is bf16)
 
 
+PROMPT = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
+
+
+def assert_draws_derived(llm: LLM, grammar: str, check) -> None:  # check: Callable[[str], bool]
+    """Three sampled draws under ``grammar``: each derived from it and passing ``check`` (the
+    reference), or, cut by max_tokens, the start of a derivation."""
+    node = compile_grammar(grammar)
+    for seed in range(3):
+        got = llm.generate(PROMPT, SamplingParams(max_tokens=30, temperature=1.0, seed=seed, grammar=grammar))[0]
+        if got.finish_reason == "stop":
+            assert accepts(node, got.text.encode()) and check(got.text), (grammar, got.text)
+        else:
+            assert advance_bytes(start(node), got.text.encode()) is not None, got.text
+
+
 def test_every_draw_of_the_bundled_model_is_derived_from_the_grammar(llm: LLM) -> None:
-    prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Where does Mira live?"
+    prompt = PROMPT
     for grammar, check in ((ARITHMETIC, _python_arithmetic), (JSON_GBNF, lambda t: json.loads(t) is not None),
                            ('root ::= "Mira lives in " [A-Z] [a-z]{2,12} "."',
                             lambda t: re.fullmatch(r"Mira lives in [A-Z][a-z]{2,12}\.", t) is not None)):
-        node = compile_grammar(grammar)
-        for seed in range(3):
-            got = llm.generate(prompt, SamplingParams(max_tokens=30, temperature=1.0, seed=seed, grammar=grammar))[0]
-            if got.finish_reason == "stop":
-                assert accepts(node, got.text.encode()) and check(got.text), (grammar, got.text)
-            else:  # cut by max_tokens: the start of a derivation
-                assert advance_bytes(start(node), got.text.encode()) is not None, got.text
+        assert_draws_derived(llm, grammar, check)
     vllms = llm.generate(prompt, SamplingParams(max_tokens=20, structured_outputs=S(grammar=ARITHMETIC)))[0]
     own = llm.generate(prompt, SamplingParams(max_tokens=20, grammar=ARITHMETIC))[0]
     assert vllms.text == own.text
@@ -250,7 +281,10 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token_in_a_grammar() -
     for grammar in ('root ::= ("- " [^\\n]+ "\\n"){1,3} [a-z ]{2,9} "." [0-9]{1,4}', JSON_GBNF,
                     # a bounded repetition's longer runs read on by what follows (found by a review: refused)
                     'root ::= [a-z ]{0,3} [a-z]*', 'root ::= "x" [a-z ]{0,5} ( "y" | [^a]* )',
-                    'root ::= [a-z]{2} [a-z]+'):
+                    'root ::= [a-z]{2} [a-z]+',
+                    # Lark's notation: a regex's loop is a class's loop too; ignored spaces before each word
+                    'start: ("- " /[^\\n]+/ "\\n"){1,3} WORD\n%import common.WORD',
+                    'start: WORD ("," WORD)*\n%import common (WORD, WS)\n%ignore WS'):
         c = JsonConstraint(vocab, compile_grammar(grammar), set())
         for _ in range(60):
             state = c.state

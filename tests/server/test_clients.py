@@ -264,15 +264,19 @@ def test_vllms_choice_and_regex_constrain_the_whole_answer(http: httpx.Client) -
 
 
 def test_vllms_grammar_constrains_the_whole_answer(http: httpx.Client) -> None:
-    """``structured_outputs.grammar`` / ``guided_grammar`` (GBNF): every answer, whole or streamed, is
-    derived from the grammar (or, cut by max_tokens, begins one); refusals name the field and the place."""
+    """``structured_outputs.grammar`` / ``guided_grammar`` (GBNF, or Lark's notation): every answer,
+    whole or streamed, is derived from the grammar (or, cut by max_tokens, begins one); refusals name
+    the field and the place."""
     from hypic.engine.structured import compile_grammar
     from hypic.engine.structured.matcher import accepts, advance_bytes, start
 
-    grammar = 'root ::= name " lives in " name "."\nname ::= [A-Z] [a-z]{1,10}'
-    node = compile_grammar(grammar)
+    gbnf = 'root ::= name " lives in " name "."\nname ::= [A-Z] [a-z]{1,10}'
+    lark = 'start: NAME "lives in"i NAME "."\nNAME: "A".."Z" /[a-z]{1,10}/\n%ignore " "'
     base = {"model": MODEL, "max_tokens": 24, "temperature": 1.0}
-    for k, extra in enumerate(({"structured_outputs": {"grammar": grammar}}, {"guided_grammar": grammar})):
+    for k, (grammar, extra) in enumerate(((gbnf, {"structured_outputs": {"grammar": gbnf}}),
+                                          (gbnf, {"guided_grammar": gbnf}),
+                                          (lark, {"structured_outputs": {"grammar": lark}}))):
+        node = compile_grammar(grammar)
         for route, body in (("/v1/completions", {"prompt": "Profile of Mira. Mira lives in Quorvane."}),
                             ("/v1/chat/completions", {"messages": [USER]})):
             r = http.post(route, json={**base, **body, **extra, "seed": k, "n": 3})
@@ -287,7 +291,8 @@ def test_vllms_grammar_constrains_the_whole_answer(http: httpx.Client) -> None:
         whole = http.post("/v1/completions", json={**base, "prompt": "Mira", "seed": 5, **extra}).json()
         assert streamed == whole["choices"][0]["text"]
     for extra, param, words in (
-            ({"guided_grammar": "root ::= root \"a\" | \"b\""}, "guided_grammar", "left-recursive"),
+            ({"guided_grammar": "root ::= a \"x\" | \"b\"\na ::= root \"y\""}, "guided_grammar", "reaches itself"),
+            ({"guided_grammar": "start: \"a\"\n%declare X"}, "guided_grammar", "Lark: %declare is not read"),
             ({"structured_outputs": {"grammar": "root ::= \"a"}}, "structured_outputs.grammar", "line 1"),
             ({"guided_grammar": "root ::= \"a\"", "guided_regex": "a"}, "guided_grammar", "one constraint")):
         r = http.post("/v1/completions", json={**base, "prompt": "hi", **extra})

@@ -1,7 +1,7 @@
 """Structured output: decoding constrained to JSON a schema accepts (``SamplingParams.json_schema``),
 to plain text a regular expression matches or one of a list of choices (``regex``, ``choice``:
-``text``), to text a context-free grammar derives (``grammar``: GBNF), or to free text whose
-triggers open tagged JSON structures (``structural_tag``: ``tags``).
+``text``), to text a context-free grammar derives (``grammar``: GBNF, or Lark's notation read by
+``lark``), or to free text whose triggers open tagged JSON structures (``structural_tag``: ``tags``).
 
 ``schema`` compiles the schema (``regex`` its patterns and formats, ``bounds`` its numeric bounds),
 ``grammar`` a GBNF grammar, ``matcher`` reads the text byte by byte (``strings``, ``numbers``: their

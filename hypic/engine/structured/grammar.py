@@ -7,7 +7,8 @@ GBNF (llama.cpp's and xgrammar's EBNF — what vLLM's ``structured_outputs.gramm
 Rules are ``name ::= alternatives``; an alternative is a sequence of string literals (``"…"``, with
 ``\\n \\t \\r \\\\ \\" \\xHH \\uHHHH \\UHHHHHHHH``), character classes (``[a-z_]``, ``[^"\\n]``), ``.``
 (any character), rule names and parenthesised groups, each optionally repeated by ``*``, ``+``,
-``?`` or ``{m}`` / ``{m,}`` / ``{m,n}``; ``#`` starts a comment.
+``?`` or ``{m}`` / ``{m,}`` / ``{m,n}``; ``#`` starts a comment. A grammar whose first rule is
+written Lark's way (``start: …``) is read by ``lark.py`` into the same rule expressions.
 
 The grammar compiles to frames the structured-output matcher already runs (``matcher.py``): a
 rule reference is a ``Ref``, a choice an ``Alt`` — both replaced by what they lead to, as in a JSON
@@ -15,8 +16,10 @@ schema — and four more here: ``Seq`` (its items one after another; the last re
 right-recursive rule does not deepen the stack), ``Rep`` (an item between ``low`` and ``high``
 times), ``Word`` (a literal's bytes) and ``Chars`` (one UTF-8 character of a class). Every byte is
 text: no whitespace is skipped. The matcher's state holds every parse still possible, so an
-ambiguous grammar works; a left-recursive rule (one that reaches itself before reading a byte)
-is refused, since it would unfold without end — it is written with repetition instead. Like a JSON
+ambiguous grammar works. A rule whose alternatives start with the rule itself (``expr ::= expr "+"
+term | term``) is read as the repetition it means (``expr ::= term ("+" term)*``); any other
+left recursion (a rule that reaches itself before reading a byte: through another rule, or after
+an item that may read nothing) is refused, since it would unfold without end. Like a JSON
 value, a derivation nests at most ``MAX_DEPTH`` frames, and the matcher opens none it could not
 finish within them (``needs``): a grammar whose least derivation is deeper, or infinite, is refused.
 """
@@ -152,15 +155,27 @@ def grammar_frame(node: Seq | Rep | Word | Chars, local: object, b: int) -> list
 
 @lru_cache(maxsize=64)
 def compile_grammar(text: str) -> Seq:
-    """The start rule (``root``) of a GBNF grammar, as matcher frames; ValueError naming what is
-    wrong, where (line and column) or which rule. Cached by text."""
+    """The start rule of a grammar as matcher frames: GBNF (``root``) or Lark (``start``;
+    ``lark.py``), told apart by how its first rule is written. ValueError naming what is wrong,
+    where (line and column) or which rule. Cached by text."""
     if not isinstance(text, str):
-        raise ValueError(f"grammar: expected GBNF text, got {type(text).__name__}")
+        raise ValueError(f"grammar: expected GBNF or Lark text, got {type(text).__name__}")
     if len(text) > MAX_GRAMMAR:
         raise ValueError(f"grammar: {len(text)} characters, more than {MAX_GRAMMAR}")
-    rules = _Parser(text).rules()
-    if "root" not in rules:
-        raise ValueError("grammar: no root rule (root ::= …: where the answer starts)")
+    from hypic.engine.structured.lark import looks_like_lark, read_lark  # lark.py builds on this module
+
+    if looks_like_lark(text):
+        rules, start = read_lark(text)
+    else:
+        rules, start = _Parser(text).rules(), "root"
+        if "root" not in rules:
+            raise ValueError("grammar: no root rule (root ::= …: where the answer starts)")
+    return compile_rules(rules, start)
+
+
+def compile_rules(rules: dict[str, tuple], start: str) -> Seq:
+    """Rule expressions (``_Parser``'s tuples) from rule ``start`` on, as matcher frames."""
+    rules = {name: _unfold_left_recursion(name, expr) for name, expr in rules.items()}
     refs: dict[str, Ref] = {}
 
     def node(expr: object) -> object:
@@ -186,7 +201,7 @@ def compile_grammar(text: str) -> Seq:
         return expr[1]  # chars
 
     try:  # each walk recurses once per rule a rule uses: a chain of hundreds outruns Python's stack
-        root = Seq((node(("ref", "root")),))  # a grammar frame at the root: the matcher reads it as text
+        root = Seq((node(("ref", start)),))  # a grammar frame at the root: the matcher reads it as text
         _check_left_recursion(root)
         settle_repeats(root)
         check_depth(root, "grammar", "a rule that only refers to itself with no way out")
@@ -194,6 +209,29 @@ def compile_grammar(text: str) -> Seq:
         raise ValueError("grammar: rules nested too deep to compile (a chain of hundreds of rules, each "
                          "using the next)") from None
     return root
+
+
+def _unfold_left_recursion(name: str, expr: tuple) -> tuple:
+    """A rule whose alternatives start with the rule itself, ``a ::= a x | a y | b | c``, rewritten
+    as the same language read from the left, ``a ::= (b | c) (x | y)*``: the matcher expands rules
+    top-down and would unfold ``a`` without end, yet grammars (Lark's above all: its LALR parser
+    wants them) often write lists and operator chains this way. Only the rule's own top-level
+    alternatives are looked at; left recursion through another rule is refused later."""
+    if expr[0] != "alt":
+        return expr
+    loops, bases = [], []
+    for option in expr[1]:
+        items = option[1] if option[0] == "seq" else [option]
+        if items and items[0] == ("ref", name):
+            loops.append(("seq", list(items[1:])))
+        else:
+            bases.append(option)
+    if not loops:
+        return expr
+    if not bases:
+        raise ValueError(f"grammar: rule {name!r} derives no text: each of its alternatives starts with "
+                         f"{name!r} itself")
+    return ("seq", [("alt", bases), ("rep", ("alt", loops), 0, None)])
 
 
 def _nullable(nodes: list) -> set[int]:
@@ -260,33 +298,37 @@ def _check_left_recursion(root: Seq) -> None:
         while todo:
             n = todo.pop()
             if n is ref:
-                raise ValueError(f"grammar: rule {ref.name!r} is left-recursive (it reaches itself before reading "
-                                 "anything), which hypic does not parse; write it with repetition, e.g. "
-                                 "expr ::= term (\"+\" term)*")
+                raise ValueError(f"grammar: rule {ref.name!r} reaches itself before reading anything other than as "
+                                 "the first item of its own alternatives (expr ::= expr \"+\" term | term is "
+                                 "read as expr ::= term (\"+\" term)*), which hypic does not parse; write it "
+                                 "with repetition")
             if id(n) not in seen:
                 seen.add(id(n))
                 todo += first(n)
 
 
-class _Parser:
-    """GBNF text → {rule name: expression}; an expression is a tuple: ("alt", [seq…]), ("seq",
-    [item…]), ("rep", item, low, high), ("ref", name), ("word", bytes), ("chars", Chars)."""
+class GrammarText:
+    """A grammar's text and a place in it, as both notations' readers walk it: errors naming the
+    place, blanks and comments skipped, escapes read."""
 
-    NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-    RULE_START = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)[ \t]*::=")
+    WHERE = "grammar"  # what an error begins with
 
     def __init__(self, text: str) -> None:
         self.text, self.at = text, 0
 
-    def fail(self, why: str) -> ValueError:
-        line = self.text.count("\n", 0, self.at) + 1
-        col = self.at - (self.text.rfind("\n", 0, self.at) + 1) + 1
-        return ValueError(f"grammar: {why} (line {line}, column {col})")
+    def fail(self, why: str, at: int | None = None) -> ValueError:
+        at = self.at if at is None else at
+        line = self.text.count("\n", 0, at) + 1
+        col = at - (self.text.rfind("\n", 0, at) + 1) + 1
+        return ValueError(f"{self.WHERE}: {why} (line {line}, column {col})")
+
+    def comment_here(self) -> bool:
+        return self.text[self.at] == "#"
 
     def skip(self, newlines: bool = True) -> None:
         while self.at < len(self.text):
             c = self.text[self.at]
-            if c == "#":
+            if self.comment_here():
                 end = self.text.find("\n", self.at)
                 self.at = len(self.text) if end < 0 else end
             elif c in " \t\r" or (newlines and c == "\n"):
@@ -294,15 +336,42 @@ class _Parser:
             else:
                 break
 
+    def escape(self) -> int:
+        """The character an escape writes, read from just past its backslash."""
+        if self.at >= len(self.text):
+            raise self.fail("unterminated escape")
+        e = self.text[self.at]
+        self.at += 1
+        simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "0": 0, "\\": 92, '"': 34, "'": 39, "/": 47,
+                  "[": 91, "]": 93, "-": 45, "^": 94}
+        if e in simple:
+            return simple[e]
+        width = {"x": 2, "u": 4, "U": 8}.get(e)
+        digits = self.text[self.at:self.at + (width or 0)]
+        if width is None or not re.fullmatch(r"[0-9A-Fa-f]+", digits or "-") or len(digits) != width:
+            self.at -= 2
+            raise self.fail(f"unknown escape \\{e}")
+        self.at += width
+        value = int(digits, 16)
+        if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+            raise self.fail(f"\\{e}{digits} is no character UTF-8 can write")
+        return value
+
+
+class _Parser(GrammarText):
+    """GBNF text → {rule name: expression}; an expression is a tuple: ("alt", [seq…]), ("seq",
+    [item…]), ("rep", item, low, high), ("ref", name), ("word", bytes), ("chars", Chars)."""
+
+    NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+    RULE_START = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)[ \t]*::=")
+
     def rules(self) -> dict[str, tuple]:
         rules: dict[str, tuple] = {}
         self.skip()
         while self.at < len(self.text):
             m = self.RULE_START.match(self.text, self.at)
             if m is None:
-                lark = re.compile(r"[?!]?[A-Za-z_]\w*(\.\d+)?[ \t]*:(?!:)").match(self.text, self.at)
-                raise self.fail("expected a rule: name ::= …" + (" (Lark's name: … is not read: hypic reads GBNF)"
-                                                                  if lark else ""))
+                raise self.fail("expected a rule: name ::= …")
             name = m[1]
             if name in rules:
                 raise self.fail(f"rule {name!r} defined twice")
@@ -353,6 +422,9 @@ class _Parser:
         m = self.NAME.match(self.text, self.at)
         if m is None:
             raise self.fail(f"unexpected {c!r}")
+        if re.compile(r"[ \t]*:(?!:)").match(self.text, m.end()):
+            raise self.fail(f"{m[0]}: … is a Lark rule (a grammar is read as Lark when its first rule is "
+                            "written so); in GBNF: name ::= …")
         self.at = m.end()
         return ("ref", m[0])
 
@@ -385,24 +457,7 @@ class _Parser:
             if c == "\n" and closing == '"':
                 raise self.fail('a literal ends at its line: expected "')
             return ord(c)
-        if self.at >= len(self.text):
-            raise self.fail("unterminated escape")
-        e = self.text[self.at]
-        self.at += 1
-        simple = {"n": 10, "t": 9, "r": 13, "\\": 92, '"': 34, "'": 39, "[": 91, "]": 93, "-": 45, "^": 94,
-                  "/": 47, "0": 0}
-        if e in simple:
-            return simple[e]
-        width = {"x": 2, "u": 4, "U": 8}.get(e)
-        digits = self.text[self.at:self.at + (width or 0)]
-        if width is None or not re.fullmatch(r"[0-9A-Fa-f]+", digits or "-") or len(digits) != width:
-            self.at -= 2
-            raise self.fail(f"unknown escape \\{e}")
-        self.at += width
-        value = int(digits, 16)
-        if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
-            raise self.fail(f"\\{e}{digits} is no character UTF-8 can write")
-        return value
+        return self.escape()
 
     def literal(self) -> bytes:
         self.at += 1

@@ -191,12 +191,19 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     item = node.item
     while isinstance(item, Ref):
         item = item.target
-    # its item a class, or a choice with classes among its options (a JSON string's characters)
-    classes = [item] if isinstance(item, Chars) else [o for o in item.options if isinstance(o, Chars)] \
+    # its item a class, or a choice with classes among its options (a JSON string's characters; a
+    # Lark terminal's LETTER: UCASE_LETTER | LCASE_LETTER, each option a named class)
+    classes = [item] if isinstance(item, Chars) else [o for o in map(_named, item.options) if isinstance(o, Chars)] \
         if isinstance(item, Alt) else []
     if not classes:
         return None
     return normal([r for c in classes for r in c.code_points()]), UNBOUNDED
+
+
+def _named(node: object) -> object:
+    while isinstance(node, Ref):
+        node = node.target
+    return node
 
 
 def free_text_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:

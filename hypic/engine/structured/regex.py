@@ -245,6 +245,17 @@ def compile_regex(pattern: str) -> Regex:
     return rx
 
 
+def parse_tree(pattern: str) -> Node:
+    """``pattern`` as a tree, matched whole (no anchors, no text around it): a Lark grammar's
+    ``/regex/`` lexeme, compiled to grammar frames rather than an automaton. ValueError as
+    ``compile_regex``'s."""
+    parser = _Parser(pattern)
+    tree = parser.alternation()
+    if parser.i < len(parser.s):
+        raise parser.fail("an unmatched ')'")
+    return tree
+
+
 def _build(rx: Regex, node: Node) -> tuple[int, int]:
     """Thompson's construction of one tree node: its (entry, exit) states."""
     kind = node[0]
