@@ -7,6 +7,7 @@ a list of token ids — whose last element is the query, or one string split on 
 
 from __future__ import annotations
 
+import collections
 import itertools
 import re
 from collections.abc import Callable, Iterator
@@ -50,11 +51,12 @@ class LLM:
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
                  cache_host_dtype: str | None = AUTO, max_model_len: int | None = None,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_num_seqs: int = 256) -> None:
         """vLLM's ``dtype="auto"`` (the default: the checkpoint's on a GPU, fp32 on the CPU),
-        ``max_model_len`` (a context shorter than the model's) and ``seed`` (torch's global generator,
-        which requests without a seed draw from: their answers repeat from run to run) mean what
-        they mean there; ``model`` is a local folder (nothing is downloaded)."""
+        ``max_model_len`` (a context shorter than the model's), ``seed`` (torch's global generator,
+        which requests without a seed draw from: their answers repeat from run to run) and
+        ``max_num_seqs`` (the most answers ``generate`` decodes at once: the rest wait their turn)
+        mean what they mean there; ``model`` is a local folder (nothing is downloaded)."""
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():
@@ -64,6 +66,9 @@ class LLM:
             raise ValueError(f"model: {model} is not a folder here; hypic loads local folders and downloads "
                              f"nothing (fetch it first, e.g. `huggingface-cli download {model} --local-dir DIR`)")
         check_seed(seed, "seed", optional=True)
+        if not isinstance(max_num_seqs, int) or isinstance(max_num_seqs, bool) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: expected an integer ≥ 1, got {max_num_seqs!r}")
+        self.max_num_seqs = max_num_seqs
         if seed is not None:
             torch.manual_seed(seed)
         self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype)
@@ -188,31 +193,48 @@ class LLM:
 
     def _run(self, ids: list[list[list[int]]], params: list[SamplingParams], mode: str,
              salt: str | None) -> list[RequestOutput]:
-        """One answer per prompt, decoded together to the end (texts and stop strings with a tokenizer)."""
-        runs = self.engine.start(ids, params, mode=mode, salts=[salt] * len(ids))
-        if self.tokenizer is None:
-            self.engine.finish(runs)
-            for run in runs:
-                self._ended(run, None)
-            return [r.output for r in runs]
-        texts = [self._text_stream(p) for p in params]
-        read = [0] * len(runs)
+        """One answer per prompt (texts and stop strings with a tokenizer). At most ``max_num_seqs``
+        decode at once; as answers end, the next prompts are prefilled between decode steps and join
+        them — so a batch of any size (10 000 prompts, or one prompt with a large ``n``) runs in the
+        memory of ``max_num_seqs`` answers, where starting every prompt at once held every decode
+        state together. Later prompts find the documents earlier ones cached."""
+        self.engine.checked(ids, params)  # a bad prompt anywhere is refused before any runs, as before
+        texts = [None if self.tokenizer is None else self._text_stream(p) for p in params]
+        runs: list[Any] = [None] * len(ids)
+        read = [0] * len(ids)
+        pending = collections.deque(range(len(ids)))
+        live: list[int] = []
         try:
             while True:
-                for k, (run, text) in enumerate(zip(runs, texts, strict=True)):
-                    for t in run.output.token_ids[read[k]:]:
+                for i in live:  # what each answer added; a stop string ends its run, the others go on
+                    text = texts[i]
+                    if text is None:
+                        continue
+                    for t in runs[i].output.token_ids[read[i]:]:
                         text.push(t)
-                    read[k] = len(run.output.token_ids)
-                    if text.stopped and not run.done:  # a stop string: this run ends, the others go on
-                        self.engine.forget([run])  # (_ended says why)
-                if all(r.done for r in runs):
+                    read[i] = len(runs[i].output.token_ids)
+                    if text.stopped and not runs[i].done:
+                        self.engine.forget([runs[i]])  # (_ended says why)
+                live = [i for i in live if not runs[i].done]
+                room = self.max_num_seqs - len(live)
+                if pending and room > 0:
+                    wave = [pending.popleft() for _ in range(min(room, len(pending)))]
+                    started = self.engine.start([ids[i] for i in wave], [params[i] for i in wave], mode=mode,
+                                                salts=[salt] * len(wave))
+                    for i, run in zip(wave, started, strict=True):
+                        runs[i] = run
+                    live += wave
+                    continue  # their first tokens are read before the next step (one may end at once)
+                if not live:
                     break
-                self.engine.step(runs)
+                self.engine.step([runs[i] for i in live])
         finally:
-            if not all(r.done for r in runs):  # a failure or an interrupt: no decode state left behind
-                self.engine.forget([r for r in runs if not r.done])
+            unfinished = [runs[i] for i in live if not runs[i].done]
+            if unfinished:  # a failure or an interrupt: no decode state left behind
+                self.engine.forget(unfinished)
         for run, text in zip(runs, texts, strict=True):
-            text.finish()
+            if text is not None:
+                text.finish()
             self._ended(run, text)
         return [r.output for r in runs]
 

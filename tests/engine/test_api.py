@@ -43,6 +43,29 @@ def test_batched_generate_equals_one_by_one(llm) -> None:
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
 
 
+def test_a_batch_past_max_num_seqs_decodes_in_turns_with_the_same_answers(llm, qwen3_5_path) -> None:
+    """``LLM(max_num_seqs=2)``: five prompts (one with n = 2, one ending at its first token) start as
+    slots free up, never more than two answers decoding or prefilled at once, and every answer is
+    the one the unbounded batch gives — greedy, and seeded samples."""
+    small = LLM(str(qwen3_5_path), device="cpu", max_num_seqs=2)
+    starts, steps = [], []
+    start, step = small.engine.start, small.engine.step
+    small.engine.start = lambda prompts, *a, **k: starts.append(len(prompts)) or start(prompts, *a, **k)
+    small.engine.step = lambda runs: steps.append(len(runs)) or step(runs)
+    prompts = [_segments(40 + i, [30, 10 + 3 * i, 7]) for i in range(5)]
+    params = [SamplingParams(max_tokens=m) for m in (3, 7, 1, 5)]
+    params.append(SamplingParams(max_tokens=4, n=2, temperature=1.0, seed=3))
+    got = small.generate(prompts, params)
+    want = llm.generate(prompts, params)
+    answers = [[o.token_ids for o in (out, *out.others)] for out in got]
+    assert answers == [[o.token_ids for o in (out, *out.others)] for out in want]
+    assert [len(a) for a in answers] == [1, 1, 1, 1, 2] and [len(t) for t in answers[1]] == [7]
+    assert max(starts) <= 2 and sum(starts) == 6 and max(steps) == 2  # six answers, two at a time
+    assert len(starts) >= 3  # later prompts started as earlier answers ended
+    with pytest.raises(ValueError, match="max_num_seqs: expected an integer ≥ 1, got 0"):
+        LLM(str(qwen3_5_path), device="cpu", max_num_seqs=0)
+
+
 def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
     """Runs that decode together share one DecodeBatch; one that ends leaves it at the next step,
     and the batch lets go of its tensors after the last step of its last run (not whenever the
