@@ -230,6 +230,7 @@ def test_ignored_text_stands_between_lexemes_never_inside_a_terminal() -> None:
     ('start: /a(?=b)/', r"/a\(\?=b\)/: look-arounds and named groups are not supported \(at 2\) "
                         r"\(line 1, column 8\)"),
     ('start: /a/x', "regex flag 'x' is not read"),
+    ('start: /^a(?=b)$/', r"look-arounds and named groups are not supported \(at 3\)"),  # where it is written
     ('start: "a\\q"', r"unknown escape \\q \(line 1, column 10\)"),
     ('start: "ab".."z"', "a range's ends are single characters"),
     ('start: "z".."a"', "is backwards"),
@@ -251,6 +252,10 @@ def test_which_notation_a_grammar_is_read_in() -> None:
     assert looks_like_lark("%import common.WS\nstart: WS")
     assert not looks_like_lark('# a comment\nroot ::= "a"')
     assert not looks_like_lark('root::= "a"\nx: "b"')
+    # a regex's anchors say nothing more: a lexeme is matched whole
+    anchored, bare = compile_grammar('start: /^[0-9]{2}-a+$/ "."'), compile_grammar('start: /[0-9]{2}-a+/ "."')
+    for t in ("12-a.", "12-aaa.", "1-a.", "12-a", "^12-a$."):
+        assert accepts(anchored, t.encode()) == accepts(bare, t.encode()) == (re.fullmatch(r"\d\d-a+\.", t) is not None)
     # the same language either way
     lark, gbnf = compile_grammar('start: "a"i ("-" "0".."9")+'), compile_grammar('root ::= [aA] ("-" [0-9])+')
     for t in ("a-1", "A-1-2", "a", "b-1", "a-"):

@@ -13,7 +13,8 @@ Read: rules (``name: …``, lower case) and terminals (``NAME: …``, upper case
 continued on lines that start with ``|``; the ``?`` / ``!`` prefixes, ``.priority`` and ``-> alias``
 shape Lark's tree, not the language, so they are read and dropped. Items: ``"literal"`` (``"…"i``
 case-insensitive), ``"a".."z"``, ``/regex/flags`` (Python's syntax, the subset the ``regex`` constraint
-takes, with flags ``i``, ``s``; ``m`` and ``u`` change nothing here), names, ``( … )``, ``[ … ]``
+takes, with flags ``i``, ``s``; ``m`` and ``u`` change nothing here; ``^`` / ``$`` at its ends are
+read as nothing, a lexeme being matched whole), names, ``( … )``, ``[ … ]``
 (optional), ``? * +``, ``~ n`` / ``~ n..m`` and llguidance's ``{n}`` / ``{n,m}``; ``//`` and ``#``
 comments. ``%import common.NAME [-> ALIAS]`` / ``%import common (A, B)`` take Lark's common
 terminals, written here (``COMMON``); ``%ignore`` what may stand between lexemes. Refused by name:
@@ -33,7 +34,7 @@ import re
 from functools import lru_cache
 
 from hypic.engine.structured.grammar import MAX_REPEAT, Chars, GrammarText
-from hypic.engine.structured.regex import ANY, DOT, negate, normal, parse_tree
+from hypic.engine.structured.regex import ANY, DOT, anchored_end, negate, normal, parse_tree
 
 NAME = re.compile(r"_*[A-Za-z][A-Za-z0-9_]*")
 DEFINITION = re.compile(r"([?!]*)(_*[A-Za-z][A-Za-z0-9_]*)(?:\.(-?\d+))?[ \t]*(\{[^}\n]*\}[ \t]*)?:(?!:)")
@@ -432,10 +433,15 @@ class _Reader(GrammarText):
         bad = sorted(set(flags) - set("imsu"))
         if bad:
             raise self.fail(f"regex flag {bad[0]!r} is not read (i, s, m and u are)", self.at - len(flags))
+        body = pattern.removeprefix("^")  # a lexeme is matched whole: anchors at its ends say nothing more
+        body = body[:-1] if anchored_end(body) else body
         try:
-            tree = parse_tree(pattern)
+            tree = parse_tree(body)
         except ValueError as e:
-            raise self.fail(f"/{pattern}/: {str(e).removeprefix(f'pattern {pattern!r}: ')}", start) from None
+            why = str(e).removeprefix(f"pattern {body!r}: ")
+            shift = len(pattern) - len(pattern.removeprefix("^"))  # placed in the pattern as written
+            why = re.sub(r" \(at (\d+)\)$", lambda m: f" (at {int(m[1]) + shift})", why)
+            raise self.fail(f"/{pattern}/: {why}", start) from None
         return _from_regex(tree, "i" in flags, "s" in flags)
 
 
