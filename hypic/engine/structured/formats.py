@@ -7,7 +7,7 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 | ``const_string`` | value | a ``Word`` |
 | ``json_schema`` | json_schema, style | the schema's nodes, its number handing back (``tags.json_value``); |
 | | | style ``qwen_xml``: an object's properties as ``<parameter=…>`` (``qwen_xml.py``) |
-| ``grammar`` | grammar (GBNF) | the grammar's root |
+| ``grammar`` | grammar (GBNF or Lark) | the grammar's start rule |
 | ``regex`` | pattern | a ``Text``, the pattern matching the chunk whole |
 | ``any_text`` | excludes, max_chars | free text holding none of them (``tags.Tagged`` with no triggers) |
 | ``sequence`` / ``or`` | elements | ``Seq`` / ``Alt`` |
