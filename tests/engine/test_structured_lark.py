@@ -15,7 +15,7 @@ import re
 import pytest
 
 from hypic import LLM, SamplingParams
-from hypic.engine.structured import compile_grammar
+from hypic.engine.structured import compile_grammar, compile_schema
 from hypic.engine.structured.lark import looks_like_lark
 from hypic.engine.structured.matcher import accepts
 from tests.engine.test_structured_grammar import _walk, assert_draws_derived
@@ -215,6 +215,21 @@ def test_ignored_text_stands_between_lexemes_never_inside_a_terminal() -> None:
     assert not accepts(compile_grammar('start: "a" "b"'), b"a b")
 
 
+def test_llguidances_json_item_reads_what_the_schema_reads() -> None:
+    """``%json {schema}`` in a rule: the value a JSON schema's constraint accepts, here between
+    literals and after ignored spaces; checked text by text against the schema's own constraint."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 4}, "n": {"type": "integer"}},
+              "required": ["city"], "additionalProperties": False}
+    node = compile_grammar('start: "call" %json ' + json.dumps(schema, indent=2) + ' ";"\n%ignore " "')
+    alone = compile_schema(schema)
+    values = ['{"city": "Oslo"}', '{"city": "Oslo", "n": 3}', '{"city":"Rome","n":-1}', '{"city": "Paris"}',
+              '{"n": 3}', '{"city": "Oslo", "x": 1}', '{"city": 5}', "[]", '{"city": "Oslo"', "3"]
+    for v in values:
+        assert accepts(node, f"call {v};".encode()) == accepts(node, f"call{v} ;".encode()) == \
+            accepts(alone, v.encode()), v
+    assert sum(accepts(alone, v.encode()) for v in values) == 3
+
+
 @pytest.mark.parametrize("grammar, needle", [
     ('value: "a"', r"no start rule \(start: …"),
     ('start: "a" x', "rule 'x' is used but never defined"),
@@ -241,6 +256,9 @@ def test_ignored_text_stands_between_lexemes_never_inside_a_terminal() -> None:
     ('start: a\na: b "x" | "y"\nb: "z"? a', "rule 'a' reaches itself before reading anything"),
     ('start: "a"\nb ::= "x"', "name ::= … is GBNF"),
     ('start: "a"\n%frob X', "unknown directive %frob"),
+    ('start: %json {"type": "object",}', r"%json: its schema is not JSON \(Expecting property name"),
+    ('start: %json {"type": "array", "uniqueItems": true}', "%json: .*'uniqueItems' is not supported"),
+    ('start: T\nT: %json {"type": "string"}', "terminal T holds %json"),
 ])
 def test_bad_lark_grammars_are_refused_by_name_and_place(grammar: str, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):

@@ -198,7 +198,7 @@ def compile_rules(rules: dict[str, tuple], start: str) -> Seq:
             return Rep(node(expr[1]), expr[2], expr[3])
         if kind == "word":
             return Word(expr[1]) if expr[1] else Seq(())
-        return expr[1]  # chars
+        return expr[1]  # chars, or a node compiled already (Lark's %json: a schema's value)
 
     try:  # each walk recurses once per rule a rule uses: a chain of hundreds outruns Python's stack
         root = Seq((node(("ref", start)),))  # a grammar frame at the root: the matcher reads it as text

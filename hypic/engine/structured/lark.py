@@ -14,10 +14,11 @@ continued on lines that start with ``|``; the ``?`` / ``!`` prefixes, ``.priorit
 shape Lark's tree, not the language, so they are read and dropped. Items: ``"literal"`` (``"…"i``
 case-insensitive), ``"a".."z"``, ``/regex/flags`` (Python's syntax, the subset the ``regex`` constraint
 takes, with flags ``i``, ``s``; ``m`` and ``u`` change nothing here; ``^`` / ``$`` at its ends are
-read as nothing, a lexeme being matched whole), names, ``( … )``, ``[ … ]``
-(optional), ``? * +``, ``~ n`` / ``~ n..m`` and llguidance's ``{n}`` / ``{n,m}``; ``//`` and ``#``
-comments. ``%import common.NAME [-> ALIAS]`` / ``%import common (A, B)`` take Lark's common
-terminals, written here (``COMMON``); ``%ignore`` what may stand between lexemes. Refused by name:
+read as nothing, a lexeme being matched whole), names, ``( … )``, ``[ … ]`` (optional), ``? * +``,
+``~ n`` / ``~ n..m``; ``//`` and ``#`` comments; and llguidance's extensions ``{n}`` / ``{n,m}`` and
+``%json {schema}`` (a JSON value the schema accepts, written as a schema's answer is). ``%import
+common.NAME [-> ALIAS]`` / ``%import common (A, B)`` take Lark's common terminals, written here
+(``COMMON``); ``%ignore`` what may stand between lexemes. Refused by name:
 other imports, ``%declare`` / ``%override`` / ``%extend``, templates (``name{x}``), regex flags
 ``x`` and ``l``. The start rule is ``start``.
 
@@ -30,11 +31,13 @@ terminals, and so may the end of the text — where a lexer would skip them.
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 
 from hypic.engine.structured.grammar import MAX_REPEAT, Chars, GrammarText
 from hypic.engine.structured.regex import ANY, DOT, anchored_end, negate, normal, parse_tree
+from hypic.engine.structured.tags import json_value
 
 NAME = re.compile(r"_*[A-Za-z][A-Za-z0-9_]*")
 DEFINITION = re.compile(r"([?!]*)(_*[A-Za-z][A-Za-z0-9_]*)(?:\.(-?\d+))?[ \t]*(\{[^}\n]*\}[ \t]*)?:(?!:)")
@@ -113,6 +116,11 @@ def _lexemes(expr: tuple, owner: str, ignore: tuple | None) -> tuple:
     kind = expr[0]
     if kind == "lex":
         return expr[1] if ignore is None else ("seq", [ignore, expr[1]])
+    if kind == "json":  # a value read as a rule reads it: ignored text may stand before it, not inside
+        if is_terminal(owner) or owner == IGNORE:
+            raise ValueError(f"grammar: Lark: {'%ignore' if owner == IGNORE else f'terminal {owner}'} holds "
+                             "%json: a JSON value is a rule's item")
+        return ("node", expr[1]) if ignore is None else ("seq", [ignore, ("node", expr[1])])
     if kind == "ref":
         name = expr[1]
         if is_terminal(owner) or owner == IGNORE:
@@ -366,9 +374,28 @@ class _Reader(GrammarText):
             if self.peek() == "{" and not re.compile(r"\{\s*\d").match(self.text, self.at):
                 raise self.fail(f"{m[0]}{{…}}: templates are not read; write each use out", start)
             return ("ref", m[0])
+        if self.text.startswith("%json", self.at):
+            return ("json", self.json_schema())
         if c == "%":
             raise self.fail(f"{DIRECTIVE.match(self.text, self.at)[0]!r} is not read inside a rule")
         raise self.fail(f"unexpected {c!r}")
+
+    def json_schema(self) -> object:
+        """llguidance's ``%json {schema}``: a JSON value the schema accepts, written compactly as a
+        schema's answer is (``schema.py``), where the item stands."""
+        start = self.at
+        self.at += len("%json")
+        self.skip(newlines=True)
+        try:
+            schema, end = json.JSONDecoder().raw_decode(self.text, self.at)
+        except json.JSONDecodeError as e:
+            raise self.fail(f"%json: its schema is not JSON ({e.msg})", e.pos) from None
+        try:
+            node = json_value(schema)
+        except ValueError as e:
+            raise self.fail(f"%json: {str(e).removeprefix('json_schema: ')}", start) from None
+        self.at = end
+        return node
 
     def repeat(self, item: tuple, depth: int) -> tuple:
         while True:
