@@ -609,14 +609,15 @@ def generate(args: argparse.Namespace) -> int:
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
         schema = None
         if args.json_schema is not None:  # a file, or the JSON itself
-            text = Path(args.json_schema).read_text() if Path(args.json_schema).is_file() else args.json_schema
             try:
-                schema = json.loads(text)
+                schema = json.loads(_file_or_text(args.json_schema))
             except ValueError as e:
                 raise ValueError(f"--json-schema: neither a file nor JSON ({e})") from None
+        grammar = None if args.grammar is None else _file_or_text(args.grammar)
         sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                            repetition_penalty=args.repetition_penalty, json_schema=schema)
+                            repetition_penalty=args.repetition_penalty, json_schema=schema, grammar=grammar,
+                            regex=args.regex)
         for _ in range(args.repeat):
             out = llm.generate(args.prompt, sp, mode=args.mode)[0]
             m = out.metrics
@@ -630,6 +631,15 @@ def generate(args: argparse.Namespace) -> int:
         print(f"hypic generate: {flagged(e, args) if isinstance(e, ValueError) else e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _file_or_text(value: str) -> str:
+    """A file's text, or the value itself: a grammar or schema written out is no file name (and
+    may be too long to be one: asking the system whether it is a file would fail)."""
+    try:
+        return Path(value).read_text() if Path(value).is_file() else value
+    except OSError:
+        return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -663,6 +673,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="ask again (the second time the segments are cached)")
     p_gen.add_argument("--json-schema", help="answer in JSON this schema accepts: a file or the JSON itself "
                        "('true': any JSON value)")
+    p_gen.add_argument("--grammar", help="answer with text this grammar derives (GBNF, root ::= …, or Lark, "
+                       "start: …): a file or the grammar itself")
+    p_gen.add_argument("--regex", help="answer with text this regular expression matches whole")
     p_gen.set_defaults(func=generate)
     add_bench_parser(sub)
     p_eval = sub.add_parser("eval", help="evaluations")

@@ -118,6 +118,30 @@ def test_generate_answers_in_json_with_a_schema_inline_or_from_a_file(tmp_path, 
     assert "format 'hostname' is not supported" in capsys.readouterr().err
 
 
+def test_generate_answers_as_a_grammar_or_a_regex_says(tmp_path, capsys) -> None:
+    """``--grammar`` (a file or the text: GBNF or Lark, the text past a file name's length) and
+    ``--regex``; two constraints at once are refused by flag."""
+    import re
+
+    from hypic.engine.structured import compile_grammar
+    from hypic.engine.structured.matcher import accepts
+
+    prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Question: Where does Mira live?\nAnswer:"
+    lark = 'start: "In " CITY "."\nCITY: "A".."Z" /[a-z]{2,12}/\n' + "// a long comment " * 20
+    (tmp_path / "g.lark").write_text(lark)
+    outs = []
+    for given in (lark, str(tmp_path / "g.lark")):
+        assert main(["generate", "--max-tokens", "20", "--grammar", given, prompt]) == 0
+        outs.append(capsys.readouterr().out.strip())
+    assert outs[0] == outs[1] and accepts(compile_grammar(lark), outs[0].encode()), outs
+    assert main(["generate", "--max-tokens", "20", "--regex", "[A-Z][a-z]+ [0-9]", prompt]) == 0
+    assert re.fullmatch("[A-Z][a-z]+ [0-9]", capsys.readouterr().out.strip())
+    assert main(["generate", "--grammar", 'root ::= "a"', "--regex", "a", prompt]) == 2
+    assert "one constraint at a time" in capsys.readouterr().err
+    assert main(["generate", "--grammar", "start: rule\n%declare X", prompt]) == 2
+    assert "--grammar: Lark: %declare is not read" in capsys.readouterr().err
+
+
 def test_the_bundled_model_is_served_as_hypic_however_it_is_named(tmp_path) -> None:
     """``--model hypic/assets/default_model`` served it as "default_model", so requests for "hypic"
     (the README's name) were 404s; another folder keeps its own name."""
