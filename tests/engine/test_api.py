@@ -66,6 +66,29 @@ def test_a_batch_past_max_num_seqs_decodes_in_turns_with_the_same_answers(llm, q
         LLM(str(qwen3_5_path), device="cpu", max_num_seqs=0)
 
 
+def test_a_generate_that_fails_midway_leaves_no_decode_state_behind(qwen3_5_path) -> None:
+    """A decode step that raises in the second wave: the error reaches the caller, and every run
+    started — the wave decoding, and the first wave's runs that had ended — holds no batch."""
+    small = LLM(str(qwen3_5_path), device="cpu", max_num_seqs=2)
+    started, steps = [], []
+    start, step = small.engine.start, small.engine.step
+
+    def failing_step(runs):
+        steps.append(len(runs))
+        if len(steps) == 4:
+            raise RuntimeError("the device fell over")
+        return step(runs)
+
+    small.engine.start = lambda *a, **k: started.extend(out := start(*a, **k)) or out
+    small.engine.step = failing_step
+    prompts = [_segments(60 + i, [30, 12, 7]) for i in range(4)]
+    with pytest.raises(RuntimeError, match="the device fell over"):
+        small.generate(prompts, SamplingParams(max_tokens=3))
+    assert len(started) == 4 and all(r.done and r.state.batch is None for r in started)
+    small.engine.step = step  # the engine serves on
+    assert len(small.generate(prompts[:1], SamplingParams(max_tokens=2))[0].token_ids) == 2
+
+
 def test_stacked_decode_state_is_freed_when_every_run_has_ended(llm) -> None:
     """Runs that decode together share one DecodeBatch; one that ends leaves it at the next step,
     and the batch lets go of its tensors after the last step of its last run (not whenever the
