@@ -488,6 +488,17 @@ class Engine(ColdPrefill, PrefixPrefill):
                 r.output.prompt_logprobs = scored
         return runs
 
+    def warm_constraints(self, params: list[SamplingParams]) -> None:
+        """Each constrained request's first mask made now, on the caller's thread (the vocabulary's
+        memo is shared and locked, its walks are not): ``start`` then finds it memoized. Made there,
+        in the serving loop, a new constraint's first mask held every request's step — ≈ 0.1–0.5 s
+        for a free text's or a free string's at a 150 000-token vocabulary."""
+        constrained = [p for p in params if p.constraint_kinds]
+        if constrained:
+            vocab = self.token_vocab()
+            for p in constrained:
+                JsonConstraint(vocab, p.constraint(), self.eos).allowed()
+
     def checked(self, prompts: list[list[list[int]]], params: list[SamplingParams]) -> list[SamplingParams]:
         """The requests as ``start`` runs them (``max_tokens`` bounded by the context), or a
         ValueError naming what this engine cannot take: an empty segment, a token id of

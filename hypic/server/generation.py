@@ -406,6 +406,10 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
         raise APIError(400, f"{param}: this request's {places} choices need {places} places, more than the server "
                        f"ever has ({room}: max_queue + max_concurrent)", param=param)
     owners = [gen for gen in gens for _ in range(gen.n)]
+    # a new constraint's first mask made here, off the serving loop, which would hold every request
+    # meanwhile (a free text's at a 150 000-token vocabulary: tenths of a second)
+    if any(gen.params.constraint_kinds for gen in gens):
+        await asyncio.to_thread(runner.scheduler.engine.warm_constraints, [gen.params for gen in gens])
     # all choices or none, queued at once (a refused request holds no places meanwhile)
     jobs = runner.submit_all([(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt)
                               for gen in gens for i in range(gen.n)], arrival,

@@ -884,3 +884,59 @@ def test_the_memo_keeps_the_states_of_the_latest_constraints_only(tokenizer, mon
     assert [r() is None for r in roots] == [True] * 5 + [False] * 3
     for schema, want in zip(schemas, first_allowed, strict=True):  # walked again: the same
         assert torch.equal(JsonConstraint(fresh, compile_schema(schema), {EOS}).allowed(), want)
+
+
+def test_a_constraints_first_mask_made_ahead_is_what_the_serving_step_reads(llm) -> None:
+    """``Engine.warm_constraints`` (the server calls it on the request's thread): the prefill's
+    first constrained draw then walks nothing — its mask is the memoized one — and the answer is
+    the one made without it."""
+    schema = {"type": "object", "properties": {"warmed": {"type": "string", "maxLength": 7}}, "required": ["warmed"]}
+    params = SamplingParams(max_tokens=12, json_schema=schema)
+    prompt = [llm.tokenize("Profile of Mira.")[0], llm.tokenize("Question: Who?\nAnswer:")[0]]
+    vocab = llm.engine.token_vocab()
+    vocab.clear_memo()
+    cold = llm.generate([prompt], params)[0].token_ids
+    vocab.clear_memo()
+    llm.engine.warm_constraints([params, SamplingParams(max_tokens=3)])  # the unconstrained one: nothing
+    misses = vocab.memo_misses
+    runs = llm.engine.start([prompt], [params])
+    assert vocab.memo_misses == misses and vocab.memo_hits > 0
+    llm.engine.finish(runs)
+    assert runs[0].output.token_ids == cold
+
+
+def test_masks_made_on_several_threads_at_once_equal_those_made_one_by_one(tokenizer) -> None:
+    """The memo is shared between the serving loop and the requests' threads: states walked
+    concurrently (some the same) give the sets a lone thread gives, and the memo holds each once."""
+    import threading
+
+    schemas = [{"type": "object", "properties": {f"k{i}": {"type": "string"}, "n": {"type": "integer"}}}
+               for i in range(6)]
+    rng = random.Random(2)
+    states = []
+    for schema in schemas:  # a few states along a draw of each
+        c = JsonConstraint(TokenVocab(token_bytes(tokenizer)), compile_schema(schema), {EOS})
+        for _ in range(5):
+            states.append(c.state)
+            allowed = c.allowed()
+            c.accept(rng.choice([t for t in allowed.tolist() if t != EOS] or allowed.tolist()))
+    alone = TokenVocab(token_bytes(tokenizer))
+    want = [alone.allowed(s).tolist() for s in states]
+    shared, got, errors = TokenVocab(token_bytes(tokenizer)), {}, []
+
+    def work(k: int) -> None:
+        try:
+            for i in range(len(states)):
+                j = (i + 7 * k) % len(states)
+                got.setdefault(j, []).append(shared.allowed(states[j]).tolist())
+        except Exception as e:  # noqa: BLE001 — reported below, with its thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(all(g == want[j] for g in got[j]) for j in range(len(states)))
+    assert shared.memo_roots == len(schemas) and shared._memo_ids == alone._memo_ids

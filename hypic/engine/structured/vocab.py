@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any, NamedTuple
@@ -275,6 +276,10 @@ class TokenVocab:
         # (state, eos, size, device) → mask, least recently used first; each key also in its root's _Memo
         self._masks: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._insides: OrderedDict[tuple, _Inside] = OrderedDict()  # a pattern loop's characters → its tokens
+        # the memos are read and changed under this lock; a walk runs outside it, so a constraint's
+        # first mask may be made on a request's own thread (``Engine.warm_constraints``) while the
+        # serving loop reads others' masks (two threads walking one state do the same work twice)
+        self._lock = threading.RLock()
 
     def _inside(self, chars: tuple[tuple[int, int], ...]) -> _Inside:
         """The plain tokens all of whose characters are in ``chars`` (a pattern's loop: they keep it
@@ -292,9 +297,10 @@ class TokenVocab:
         return got
 
     def clear_memo(self) -> None:
-        self._memo.clear()
-        self._memo_ids = 0
-        self._masks.clear()
+        with self._lock:
+            self._memo.clear()
+            self._memo_ids = 0
+            self._masks.clear()
 
     @property
     def memo_roots(self) -> int:
@@ -325,31 +331,34 @@ class TokenVocab:
         recently used out past MASK_BYTES): a decode step reads it where it lies instead of copying
         the ids there every step (inside a string, nearly the whole vocabulary: 1.2 MB a row)."""
         key = (state, eos, size, str(device))
-        got = self._masks.get(key)
-        if got is not None:
-            self._masks.move_to_end(key)
-            self._group(state)  # its constraint recently used too
-            return got
+        with self._lock:
+            got = self._masks.get(key)
+            if got is not None:
+                self._masks.move_to_end(key)
+                self._group(state)  # its constraint recently used too
+                return got
         ids = self.allowed(state)
         if eos:
             ids = torch.cat([ids, torch.tensor(eos, dtype=torch.long)])
-        got = self._masks[key] = token_mask(ids, size, device)
-        self._group(state).masks.add(key)
-        while len(self._masks) * size > MASK_BYTES and len(self._masks) > 1:
-            old, _ = self._masks.popitem(last=False)
-            group = self._memo.get(_root_of(old[0]))
-            if group is not None:
-                group.masks.discard(old)
+        got = token_mask(ids, size, device)
+        with self._lock:
+            self._masks[key] = got
+            self._group(state).masks.add(key)
+            while len(self._masks) * size > MASK_BYTES and len(self._masks) > 1:
+                old, _ = self._masks.popitem(last=False)
+                group = self._memo.get(_root_of(old[0]))
+                if group is not None:
+                    group.masks.discard(old)
         return got
 
     def allowed(self, state: State) -> torch.Tensor:
         """Ids of the tokens whose bytes the matcher reads from ``state`` (CPU, int64)."""
-        group = self._group(state)
-        got = group.ids.get(state)
-        if got is not None:
-            self.memo_hits += 1
-            return got
-        self.memo_misses += 1
+        with self._lock:
+            got = self._group(state).ids.get(state)
+            if got is not None:
+                self.memo_hits += 1
+                return got
+            self.memo_misses += 1
         ids: list[int] = []
         room = free_string_room(state)
         trie, taken = self.root, None  # the tokens walked; the ones taken as a list
@@ -357,7 +366,8 @@ class TokenVocab:
             trie, taken = self.rest, self.plain.upto_length(room)
         elif (loop := string_loop(state) or char_loop(state) or free_text_loop(state)) is not None:
             # a pattern's loop, a grammar's, or structural tags' free text
-            inside = self._inside(loop[0])
+            with self._lock:  # built once per loop's characters (the trie walk below is not locked)
+                inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
         # the walk meets few distinct states (inside a loop, one per depth at most), so each state is
         # numbered and advanced at most once per byte: ``advance`` costs microseconds, the lookup
@@ -381,17 +391,21 @@ class TokenVocab:
         got = torch.tensor(sorted(ids), dtype=torch.long)
         if taken is not None and len(taken):
             got = torch.cat([got, taken]).sort().values
-        # full: the least recently used constraints out, this one's states too if it alone fills it
-        while self._memo_ids + len(got) > MEMO_IDS and self._memo:
-            if next(iter(self._memo.values())) is group:
-                self._memo_ids -= group.size
-                group.ids.clear()
-                group.size = 0
-                break
-            self._drop_oldest()
-        group.ids[state] = got
-        group.size += len(got)
-        self._memo_ids += len(got)
+        with self._lock:
+            group = self._group(state)  # (again: the walk may have outlasted its place in the memo)
+            if state in group.ids:  # walked meanwhile on another thread
+                return group.ids[state]
+            # full: the least recently used constraints out, this one's states too if it alone fills it
+            while self._memo_ids + len(got) > MEMO_IDS and self._memo:
+                if next(iter(self._memo.values())) is group:
+                    self._memo_ids -= group.size
+                    group.ids.clear()
+                    group.size = 0
+                    break
+                self._drop_oldest()
+            group.ids[state] = got
+            group.size += len(got)
+            self._memo_ids += len(got)
         return got
 
 
