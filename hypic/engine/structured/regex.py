@@ -14,6 +14,7 @@ frozenset of NFA states reached, its ε-closure taken, so it hashes and steps ar
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
 
 MAX_CODE = 0x10FFFF
@@ -83,6 +84,7 @@ class Window:
         return Window(cap, bits)
 
 
+_EVICTING = threading.Lock()  # a pattern's ``lengths`` memo: the oldest cap out and the new one in, at once
 MEMO_SETS = 65536  # a pattern's memoized steps, and its loops, at most (then started again)
 # caps whose ``lengths`` a pattern keeps: one compiled pattern serves every schema that names it (a
 # ``format``, a common ``pattern``), each maxLength a cap of its own — kept without a bound, 200 of
@@ -212,9 +214,10 @@ class Regex:
                     work += cap
                     if budget is not None and work > budget:
                         raise LengthsTooCostly(cap)
-        if len(self._lengths) >= LENGTH_CAPS:  # a hot pattern (a format) meets many maxLengths: the oldest out
-            del self._lengths[next(iter(self._lengths))]
-        self._lengths[cap] = masks
+        with _EVICTING:  # masks are made on requests' threads and the serving loop's (TokenVocab)
+            if len(self._lengths) >= LENGTH_CAPS:  # a hot pattern (a format) meets many maxLengths: the oldest out
+                self._lengths.pop(next(iter(self._lengths)), None)
+            self._lengths[cap] = masks
         return masks
 
 
