@@ -910,8 +910,10 @@ def test_masks_made_on_several_threads_at_once_equal_those_made_one_by_one(token
     concurrently (some the same) give the sets a lone thread gives, and the memo holds each once."""
     import threading
 
-    schemas = [{"type": "object", "properties": {f"k{i}": {"type": "string"}, "n": {"type": "integer"}}}
-               for i in range(6)]
+    # free strings, and patterns whose loops (six sets of characters, four kept) build lists and tries
+    schemas = [{"type": "object", "properties": {f"k{i}": {"type": "string"}, "n": {"type": "integer"},
+                                                 "p": {"type": "string", "pattern": f"^[a-f{i}]*$"}},
+                "required": ["p"]} for i in range(6)]
     rng = random.Random(2)
     states = []
     for schema in schemas:  # a few states along a draw of each
@@ -920,6 +922,9 @@ def test_masks_made_on_several_threads_at_once_equal_those_made_one_by_one(token
             states.append(c.state)
             allowed = c.allowed()
             c.accept(rng.choice([t for t in allowed.tolist() if t != EOS] or allowed.tolist()))
+        text = b'{"p": "abc'  # and along a value written into the pattern's loop
+        states += [advance_bytes(start(compile_schema(schema)), text[:k]) for k in range(len(text) - 2, len(text) + 1)]
+    assert sum(string_loop(s) is not None for s in states) >= 6
     alone = TokenVocab(token_bytes(tokenizer))
     want = [alone.allowed(s).tolist() for s in states]
     shared, got, errors = TokenVocab(token_bytes(tokenizer)), {}, []

@@ -285,15 +285,19 @@ class TokenVocab:
         """The plain tokens all of whose characters are in ``chars`` (a pattern's loop: they keep it
         where it is), by length, and a trie of every other token — built once per set of characters
         (a few per pattern), the least recently used of ``INSIDE_SETS`` kept."""
-        got = self._insides.get(chars)
-        if got is not None:
-            self._insides.move_to_end(chars)
-            return got
+        with self._lock:
+            got = self._insides.get(chars)
+            if got is not None:
+                self._insides.move_to_end(chars)
+                return got
+        # built outside the lock (it reads the vocabulary's trie, never changes it): up to a second
+        # at a 150 000-token vocabulary, which the serving loop must not wait for
         inside = [i for i in self.plain.ids.tolist() if _all_within(self.pieces[i].decode(), chars)]
         others = _without(self.root, self.pieces, self.tokens, inside)
-        got = self._insides[chars] = _Inside(ByLength.of(self.pieces, inside), others)
-        while len(self._insides) > INSIDE_SETS:
-            self._insides.popitem(last=False)
+        with self._lock:
+            got = self._insides.setdefault(chars, _Inside(ByLength.of(self.pieces, inside), others))
+            while len(self._insides) > INSIDE_SETS:
+                self._insides.popitem(last=False)
         return got
 
     def clear_memo(self) -> None:
@@ -366,8 +370,7 @@ class TokenVocab:
             trie, taken = self.rest, self.plain.upto_length(room)
         elif (loop := string_loop(state) or char_loop(state) or free_text_loop(state)) is not None:
             # a pattern's loop, a grammar's, or structural tags' free text
-            with self._lock:  # built once per loop's characters (the trie walk below is not locked)
-                inside = self._inside(loop[0])
+            inside = self._inside(loop[0])
             trie, taken = inside.others, inside.tokens.upto_length(loop[1])
         # the walk meets few distinct states (inside a loop, one per depth at most), so each state is
         # numbered and advanced at most once per byte: ``advance`` costs microseconds, the lookup
