@@ -246,6 +246,8 @@ def test_llguidances_json_item_reads_what_the_schema_reads() -> None:
                         r"\(line 1, column 8\)"),
     ('start: /a/x', "regex flag 'x' is not read"),
     ('start: /^a(?=b)$/', r"look-arounds and named groups are not supported \(at 3\)"),  # where it is written
+    ('start: /(?i)^a(?=b)/', r"look-arounds and named groups are not supported \(at 7\)"),
+    ('start: /(?x)a b/', "inline flag 'x' is not read"),
     ('start: "a\\q"', r"unknown escape \\q \(line 1, column 10\)"),
     ('start: "ab".."z"', "a range's ends are single characters"),
     ('start: "z".."a"', "is backwards"),
@@ -274,6 +276,11 @@ def test_which_notation_a_grammar_is_read_in() -> None:
     anchored, bare = compile_grammar('start: /^[0-9]{2}-a+$/ "."'), compile_grammar('start: /[0-9]{2}-a+/ "."')
     for t in ("12-a.", "12-aaa.", "1-a.", "12-a", "^12-a$."):
         assert accepts(anchored, t.encode()) == accepts(bare, t.encode()) == (re.fullmatch(r"\d\d-a+\.", t) is not None)
+    # Python's inline flags at a pattern's start are its flags
+    inline, after = compile_grammar('start: /(?is)a.b/'), compile_grammar('start: /a.b/is')
+    for t in ("a\nb", "A-B", "aXb", "ab", "(?is)a-b"):
+        assert accepts(inline, t.encode()) == accepts(after, t.encode()) == \
+            (re.fullmatch("(?is)a.b", t) is not None), t
     # the same language either way
     lark, gbnf = compile_grammar('start: "a"i ("-" "0".."9")+'), compile_grammar('root ::= [aA] ("-" [0-9])+')
     for t in ("a-1", "A-1-2", "a", "b-1", "a-"):

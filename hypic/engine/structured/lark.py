@@ -12,15 +12,15 @@ reader makes, then compiled by ``grammar.compile_rules`` onto the same frames.
 Read: rules (``name: …``, lower case) and terminals (``NAME: …``, upper case), each on its line or
 continued on lines that start with ``|``; the ``?`` / ``!`` prefixes, ``.priority`` and ``-> alias``
 shape Lark's tree, not the language, so they are read and dropped. Items: ``"literal"`` (``"…"i``
-case-insensitive), ``"a".."z"``, ``/regex/flags`` (Python's syntax, the subset the ``regex`` constraint
-takes, with flags ``i``, ``s``; ``m`` and ``u`` change nothing here; ``^`` / ``$`` at its ends are
-read as nothing, a lexeme being matched whole), names, ``( … )``, ``[ … ]`` (optional), ``? * +``,
-``~ n`` / ``~ n..m``; ``//`` and ``#`` comments; and llguidance's extensions ``{n}`` / ``{n,m}`` and
-``%json {schema}`` (a JSON value the schema accepts, written as a schema's answer is). ``%import
-common.NAME [-> ALIAS]`` / ``%import common (A, B)`` take Lark's common terminals, written here
-(``COMMON``); ``%ignore`` what may stand between lexemes. Refused by name:
-other imports, ``%declare`` / ``%override`` / ``%extend``, templates (``name{x}``), regex flags
-``x`` and ``l``. The start rule is ``start``.
+case-insensitive), ``"a".."z"``, ``/regex/flags`` (Python's syntax, the subset the ``regex``
+constraint takes, with flags ``i``, ``s`` — after it, or as ``(?is)`` at its start; ``m`` and ``u``
+change nothing here; ``^`` / ``$`` at its ends are read as nothing, a lexeme being matched whole),
+names, ``( … )``, ``[ … ]`` (optional), ``? * +``, ``~ n`` / ``~ n..m``; ``//`` and ``#``
+comments; and llguidance's extensions ``{n}`` / ``{n,m}`` and ``%json {schema}`` (a JSON value
+the schema accepts, written as a schema's answer is). ``%import common.NAME [-> ALIAS]`` /
+``%import common (A, B)`` take Lark's common terminals, written here (``COMMON``); ``%ignore`` what
+may stand between lexemes. Refused by name: other imports, ``%declare`` / ``%override`` /
+``%extend``, templates (``name{x}``), regex flags ``x`` and ``l``. The start rule is ``start``.
 
 hypic matches characters, not tokens: a terminal is a regular language inlined where it is used, and
 a text is accepted when some split of it into lexemes derives it (Lark's Earley parser with its
@@ -460,13 +460,19 @@ class _Reader(GrammarText):
         bad = sorted(set(flags) - set("imsu"))
         if bad:
             raise self.fail(f"regex flag {bad[0]!r} is not read (i, s, m and u are)", self.at - len(flags))
-        body = pattern.removeprefix("^")  # a lexeme is matched whole: anchors at its ends say nothing more
-        body = body[:-1] if anchored_end(body) else body
+        inline = re.match(r"\(\?([a-zA-Z]+)\)", pattern)  # Python's flags for the whole pattern: (?i)select
+        if inline:
+            bad = sorted(set(inline[1]) - set("imsu"))
+            if bad:
+                raise self.fail(f"/{pattern}/: inline flag {bad[0]!r} is not read (i, s, m and u are)", start)
+            flags += inline[1]
+        body = pattern[inline.end() if inline else 0:].removeprefix("^")  # a lexeme is matched whole: anchors
+        body = body[:-1] if anchored_end(body) else body  # at its ends say nothing more
         try:
             tree = parse_tree(body)
         except ValueError as e:
             why = str(e).removeprefix(f"pattern {body!r}: ")
-            shift = len(pattern) - len(pattern.removeprefix("^"))  # placed in the pattern as written
+            shift = len(pattern) - len(body) - int(anchored_end(pattern))  # placed in the pattern as written
             why = re.sub(r" \(at (\d+)\)$", lambda m: f" (at {int(m[1]) + shift})", why)
             raise self.fail(f"/{pattern}/: {why}", start) from None
         return _from_regex(tree, "i" in flags, "s" in flags)
