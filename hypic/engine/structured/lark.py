@@ -114,21 +114,19 @@ def _lexemes(expr: tuple, owner: str, ignore: tuple | None) -> tuple:
     """``expr`` with its lexemes unwrapped — inside a rule (``ignore`` given) each preceded by the
     ignored run — and a rule used inside a terminal (or ``%ignore``) refused."""
     kind = expr[0]
+    lexical = owner == IGNORE or is_terminal(owner)  # a terminal's insides, or what %ignore skips
+    where = "%ignore" if owner == IGNORE else f"terminal {owner}"
     if kind == "lex":
         return expr[1] if ignore is None else ("seq", [ignore, expr[1]])
     if kind == "json":  # a value read as a rule reads it: ignored text may stand before it, not inside
-        if is_terminal(owner) or owner == IGNORE:
-            raise ValueError(f"grammar: Lark: {'%ignore' if owner == IGNORE else f'terminal {owner}'} holds "
-                             "%json: a JSON value is a rule's item")
+        if lexical:
+            raise ValueError(f"grammar: Lark: {where} holds %json: a JSON value is a rule's item")
         return ("node", expr[1]) if ignore is None else ("seq", [ignore, ("node", expr[1])])
     if kind == "ref":
         name = expr[1]
-        if is_terminal(owner) or owner == IGNORE:
-            if not is_terminal(name):
-                where = "%ignore" if owner == IGNORE else f"terminal {owner}"
-                raise ValueError(f"grammar: Lark: {where} uses rule {name!r}: a terminal is made of "
-                                 "literals, regexes and other terminals")
-            return expr
+        if lexical and not is_terminal(name):
+            raise ValueError(f"grammar: Lark: {where} uses rule {name!r}: a terminal is made of "
+                             "literals, regexes and other terminals")
         return ("seq", [ignore, expr]) if ignore is not None and is_terminal(name) else expr
     if kind in ("alt", "seq"):
         return (kind, [_lexemes(e, owner, ignore) for e in expr[1]])

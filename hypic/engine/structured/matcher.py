@@ -181,16 +181,13 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
     node, local = top
     if isinstance(node, Seq) and local < len(node.items):  # the repetition is its next item, not yet opened
         node, local = node.items[local], 0
-    while isinstance(node, Ref):
-        node = node.target
+    node = _named(node)
     if not isinstance(node, Rep) or node.high is not None:
         # a bounded repetition (``[a-z]{0,5}``) bounds only itself: a longer run of its characters may
         # still be read by what follows it, so those tokens must be walked — the shortcut (which takes
         # the short ones and walks none of the class's) would refuse them
         return None
-    item = node.item
-    while isinstance(item, Ref):
-        item = item.target
+    item = _named(node.item)
     # its item a class, or a choice with classes among its options (a JSON string's characters; a
     # Lark terminal's LETTER: UCASE_LETTER | LCASE_LETTER, each option a named class)
     classes = [item] if isinstance(item, Chars) else [o for o in map(_named, item.options) if isinstance(o, Chars)] \
@@ -201,6 +198,7 @@ def char_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | None:
 
 
 def _named(node: object) -> object:
+    """What a rule reference (or a chain of them) stands for; any other node itself."""
     while isinstance(node, Ref):
         node = node.target
     return node

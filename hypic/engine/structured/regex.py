@@ -252,11 +252,7 @@ def parse_tree(pattern: str) -> Node:
     """``pattern`` as a tree, matched whole (no anchors, no text around it): a Lark grammar's
     ``/regex/`` lexeme, compiled to grammar frames rather than an automaton. ValueError as
     ``compile_regex``'s."""
-    parser = _Parser(pattern)
-    tree = parser.alternation()
-    if parser.i < len(parser.s):
-        raise parser.fail("an unmatched ')'")
-    return tree
+    return _Parser(pattern).whole()
 
 
 def _build(rx: Regex, node: Node) -> tuple[int, int]:
@@ -328,13 +324,18 @@ class _Parser:
         tail = anchored_end(self.s)
         body = self.s[int(head):len(self.s) - int(tail)]
         self.s, self.i = body, 0
-        tree = self.alternation()
-        if self.i < len(self.s):
-            raise self.fail("an unmatched ')'")
+        tree = self.whole()
         if (head or tail) and tree[0] == "alt":  # ECMA's ^a|b$ anchors one side each: not what it looks like
             raise self.fail("an anchor beside a top-level '|' is ambiguous; write ^(…|…)$")
         anywhere = ("rep", ("char", ANY), 0, None)
         return ("cat", [*([] if head else [anywhere]), tree, *([] if tail else [anywhere])])
+
+    def whole(self) -> Node:
+        """The rest of the pattern as one tree (a stray ')' ends nothing)."""
+        tree = self.alternation()
+        if self.i < len(self.s):
+            raise self.fail("an unmatched ')'")
+        return tree
 
     def alternation(self) -> Node:
         options = [self.sequence()]
