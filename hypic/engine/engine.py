@@ -491,8 +491,8 @@ class Engine(ColdPrefill, PrefixPrefill):
     def warm_constraints(self, params: list[SamplingParams]) -> None:
         """Each constrained request's first mask made now, on the caller's thread (the vocabulary's
         memo is shared and locked, its walks are not): ``start`` then finds it memoized. Made there,
-        in the serving loop, a new constraint's first mask held every request's step — ≈ 0.1–0.5 s
-        for a free text's or a free string's at a 150 000-token vocabulary."""
+        in the serving loop, a new constraint's first mask held every request's step — ≈ 0.2 s for a
+        strict tool's free text at a 151 000-token vocabulary (docs/benchmarks.md)."""
         constrained = [p for p in params if p.constraint_kinds]
         if constrained:
             vocab = self.token_vocab()
