@@ -38,7 +38,8 @@ from hypic.engine.prefix_prefill import PrefixPrefill
 from hypic.engine.request import RequestMetrics, RequestOutput, SamplingParams
 from hypic.engine.sampling import TokenCounts, sample, token_mask
 from hypic.engine.scoring import Scored, score_prompts, score_with_first
-from hypic.engine.structured import JsonConstraint, TokenVocab, token_bytes
+from hypic.engine.structured import JsonConstraint, TokenVocab, token_bytes, token_marks
+from hypic.engine.structured.formats import named_tokens
 from hypic.models.context import SequenceContext, SequenceState
 from hypic.models.decode_batch import DecodeBatch, DecodeStats, gather
 from hypic.models.fingerprint import weight_fingerprint
@@ -521,9 +522,17 @@ class Engine(ColdPrefill, PrefixPrefill):
                     raise ValueError(f"{name}: token id {outside[0]} is outside the vocabulary [0, {vocab})")
         if any(p.constraint_kinds for p in params):
             self.token_vocab()  # structured output needs the tokenizer's tokens (built once)
+            for p in params:
+                self.check_tokens(p)
         if self.loaded.tokenizer is None and any(p.bad_words for p in params):
             raise ValueError("bad_words: this model has no tokenizer.json to spell them with")
         return params
+
+    def check_tokens(self, params: SamplingParams) -> None:
+        """ValueError naming a token that a structural tag's token-level format names and this
+        tokenizer has no special or added token for (a mark nothing writes: the answer would be stuck)."""
+        if params.structural_tag is not None:
+            self.token_vocab().check_tokens(named_tokens(params.structural_tag))
 
     def token_vocab(self) -> TokenVocab:
         """The tokenizer's tokens as bytes in a trie (structured output), built once; ValueError
@@ -532,7 +541,8 @@ class Engine(ColdPrefill, PrefixPrefill):
             if self._token_vocab is None:
                 if self.loaded.tokenizer is None:
                     raise ValueError("json_schema: this model has no tokenizer.json, which structured output reads")
-                self._token_vocab = TokenVocab(token_bytes(self.loaded.tokenizer))
+                tok = self.loaded.tokenizer
+                self._token_vocab = TokenVocab(token_bytes(tok), token_marks(tok, set(self.eos)))
             return self._token_vocab
 
     def prompt_logprobs(self, prompt: list[list[int]], top: int = 0,

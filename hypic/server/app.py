@@ -248,7 +248,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 field_name = "segments" if req.segments is not None else "prompt" if len(batch) == 1 else f"prompt[{k}]"
                 max_tokens = prompts.token_budget(llm, segments, field_name, req.max_tokens, 16, settings)
                 params = prompts.sampling(req, max(1, max_tokens), req.logprobs, llm.vocab_size,  # checked even for 0
-                                          eos=llm.engine.eos)
+                                          eos=llm.engine.eos, engine=llm.engine)
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
                                        eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
@@ -294,7 +294,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         top = (req.top_logprobs or 0) if req.logprobs else None
         await names_ready(top)
         params = await asyncio.to_thread(prompts.sampling, req, max_tokens, top, llm.vocab_size, calling,
-                                         llm.engine.eos)
+                                         llm.engine.eos, llm.engine)
         think = None
         if settings.reasoning_parser is not None:  # does the generation prompt open the reasoning itself?
             think = opened_by(llm.tokenizer.decode(segments[-1][-32:], skip_special_tokens=False))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hypic.engine.request import SamplingParams
 from hypic.llm import LLM, SEPARATOR, cut_prompt
@@ -19,6 +19,9 @@ from hypic.server.protocol import ChatRequest, Common, CompletionRequest, Messag
 from hypic.server.settings import ServerSettings
 from hypic.server.text import text_offsets
 from hypic.server.tools import ToolCalling, call_style, plan
+
+if TYPE_CHECKING:
+    from hypic.engine.engine import Engine
 
 _SEGMENT_ERROR = re.compile(r"^[\w\[\]]+?\.segments\[(\d+)\]: (.*)$", re.S)
 
@@ -183,9 +186,11 @@ def tool_calling(req: ChatRequest, template: str = "") -> ToolCalling | None:
 
 
 def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size: int,
-             calling: ToolCalling | None = None, eos: Collection[int] = ()) -> SamplingParams:
+             calling: ToolCalling | None = None, eos: Collection[int] = (), engine: Engine | None = None
+             ) -> SamplingParams:
     """The engine always reports the chosen token's log-probability when any are asked for; a
-    forced tool call constrains decoding to the call's schema."""
+    forced tool call constrains decoding to the call's schema. ``engine``: the tokens a structural
+    tag names are checked against its tokenizer (a 400 now, not a refusal in the serving loop)."""
     temperature = 0.0 if req.temperature < GREEDY_BELOW else float(req.temperature)
     bias = None
     if req.logit_bias is not None:
@@ -226,6 +231,8 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
                               include_stop_str_in_output=req.include_stop_str_in_output,
                               skip_special_tokens=req.skip_special_tokens)
         params.check_enders(eos)
+        if engine is not None:
+            engine.check_tokens(params)
         return params
     except ValueError as e:
         given = req.constraint_field or ("tool_choice" if calling is not None and calling.forced else None)

@@ -21,8 +21,8 @@ Then, by ``tool_choice``:
   schema): decoding is free until the model opens a call in its template's format (``call_style``),
   then constrained to a call of a listed function — a strict one's arguments its ``parameters``
   accept, another's any object — and free again after it: a structural tag (``strict_calls``), as
-  SGLang serves ``strict``. Kimi's calls are written in special tokens, which the byte-level matcher
-  does not read; there ``strict`` is not enforced;
+  SGLang serves ``strict``. Kimi's calls are written in special tokens: its tag names them with
+  xgrammar's token-level formats (``token_triggered_tags``), so each marker is that one token;
 - ``none``: plain text.
 
 With ``parallel_tool_calls`` (OpenAI's default) ``required`` is constrained to a list of one call or
@@ -108,7 +108,7 @@ def plan(tools: list[dict[str, Any]] | None, choice: str | dict | None, style: s
         return None
     parameters = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
     if choice in (None, "auto"):
-        strict = any(t["function"].get("strict") for t in tools) and style not in (None, "kimi")
+        strict = any(t["function"].get("strict") for t in tools) and style is not None
         return ToolCalling(False, names, None, parameters, parallel=parallel,
                            tag=strict_calls(tools, style, parallel) if strict else None)
     if isinstance(choice, dict):
@@ -151,14 +151,20 @@ def call_style(template: str) -> str:
 
 def call_tags(tools: list[dict[str, Any]], style: str) -> list[dict]:
     """One xgrammar ``tag`` per function: a call of it written as ``style`` writes one (for
-    ``minimax`` the call inside its block). A strict function's arguments are held to its
-    ``parameters``; another's to any object (its call must still parse to be a call)."""
+    ``minimax`` the call inside its block; for ``kimi`` what lies between its call markers). A
+    strict function's arguments are held to its ``parameters``; another's to any object (its call
+    must still parse to be a call)."""
     tags = []
     for t in tools:
         f = t["function"]
         schema = (f.get("parameters") or {"type": "object", "properties": {}}) if f.get("strict") \
             else {"type": "object"}
-        if style == "qwen_xml":
+        if style == "kimi":  # functions.NAME:IDX, then the arguments; the markers around are the caller's
+            tags.append({"type": "sequence", "elements": [
+                {"type": "const_string", "value": f"functions.{f['name']}:"},
+                {"type": "regex", "pattern": "[0-9]{1,6}"},
+                _token("<|tool_call_argument_begin|>"), {"type": "json_schema", "json_schema": schema}]})
+        elif style == "qwen_xml":
             tags.append({"type": "tag", "begin": f"<tool_call>\n<function={f['name']}>\n",
                          "content": {"type": "json_schema", "json_schema": schema, "style": "qwen_xml"},
                          "end": "\n</function>\n</tool_call>"})
@@ -184,7 +190,14 @@ def strict_calls(tools: list[dict[str, Any]], style: str, parallel: bool = True)
             if not inside:  # about the tag's whole text (not JSON, a lone surrogate): its reason, not nothing
                 rest = ": " + str(e).partition(": ")[2]
             raise ValueError(f"tools[{k}].function.parameters{rest}") from None
-    if style == "minimax":  # one block, the calls in it one a line
+    if style == "kimi":  # a section of calls, every marker a special token of Kimi's
+        call = {"type": "tag", "begin": _token("<|tool_call_begin|>"), "end": _token("<|tool_call_end|>"),
+                "content": tags[0] if len(tags) == 1 else {"type": "or", "elements": tags}}
+        section = {"type": "tag", "begin": _token(KIMI_OPEN), "end": _token("<|tool_calls_section_end|>"),
+                   "content": {"type": "plus", "content": call} if parallel else call}
+        fmt = {"type": "token_triggered_tags", "trigger_tokens": [KIMI_OPEN], "tags": [section],
+               "stop_after_first": not parallel}
+    elif style == "minimax":  # one block, the calls in it one a line
         block = {"type": "tag", "begin": "<tool_calls>\n", "end": "\n</tool_calls>",
                  "content": {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
                              "stop_after_first": not parallel}}
@@ -194,6 +207,10 @@ def strict_calls(tools: list[dict[str, Any]], style: str, parallel: bool = True)
         trigger = "<tool_call>\n<function=" if style == "qwen_xml" else "<tool_call>"
         fmt = {"type": "triggered_tags", "triggers": [trigger], "tags": tags, "stop_after_first": not parallel}
     return {"type": "structural_tag", "format": fmt}
+
+
+def _token(text: str) -> dict:
+    return {"type": "token", "token": text}
 
 
 # where a JSON Schema holds schemas (the rest — enum, const, default, examples … — is data)

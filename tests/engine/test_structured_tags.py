@@ -172,8 +172,8 @@ def test_the_end_of_the_answer_only_in_free_text() -> None:
     ({"type": "structural_tag", "format": {"type": "sequence", "elements": []}},
      "structural_tag.format.elements: expected a non-empty list of formats"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
-        {"begin": "<f>", "content": {"type": "any_tokens"}, "end": ""}]}},
-     r"structural_tag.format.tags\[0\].content.type: 'any_tokens' is not served \(token-level"),
+        {"begin": "<f>", "content": {"type": "exclude_token"}, "end": ""}]}},
+     r"structural_tag.format.tags\[0\].content.type: 'exclude_token' is not served \(one token by what"),
     ({"format": {"type": "triggered_tags", "triggers": ["<f"], "tags": [
         {"begin": "<f>", "content": {"type": "json_schema"}, "end": ""}]}},
      r"structural_tag.format.tags\[0\].content.json_schema: required for json_schema"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -473,6 +474,43 @@ def test_strict_functions_hold_auto_calls_over_http(model_dir: Path, tmp_path: P
         assert "uniqueItems" in r.json()["error"]["message"]
         unique["function"]["strict"] = False
         assert http.post("/v1/chat/completions", json=body).status_code == 200
+    finally:
+        live.stop()
+
+
+def test_strict_functions_hold_kimi_s_special_token_calls_over_http(tmp_path: Path) -> None:
+    """Kimi writes its calls between special tokens; the strict tag names them with xgrammar's
+    token-level formats, so each marker is that token. Pushed by ``logit_bias`` to open a section,
+    the random model's answer is a call of a strict function whose arguments its schema accepts,
+    each marker one special token, the model's own Kimi id kept; without ``strict`` the same push
+    writes no call. A structural tag naming a token the tokenizer lacks is a 400 naming it."""
+    folder = build_model(tmp_path / "kimi_tokens", special=KIMI_TOKENS)
+    live = serve_with_template(folder, tmp_path / "kimi", KIMI_TEMPLATE, max_completion_tokens=128)
+    try:
+        client = openai_client(live)
+        tokenizer = LLM(str(folder), device="cpu").tokenizer
+        marks = {t: tokenizer.token_to_id(t) for t in KIMI_TOKENS}
+        kw = dict(model=MODEL, messages=ASK, max_tokens=128, temperature=0, parallel_tool_calls=False,
+                  logit_bias={str(marks["<|tool_calls_section_begin|>"]): 100})
+        held = client.chat.completions.create(tools=[STRICT_WEATHER, LOOKUP], logprobs=True, **kw).choices[0]
+        assert held.finish_reason == "tool_calls" and len(held.message.tool_calls) == 1, held.message
+        call = held.message.tool_calls[0]
+        _valid_call(call.model_dump())
+        assert re.fullmatch(rf"functions\.{call.function.name}:[0-9]{{1,6}}", call.id)
+        drawn = [t.token for t in held.logprobs.content]
+        for mark in KIMI_TOKENS:  # each marker once, as its own token
+            assert drawn.count(mark) == 1, drawn
+        free = client.chat.completions.create(tools=TOOLS, **kw).choices[0]
+        assert not free.message.tool_calls and free.finish_reason == "length"
+        http = http_client(live)
+        r = http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4,
+                                                    "response_format": {"type": "structural_tag", "format": {
+                                                        "type": "token", "token": "<|nope|>"}}})
+        assert r.status_code == 400, r.text
+        assert "token '<|nope|>' is not a special or added token" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "response_format", r.text
+        assert http.post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4}).status_code \
+            == 200
     finally:
         live.stop()
 

@@ -13,7 +13,7 @@ from hypic.engine.structured.grammar import compile_grammar
 from hypic.engine.structured.schema import compile_schema
 from hypic.engine.structured.tags import compile_tags
 from hypic.engine.structured.text import compile_text
-from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes
+from hypic.engine.structured.vocab import JsonConstraint, TokenVocab, token_bytes, token_marks
 
 __all__ = ["JsonConstraint", "TokenVocab", "compile_grammar", "compile_schema", "compile_tags", "compile_text",
-           "token_bytes"]
+           "token_bytes", "token_marks"]

@@ -12,21 +12,29 @@ matcher already runs — one mechanism under JSON schemas, regexes, grammars and
 | ``any_text`` | excludes, max_chars | free text holding none of them (``tags.Tagged`` with no triggers) |
 | ``sequence`` / ``or`` | elements | ``Seq`` / ``Alt`` |
 | ``optional`` / ``plus`` / ``star`` / ``repeat`` | content (min, max) | ``Rep`` |
-| ``tag`` | begin, content, end (a string or a list) | ``Seq`` of begin, content, end |
+| ``tag`` | begin, content, end (a string or a list; either may be a ``token``) | ``Seq`` of them |
 | ``triggered_tags`` | triggers, tags, excludes, at_least_one, stop_after_first | ``Tagged`` |
+| ``token`` | token (its text or id) | a ``Word`` of the token's mark (``tags.token_mark``) |
+| ``token_triggered_tags`` | trigger_tokens, tags (token begins), exclude_tokens, at_least_one, | ``Tagged``, |
+| | stop_after_first | token-level |
+| ``any_tokens`` | exclude_tokens | ``Tagged`` with no triggers, token-level |
 | ``dispatch`` | rules ([pattern, format] pairs), loop, excludes | ``Tagged``, each pattern a trigger |
 | ``tags_with_separator`` | tags, separator, at_least_one, stop_after_first | ``Seq`` / ``Rep`` of the tags |
 
 Text without a bound of its own (``any_text``, the free text of ``triggered_tags`` and ``dispatch``)
 inside a tag stops at the tag's end: the end is among what that text excludes (xgrammar's rule, the
 enclosing end as its stop condition), handed down to a sequence's last element, each option of an ``or`` and a
-repetition's content. The token-level formats, other XML styles, ``any_order`` and
-``any_text``'s ``max_tokens`` are refused by name; every refusal names the field, as
+repetition's content. A token-level format's tokens are the tokenizer's special and added ones, each
+read as its mark — written by that token alone, so no text can spell it — and its free text is any
+text and any such token but the excluded ones; which tokens a tag names is checked against the
+model's tokenizer when a request is taken (``named_tokens``). ``exclude_token``, ``token_tag_dispatch``,
+other XML styles, ``any_order`` and ``any_text``'s ``max_tokens`` are refused by name; every refusal names the field, as
 ``structural_tag.format.elements[1].content.end``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from hypic.engine.structured.grammar import MAX_REPEAT, Rep, Seq, Word, compile_grammar, settle_repeats
@@ -43,6 +51,7 @@ from hypic.engine.structured.tags import (
     json_value,
     marker,
     then_end,
+    token_mark,
     triggered,
 )
 from hypic.engine.structured.text import compile_text
@@ -54,14 +63,12 @@ MAX_NESTING = 32  # formats inside formats
 MAX_PREFIX_BYTES = 1 << 20
 HOPS_EACH = 4  # hops a byte takes to cross a chunk that reads nothing (a grammar's: Seq, Ref, Rep, back)
 NOT_SERVED = {
-    "token": "token-level formats are not served",
-    "exclude_token": "token-level formats are not served",
-    "any_tokens": "token-level formats are not served",
-    "token_triggered_tags": "token-level formats are not served; triggered_tags takes string triggers",
-    "token_dispatch": "token-level formats are not served",
+    "exclude_token": "one token by what it is not: a token, any_tokens and token_triggered_tags are served",
+    "token_dispatch": "token_triggered_tags is served",
+    "token_tag_dispatch": "token_triggered_tags is served",
 }
 
-Ends = tuple[str, ...]  # the enclosing tag's ends, where the text being compiled may stop
+Ends = tuple[str | bytes, ...]  # the enclosing tag's ends, where the text being compiled may stop (bytes: a token's)
 
 
 class _Compiler:
@@ -203,11 +210,30 @@ class _Compiler:
         content = self.format(fmt["content"], f"{where}.content", ends)
         return Rep(content, low, None if high == -1 else high)
 
+    def token(self, fmt: dict, where: str, ends: Ends) -> object:
+        return Word(token_mark(fmt["token"], f"{where}.token"))
+
+    def any_tokens(self, fmt: dict, where: str, ends: Ends) -> object:
+        return free_text((), (), _excludes(_marks(fmt.get("exclude_tokens", []), f"{where}.exclude_tokens", True),
+                                           ends, f"{where}.exclude_tokens"), tokens=True)
+
+    def token_triggered_tags(self, fmt: dict, where: str, ends: Ends) -> object:
+        at_least_one, stop_after_first = _flags(fmt, where)
+        triggers = _marks(fmt["trigger_tokens"], f"{where}.trigger_tokens")
+        if len(triggers) > MAX_TRIGGERS:
+            raise ValueError(f"{where}.trigger_tokens: at most {MAX_TRIGGERS}")
+        items = []
+        for w, t, own in self._tags(fmt, where):
+            if not isinstance(t["begin"], dict):
+                raise ValueError(f"{w}.begin: expected a token (a token trigger opens it), got a string")
+            items.append((w, _begin(t["begin"], f"{w}.begin"), self.format(t["content"], f"{w}.content", own), own))
+        excludes = _excludes(_marks(fmt.get("exclude_tokens", []), f"{where}.exclude_tokens", True), ends,
+                             f"{where}.exclude_tokens")
+        return triggered(triggers, items, excludes, at_least_one, stop_after_first, where, tokens=True)
+
     def tag(self, fmt: dict, where: str, ends: Ends) -> object:
         begin = fmt["begin"]
-        if isinstance(begin, dict):
-            raise ValueError(f"{where}.begin: a token begin is not served (a string)")
-        data = marker(begin, f"{where}.begin")
+        data = _begin(begin, f"{where}.begin") if isinstance(begin, dict) else marker(begin, f"{where}.begin")
         own = _ends(fmt["end"], f"{where}.end")
         body = then_end(self.format(fmt["content"], f"{where}.content", own), own, f"{where}.end")
         return Seq((Word(data), body)) if data else body
@@ -255,28 +281,40 @@ class _Compiler:
         for w, t in _entries(fmt["tags"], f"{where}.tags", {"begin", "content", "end"}, {"type"}):
             if t.get("type", "tag") != "tag":
                 raise ValueError(f"{w}.type: expected 'tag', got {t['type']!r}")
-            if not isinstance(t["begin"], str):
-                raise ValueError(f"{w}.begin: expected a string (token begins are not served)")
             out.append((w, t, _ends(t["end"], f"{w}.end")))
         return out
 
 
+def _begin(begin: dict, where: str) -> bytes:
+    """A tag's begin given as a ``token`` format: its mark."""
+    if begin.get("type", "token") != "token" or set(begin) - {"type", "token"} or "token" not in begin:
+        raise ValueError(f"{where}: expected a string or a token format ({{\"type\": \"token\", \"token\": …}})")
+    return token_mark(begin["token"], f"{where}.token")
+
+
+def _marks(tokens: object, where: str, may_be_empty: bool = False) -> tuple[bytes, ...]:
+    """A list of tokens (texts or ids) as their marks."""
+    if not isinstance(tokens, list) or not (tokens or may_be_empty):
+        raise ValueError(f"{where}: expected a {'' if may_be_empty else 'non-empty '}list of tokens (texts or ids)")
+    return tuple(dict.fromkeys(token_mark(t, f"{where}[{i}]") for i, t in enumerate(tokens)))
+
+
 def _ends(end: object, where: str) -> Ends:
-    """A tag's end: a string, or a non-empty list of them (any one closes it)."""
+    """A tag's end: a string, a non-empty list of them (any one closes it), or a token format."""
     if isinstance(end, str):
         return (end,)
     if isinstance(end, list) and end and all(isinstance(e, str) for e in end):
         return tuple(end)
     if isinstance(end, dict):
-        raise ValueError(f"{where}: a token end is not served (a string or a list of strings)")
-    raise ValueError(f"{where}: expected a string or a non-empty list of strings")
+        return (_begin(end, where),)
+    raise ValueError(f"{where}: expected a string, a non-empty list of strings or a token format")
 
 
 def _excludes(given: object, ends: Ends, where: str) -> tuple[bytes, ...]:
-    """What free text may not hold: the strings given and the enclosing tag's non-empty ends."""
-    if not isinstance(given, list) or not all(isinstance(e, str) and e for e in given):
+    """What free text may not hold: the strings given (or tokens' marks) and the enclosing tag's non-empty ends."""
+    if not isinstance(given, (list, tuple)) or not all(isinstance(e, (str, bytes)) and e for e in given):
         raise ValueError(f"{where}: expected a list of non-empty strings")
-    marks = tuple(dict.fromkeys([e.encode() for e in given] + [e.encode() for e in ends if e]))
+    marks = tuple(dict.fromkeys([marker(e, where) for e in given] + [marker(e, where) for e in ends if e]))
     if len(marks) > MAX_TRIGGERS or any(len(m) > MAX_TRIGGER_BYTES for m in marks):
         # free text is read against every prefix of each (a set built at compile time)
         raise ValueError(f"{where}: at most {MAX_TRIGGERS} strings (the enclosing tag's ends among them), each at "
@@ -311,7 +349,38 @@ KINDS: dict[str, tuple[set[str], set[str], Build]] = {
     "dispatch": ({"rules"}, {"loop", "excludes"}, _Compiler.dispatch),
     "tags_with_separator": ({"tags", "separator"}, {"at_least_one", "stop_after_first"},
                             _Compiler.tags_with_separator),
+    "token": ({"token"}, set(), _Compiler.token),
+    "any_tokens": (set(), {"exclude_tokens"}, _Compiler.any_tokens),
+    "token_triggered_tags": ({"trigger_tokens", "tags"}, {"exclude_tokens", "at_least_one", "stop_after_first"},
+                             _Compiler.token_triggered_tags),
 }
+
+
+def named_tokens(spec: object) -> list[object]:
+    """The tokens (texts or ids) a structural tag's token-level formats name — read off its JSON
+    (already compiled: well formed), not off schemas, grammars or patterns inside it — for the
+    engine to check against its tokenizer (``TokenVocab.check_tokens``)."""
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    out: list[object] = []
+
+    def walk(node: object) -> None:
+        if isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, dict):
+            if node.get("type") == "token" and "token" in node:
+                out.append(node["token"])
+            for key, value in node.items():
+                if key in ("trigger_tokens", "exclude_tokens") and isinstance(value, list):
+                    out.extend(value)
+                elif key in ("begin", "end") and isinstance(value, dict) and "token" in value:
+                    out.append(value["token"])
+                elif key not in ("json_schema", "schema", "grammar", "pattern", "value"):
+                    walk(value)
+
+    walk(spec)
+    return out
 
 
 def compile_format(fmt: object, where: str) -> Seq:

@@ -38,6 +38,31 @@ MAX_TRIGGERS = 32
 MAX_TRIGGER_BYTES = 128
 MAX_STRUCTURES = 256  # a byte of a begin is matched against each (tools, not a vocabulary)
 
+# A token named by a format (xgrammar's token-level formats: a special token such as Kimi's
+# <|tool_call_begin|>) is read as a *mark*: bytes no text holds — 0xFF and 0xFE are never in UTF-8 —
+# around its text (named by text) or its id (named by id). The vocabulary spells each special and
+# added token both ways besides its text (``vocab.token_marks``), so a mark is written by that one
+# token and by no text, and plain text, JSON strings and patterns never reach one.
+NAME_MARK, ID_MARK = 0xFF, 0xFE
+MARK_BYTES = (NAME_MARK, ID_MARK)
+
+
+def token_mark(token: object, where: str) -> bytes:
+    """A named token's mark: its text (a string) or its id (an integer) between the mark's bytes."""
+    if isinstance(token, str) and token:
+        return bytes([NAME_MARK]) + token.encode("utf-8", "surrogatepass") + bytes([NAME_MARK])
+    if isinstance(token, int) and not isinstance(token, bool) and 0 <= token < 2**31:
+        return bytes([ID_MARK]) + str(token).encode() + bytes([ID_MARK])
+    raise ValueError(f"{where}: expected a token's text or its id (a non-negative integer), got {token!r}")
+
+
+def shown(data: bytes) -> str:
+    """A begin, end, trigger or exclude as a refusal quotes it: a mark as the token it names."""
+    if data[:1] and data[0] in MARK_BYTES:
+        body = data[1:-1].decode(errors="replace")
+        return f"token {body!r}" if data[0] == NAME_MARK else f"token id {body}"
+    return repr(data.decode(errors="replace"))
+
 
 @dataclass(eq=False, frozen=True)
 class Structure:
@@ -60,6 +85,7 @@ class Tagged:
     stop_after_first: bool = False  # the answer ends with its first structure's end
     excludes: tuple[bytes, ...] = ()  # what free text may not hold
     max_chars: int | None = None  # xgrammar's any_text budget: free text of at most this many characters
+    tokens: bool = False  # token-level (any_tokens, token_triggered_tags): special tokens' marks are free text too
 
     def children(self) -> list:
         return [s.body for s in self.structures]
@@ -75,10 +101,11 @@ class Tagged:
 
 
 def free_text(triggers: tuple[bytes, ...], structures: tuple[Structure, ...], excludes: tuple[bytes, ...] = (),
-              at_least_one: bool = False, stop_after_first: bool = False, max_chars: int | None = None) -> Tagged:
+              at_least_one: bool = False, stop_after_first: bool = False, max_chars: int | None = None,
+              tokens: bool = False) -> Tagged:
     excludes = tuple(e for e in excludes if e)
     prefixes = frozenset({b"", *(t[:i] for t in triggers + excludes for i in range(len(t)))})  # b"": nothing pending
-    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, excludes, max_chars)
+    return Tagged(triggers, structures, prefixes, at_least_one, stop_after_first, excludes, max_chars, tokens)
 
 
 def compile_tags(spec: object) -> Tagged:
@@ -165,30 +192,31 @@ def _triggers(triggers: object, named: str) -> tuple[bytes, ...]:
     return encoded
 
 
-def triggered(triggers: tuple[bytes, ...], items: list[tuple[str, str, object, tuple[str, ...]]],
+def triggered(triggers: tuple[bytes, ...], items: list[tuple[str, str | bytes, object, tuple[str | bytes, ...]]],
               excludes: tuple[bytes, ...] = (), at_least_one: bool = False, stop_after_first: bool = False,
-              where: str = "structural_tag") -> Tagged:
+              where: str = "structural_tag", tokens: bool = False) -> Tagged:
     """The frame from checked triggers and (where, begin, content node, ends) items, each begin
     checked and named; a structure's body is its content, then one of its ends. Free text stops
     before an excluded string, so a trigger holding one (not at its end) could never be written:
-    refused, named ``where``."""
+    refused, named ``where``. A begin or end given as bytes is made already (a token's mark)."""
     for e in excludes:
         inside = next((t for t in triggers if e in t[:-1]), None)
         if inside is not None:
-            raise ValueError(f"{where}.excludes: {e.decode()!r} lies inside the trigger {inside.decode()!r}, "
+            raise ValueError(f"{where}.excludes: {shown(e)} lies inside the trigger {shown(inside)}, "
                              "which could then never be written")
     out = []
     for where, begin, content, ends in items:
-        if not isinstance(begin, str):
-            raise ValueError(f"{where}.begin: expected a string, got {type(begin).__name__}")
-        if not any(begin.encode().startswith(t) for t in triggers):
-            raise ValueError(f"{where}.begin: {begin!r} starts with no trigger, so it could never be written")
-        out.append(Structure(marker(begin, f"{where}.begin"), then_end(content, ends, f"{where}.end")))
-    return free_text(triggers, tuple(out), excludes, at_least_one, stop_after_first)
+        data = marker(begin, f"{where}.begin")
+        if not any(data.startswith(t) for t in triggers):
+            raise ValueError(f"{where}.begin: {shown(data)} starts with no trigger, so it could never be written")
+        out.append(Structure(data, then_end(content, ends, f"{where}.end")))
+    return free_text(triggers, tuple(out), excludes, at_least_one, stop_after_first, tokens=tokens)
 
 
 def marker(text: object, where: str) -> bytes:
-    """A begin or an end as bytes, held to a marker's size."""
+    """A begin or an end as bytes, held to a marker's size (bytes: a token's mark, made already)."""
+    if isinstance(text, bytes):
+        return text
     if not isinstance(text, str):
         raise ValueError(f"{where}: expected a string, got {type(text).__name__}")
     data = text.encode()
@@ -197,7 +225,7 @@ def marker(text: object, where: str) -> bytes:
     return data
 
 
-def then_end(content: object, ends: tuple[str, ...], where: str) -> object:
+def then_end(content: object, ends: tuple[str | bytes, ...], where: str) -> object:
     """``content`` followed by one of ``ends`` (an empty end: what follows comes at once)."""
     closes = [Word(d) if d else Seq(()) for d in dict.fromkeys(marker(e, where) for e in ends)]
     if all(isinstance(c, Seq) for c in closes):  # only an empty end
@@ -230,7 +258,8 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     longest suffix of the text that a trigger or an exclude begins; ("part", pending, need, low,
     high) — inside a UTF-8 character, ``need`` continuation bytes due, the next in [low, high] (free
     text is well-formed UTF-8, as a JSON string is: a stray byte would read back as U+FFFD, and a
-    budget counts characters); with ``max_chars`` each ends with the characters so far; ("begin", got) — the begin's
+    budget counts characters); with ``max_chars`` each ends with the characters so far; ("mark", pending,
+    opener) — inside a token's mark, in token-level free text (read whole, as a character); ("begin", got) — the begin's
     bytes so far; ("done",) — the first structure ended with ``stop_after_first``. A structure's body
     (its value, then its end) is pushed above the frame; the frame is back in free text (or done)
     when it is read. In free text or done, the byte may also be what follows the frame."""
@@ -243,9 +272,17 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
     if kind == "free":  # a character's first byte: ASCII, or a lead announcing its continuation bytes
         if b == END:
             return leave
+        if node.tokens and b in MARK_BYTES:  # a token's mark opens: read whole, as one character is
+            return [Outcome(("mark", _pending(node, local[1] + bytes([b])), b), None, True)] + leave
         utf8 = utf8_step(0, 0, 0, b)
         if utf8 is None:  # no character starts so: not free text's byte
             return leave
+    elif kind == "mark":  # inside a token's mark: its text or id, up to the byte that opened it
+        if b == END or (b in MARK_BYTES and b != local[2]):
+            return []
+        if b != local[2]:
+            return [Outcome(("mark", _pending(node, local[1] + bytes([b])), local[2]), None, True)]
+        utf8, leave = (0, 0, 0), []  # whole: read on as a character's last byte
     else:  # "part": inside a character, only its next continuation byte; the text cannot end here
         utf8 = None if b == END else utf8_step(*local[2:5], b)
         if utf8 is None:
@@ -263,11 +300,17 @@ def tagged(node: Tagged, local: tuple, b: int) -> list[Outcome]:
         return list(dict.fromkeys(begun)) + leave
     if any(text.endswith(e) for e in node.excludes):
         return leave
+    text = _pending(node, text)
+    state = ("part", text, *utf8, *budget) if utf8[0] else ("free", text, *budget)
+    return [Outcome(state, None, True)] + leave
+
+
+def _pending(node: Tagged, text: bytes) -> bytes:
+    """The longest suffix of ``text`` that a trigger or an exclude begins."""
     prefixes = node.prefixes
     while text not in prefixes:
         text = text[1:]
-    state = ("part", text, *utf8, *budget) if utf8[0] else ("free", text, *budget)
-    return [Outcome(state, None, True)] + leave
+    return text
 
 
 def _begun(node: Tagged, got: bytes) -> list[Outcome]:
@@ -290,7 +333,8 @@ def tag_loop(node: Tagged, local: tuple) -> tuple[tuple[tuple[int, int], ...], i
     elsewhere, or when a mark begins with a non-ASCII byte (then every token is walked)."""
     if local[:2] != ("free", b""):
         return None
-    firsts = sorted({t[0] for t in node.triggers + node.excludes})
+    # (a token's mark begins with a byte no text holds: it never stops a plain token)
+    firsts = sorted({t[0] for t in node.triggers + node.excludes if t[0] not in MARK_BYTES})
     if firsts and firsts[-1] >= 0x80:
         return None
     ranges, lo = [], 0

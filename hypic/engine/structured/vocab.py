@@ -9,6 +9,8 @@ Token bytes come from the tokenizer's decoder: byte-level BPE (GPT-2's printable
 256 bytes; Qwen's and the bundled tokenizer's kind), SentencePiece-style ``▁`` for spaces and
 ``<0xNN>`` byte fallbacks, else the token's own decoding. Special tokens are never part of a JSON
 text; the end-of-sequence tokens are allowed by the constraint itself, once the value is whole.
+Each other special or added token is also spelled by its *marks* (``token_marks``): the bytes a
+structural tag's token-level formats name it by, which no text holds, in a trie of their own.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from hypic.engine.structured.matcher import (
     string_loop,
 )
 from hypic.engine.structured.schema import Node
+from hypic.engine.structured.tags import MARK_BYTES, token_mark
 
 MEMO_IDS = 1 << 24  # token ids the memo holds at most (128 MiB): a free string's set is the vocabulary
 MASK_BYTES = 64 << 20  # the device masks memoized at most (≈ 440 states at a 151 936-token vocabulary)
@@ -117,6 +120,14 @@ def _read_token_bytes(tokenizer: Any) -> dict[int, bytes]:
     return out
 
 
+def token_marks(tokenizer: Any, eos: set[int] | frozenset[int] = frozenset()) -> dict[int, tuple[bytes, bytes]]:
+    """Each special or added token but the end-of-sequence ones → its marks, by its text and by its
+    id (``tags.token_mark``): how a token-level format names it. The answer's end is the
+    constraint's own (``JsonConstraint``), not a token a format may place."""
+    return {i: (token_mark(t.content, "token"), token_mark(i, "token"))
+            for i, t in tokenizer.get_added_tokens_decoder().items() if t.content and i not in eos}
+
+
 # pattern loops whose tokens are kept: each a list of ids and a trie of the other tokens (sharing
 # the vocabulary trie's subtrees: a few MB at a 150 000-token vocabulary) — a few loops recur
 INSIDE_SETS = 4
@@ -137,11 +148,15 @@ class _Trie:
 
 
 def _trie(pieces: dict[int, bytes], ids: list[int]) -> _Trie:
+    return _trie_of((i, pieces[i]) for i in ids)
+
+
+def _trie_of(spellings) -> _Trie:  # (id, bytes) pairs: a token may have more than one
     root = _Trie()
-    for i in ids:
+    for i, data in spellings:
         node = root
         node.n += 1
-        for b in pieces[i]:
+        for b in data:
             child = node.children.get(b)
             if child is None:  # (not setdefault: that builds a node for every byte of every token)
                 child = node.children[b] = _Trie()
@@ -258,8 +273,18 @@ class TokenVocab:
     the plain tokens of the loop's characters (``_inside``: a list of them and a trie of the others,
     built once per loop)."""
 
-    def __init__(self, pieces: dict[int, bytes]) -> None:
+    def __init__(self, pieces: dict[int, bytes], marks: dict[int, tuple[bytes, ...]] | None = None) -> None:
+        # A token holding byte 0xFE or 0xFF (byte-level BPE's single-byte tokens) is no text's — no
+        # UTF-8 holds those bytes — but it could spell a mark (``tags.MARK_BYTES``) byte by byte:
+        # left out, so that a mark is written by its token alone.
+        if any(MARK_BYTES[0] in d or MARK_BYTES[1] in d for d in pieces.values()):
+            pieces = {i: d for i, d in pieces.items() if MARK_BYTES[0] not in d and MARK_BYTES[1] not in d}
         self.pieces = pieces
+        # special and added tokens' marks (``token_marks``), walked in a trie of their own: few, and
+        # refused at their first byte everywhere but where a token-level format names one
+        self.marks = marks or {}
+        self.marked = {m: i for i, ms in self.marks.items() for m in ms}
+        self.mark_trie = _trie_of((i, m) for i, ms in self.marks.items() for m in ms)
         tokens = [i for i, data in pieces.items() if data]
         plain = [i for i in tokens if _plain(pieces[i])]
         self.root = _trie(pieces, tokens)
@@ -299,6 +324,16 @@ class TokenVocab:
             while len(self._insides) > INSIDE_SETS:
                 self._insides.popitem(last=False)
         return got
+
+    def check_tokens(self, tokens: list[object], where: str = "structural_tag") -> None:
+        """ValueError naming the first of ``tokens`` (a token-level format's texts or ids) that is not
+        a special or added token of this vocabulary: a mark no token writes would leave the answer
+        nowhere to go."""
+        for t in tokens:
+            if token_mark(t, where) not in self.marked:
+                raise ValueError(f"{where}: token {t!r} is not a special or added token of this model's tokenizer "
+                                 "(or is its end of sequence); a token format names one of those — write text "
+                                 "as a const_string")
 
     def clear_memo(self) -> None:
         with self._lock:
@@ -376,7 +411,7 @@ class TokenVocab:
         # numbered and advanced at most once per byte: ``advance`` costs microseconds, the lookup
         # a tenth of that (a pattern's first state walked nearly the whole trie: 3.5 s at 150 000)
         known, seen, steps = {state: 0}, [state], {}
-        todo = [(trie, 0)]
+        todo = [(trie, 0), (self.mark_trie, 0)]
         while todo:
             node, k = todo.pop()
             for b, child in node.children.items():
@@ -391,7 +426,7 @@ class TokenVocab:
                     ids += child.ids
                     if child.children:
                         todo.append((child, j))
-        got = torch.tensor(sorted(ids), dtype=torch.long)
+        got = torch.tensor(sorted(set(ids)), dtype=torch.long)  # (a token named by text and by id: once)
         if taken is not None and len(taken):
             got = torch.cat([got, taken]).sort().values
         with self._lock:
@@ -441,6 +476,10 @@ class JsonConstraint:
             return accepting(self.state)
         data = self.vocab.pieces.get(token)
         nxt = None if data is None else advance_bytes(self.state, data)
+        for mark in self.vocab.marks.get(token, ()) if nxt is None else ():  # a token-level format's token
+            nxt = advance_bytes(self.state, mark)
+            if nxt is not None:
+                break
         if nxt is None:
             return False
         self.state = nxt
