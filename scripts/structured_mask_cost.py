@@ -4,6 +4,11 @@ punctuation runs and multi-byte characters), with and without the plain-token sh
 strings, memo cold (every state new) and warm (the same draws again).
 
     python scripts/structured_mask_cost.py [--vocab 151000] [--steps 300] [--grammar | --lark]
+    python scripts/structured_mask_cost.py --marks 256 [--vocab 163840]
+
+``--marks N``: the same vocabulary with and without N special tokens spelled by their marks (Kimi's
+tokenizer has 256 reserved ones; token-level structural-tag formats name them), side by side: the
+schema's cold walk, and a strict Kimi call tag's masks (token-level free text, then inside a call).
 """
 
 from __future__ import annotations
@@ -82,13 +87,60 @@ def run(vocab: TokenVocab, steps: int, seed: int, grammar: str | None = None) ->
     return times, values
 
 
+def marks_cost(size: int, n: int, steps: int) -> None:
+    """Masks with and without ``n`` special tokens' marks: the schema's draws (cold memo), and the
+    first masks of a strict Kimi tag (free text, then each state after a drawn marker)."""
+    from hypic.engine.structured import compile_tags
+    from hypic.engine.structured.tags import token_mark
+    from hypic.server.tools import strict_calls
+
+    pieces = synthetic_pieces(size)
+    names = ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+             "<|tool_call_argument_begin|>", "<|tool_call_end|>"]
+    names += [f"<|reserved_token_{k}|>" for k in range(n - len(names))]
+    marks = {size + k: (token_mark(t, "t"), token_mark(size + k, "t")) for k, t in enumerate(names)}
+    tools = [{"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}}}]
+    tag = compile_tags(strict_calls(tools, "kimi"))
+    # the tag's marker tokens in order, and text between them: the states a call walks through
+    path = [names[0], names[2], b"functions.get_weather:0", names[3], b'{"city":"Oslo","days":2}', names[4], names[1]]
+    print(f"| vocabulary | marks | schema: steps | schema cold: mean (ms) | Kimi tag: first mask (ms) | "
+          f"Kimi tag: a call, {len(path)} pieces (ms) |")
+    print("|---|---|---|---|---|---|")
+    for with_marks in (False, True, False, True):  # twice each, alternating: the first pays one-off caches
+        vocab = TokenVocab(pieces, marks if with_marks else None)
+        times, _ = run(vocab, steps, seed=1)
+        by_text = {t: i for i, (m, _) in marks.items() for t in [m[1:-1].decode()]}
+        c = JsonConstraint(vocab, tag, set())
+        t0 = time.perf_counter()
+        c.allowed()
+        first = (time.perf_counter() - t0) * 1e3
+        t0 = time.perf_counter()
+        for piece in path if with_marks else ():
+            if isinstance(piece, str):
+                assert c.accept(by_text[piece]), piece
+            else:
+                for b in piece:  # text one byte token at a time
+                    assert c.accept(b), piece
+            c.allowed()
+        walk = (time.perf_counter() - t0) * 1e3
+        print(f"| {len(pieces)} | {len(marks) if with_marks else 0} | {len(times)} | {statistics.mean(times):.2f} | "
+              f"{first:.1f} | {walk:.1f} |" if with_marks else
+              f"| {len(pieces)} | 0 | {len(times)} | {statistics.mean(times):.2f} | {first:.1f} | — |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=151_000)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--grammar", action="store_true", help="a GBNF grammar's masks (GRAMMAR) instead of a schema's")
     ap.add_argument("--lark", action="store_true", help="the same grammar in Lark's notation (LARK)")
+    ap.add_argument("--marks", type=int, default=0, help="special tokens spelled by marks, with and without")
     args = ap.parse_args()
+    if args.marks:
+        marks_cost(args.vocab, args.marks, args.steps)
+        return
     grammar = LARK if args.lark else GRAMMAR if args.grammar else None
     pieces = synthetic_pieces(args.vocab)
     t0 = time.perf_counter()
