@@ -315,3 +315,25 @@ def test_draws_through_the_bundled_model_follow_the_tags() -> None:
     assert any("Answer" in t and not shaped.search(t) for t in free)  # unconstrained: another shape
     with pytest.raises(ValueError, match="structural_tag"):
         llm.generate(prompt, SamplingParams(structural_tag={"triggers": ["x"], "structures": []}))
+
+
+def test_free_text_s_token_list_is_found_by_a_bytes_search_from_the_first_mask_on(vocab: TokenVocab) -> None:
+    """The class of free text's loop (every character but the triggers' first ones) leaves out a few
+    ASCII characters: its token list is read off the tokens' bytes, the same list the characters'
+    own test gives; and a tag's first state, before any byte, takes that list already (it used to
+    walk the whole vocabulary, and the first state after it built the list in the serving loop)."""
+    from hypic.engine.structured.vocab import _all_within, _ascii_left_out
+
+    node = compile_tags(CALLS)
+    loop = free_text_loop(start(node))
+    assert loop is not None and _ascii_left_out(loop[0]) == b"<"
+    assert _ascii_left_out(((0, 0x10FFFF),)) == b"" and _ascii_left_out(((0x41, 0x10FFFF),)) == bytes(range(0x41))
+    assert _ascii_left_out(((0, 0x3B), (0x3D, 0x2000))) is None  # not up to the last character
+    assert _ascii_left_out(((0, 0xE8), (0xEA, 0x10FFFF))) is None  # "é" left out: not ASCII
+    inside = vocab._inside(loop[0])
+    by_chars = sorted(i for i in vocab.plain.ids.tolist() if _all_within(vocab.pieces[i].decode(), loop[0]))
+    assert sorted(inside.tokens.ids.tolist()) == by_chars and len(by_chars) < len(vocab.plain.ids)
+    lengths = [len(vocab.pieces[i].decode()) for i in inside.tokens.ids.tolist()]
+    assert lengths == sorted(lengths)  # still by length: upto_length's cut is right
+    assert sorted(inside.tokens.upto_length(2).tolist()) == sorted(i for i, n in zip(
+        inside.tokens.ids.tolist(), lengths, strict=True) if n <= 2)

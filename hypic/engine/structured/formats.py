@@ -383,11 +383,14 @@ def named_tokens(spec: object) -> list[object]:
     return out
 
 
-def compile_format(fmt: object, where: str) -> Seq:
+def compile_format(fmt: object, where: str) -> Seq | Tagged:
     """The frames of a format tree (module doc), under a ``Seq`` (the matcher reads it as text, no
-    whitespace skipped); ValueError naming the field that is wrong."""
+    whitespace skipped) — or a free text's frame alone, which the matcher reads as text too and whose
+    first mask then takes the vocabulary's list of its characters' tokens; ValueError naming the
+    field that is wrong."""
     compiler = _Compiler()
-    root = Seq((compiler.format(fmt, where),))
+    node = compiler.format(fmt, where)
+    root = node if isinstance(node, Tagged) else Seq((node,))
     compiler.check_hops(settle_repeats(root), where)
     check_depth(root, "structural_tag.format", "a format that cannot end")
     return root

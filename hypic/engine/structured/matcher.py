@@ -208,6 +208,8 @@ def free_text_loop(state: State) -> tuple[tuple[tuple[int, int], ...], int] | No
     """Structural tags' free text with no trigger begun, the only alternative: the characters that
     keep it so (``tags.tag_loop``) and how many a token may hold (``UNBOUNDED`` without a budget); else None."""
     top = _only_top(state)
+    if top is not None and isinstance(top[0], Root) and top[1] == "before" and isinstance(top[0].node, Tagged):
+        top = (top[0].node, tags_initial(top[0].node))  # a tag's first byte: its free text's, as it starts
     if top is None or not isinstance(top[0], Tagged):
         return None
     loop = tag_loop(*top)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -204,13 +205,22 @@ class ByLength(NamedTuple):
 
     ids: torch.Tensor
     upto: list[int]
+    lengths: list[int]  # each token's, in that order
 
     @staticmethod
     def of(pieces: dict[int, bytes], ids: list[int]) -> ByLength:
         ids = sorted(ids, key=lambda i: (len(pieces[i].decode()), i))
-        lengths = [len(pieces[i].decode()) for i in ids]
+        return ByLength._made(ids, [len(pieces[i].decode()) for i in ids])
+
+    @staticmethod
+    def _made(ids: list[int], lengths: list[int]) -> ByLength:
         return ByLength(torch.tensor(ids, dtype=torch.long),
-                        [bisect.bisect_right(lengths, n) for n in range(max(lengths, default=0) + 1)])
+                        [bisect.bisect_right(lengths, n) for n in range(max(lengths, default=0) + 1)], lengths)
+
+    def take(self, keep: list[int]) -> ByLength:
+        """The tokens at positions ``keep`` (ascending): still in order, nothing decoded or sorted again."""
+        ids = self.ids.tolist()
+        return ByLength._made([ids[k] for k in keep], [self.lengths[k] for k in keep])
 
     def upto_length(self, n: int) -> torch.Tensor:
         """The tokens of at most ``n`` characters."""
@@ -218,6 +228,19 @@ class ByLength(NamedTuple):
 
 
 SMALL_SET = 1 << 16  # code points: a class (or its complement) this small is tested as a set
+
+
+@functools.lru_cache(maxsize=64)
+def _ascii_left_out(chars: tuple[tuple[int, int], ...]) -> bytes | None:
+    """The characters a class leaves out, as bytes, when they are all ASCII (b"": none); else None."""
+    out, at = bytearray(), 0
+    for lo, hi in sorted(chars):
+        if lo > at:
+            if lo > 0x80:
+                return None
+            out += bytes(range(at, lo))
+        at = max(at, hi + 1)
+    return bytes(out) if at >= 0x110000 else None
 
 
 def _all_within(text: str, chars: tuple[tuple[int, int], ...]) -> bool:
@@ -290,6 +313,7 @@ class TokenVocab:
         self.root = _trie(pieces, tokens)
         self.tokens = tokens
         self.rest = _without(self.root, pieces, tokens, plain)
+        self.rest_ids = sorted(set(tokens) - set(plain))
         self.plain = ByLength.of(pieces, plain)
         missing = [chr(b) for b in b' "{}[]:,-.0123456789abcdefghijklmnopqrstuvwxyz' if b not in self.root.children]
         if missing:
@@ -317,10 +341,25 @@ class TokenVocab:
                 return got
         # built outside the lock (it reads the vocabulary's trie, never changes it): up to a second
         # at a 150 000-token vocabulary, which the serving loop must not wait for
-        inside = [i for i in self.plain.ids.tolist() if _all_within(self.pieces[i].decode(), chars)]
-        others = _without(self.root, self.pieces, self.tokens, inside)
+        ids = self.plain.ids.tolist()
+        left_out = _ascii_left_out(chars)
+        if left_out == b"":  # every character (token-level free text): every plain token
+            made = _Inside(self.plain, self.rest)
+        else:
+            if left_out is not None:  # a few ASCII characters left out (free text's triggers): a bytes search
+                holds = re.compile(b"[" + re.escape(left_out) + b"]").search
+                keep = [k for k, i in enumerate(ids) if not holds(self.pieces[i])]
+            else:
+                keep = [k for k, i in enumerate(ids) if _all_within(self.pieces[i].decode(), chars)]
+            inside = self.plain.take(keep)
+            kept = set(keep)
+            outside = [i for k, i in enumerate(ids) if k not in kept]
+            # the other tokens' trie: built afresh when they are few, else from the vocabulary's
+            others = _trie(self.pieces, self.rest_ids + outside) if len(self.rest_ids) + len(outside) <= len(keep) \
+                else _without(self.root, self.pieces, self.tokens, inside.ids.tolist())
+            made = _Inside(inside, others)
         with self._lock:
-            got = self._insides.setdefault(chars, _Inside(ByLength.of(self.pieces, inside), others))
+            got = self._insides.setdefault(chars, made)
             while len(self._insides) > INSIDE_SETS:
                 self._insides.popitem(last=False)
         return got
