@@ -500,6 +500,11 @@ def test_strict_functions_hold_kimi_s_special_token_calls_over_http(tmp_path: Pa
         drawn = [t.token for t in held.logprobs.content]
         for mark in KIMI_TOKENS:  # each marker once, as its own token
             assert drawn.count(mark) == 1, drawn
+        chunks = list(client.chat.completions.create(tools=[STRICT_WEATHER, LOOKUP], stream=True, **kw))
+        streamed = [c for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or []]
+        assert [(c.id, c.function.name, c.function.arguments) for c in streamed] == \
+            [(call.id, call.function.name, call.function.arguments)]  # the same call, whole, once
+        assert not any(ch.choices and "<|tool_call" in (ch.choices[0].delta.content or "") for ch in chunks)
         free = client.chat.completions.create(tools=TOOLS, **kw).choices[0]
         assert not free.message.tool_calls and free.finish_reason == "length"
         http = http_client(live)
