@@ -465,7 +465,7 @@ class TokenVocab:
                     ids += child.ids
                     if child.children:
                         todo.append((child, j))
-        got = torch.tensor(sorted(set(ids)), dtype=torch.long)  # (a token named by text and by id: once)
+        got = torch.tensor(sorted(set(ids) if self.marks else ids), dtype=torch.long)  # (a token by text and id: once)
         if taken is not None and len(taken):
             got = torch.cat([got, taken]).sort().values
         with self._lock:
