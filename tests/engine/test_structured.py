@@ -8,6 +8,7 @@ import json
 import random
 import re
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 import torch
@@ -84,11 +85,14 @@ def ecma_search(pattern: str, text: str) -> bool:
 
 
 def within(x: Decimal, schema: dict) -> bool:
-    """minimum / maximum / exclusiveMinimum / exclusiveMaximum (draft 6 on), exactly."""
+    """minimum / maximum / exclusiveMinimum / exclusiveMaximum (draft 6 on), and multipleOf (as a
+    fraction: x / step a whole number), exactly."""
     low, high = schema.get("minimum"), schema.get("maximum")
     floor, ceiling = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    step = schema.get("multipleOf")
     return ((low is None or x >= Decimal(repr(low))) and (high is None or x <= Decimal(repr(high)))
-            and (floor is None or x > Decimal(repr(floor))) and (ceiling is None or x < Decimal(repr(ceiling))))
+            and (floor is None or x > Decimal(repr(floor))) and (ceiling is None or x < Decimal(repr(ceiling)))
+            and (step is None or (Fraction(x) / Fraction(repr(step))).denominator == 1))
 
 
 def valid(value: object, schema: object, root: dict | None = None) -> bool:
@@ -323,7 +327,10 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "pattern": "[z-a]"}, "out of order"),
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
-    ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported"),
+    ({"type": "object", "minProperties": 1}, "'minProperties' is not supported"),
+    ({"type": "number", "multipleOf": 0}, "multipleOf must be greater than 0"),
+    ({"type": "number", "multipleOf": 1e-17}, "multipleOf 1e-17 has more than 16 fraction digits"),
+    ({"type": "integer", "multipleOf": 7, "minimum": 8, "maximum": 13}, "on a multiple of its multipleOf"),
     ({"type": "object", "properties": {"a": {"type": "date"}}}, r"json_schema\.properties\.a: type must be"),
     ({"type": "object", "properties": {"a": True}, "required": ["b"]}, "required property 'b'"),
     ({"$ref": "#/$defs/Missing"}, "names no definition"),
@@ -578,14 +585,19 @@ _NUMBER_TEXTS = st.one_of(st.integers(-10**5, 10**5).map(str),
 _BOUND = st.one_of(st.none(), st.integers(-50, 50), st.sampled_from([0.5, -2.25, 99.999, 1e-3]))
 
 
-@settings(max_examples=400, deadline=None)
-@given(text=_NUMBER_TEXTS, integer=st.booleans(), low=_BOUND, high=_BOUND, floor=_BOUND, ceiling=_BOUND)
+_STEP = st.one_of(st.none(), st.none(), st.sampled_from([3, 7, 0.5, 0.25, 2.5, 0.01, 0.3, 1e-3, 12]))
+
+
+@settings(max_examples=600, deadline=None)
+@given(text=_NUMBER_TEXTS, integer=st.booleans(), low=_BOUND, high=_BOUND, floor=_BOUND, ceiling=_BOUND, step=_STEP)
 def test_bounded_numbers_are_read_as_their_exact_values_say(text: str, integer: bool, low, high, floor,
-                                                              ceiling) -> None:
-    """Accepted exactly when the value lies within the bounds (compared as decimals) — integers
-    without a fraction, bounded numbers without an exponent; bounds no value meets are refused."""
+                                                              ceiling, step) -> None:
+    """Accepted exactly when the value lies within the bounds (compared as decimals) and is a whole
+    multiple of multipleOf (as fractions) — integers without a fraction, bounded numbers without an
+    exponent; bounds no value meets are refused."""
     schema = {"type": "integer" if integer else "number"}
-    for name, v in (("minimum", low), ("maximum", high), ("exclusiveMinimum", floor), ("exclusiveMaximum", ceiling)):
+    for name, v in (("minimum", low), ("maximum", high), ("exclusiveMinimum", floor), ("exclusiveMaximum", ceiling),
+                    ("multipleOf", step)):
         if v is not None:
             schema[name] = v
     try:
@@ -598,6 +610,28 @@ def test_bounded_numbers_are_read_as_their_exact_values_say(text: str, integer: 
     want = (within(Decimal(text), schema) and not (integer and ("." in text or "e" in text.lower()))
             and not (bounded and "e" in text.lower()))
     assert (state is not None and accepting(state)) == want, (schema, text)
+
+
+@pytest.mark.parametrize("schema", [{"type": "integer", "multipleOf": 7, "minimum": 10, "maximum": 60},
+                                    {"type": "number", "multipleOf": 0.25, "minimum": -1.3, "maximum": 2},
+                                    {"type": "number", "multipleOf": 0.01, "exclusiveMaximum": 0.1},
+                                    {"type": "integer", "multipleOf": 2.5, "minimum": -12}])
+def test_a_multiple_s_prefix_always_has_a_way_to_finish(schema: dict) -> None:
+    """300 random walks, each byte drawn among those the matcher lets through: no walk is ever
+    stranded (some byte, or the end, is always allowed), and every value it ends on is valid."""
+    rng = random.Random(0)
+    node = compile_schema(schema)
+    for _ in range(300):
+        state, text = start(node), ""
+        while True:
+            nexts = [c for c in "-0123456789." if advance(state, ord(c)) is not None]
+            ends = accepting(state)
+            assert nexts or ends, (schema, text)  # never stranded
+            if ends and (not nexts or rng.random() < 0.3 or len(text) > 12):
+                assert within(Decimal(text), schema), (schema, text)
+                break
+            c = rng.choice(nexts)
+            state, text = advance(state, ord(c)), text + c
 
 
 def test_the_matcher_refuses_a_start_it_cannot_finish() -> None:

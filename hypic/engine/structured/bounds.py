@@ -1,17 +1,22 @@
-"""Numeric bounds (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``) enforced
-while a number is written: a prefix is let through only if some way of finishing it lands inside.
+"""Numeric bounds (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``) and
+``multipleOf`` enforced while a number is written: a prefix is let through only if some way of
+finishing it lands inside, on a multiple.
 
 A number's prefix without an exponent (bounded numbers are written without one) reaches an interval
 of values: ``12`` with up to K more integer digits reaches [12·10ᵏ, 13·10ᵏ) for each k ≤ K (integers:
 [12·10ᵏ, 13·10ᵏ − 1]); ``0`` reaches [0, 1); ``12.3`` reaches [12.3, 12.4); a ``-`` mirrors all of it.
 The prefix is feasible when one of its intervals meets the bounds. Exact arithmetic (``Decimal``):
-the bounds are compared as written, not as floats.
+the bounds are compared as written, not as floats. With a ``step`` (``multipleOf``) the interval
+must also hold a multiple of it: counted in the units every value lies on (integers, or ``GRID``
+steps), the multiples are those of one whole number of units, and the first of them at or past an
+interval's start either lies within it or none does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal, getcontext
+from fractions import Fraction
 
 getcontext().prec = 80  # far past any number MAX_DIGITS lets through: sums and products stay exact
 MAX_DIGITS = 16  # per part of a number (the matcher's bound): a fraction ends by its 16th digit ...
@@ -24,37 +29,47 @@ class Bounds:
     high: Decimal | None
     low_open: bool = False  # exclusiveMinimum
     high_open: bool = False  # exclusiveMaximum
+    step: Decimal | None = None  # multipleOf (positive, at most MAX_DIGITS fraction digits: on GRID)
 
     def contains(self, x: Decimal) -> bool:
         if self.low is not None and (x < self.low or (self.low_open and x == self.low)):
             return False
+        if self.step is not None and x % self.step != 0:
+            return False
         return self.high is None or not (x > self.high or (self.high_open and x == self.high))
 
     def mirrored(self) -> Bounds:
-        """The bounds on −x."""
+        """The bounds on −x (a multiple's negation is one too)."""
         return Bounds(None if self.high is None else -self.high, None if self.low is None else -self.low,
-                      self.high_open, self.low_open)
+                      self.high_open, self.low_open, self.step)
 
     def meets(self, a: Decimal, b: Decimal, integer: bool) -> bool:
         """Whether [a, b) — integers: [a, b] — holds a value inside the bounds that can be written:
         an integer, or a number on ``GRID`` (at most MAX_DIGITS fraction digits; ``a`` and ``b`` on
-        it). Numbers are integers counted in grid steps: (0, 1e-17] holds no writable number."""
+        it). Numbers are integers counted in grid steps: (0, 1e-17] holds no writable number. With a
+        step, the value is a multiple of it: of its numerator for integers (``multipleOf: 2.5`` →
+        the integers that are multiples of 5), of its grid steps for numbers."""
         if integer:
-            return self._integers_meet(a, b)
-        return self.scaled(1 / GRID)._integers_meet(a / GRID, b / GRID - 1)
+            every = None if self.step is None else Decimal(Fraction(self.step).numerator)
+            return self._integers_meet(a, b, every)
+        every = None if self.step is None else self.step / GRID
+        return self.scaled(1 / GRID)._integers_meet(a / GRID, b / GRID - 1, every)
 
     def scaled(self, k: Decimal) -> Bounds:
+        """The bounds on k·x (the step, which ``meets`` passes in the scaled units itself, dropped)."""
         return Bounds(None if self.low is None else self.low * k, None if self.high is None else self.high * k,
                       self.low_open, self.high_open)
 
-    def _integers_meet(self, lo: Decimal, hi: Decimal) -> bool:
-        """Whether an integer in [lo, hi] lies inside the bounds."""
+    def _integers_meet(self, lo: Decimal, hi: Decimal, every: Decimal | None = None) -> bool:
+        """Whether an integer in [lo, hi] — a multiple of ``every`` (a whole number) — lies inside the bounds."""
         if self.low is not None:
             first = self.low.to_integral_value(rounding="ROUND_CEILING")
             lo = max(lo, first + 1 if self.low_open and first == self.low else first)
         if self.high is not None:
             last = self.high.to_integral_value(rounding="ROUND_FLOOR")
             hi = min(hi, last - 1 if self.high_open and last == self.high else last)
+        if every is not None:
+            lo = (lo / every).to_integral_value(rounding="ROUND_CEILING") * every
         return lo <= hi
 
 

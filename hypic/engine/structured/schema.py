@@ -10,9 +10,9 @@ the values it refuses are dropped), ``anyOf``, ``oneOf`` whose options no value 
 of (different types; objects told apart by a required property's constants: pydantic's
 discriminated unions — it is generated as ``anyOf``, so overlapping options are refused), a
 one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
-``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (``bounds``; a bounded
-number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
-ignored. Any other keyword (``multipleOf``, ``uniqueItems`` …) or format is refused by name rather
+``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
+bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
+ignored. Any other keyword (``uniqueItems``, ``minProperties`` …) or format is refused by name rather
 than silently not enforced: an output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
@@ -48,7 +48,8 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "discriminator"})  # OpenAPI's, beside pydantic's oneOf: its options are disjoint anyway
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
-                      "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "prefixItems"})
+                      "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+                      "prefixItems"})
 # the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail
 # shape). Dates are real ones (30 days in April, 29 February in leap years only) and the year and
 # seconds are what Python's datetime and pydantic read (no year 0000, no leap second 60), so the
@@ -302,7 +303,7 @@ def _node(schema: object, where: str, cx: _Compiling, depth: int) -> Node:
         kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
             "array" if {"items", "prefixItems", "minItems", "maxItems"} & keys else \
             "string" if {"minLength", "maxLength", "pattern", "format"} & keys else \
-            "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} & keys else None
+            "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"} & keys else None
         if kind is None:
             return ANY
         node = _typed(schema, kind, where, cx, depth)  # generated as that type; validated as any other too
@@ -606,7 +607,8 @@ def _count(schema: dict, name: str, where: str) -> int | None:
 
 
 def _bounds(schema: dict, integer: bool, where: str) -> Bounds | None:
-    """minimum / maximum and their exclusive forms (a number each; draft 4's boolean forms too)."""
+    """minimum / maximum and their exclusive forms (a number each; draft 4's boolean forms too), and
+    multipleOf (a positive number of at most MAX_DIGITS fraction digits, as every number written)."""
     def number(name: str) -> Decimal | None:
         value = schema.get(name)
         if value is None or isinstance(value, bool):
@@ -623,12 +625,19 @@ def _bounds(schema: dict, integer: bool, where: str) -> Bounds | None:
         low, low_open = floor, True
     if ceiling is not None and (high is None or ceiling <= high):
         high, high_open = ceiling, True
-    if low is None and high is None:
+    step = number("multipleOf")
+    if step is not None and step <= 0:
+        raise ValueError(f"{where}: multipleOf must be greater than 0, got {schema['multipleOf']!r}")
+    if step is not None and -step.normalize().as_tuple().exponent > MAX_DIGITS:
+        raise ValueError(f"{where}: multipleOf {schema['multipleOf']!r} has more than {MAX_DIGITS} fraction digits, "
+                         "which no number written here has")
+    if low is None and high is None and step is None:
         return None
-    bounds = Bounds(low, high, low_open, high_open)
+    bounds = Bounds(low, high, low_open, high_open, step)
     if not feasible("", integer, bounds, MAX_DIGITS - 1):
+        on = " on a multiple of its multipleOf" if step is not None else ""
         raise ValueError(f"{where}: no {'integer' if integer else 'number'} of at most {MAX_DIGITS} digits "
-                         "lies within its minimum and maximum")
+                         f"lies within its minimum and maximum{on}")
     return bounds
 
 
