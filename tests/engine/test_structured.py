@@ -47,6 +47,9 @@ SCHEMAS = {
         {"type": "integer", "minimum": -3, "exclusiveMaximum": 120},
         {"type": "number", "minimum": 0.25, "maximum": 0.5},
         {"type": "number", "exclusiveMinimum": 99.5, "exclusiveMaximum": 100}]}},
+    "multiples": {"type": "object", "properties": {  # pydantic's Field(multiple_of=…): a price in cents
+        "price": {"type": "number", "multipleOf": 0.01, "minimum": 0}, "n": {"type": "integer", "multipleOf": 5},
+        "q": {"type": "number", "multipleOf": 0.25, "exclusiveMaximum": 3}}, "required": ["price", "n", "q"]},
     "patterns": {"type": "object", "properties": {
         "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, "when": {"type": "string", "format": "date-time"},
         "id": {"type": "string", "format": "uuid"}, "ip": {"type": "string", "format": "ipv4"},
