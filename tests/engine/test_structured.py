@@ -47,6 +47,13 @@ SCHEMAS = {
         {"type": "integer", "minimum": -3, "exclusiveMaximum": 120},
         {"type": "number", "minimum": 0.25, "maximum": 0.5},
         {"type": "number", "exclusiveMinimum": 99.5, "exclusiveMaximum": 100}]}},
+    "unique": {"type": "object", "properties": {  # pydantic's set[Enum], and JSON-equal values as one
+        "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "uniqueItems": True, "minItems": 2},
+        "flags": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+        "ns": {"type": "array", "items": {"enum": [1, 1.0, 2, {"a": 1, "b": 2}, {"b": 2, "a": 1}]},
+               "uniqueItems": True}},
+        "required": ["tags", "flags", "ns"],
+        "$defs": {"Tag": {"type": "string", "enum": ["red", "green", "blue", "re"]}}},
     "multiples": {"type": "object", "properties": {  # pydantic's Field(multiple_of=…): a price in cents
         "price": {"type": "number", "multipleOf": 0.01, "minimum": 0}, "n": {"type": "integer", "multipleOf": 5},
         "q": {"type": "number", "multipleOf": 0.25, "exclusiveMaximum": 3}}, "required": ["price", "n", "q"]},
@@ -98,6 +105,19 @@ def within(x: Decimal, schema: dict) -> bool:
             and (step is None or (Fraction(x) / Fraction(repr(step))).denominator == 1))
 
 
+def _equal_key(value: object) -> str:
+    """JSON equality as text: numbers as exact fractions, objects with sorted keys (bools apart from 1)."""
+    def plain(v: object) -> object:
+        if isinstance(v, bool) or v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (int, float, Decimal)):
+            return f"#{Fraction(str(v))}"
+        if isinstance(v, list):
+            return [plain(x) for x in v]
+        return {k: plain(x) for k, x in v.items()}
+    return json.dumps(plain(value), sort_keys=True)
+
+
 def valid(value: object, schema: object, root: dict | None = None) -> bool:
     """The schema's meaning for the supported keywords, on a parsed value (the reference)."""
     root = root if root is not None else (schema if isinstance(schema, dict) else {})
@@ -137,6 +157,8 @@ def valid(value: object, schema: object, root: dict | None = None) -> bool:
     if kind == "array":
         prefix, items = schema.get("prefixItems", []), schema.get("items", True)
         if not isinstance(value, list) or not schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", 10**9):
+            return False
+        if schema.get("uniqueItems") and len({_equal_key(v) for v in value}) < len(value):
             return False
         return all(valid(v, prefix[i] if i < len(prefix) else items, root) for i, v in enumerate(value))
     if kind == "string":
@@ -331,6 +353,12 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
     ({"type": "object", "minProperties": 1}, "'minProperties' is not supported"),
+    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems is supported in structured "
+     "output where items are a finite set of values"),
+    ({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": True, "minItems": 2},
+     "minItems 2 with uniqueItems, but its items have only 1 distinct values"),
+    ({"type": "array", "uniqueItems": 1}, "uniqueItems must be a boolean"),
+    ({"type": "array", "prefixItems": [{"type": "integer"}], "uniqueItems": True}, "uniqueItems beside prefixItems"),
     ({"type": "number", "multipleOf": 0}, "multipleOf must be greater than 0"),
     ({"type": "number", "multipleOf": 1e-17}, "multipleOf 1e-17 has more than 16 fraction digits"),
     ({"type": "integer", "multipleOf": 7, "minimum": 8, "maximum": 13}, "on a multiple of its multipleOf"),

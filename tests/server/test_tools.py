@@ -264,7 +264,7 @@ def test_auto_none_and_a_cut_forced_call_answer_as_text(client: OpenAI) -> None:
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "no tool is named 'nope'"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}}}],
-      "tool_choice": "required"}, "tools[0].function.parameters", "'uniqueItems' is not supported"),
+      "tool_choice": "required"}, "tools[0].function.parameters", "uniqueItems is supported in structured output"),
     ({"tools": [WEATHER, WEATHER]}, "tools", "share a name"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "response_format",
      "forces a call"),

@@ -48,6 +48,7 @@ from hypic.engine.structured.schema import (
     Ref,
     Str,
     needs,
+    unique_values,
 )
 from hypic.engine.structured.strings import string
 from hypic.engine.structured.tags import Tagged, tag_loop, tagged
@@ -393,23 +394,30 @@ def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
 
 
 def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
+    """Locals: ("open",), then (kind, items so far) — kind "a0" (just opened), "next" (after a
+    comma), "after" (after an item); a ``uniqueItems`` array's also end with the values written (indices
+    into ``unique_values``): each item is one of the others, pushed as one alternative each, and a
+    comma comes only while one is left."""
     kind = local[0]
     if kind == "open":
-        return [Outcome(("a0", 0), None, True)] if b == ord("[") else []
+        return [Outcome(("a0", 0, frozenset()) if node.unique else ("a0", 0), None, True)] if b == ord("[") else []
     n = local[1]
     if b in WS:
         return [Outcome(local, None, True)]
+    room = node.max_items is None or n < node.max_items
     if kind in ("a0", "next"):
         out = [Outcome(POP, None, True)] if kind == "a0" and b == ord("]") and node.min_items == 0 else []
-        room = node.max_items is None or n < node.max_items
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        if b not in (END, ord("]")) and room and child is not None:
-            out.append(Outcome(("after", n + 1), child, False))
-        return out
+        if b in (END, ord("]")) or not room or child is None:
+            return out
+        if node.unique:
+            return out + [Outcome(("after", n + 1, local[2] | {k}), value, False)
+                          for k, value in enumerate(unique_values(node)) if k not in local[2]]
+        return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        room = node.max_items is None or n < node.max_items
-        return [Outcome(("next", n), None, True)] if room and _fits(child, depth) else []
+        left = not node.unique or len(local[2]) < len(unique_values(node))
+        return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
     return []

@@ -12,7 +12,8 @@ discriminated unions — it is generated as ``anyOf``, so overlapping options ar
 one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pydantic's models).
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
-ignored. Any other keyword (``uniqueItems``, ``minProperties`` …) or format is refused by name rather
+ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
+``unique_values``). Any other keyword (``minProperties`` …) or format is refused by name rather
 than silently not enforced: an output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
@@ -49,7 +50,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
                       "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-                      "prefixItems"})
+                      "prefixItems", "uniqueItems"})
 # the formats enforced, as patterns (RFC 3339 dates and times, RFC 4122 UUIDs, dotted IPv4, a plain e-mail
 # shape). Dates are real ones (30 days in April, 29 February in leap years only) and the year and
 # seconds are what Python's datetime and pydantic read (no year 0000, no leap second 60), so the
@@ -113,6 +114,7 @@ class Arr:
     min_items: int
     max_items: int | None  # with ``items`` None, at most len(prefix)
     prefix: tuple[Node, ...] = ()  # ``prefixItems``: item i's own schema (tuples)
+    unique: bool = False  # ``uniqueItems`` (items a finite set of values: ``unique_values``)
 
 
 @dataclass(eq=False, frozen=True)
@@ -493,6 +495,46 @@ def _overlap(where: str, i: int, j: int) -> None:
 NEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node → the nesting its least value needs
 
 
+@lru_cache(maxsize=256)
+def unique_values(arr: Arr) -> tuple[Lit, ...] | None:
+    """A ``uniqueItems`` array's items as their distinct values, each a ``Lit`` of the texts that
+    write it — JSON equality, not text: ``1`` and ``1.0`` are one value, and so are objects whose
+    keys differ only in order — or None when the items are not a finite set of values (an enum, a
+    const, a boolean: what a generator can keep apart by leaving out the values already written)."""
+    node = arr.items
+    for _ in range(MAX_CHAIN):
+        if not isinstance(node, Ref):
+            break
+        node = node.target
+    if not isinstance(node, Lit):
+        return None
+    groups: dict[object, set[bytes]] = {}
+    for text in node.ordered:
+        groups.setdefault(_same_value(json.loads(text, parse_float=Decimal)), set()).add(text)
+    return tuple(Lit(frozenset(texts)) for texts in groups.values())
+
+
+def _same_value(value: object) -> object:
+    """A key equal for JSON-equal values: numbers by value (bools kept apart), objects by key set."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, (int, Decimal)):
+        return ("number", Decimal(value).normalize())
+    if isinstance(value, list):
+        return ("array", tuple(_same_value(v) for v in value))
+    return ("object", tuple(sorted((k, _same_value(v)) for k, v in value.items())))
+
+
+def _check_unique(arr: Arr, where: str) -> None:
+    values = unique_values(arr)
+    if values is None:
+        raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
+                         "values (an enum, a const, a boolean), not for other items")
+    if arr.min_items > len(values):
+        raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
+                         f"{len(values)} distinct values")
+
+
 def needs(node: Node) -> int:
     """How deeply the least value of ``node`` nests (a string: 1; ``{"a": [1]}``: 3); the matcher
     opens no value it could not finish within ``MAX_DEPTH``."""
@@ -696,8 +738,17 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
             high = len(prefix) if high is None else min(high, len(prefix))
         if high is not None and high < low:
             raise ValueError(f"{where}: maxItems {high} is below minItems {low}")
-        return Arr(None if items is False else _node(items, f"{where}.items", cx, depth), low, high,
-                   tuple(_node(p, f"{where}.prefixItems[{i}]", cx, depth) for i, p in enumerate(prefix)))
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise ValueError(f"{where}: uniqueItems must be a boolean, got {unique!r}")
+        if unique and prefix:
+            raise ValueError(f"{where}: uniqueItems beside prefixItems is not supported in structured output")
+        node = Arr(None if items is False else _node(items, f"{where}.items", cx, depth), low, high,
+                   tuple(_node(p, f"{where}.prefixItems[{i}]", cx, depth) for i, p in enumerate(prefix)),
+                   unique and items is not False)
+        if node.unique:
+            cx.checks.append(lambda: _check_unique(node, where))
+        return node
     if kind == "string":
         low, high = _count(schema, "minLength", where) or 0, _count(schema, "maxLength", where)
         if high is not None and high < low:
