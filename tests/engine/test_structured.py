@@ -53,7 +53,7 @@ SCHEMAS = {
         "ns": {"type": "array", "items": {"enum": [1, 1.0, 2, {"a": 1, "b": 2}, {"b": 2, "a": 1}]},
                "uniqueItems": True}},
         "required": ["tags", "flags", "ns"],
-        "$defs": {"Tag": {"type": "string", "enum": ["red", "green", "blue", "re"]}}},
+        "$defs": {"Tag": {"type": "string", "enum": ["red", "green", "blue", "re", "dark  red", "dark"]}}},
     "multiples": {"type": "object", "properties": {  # pydantic's Field(multiple_of=…): a price in cents
         "price": {"type": "number", "multipleOf": 0.01, "minimum": 0}, "n": {"type": "integer", "multipleOf": 5},
         "q": {"type": "number", "multipleOf": 0.25, "exclusiveMaximum": 3}}, "required": ["price", "n", "q"]},
@@ -237,7 +237,7 @@ def test_the_tries_allowed_tokens_equal_a_pass_over_every_token(vocab) -> None:
         "u": {"type": "string", "format": "uri", "maxLength": 40}, "p": {"type": "string", "pattern": "^[a-z ]*x?y$",
                                                                          "minLength": 4},
         "d": {"type": "string", "pattern": "^.*[0-9]$", "maxLength": 14}}}
-    for name in ("person", "free_object", "tree", "numbers", "patterns", "bounded", "looped"):
+    for name in ("person", "free_object", "tree", "numbers", "patterns", "bounded", "looped", "unique"):
         c = JsonConstraint(vocab, compile_schema(SCHEMAS.get(name, bounded if name == "bounded" else looped)), set())
         for _ in range(40 if name != "looped" else 120):
             state = c.state

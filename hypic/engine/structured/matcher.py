@@ -21,6 +21,7 @@ as JSON requires.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from functools import lru_cache
 from typing import NamedTuple
@@ -227,6 +228,8 @@ def _between_tokens(stack: Stack) -> bool:
         return local == ("open",)
     if isinstance(node, Obj):
         return local[0] != "key"
+    if isinstance(node, Arr):
+        return local[0] != "item"  # inside a unique array's value (a string's spaces are text)
     return not isinstance(node, Lit) or local == b""
 
 
@@ -395,12 +398,15 @@ def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
 
 def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     """Locals: ("open",), then (kind, items so far) — kind "a0" (just opened), "next" (after a
-    comma), "after" (after an item); a ``uniqueItems`` array's also end with the values written (indices
-    into ``unique_values``): each item is one of the others, pushed as one alternative each, and a
-    comma comes only while one is left."""
+    comma), "after" (after an item). A ``uniqueItems`` array's locals also carry the values written
+    (indices into ``unique_values``), and it reads its items itself — ("item", n, written, the
+    item's bytes so far) — as one of the values not written yet: one alternative, not one per value
+    (a 250-value enum's item pushed as 250 frames cost 150 ms a mask); a comma only while one is left."""
     kind = local[0]
     if kind == "open":
         return [Outcome(("a0", 0, frozenset()) if node.unique else ("a0", 0), None, True)] if b == ord("[") else []
+    if kind == "item":
+        return _unique_item(node, local, b)
     n = local[1]
     if b in WS:
         return [Outcome(local, None, True)]
@@ -411,16 +417,35 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         if b in (END, ord("]")) or not room or child is None:
             return out
         if node.unique:
-            return out + [Outcome(("after", n + 1, local[2] | {k}), value, False)
-                          for k, value in enumerate(unique_values(node)) if k not in local[2]]
+            return out + _unique_item(node, ("item", n, local[2], b""), b)
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        left = not node.unique or len(local[2]) < len(unique_values(node))
+        left = not node.unique or len(local[2]) < len(unique_values(node)[1])
         return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
     return []
+
+
+def _unique_item(node: Arr, local: tuple, b: int) -> list[Outcome]:
+    """A unique array's item, its bytes so far ``local[3]``: a whole value not written yet ends it;
+    a prefix of one goes on."""
+    if b == END:
+        return []
+    _, n, written, prefix = local
+    texts, value_of = unique_values(node)
+    grown = prefix + bytes([b])
+    out = []
+    if value_of.get(grown, -1) not in (-1, *written):
+        out.append(Outcome(("after", n + 1, written | {value_of[grown]}), None, True))
+    at = bisect.bisect_right(texts, grown)  # the texts grown begins sort right after it
+    while at < len(texts) and texts[at].startswith(grown):
+        if value_of[texts[at]] not in written:
+            out.append(Outcome(("item", n, written, grown), None, True))
+            break
+        at += 1
+    return out
 
 
 def _literal(node: Lit, prefix: bytes, b: int) -> list[Outcome]:

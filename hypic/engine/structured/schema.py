@@ -496,11 +496,12 @@ NEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node → the n
 
 
 @lru_cache(maxsize=256)
-def unique_values(arr: Arr) -> tuple[Lit, ...] | None:
-    """A ``uniqueItems`` array's items as their distinct values, each a ``Lit`` of the texts that
-    write it — JSON equality, not text: ``1`` and ``1.0`` are one value, and so are objects whose
-    keys differ only in order — or None when the items are not a finite set of values (an enum, a
-    const, a boolean: what a generator can keep apart by leaving out the values already written)."""
+def unique_values(arr: Arr) -> tuple[tuple[bytes, ...], dict[bytes, int]] | None:
+    """A ``uniqueItems`` array's items as their distinct values: every text that writes one, sorted,
+    and the value each writes (a number per value) — JSON equality, not text: ``1`` and ``1.0`` are
+    one value, and so are objects whose keys differ only in order — or None when the items are not a
+    finite set of values (an enum, a const, a boolean: what a generator can keep apart by leaving out
+    the values already written)."""
     node = arr.items
     for _ in range(MAX_CHAIN):
         if not isinstance(node, Ref):
@@ -508,10 +509,10 @@ def unique_values(arr: Arr) -> tuple[Lit, ...] | None:
         node = node.target
     if not isinstance(node, Lit):
         return None
-    groups: dict[object, set[bytes]] = {}
-    for text in node.ordered:
-        groups.setdefault(_same_value(json.loads(text, parse_float=Decimal)), set()).add(text)
-    return tuple(Lit(frozenset(texts)) for texts in groups.values())
+    values: dict[object, int] = {}
+    value_of = {text: values.setdefault(_same_value(json.loads(text, parse_float=Decimal)), len(values))
+                for text in node.ordered}
+    return node.ordered, value_of
 
 
 def _same_value(value: object) -> object:
@@ -530,9 +531,10 @@ def _check_unique(arr: Arr, where: str) -> None:
     if values is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
                          "values (an enum, a const, a boolean), not for other items")
-    if arr.min_items > len(values):
+    distinct = len(set(values[1].values()))
+    if arr.min_items > distinct:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
-                         f"{len(values)} distinct values")
+                         f"{distinct} distinct values")
 
 
 def needs(node: Node) -> int:
