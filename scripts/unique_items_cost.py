@@ -1,0 +1,50 @@
+"""What a ``uniqueItems`` array of enum values costs a mask, against the same array without it:
+the states along two items of an array of N three-letter codes (``["AAA","AAB",…``), at a real
+vocabulary's size (``structured_mask_cost.synthetic_pieces``), each state new (memo cold).
+
+    python scripts/unique_items_cost.py [--vocab 151000] [--values 20,250,1000]
+
+Every state of a unique array is new per set of values written, so each is walked, in the serving
+loop: what matters is the cost of one walk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from structured_mask_cost import synthetic_pieces  # noqa: E402
+
+
+def main() -> None:
+    from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=151_000)
+    ap.add_argument("--values", default="20,250,1000")
+    args = ap.parse_args()
+    vocab = TokenVocab(synthetic_pieces(args.vocab))
+    print("| values | uniqueItems | states | max mask (ms) | all masks (ms) |")
+    print("|---|---|---|---|---|")
+    for n in map(int, args.values.split(",")):
+        codes = ["".join(p) for p in itertools.islice(itertools.product("ABCDEFGHIJKLMNOPQRSTUVWXYZ", repeat=3), n)]
+        for unique in (False, True):
+            schema = {"type": "array", "items": {"enum": codes}, "uniqueItems": unique}
+            c = JsonConstraint(vocab, compile_schema(schema), set())
+            times = []
+            for piece in (b"[", b'"', codes[0][:1].encode(), codes[0][1:].encode(), b'"', b",", b'"',
+                          codes[1].encode(), b'"', b",", b'"'):
+                for b in piece:
+                    assert c.accept(b), piece
+                t0 = time.perf_counter()
+                c.allowed()
+                times.append((time.perf_counter() - t0) * 1e3)
+            print(f"| {n} | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
+
+
+if __name__ == "__main__":
+    main()
