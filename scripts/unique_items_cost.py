@@ -4,6 +4,8 @@ vocabulary's size (``structured_mask_cost.synthetic_pieces``), each state new (m
 
     python scripts/unique_items_cost.py [--vocab 151000] [--values 20,250,1000]
 
+and the same for free strings (``set[str]``), each byte a state.
+
 Every state of a unique array is new per set of values written, so each is walked, in the serving
 loop: what matters is the cost of one walk.
 """
@@ -44,6 +46,17 @@ def main() -> None:
                 c.allowed()
                 times.append((time.perf_counter() - t0) * 1e3)
             print(f"| {n} | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
+    # free strings (pydantic's set[str]): inside a unique array's string every state is new
+    for unique in (False, True):
+        c = JsonConstraint(vocab, compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": unique}),
+                           set())
+        times = []
+        for b in b'["alpha beta","gamma delta"':
+            assert c.accept(b)
+            t0 = time.perf_counter()
+            c.allowed()
+            times.append((time.perf_counter() - t0) * 1e3)
+        print(f"| strings | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
 
 
 if __name__ == "__main__":

@@ -353,8 +353,10 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
     ({"type": "object", "minProperties": 1}, "'minProperties' is not supported"),
-    ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "uniqueItems is supported in structured "
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems is supported in structured "
      "output where items are a finite set of values"),
+    ({"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}, "or strings without "
+     "maxLength, pattern or format"),
     ({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": True, "minItems": 2},
      "minItems 2 with uniqueItems, but its items have only 1 distinct values"),
     ({"type": "array", "uniqueItems": 1}, "uniqueItems must be a boolean"),
@@ -663,6 +665,40 @@ def test_a_multiple_s_prefix_always_has_a_way_to_finish(schema: dict) -> None:
                 break
             c = rng.choice(nexts)
             state, text = advance(state, ord(c)), text + c
+
+
+def test_a_unique_array_takes_each_value_once_and_ends_where_its_values_do() -> None:
+    """JSON-equal values are one (1 and 1.0, "a" and "\\u0061"); once every distinct value is written
+    no comma is let through (the array could not go on); a string's spaces are its own, not JSON's."""
+    numbers = compile_schema({"type": "array", "items": {"enum": [1, 1.0, 2]}, "uniqueItems": True})
+    assert advance_bytes(start(numbers), b"[1,1.0") is None
+    assert advance_bytes(advance_bytes(start(numbers), b"[1.0,2"), b",") is None
+    assert accepting(advance_bytes(start(numbers), b"[1.0, 2]"))
+    strings = compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    assert advance_bytes(start(strings), b'["a","\\u0061"') is None
+    for text in (b'["a  b","a b", "a"]', b'[]', b'["\\u0061b","a"]'):
+        state = advance_bytes(start(strings), text)
+        assert state is not None and accepting(state), text
+
+
+def test_unique_strings_draws_end_in_distinct_strings_and_masks_equal_every_token(vocab) -> None:
+    """pydantic's ``set[str]``: random draws (strings kept short: the closing quote favoured) end in
+    arrays of distinct strings, and at every state the mask is exactly the tokens the matcher reads."""
+    schema = {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True, "minItems": 3}
+    rng, repeated = random.Random(4), 0
+    for _ in range(6):
+        c, text = JsonConstraint(vocab, compile_schema(schema), set()), b""
+        while not c.finished:
+            ids = c.allowed()
+            assert ids.tolist() == sorted(i for i, d in vocab.pieces.items()
+                                          if d and advance_bytes(c.state, d) is not None)
+            tok = _draw(ids, vocab, rng, closer=400.0)
+            assert c.accept(tok)
+            text += vocab.pieces[tok]
+        value = json.loads(text)
+        assert valid(value, schema) and len(value) >= 3, text
+        repeated += any(v in value[:k] for k, v in enumerate(value))  # (never: valid says so)
+    assert repeated == 0
 
 
 def test_the_matcher_refuses_a_start_it_cannot_finish() -> None:

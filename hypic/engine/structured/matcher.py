@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -49,6 +50,7 @@ from hypic.engine.structured.schema import (
     Ref,
     Str,
     needs,
+    unique_strings,
     unique_values,
 )
 from hypic.engine.structured.strings import string
@@ -150,6 +152,8 @@ def free_string_room(state: State) -> int | None:
     if top is None:
         return None
     node, local = top
+    if isinstance(node, Arr) and local[0] == "string":  # a unique array's string, read by the array
+        node, local = unique_strings(node), local[3]
     if not isinstance(node, Str) or node.pattern is not None or local[0] != "in" or local[2] != 0:
         return None
     return UNBOUNDED if node.max_len is None else node.max_len - local[1]
@@ -229,7 +233,7 @@ def _between_tokens(stack: Stack) -> bool:
     if isinstance(node, Obj):
         return local[0] != "key"
     if isinstance(node, Arr):
-        return local[0] != "item"  # inside a unique array's value (a string's spaces are text)
+        return local[0] not in ("item", "string")  # inside a unique array's value (a string's spaces are text)
     return not isinstance(node, Lit) or local == b""
 
 
@@ -407,6 +411,8 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         return [Outcome(("a0", 0, frozenset()) if node.unique else ("a0", 0), None, True)] if b == ord("[") else []
     if kind == "item":
         return _unique_item(node, local, b)
+    if kind == "string":
+        return _unique_string(node, local, b)
     n = local[1]
     if b in WS:
         return [Outcome(local, None, True)]
@@ -416,16 +422,33 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         child = node.prefix[n] if n < len(node.prefix) else node.items
         if b in (END, ord("]")) or not room or child is None:
             return out
+        if node.unique and unique_strings(node) is not None:
+            return out + _unique_string(node, ("string", n, local[2], ("open",), b""), b)
         if node.unique:
             return out + _unique_item(node, ("item", n, local[2], b""), b)
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        left = not node.unique or len(local[2]) < len(unique_values(node)[1])
+        left = not node.unique or unique_strings(node) is not None or len(local[2]) < unique_values(node).count
         return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
     return []
+
+
+def _unique_string(node: Arr, local: tuple, b: int) -> list[Outcome]:
+    """A unique array's free-string item, read by the string frame's own handler (its local
+    ``local[3]``) with its raw bytes ``local[4]`` kept: at the closing quote, its value (escapes
+    read) must be none of those written."""
+    _, n, written, inner, raw = local
+    out = []
+    for o in string(unique_strings(node), inner, b):
+        if o.local is not POP:
+            out.append(Outcome(("string", n, written, o.local, raw + bytes([b]) if inner != ("open",) else raw), None,
+                               True))
+        elif (value := json.loads(b'"' + raw + b'"')) not in written:
+            out.append(Outcome(("after", n + 1, written | {value}), None, True))
+    return out
 
 
 def _unique_item(node: Arr, local: tuple, b: int) -> list[Outcome]:
@@ -434,7 +457,7 @@ def _unique_item(node: Arr, local: tuple, b: int) -> list[Outcome]:
     if b == END:
         return []
     _, n, written, prefix = local
-    texts, value_of = unique_values(node)
+    texts, value_of, _ = unique_values(node)
     grown = prefix + bytes([b])
     out = []
     if value_of.get(grown, -1) not in (-1, *written):

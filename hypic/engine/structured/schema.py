@@ -13,7 +13,8 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
-``unique_values``). Any other keyword (``minProperties`` …) or format is refused by name rather
+``unique_values``) or free strings (``unique_strings``). Any other keyword (``minProperties`` …) or format
+is refused by name rather
 than silently not enforced: an output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
@@ -39,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 from hypic.engine.request import check_utf8
 from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible
@@ -495,8 +497,14 @@ def _overlap(where: str, i: int, j: int) -> None:
 NEEDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # node → the nesting its least value needs
 
 
+class Values(NamedTuple):
+    texts: tuple[bytes, ...]  # every text of the values, sorted
+    value_of: dict[bytes, int]  # text → its value's number
+    count: int  # distinct values
+
+
 @lru_cache(maxsize=256)
-def unique_values(arr: Arr) -> tuple[tuple[bytes, ...], dict[bytes, int]] | None:
+def unique_values(arr: Arr) -> Values | None:
     """A ``uniqueItems`` array's items as their distinct values: every text that writes one, sorted,
     and the value each writes (a number per value) — JSON equality, not text: ``1`` and ``1.0`` are
     one value, and so are objects whose keys differ only in order — or None when the items are not a
@@ -512,7 +520,7 @@ def unique_values(arr: Arr) -> tuple[tuple[bytes, ...], dict[bytes, int]] | None
     values: dict[object, int] = {}
     value_of = {text: values.setdefault(_same_value(json.loads(text, parse_float=Decimal)), len(values))
                 for text in node.ordered}
-    return node.ordered, value_of
+    return Values(node.ordered, value_of, len(values))
 
 
 def _same_value(value: object) -> object:
@@ -526,15 +534,30 @@ def _same_value(value: object) -> object:
     return ("object", tuple(sorted((k, _same_value(v)) for k, v in value.items())))
 
 
+@lru_cache(maxsize=256)
+def unique_strings(arr: Arr) -> Str | None:
+    """A ``uniqueItems`` array's items when they are free strings (no maxLength, pattern or format:
+    pydantic's ``set[str]``) — each can always grow by a character, so a string equal to one
+    written is only refused at its closing quote and never leaves the answer stranded; else None."""
+    node = arr.items
+    for _ in range(MAX_CHAIN):
+        if not isinstance(node, Ref):
+            break
+        node = node.target
+    return node if isinstance(node, Str) and node.pattern is None and node.max_len is None else None
+
+
 def _check_unique(arr: Arr, where: str) -> None:
+    if unique_strings(arr) is not None:
+        return
     values = unique_values(arr)
     if values is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
-                         "values (an enum, a const, a boolean), not for other items")
-    distinct = len(set(values[1].values()))
-    if arr.min_items > distinct:
+                         "values (an enum, a const, a boolean) or strings without maxLength, pattern or format, "
+                         "not for other items")
+    if arr.min_items > values.count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
-                         f"{distinct} distinct values")
+                         f"{values.count} distinct values")
 
 
 def needs(node: Node) -> int:
