@@ -235,6 +235,12 @@ def sampling(req: Common, max_tokens: int, top_logprobs: int | None, vocab_size:
             engine.check_tokens(params)
         return params
     except ValueError as e:
+        if calling is not None and calling.tag is not None and req.constraint_field is None:
+            # the strict functions' tag, made from the chat template's call format (Kimi's special
+            # tokens), names a token this tokenizer lacks: the tools cannot be held as asked
+            why = str(e).removeprefix("structural_tag: ")
+            raise bad_request(f"tools: a strict function's calls are held in the chat template's call format, "
+                              f"but {why}", "tools") from None
         given = req.constraint_field or ("tool_choice" if calling is not None and calling.forced else None)
         raise from_value_error(_in_response_format(e, req.constraint_field, given), None) from None
 

@@ -518,6 +518,19 @@ def test_strict_functions_hold_kimi_s_special_token_calls_over_http(tmp_path: Pa
             == 200
     finally:
         live.stop()
+    # a template that writes Kimi's calls over a tokenizer without its call tokens: strict cannot be held
+    lacking = serve_with_template(build_model(tmp_path / "no_kimi_tokens", special=KIMI_TOKENS[:2]),
+                                  tmp_path / "no_kimi", KIMI_TEMPLATE, max_completion_tokens=16)
+    try:
+        r = http_client(lacking).post("/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 4,
+                                                                    "tools": [STRICT_WEATHER]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+        assert "token '<|tool_call_begin|>' is not a special or added token" in r.json()["error"]["message"]
+        loose = http_client(lacking).post("/v1/chat/completions", json={"model": MODEL, "messages": ASK,
+                                                                        "max_tokens": 4, "tools": TOOLS})
+        assert loose.status_code == 200, loose.text  # without strict: served as before
+    finally:
+        lacking.stop()
 
 
 def test_required_with_parallel_calls_is_a_list_of_calls(client: OpenAI) -> None:
