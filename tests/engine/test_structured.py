@@ -50,9 +50,10 @@ SCHEMAS = {
     "unique": {"type": "object", "properties": {  # pydantic's set[Enum], and JSON-equal values as one
         "tags": {"type": "array", "items": {"$ref": "#/$defs/Tag"}, "uniqueItems": True, "minItems": 2},
         "flags": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": True},
+        "ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True, "minItems": 3},
         "ns": {"type": "array", "items": {"enum": [1, 1.0, 2, {"a": 1, "b": 2}, {"b": 2, "a": 1}]},
                "uniqueItems": True}},
-        "required": ["tags", "flags", "ns"],
+        "required": ["tags", "flags", "ns", "ids"],
         "$defs": {"Tag": {"type": "string", "enum": ["red", "green", "blue", "re", "dark  red", "dark"]}}},
     "multiples": {"type": "object", "properties": {  # pydantic's Field(multiple_of=…): a price in cents
         "price": {"type": "number", "multipleOf": 0.01, "minimum": 0}, "n": {"type": "integer", "multipleOf": 5},
@@ -353,9 +354,10 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
     ({"type": "object", "minProperties": 1}, "'minProperties' is not supported"),
-    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems is supported in structured "
+    ({"type": "array", "items": {"type": "number"}, "uniqueItems": True}, "uniqueItems is supported in structured "
      "output where items are a finite set of values"),
-    ({"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}, "or strings without "
+    ({"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True}, "or integers without bounds"),
+    ({"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}, "strings without "
      "maxLength, pattern or format"),
     ({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": True, "minItems": 2},
      "minItems 2 with uniqueItems, but its items have only 1 distinct values"),
@@ -679,6 +681,13 @@ def test_a_unique_array_takes_each_value_once_and_ends_where_its_values_do() -> 
     for text in (b'["a  b","a b", "a"]', b'[]', b'["\\u0061b","a"]'):
         state = advance_bytes(start(strings), text)
         assert state is not None and accepting(state), text
+    integers = compile_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": True})
+    for text, ok in ((b"[1,10, 100]", True), (b"[12,12]", False), (b"[0,-0]", False), (b"[-3,3]", True)):
+        state = advance_bytes(start(integers), text)
+        assert (state is not None and accepting(state)) == ok, text
+    after = advance_bytes(start(integers), b"[0,1234567890123456,")  # a prefix that cannot grow: refused at once
+    assert advance_bytes(after, b"0") is None and advance_bytes(after, b"-0") is None
+    assert advance_bytes(after, b"1234567890123456") is None and advance_bytes(after, b"123456789012345") is not None
 
 
 def test_unique_strings_draws_end_in_distinct_strings_and_masks_equal_every_token(vocab) -> None:

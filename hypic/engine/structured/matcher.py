@@ -38,6 +38,7 @@ from hypic.engine.structured.schema import (
     ANY_STR,
     BOOL,
     MAX_DEPTH,
+    MAX_DIGITS,
     NULL,
     NUMBER,
     Alt,
@@ -50,6 +51,7 @@ from hypic.engine.structured.schema import (
     Ref,
     Str,
     needs,
+    unique_integers,
     unique_strings,
     unique_values,
 )
@@ -413,6 +415,8 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         return _unique_item(node, local, b)
     if kind == "string":
         return _unique_string(node, local, b)
+    if kind == "integer":
+        return _unique_integer(node, local, b, depth)
     n = local[1]
     if b in WS:
         return [Outcome(local, None, True)]
@@ -424,12 +428,15 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
             return out
         if node.unique and unique_strings(node) is not None:
             return out + _unique_string(node, ("string", n, local[2], ("open",), b""), b)
+        if node.unique and unique_integers(node) is not None:
+            return out + _unique_integer(node, ("integer", n, local[2], ("start", 0), b""), b, depth)
         if node.unique:
             return out + _unique_item(node, ("item", n, local[2], b""), b)
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        left = not node.unique or unique_strings(node) is not None or len(local[2]) < unique_values(node).count
+        left = (not node.unique or unique_strings(node) is not None or unique_integers(node) is not None
+                or len(local[2]) < unique_values(node).count)
         return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
@@ -448,6 +455,25 @@ def _unique_string(node: Arr, local: tuple, b: int) -> list[Outcome]:
                                True))
         elif (value := json.loads(b'"' + raw + b'"')) not in written:
             out.append(Outcome(("after", n + 1, written | {value}), None, True))
+    return out
+
+
+def _unique_integer(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
+    """A unique array's integer item, read by the number frame's handler (its local ``local[3]``)
+    with its digits ``local[4]`` kept: where it ends (the byte handed back, read by the array after
+    it) its value must be none of those written, and a digit that leaves a prefix unable to grow
+    (``0``, ``-0``, the 16th digit) is refused at once when that value was written."""
+    _, n, written, inner, raw = local
+    item = unique_integers(node)
+    out = []
+    for o in number(item, inner, b):
+        if o.local is POP:  # the integer ended before b: b is the array's
+            value = int(raw)
+            if value not in written:
+                out += _array(node, ("after", n + 1, written | {value}), b, depth)
+        elif not (o.local[0] == "zero" or (o.local[0] == "int" and o.local[1] == MAX_DIGITS)) \
+                or int(raw + bytes([b])) not in written:
+            out.append(Outcome(("integer", n, written, o.local, raw + bytes([b])), None, True))
     return out
 
 

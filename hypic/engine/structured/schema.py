@@ -13,9 +13,9 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
-``unique_values``) or free strings (``unique_strings``). Any other keyword (``minProperties`` …) or format
-is refused by name rather
-than silently not enforced: an output the caller's validator then rejects is worse than a 400. So
+``unique_values``), free strings (``unique_strings``) or unbounded integers (``unique_integers``). Any
+other keyword (``minProperties`` …) or format is refused by name rather than silently not enforced: an
+output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
 
@@ -547,14 +547,27 @@ def unique_strings(arr: Arr) -> Str | None:
     return node if isinstance(node, Str) and node.pattern is None and node.max_len is None else None
 
 
+@lru_cache(maxsize=256)
+def unique_integers(arr: Arr) -> Num | None:
+    """A ``uniqueItems`` array's items when they are integers without bounds (pydantic's ``set[int]``):
+    an integer equal to one written is refused where it ends, and a prefix that cannot grow (``0``,
+    16 digits) where it is written; else None."""
+    node = arr.items
+    for _ in range(MAX_CHAIN):
+        if not isinstance(node, Ref):
+            break
+        node = node.target
+    return node if isinstance(node, Num) and node.integer and node.bounds is None else None
+
+
 def _check_unique(arr: Arr, where: str) -> None:
-    if unique_strings(arr) is not None:
+    if unique_strings(arr) is not None or unique_integers(arr) is not None:
         return
     values = unique_values(arr)
     if values is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
-                         "values (an enum, a const, a boolean) or strings without maxLength, pattern or format, "
-                         "not for other items")
+                         "values (an enum, a const, a boolean), strings without maxLength, pattern or format, "
+                         "or integers without bounds, not for other items")
     if arr.min_items > values.count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
                          f"{values.count} distinct values")
