@@ -4,7 +4,7 @@ vocabulary's size (``structured_mask_cost.synthetic_pieces``), each state new (m
 
     python scripts/unique_items_cost.py [--vocab 151000] [--values 20,250,1000]
 
-and the same for free strings (``set[str]``), each byte a state.
+and the same for free strings (``set[str]``) and integers (``set[int]``), each byte a state.
 
 Every state of a unique array is new per set of values written, so each is walked, in the serving
 loop: what matters is the cost of one walk.
@@ -57,6 +57,17 @@ def main() -> None:
             c.allowed()
             times.append((time.perf_counter() - t0) * 1e3)
         print(f"| strings | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
+    # unbounded integers (set[int]): each digit a new state too
+    for unique in (False, True):
+        c = JsonConstraint(vocab, compile_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": unique}),
+                           set())
+        times = []
+        for b in b"[12345,678,90123,4":
+            assert c.accept(b)
+            t0 = time.perf_counter()
+            c.allowed()
+            times.append((time.perf_counter() - t0) * 1e3)
+        print(f"| integers | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
 
 
 if __name__ == "__main__":
