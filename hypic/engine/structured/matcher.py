@@ -50,10 +50,9 @@ from hypic.engine.structured.schema import (
     Obj,
     Ref,
     Str,
+    Values,
     needs,
-    unique_integers,
-    unique_strings,
-    unique_values,
+    unique_items,
 )
 from hypic.engine.structured.strings import string
 from hypic.engine.structured.tags import Tagged, tag_loop, tagged
@@ -155,7 +154,7 @@ def free_string_room(state: State) -> int | None:
         return None
     node, local = top
     if isinstance(node, Arr) and local[0] == "string":  # a unique array's string, read by the array
-        node, local = unique_strings(node), local[3]
+        node, local = unique_items(node), local[3]
     if not isinstance(node, Str) or node.pattern is not None or local[0] != "in" or local[2] != 0:
         return None
     return UNBOUNDED if node.max_len is None else node.max_len - local[1]
@@ -405,18 +404,14 @@ def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
 def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     """Locals: ("open",), then (kind, items so far) — kind "a0" (just opened), "next" (after a
     comma), "after" (after an item). A ``uniqueItems`` array's locals also carry the values written
-    (indices into ``unique_values``), and it reads its items itself — ("item", n, written, the
+    (``unique_items``), and it reads its items itself — ("item", n, written, the
     item's bytes so far) — as one of the values not written yet: one alternative, not one per value
     (a 250-value enum's item pushed as 250 frames cost 150 ms a mask); a comma only while one is left."""
     kind = local[0]
     if kind == "open":
         return [Outcome(("a0", 0, frozenset()) if node.unique else ("a0", 0), None, True)] if b == ord("[") else []
-    if kind == "item":
-        return _unique_item(node, local, b)
-    if kind == "string":
-        return _unique_string(node, local, b)
-    if kind == "integer":
-        return _unique_integer(node, local, b, depth)
+    if kind in _UNIQUE_READS:
+        return _UNIQUE_READS[kind](node, local, b, depth)
     n = local[1]
     if b in WS:
         return [Outcome(local, None, True)]
@@ -426,30 +421,27 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         child = node.prefix[n] if n < len(node.prefix) else node.items
         if b in (END, ord("]")) or not room or child is None:
             return out
-        if node.unique and unique_strings(node) is not None:
-            return out + _unique_string(node, ("string", n, local[2], ("open",), b""), b)
-        if node.unique and unique_integers(node) is not None:
-            return out + _unique_integer(node, ("integer", n, local[2], ("start", 0), b""), b, depth)
-        if node.unique:
-            return out + _unique_item(node, ("item", n, local[2], b""), b)
+        if node.unique:  # the item's reading starts with this byte
+            kind, *inner = _UNIQUE_STARTS[type(unique_items(node))]
+            return out + _UNIQUE_READS[kind](node, (kind, n, local[2], *inner, b""), b, depth)
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        left = (not node.unique or unique_strings(node) is not None or unique_integers(node) is not None
-                or len(local[2]) < unique_values(node).count)
+        items = unique_items(node) if node.unique else None
+        left = not isinstance(items, Values) or len(local[2]) < items.count  # (strings, integers: endless)
         return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
     return []
 
 
-def _unique_string(node: Arr, local: tuple, b: int) -> list[Outcome]:
+def _unique_string(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     """A unique array's free-string item, read by the string frame's own handler (its local
     ``local[3]``) with its raw bytes ``local[4]`` kept: at the closing quote, its value (escapes
     read) must be none of those written."""
     _, n, written, inner, raw = local
     out = []
-    for o in string(unique_strings(node), inner, b):
+    for o in string(unique_items(node), inner, b):
         if o.local is not POP:
             out.append(Outcome(("string", n, written, o.local, raw + bytes([b]) if inner != ("open",) else raw), None,
                                True))
@@ -464,7 +456,7 @@ def _unique_integer(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome
     it) its value must be none of those written, and a digit that leaves a prefix unable to grow
     (``0``, ``-0``, the 16th digit) is refused at once when that value was written."""
     _, n, written, inner, raw = local
-    item = unique_integers(node)
+    item = unique_items(node)
     out = []
     for o in number(item, inner, b):
         if o.local is POP:  # the integer ended before b: b is the array's
@@ -477,13 +469,13 @@ def _unique_integer(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome
     return out
 
 
-def _unique_item(node: Arr, local: tuple, b: int) -> list[Outcome]:
+def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     """A unique array's item, its bytes so far ``local[3]``: a whole value not written yet ends it;
     a prefix of one goes on."""
     if b == END:
         return []
     _, n, written, prefix = local
-    texts, value_of, _ = unique_values(node)
+    texts, value_of, _ = unique_items(node)
     grown = prefix + bytes([b])
     out = []
     if value_of.get(grown, -1) not in (-1, *written):
@@ -495,6 +487,11 @@ def _unique_item(node: Arr, local: tuple, b: int) -> list[Outcome]:
             break
         at += 1
     return out
+
+
+# a unique array's item, by what its items are: the local kind reading it, and its frame's start
+_UNIQUE_STARTS = {Values: ("item",), Str: ("string", ("open",)), Num: ("integer", ("start", 0))}
+_UNIQUE_READS = {"item": _unique_item, "string": _unique_string, "integer": _unique_integer}
 
 
 def _literal(node: Lit, prefix: bytes, b: int) -> list[Outcome]:

@@ -13,7 +13,7 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
-``unique_values``), free strings (``unique_strings``) or unbounded integers (``unique_integers``). Any
+``unique_items``), free strings or unbounded integers. Any
 other keyword (``minProperties`` …) or format is refused by name rather than silently not enforced: an
 output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
@@ -116,7 +116,7 @@ class Arr:
     min_items: int
     max_items: int | None  # with ``items`` None, at most len(prefix)
     prefix: tuple[Node, ...] = ()  # ``prefixItems``: item i's own schema (tuples)
-    unique: bool = False  # ``uniqueItems`` (items a finite set of values: ``unique_values``)
+    unique: bool = False  # ``uniqueItems`` (items read as ``unique_items`` says)
 
 
 @dataclass(eq=False, frozen=True)
@@ -504,19 +504,25 @@ class Values(NamedTuple):
 
 
 @lru_cache(maxsize=256)
-def unique_values(arr: Arr) -> Values | None:
-    """A ``uniqueItems`` array's items as their distinct values: every text that writes one, sorted,
-    and the value each writes (a number per value) — JSON equality, not text: ``1`` and ``1.0`` are
-    one value, and so are objects whose keys differ only in order — or None when the items are not a
-    finite set of values (an enum, a const, a boolean: what a generator can keep apart by leaving out
-    the values already written)."""
+def unique_items(arr: Arr) -> Values | Str | Num | None:
+    """What a ``uniqueItems`` array's items are, as its frame reads them (its ``$ref`` chain crossed):
+    a finite set of values (an enum, a const, a boolean: ``Values``, each item one of those not
+    written yet); free strings (no maxLength, pattern or format: pydantic's ``set[str]`` — each can
+    always grow by a character, so one equal to a value written is only refused at its closing quote);
+    unbounded integers (``set[int]``: refused where an equal one ends, and a prefix that cannot grow —
+    ``0``, 16 digits — where it is written); else None: not served."""
     node = arr.items
     for _ in range(MAX_CHAIN):
         if not isinstance(node, Ref):
             break
         node = node.target
+    if isinstance(node, Str):
+        return node if node.pattern is None and node.max_len is None else None
+    if isinstance(node, Num):
+        return node if node.integer and node.bounds is None else None
     if not isinstance(node, Lit):
         return None
+    # JSON equality, not text: 1 and 1.0 are one value, and so are objects whose keys differ in order
     values: dict[object, int] = {}
     value_of = {text: values.setdefault(_same_value(json.loads(text, parse_float=Decimal)), len(values))
                 for text in node.ordered}
@@ -534,43 +540,15 @@ def _same_value(value: object) -> object:
     return ("object", tuple(sorted((k, _same_value(v)) for k, v in value.items())))
 
 
-@lru_cache(maxsize=256)
-def unique_strings(arr: Arr) -> Str | None:
-    """A ``uniqueItems`` array's items when they are free strings (no maxLength, pattern or format:
-    pydantic's ``set[str]``) — each can always grow by a character, so a string equal to one
-    written is only refused at its closing quote and never leaves the answer stranded; else None."""
-    node = arr.items
-    for _ in range(MAX_CHAIN):
-        if not isinstance(node, Ref):
-            break
-        node = node.target
-    return node if isinstance(node, Str) and node.pattern is None and node.max_len is None else None
-
-
-@lru_cache(maxsize=256)
-def unique_integers(arr: Arr) -> Num | None:
-    """A ``uniqueItems`` array's items when they are integers without bounds (pydantic's ``set[int]``):
-    an integer equal to one written is refused where it ends, and a prefix that cannot grow (``0``,
-    16 digits) where it is written; else None."""
-    node = arr.items
-    for _ in range(MAX_CHAIN):
-        if not isinstance(node, Ref):
-            break
-        node = node.target
-    return node if isinstance(node, Num) and node.integer and node.bounds is None else None
-
-
 def _check_unique(arr: Arr, where: str) -> None:
-    if unique_strings(arr) is not None or unique_integers(arr) is not None:
-        return
-    values = unique_values(arr)
-    if values is None:
+    items = unique_items(arr)
+    if items is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
                          "values (an enum, a const, a boolean), strings without maxLength, pattern or format, "
                          "or integers without bounds, not for other items")
-    if arr.min_items > values.count:
+    if isinstance(items, Values) and arr.min_items > items.count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
-                         f"{values.count} distinct values")
+                         f"{items.count} distinct values")
 
 
 def needs(node: Node) -> int:
