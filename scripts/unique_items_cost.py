@@ -22,52 +22,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from structured_mask_cost import synthetic_pieces  # noqa: E402
 
 
+def masks(vocab, items: dict, pieces: list[bytes], unique: bool) -> list[float]:
+    """ms of each mask along an array of ``items``, one after each piece (its bytes, one token each)."""
+    from hypic.engine.structured import JsonConstraint, compile_schema
+
+    c = JsonConstraint(vocab, compile_schema({"type": "array", "items": items, "uniqueItems": unique}), set())
+    times = []
+    for piece in pieces:
+        for b in piece:  # (the synthetic vocabulary's first 256 tokens are the bytes)
+            assert c.accept(b), piece
+        t0 = time.perf_counter()
+        c.allowed()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def main() -> None:
-    from hypic.engine.structured import JsonConstraint, TokenVocab, compile_schema
+    from hypic.engine.structured import TokenVocab
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vocab", type=int, default=151_000)
     ap.add_argument("--values", default="20,250,1000")
     args = ap.parse_args()
     vocab = TokenVocab(synthetic_pieces(args.vocab))
-    print("| values | uniqueItems | states | max mask (ms) | all masks (ms) |")
-    print("|---|---|---|---|---|")
+    rows = []
     for n in map(int, args.values.split(",")):
         codes = ["".join(p) for p in itertools.islice(itertools.product("ABCDEFGHIJKLMNOPQRSTUVWXYZ", repeat=3), n)]
+        rows.append((str(n), {"enum": codes}, [b"[", b'"', codes[0][:1].encode(), codes[0][1:].encode(), b'"', b",",
+                                               b'"', codes[1].encode(), b'"', b",", b'"']))
+    # free strings (pydantic's set[str]) and unbounded integers (set[int]): in a unique array each byte
+    # of an item is a new state
+    rows.append(("strings", {"type": "string"}, [bytes([b]) for b in b'["alpha beta","gamma delta"']))
+    rows.append(("integers", {"type": "integer"}, [bytes([b]) for b in b"[12345,678,90123,4"]))
+    print("| values | uniqueItems | states | max mask (ms) | all masks (ms) |")
+    print("|---|---|---|---|---|")
+    for label, items, pieces in rows:
         for unique in (False, True):
-            schema = {"type": "array", "items": {"enum": codes}, "uniqueItems": unique}
-            c = JsonConstraint(vocab, compile_schema(schema), set())
-            times = []
-            for piece in (b"[", b'"', codes[0][:1].encode(), codes[0][1:].encode(), b'"', b",", b'"',
-                          codes[1].encode(), b'"', b",", b'"'):
-                for b in piece:
-                    assert c.accept(b), piece
-                t0 = time.perf_counter()
-                c.allowed()
-                times.append((time.perf_counter() - t0) * 1e3)
-            print(f"| {n} | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
-    # free strings (pydantic's set[str]): inside a unique array's string every state is new
-    for unique in (False, True):
-        c = JsonConstraint(vocab, compile_schema({"type": "array", "items": {"type": "string"}, "uniqueItems": unique}),
-                           set())
-        times = []
-        for b in b'["alpha beta","gamma delta"':
-            assert c.accept(b)
-            t0 = time.perf_counter()
-            c.allowed()
-            times.append((time.perf_counter() - t0) * 1e3)
-        print(f"| strings | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
-    # unbounded integers (set[int]): each digit a new state too
-    for unique in (False, True):
-        c = JsonConstraint(vocab, compile_schema({"type": "array", "items": {"type": "integer"}, "uniqueItems": unique}),
-                           set())
-        times = []
-        for b in b"[12345,678,90123,4":
-            assert c.accept(b)
-            t0 = time.perf_counter()
-            c.allowed()
-            times.append((time.perf_counter() - t0) * 1e3)
-        print(f"| integers | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
+            times = masks(vocab, items, pieces, unique)
+            print(f"| {label} | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
 
 
 if __name__ == "__main__":
