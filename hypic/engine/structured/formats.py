@@ -226,14 +226,15 @@ class _Compiler:
         for w, t, own in self._tags(fmt, where):
             if not isinstance(t["begin"], dict):
                 raise ValueError(f"{w}.begin: expected a token (a token trigger opens it), got a string")
-            items.append((w, _begin(t["begin"], f"{w}.begin"), self.format(t["content"], f"{w}.content", own), own))
+            begin = _token_format(t["begin"], f"{w}.begin")
+            items.append((w, begin, self.format(t["content"], f"{w}.content", own), own))
         excludes = _excludes(_marks(fmt.get("exclude_tokens", []), f"{where}.exclude_tokens", True), ends,
                              f"{where}.exclude_tokens")
         return triggered(triggers, items, excludes, at_least_one, stop_after_first, where, tokens=True)
 
     def tag(self, fmt: dict, where: str, ends: Ends) -> object:
         begin = fmt["begin"]
-        data = _begin(begin, f"{where}.begin") if isinstance(begin, dict) else marker(begin, f"{where}.begin")
+        data = _token_format(begin, f"{where}.begin") if isinstance(begin, dict) else marker(begin, f"{where}.begin")
         own = _ends(fmt["end"], f"{where}.end")
         body = then_end(self.format(fmt["content"], f"{where}.content", own), own, f"{where}.end")
         return Seq((Word(data), body)) if data else body
@@ -285,11 +286,11 @@ class _Compiler:
         return out
 
 
-def _begin(begin: dict, where: str) -> bytes:
-    """A tag's begin given as a ``token`` format: its mark."""
-    if begin.get("type", "token") != "token" or set(begin) - {"type", "token"} or "token" not in begin:
+def _token_format(fmt: dict, where: str) -> bytes:
+    """A tag's begin or end given as a ``token`` format: its mark."""
+    if fmt.get("type", "token") != "token" or set(fmt) - {"type", "token"} or "token" not in fmt:
         raise ValueError(f"{where}: expected a string or a token format ({{\"type\": \"token\", \"token\": …}})")
-    return token_mark(begin["token"], f"{where}.token")
+    return token_mark(fmt["token"], f"{where}.token")
 
 
 def _marks(tokens: object, where: str, may_be_empty: bool = False) -> tuple[bytes, ...]:
@@ -306,7 +307,7 @@ def _ends(end: object, where: str) -> Ends:
     if isinstance(end, list) and end and all(isinstance(e, str) for e in end):
         return tuple(end)
     if isinstance(end, dict):
-        return (_begin(end, where),)
+        return (_token_format(end, where),)
     raise ValueError(f"{where}: expected a string, a non-empty list of strings or a token format")
 
 
