@@ -5,7 +5,8 @@ text generated *is* a JSON value the schema accepts. The subset here is what gen
 enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
 ``additionalProperties``, ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
-date-time, uuid, ipv4, email — as patterns), ``enum`` and ``const`` (with any keyword beside them:
+date-time, uuid, ipv4, ipv6, ipvanyaddress, email, uri, duration — as patterns; binary, path, password —
+any string), ``enum`` and ``const`` (with any keyword beside them:
 the values it refuses are dropped), ``anyOf``, ``oneOf`` whose options no value can satisfy two
 of (different types; objects told apart by a required property's constants: pydantic's
 discriminated unions — it is generated as ``anyOf``, so overlapping options are refused), a
@@ -63,12 +64,42 @@ _LEAP = r"(\d\d(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00
 _DATE = (rf"({_YEAR}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)"
          rf"|02-(0[1-9]|1\d|2[0-8]))|{_LEAP}-02-29)")
 _OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_SECONDS = r"\d{1,9}(\.\d{1,6})?S"
+_CLOCK = rf"(\d{{1,6}}H(\d{{1,6}}M)?({_SECONDS})?|\d{{1,6}}M({_SECONDS})?|{_SECONDS})"
 _LABEL = r"[a-z0-9]+(-[a-z0-9]+)*"
+
+
+def _ipv6() -> str:
+    """RFC 4291's text forms, as Python's ``ipaddress`` (pydantic's IPv6Address) reads them: eight groups
+    of 1–4 hex digits, or fewer around one ``::`` (which stands for at least one), the last two groups
+    perhaps a dotted IPv4 address; no zone (``%eth0``)."""
+    h = "[0-9a-fA-F]{1,4}"
+
+    def groups(n: int) -> str:  # 1 to n groups
+        return h if n == 1 else rf"{h}(:{h}){{0,{n - 1}}}"
+
+    forms = [rf"({h}:){{7}}{h}", rf"({h}:){{6}}{_IPV4}"]
+    for left in range(8):  # groups before the "::"; at most 7 - left after it
+        room = 7 - left
+        after = ([groups(room)] if room >= 1 else []) + \
+            ([_IPV4 if room == 2 else rf"({h}:){{0,{room - 2}}}{_IPV4}"] if room >= 2 else [])
+        before = "" if left == 0 else h if left == 1 else rf"{h}(:{h}){{{left - 1}}}"
+        forms.append(f"{before}::" + (f"({'|'.join(after)})?" if after else ""))
+    return "(" + "|".join(f"({f})" for f in forms) + ")"
+
+
 _URL_CHAR = r"[A-Za-z0-9._~!$&'()*+,;=:@-]"
-FORMATS = {
+FORMATS: dict[str, str | None] = {
     "date": f"^{_DATE}$", "time": f"^{_TIME}$", "date-time": f"^{_DATE}[Tt]{_TIME}$",
     "uuid": r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
-    "ipv4": rf"^{_OCTET}(\.{_OCTET}){{3}}$",
+    "ipv4": f"^{_IPV4}$",
+    "ipv6": f"^{_ipv6()}$",
+    "ipvanyaddress": f"^({_IPV4}|{_ipv6()})$",  # pydantic's IPvAnyAddress
+    # ISO 8601 durations as pydantic reads a timedelta (and writes one: P1DT3.5S, P2Y7DT1H): years, days,
+    # then a time part of hours, minutes and seconds, each optional but never all; digits few enough
+    # that none overflows
+    "duration": rf"^-?P((\d{{1,4}}Y(\d{{1,3}}D)?|\d{{1,6}}D)(T{_CLOCK})?|T{_CLOCK})$",
     # RFC 5322's dot-atom, as e-mail validators read it (pydantic's EmailStr through email-validator):
     # no dot first, last or doubled in the local part (≤ 64 characters: 32 + two more atoms of ≤ 15),
     # a domain of 1–4 labels that neither begin nor end with '-', then a top-level name of letters
@@ -81,7 +112,11 @@ FORMATS = {
     "uri": (rf"^https?://({_LABEL}\.)*[a-z][a-z0-9]*(-[a-z0-9]+)*(:[1-9]\d{{0,3}})?(/{_URL_CHAR}*)*"
             rf"(\?({_URL_CHAR}|[/?])*)?"
             rf"(#({_URL_CHAR}|[/?])*)?$"),
+    # formats whose every string is valid (None: no pattern): pydantic's bytes (read as UTF-8 text —
+    # under maxLength printable ASCII only, which it counts in bytes), Path and SecretStr
+    "binary": None, "path": None, "password": None,
 }
+_BYTES_BOUNDED = "^[ -~]*$"
 TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 # Bits of mask updates a pattern's length masks (``Regex.lengths``) may cost; a loop costs about
 # cap² of them. maxLength 10⁹ with a pattern held the server's event loop for good; a bound past
@@ -711,6 +746,8 @@ def _pattern(schema: dict, where: str) -> Regex | None:
             raise ValueError(f"{where}: format {fmt!r} is not supported in structured output "
                              f"(supported: {', '.join(sorted(FORMATS))})")
         pattern = FORMATS[fmt]
+        if fmt == "binary" and "maxLength" in schema:
+            pattern = _BYTES_BOUNDED
     if pattern is None:
         return None
     if not isinstance(pattern, str):
@@ -770,7 +807,7 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
         if high is not None and high < low:
             raise ValueError(f"{where}: maxLength {high} is below minLength {low}")
         node = Str(low, high, _pattern(schema, where))
-        if "format" in schema:
+        if "format" in schema and node.pattern is not None:
             FORMATTED.add(node)
         if node.pattern is not None:
             what = "pattern" if "pattern" in schema else "format"
