@@ -51,6 +51,8 @@ from hypic.engine.structured.schema import (
     Ref,
     Str,
     Values,
+    free_key,
+    literal_values,
     needs,
     unique_items,
 )
@@ -155,6 +157,8 @@ def free_string_room(state: State) -> int | None:
     node, local = top
     if isinstance(node, Arr) and local[0] == "string":  # a unique array's string, read by the array
         node, local = unique_items(node), local[3]
+    elif isinstance(node, Obj) and local[0] == "name" and local[2] is not None:  # a distinct free key, likewise
+        node, local = free_key(node), local[2]
     if not isinstance(node, Str) or node.pattern is not None or local[0] != "in" or local[2] != 0:
         return None
     return UNBOUNDED if node.max_len is None else node.max_len - local[1]
@@ -232,7 +236,7 @@ def _between_tokens(stack: Stack) -> bool:
     if isinstance(node, Str):
         return local == ("open",)
     if isinstance(node, Obj):
-        return local[0] != "key"
+        return local[0] not in ("key", "name")
     if isinstance(node, Arr):
         return local[0] not in ("item", "string")  # inside a unique array's value (a string's spaces are text)
     return not isinstance(node, Lit) or local == b""
@@ -351,19 +355,31 @@ def _fits(child: Node | None, depth: int) -> bool:
 
 
 def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
+    """Locals: ("open",), then (kind, used, …): kinds "k0" (just opened), "k1" (after a comma), "key"
+    (a declared key's bytes so far), "name" (a distinct free key, read here), "colon", "val", "after"
+    (a value). ``used``: the declared keys written; for free keys their values where they must be
+    ``distinct``, else their count where the object is ``counted``, else nothing (so that the states of
+    every free-keyed object's values repeat, and share the vocabulary's memo)."""
     kind, used = local[0], (local[1] if len(local) > 1 else frozenset())
     free = not node.props and _fits(node.extra, depth)  # free keys, whose values fit here
     if kind == "open":
-        return [Outcome(("k0", frozenset()), None, True)] if b == ord("{") else []
+        counts = node.counted and not node.props and not node.distinct
+        return [Outcome(("k0", 0 if counts else frozenset()), None, True)] if b == ord("{") else []
+    if kind == "name":
+        return _free_name(node, local, b)
     if b in WS and kind in ("k0", "k1", "colon", "val", "after"):
         return [Outcome(local, None, True)]
     if kind in ("k0", "k1"):
-        if b == ord("}") and kind == "k0" and node.required <= used:
+        if b == ord("}") and kind == "k0" and _may_close(node, used):
             return [Outcome(POP, None, True)]
         if b != ord('"'):
             return []
         if free:
-            return [Outcome(("colon", used, None), ANY_STR, False)]
+            if not _room(node, used):
+                return []
+            if node.distinct:
+                return _free_name(node, ("name", used, ("open",) if isinstance(free_key(node), Str) else None, b""), b)
+            return [Outcome(("colon", used + 1 if isinstance(used, int) else used, None), free_key(node), False)]
         return [Outcome(("key", used, b""), None, True)] if _open_keys(node, used, depth) else []
     if kind == "key":
         prefix = local[2]
@@ -381,24 +397,91 @@ def _object(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
         return [] if b == END else [Outcome(("after", used if key is None else used | {key}), value, False)]
     # "after" a value
     if b == ord(","):
-        more = free or bool(_open_keys(node, used, depth))
+        if free:
+            more = _room(node, used) and (not node.distinct or len(used) < _names(node))
+        else:
+            more = bool(_open_keys(node, used, depth))
         return [Outcome(("k1", used), None, True)] if more else []
-    if b == ord("}") and node.required <= used:
+    if b == ord("}") and _may_close(node, used):
         return [Outcome(POP, None, True)]
     return []
 
 
+def _written(used: frozenset | int) -> int:
+    return used if isinstance(used, int) else len(used)
+
+
+def _may_close(node: Obj, used: frozenset | int) -> bool:
+    return (not node.required or node.required <= used) and _written(used) >= node.min_props
+
+
+def _room(node: Obj, used: frozenset | int) -> bool:
+    return node.max_props is None or _written(used) < node.max_props
+
+
+def _names(node: Obj) -> int:
+    """How many distinct free keys there are (an enum's values; strings: endless)."""
+    keys = free_key(node)
+    return literal_values(keys).count if isinstance(keys, Lit) else UNBOUNDED
+
+
+def _free_name(node: Obj, local: tuple, b: int) -> list[Outcome]:
+    """A free key that must differ from those written (``Obj.distinct``), read here, its bytes so far
+    ``local[3]``: a string's by the string frame's own handler (its local ``local[2]``), refused at its
+    closing quote when its value was written; an enum's as one of the values not written yet."""
+    _, used, inner, raw = local
+    keys = free_key(node)
+    if isinstance(keys, Str):
+        out = []
+        for o in string(keys, inner, b):
+            if o.local is not POP:
+                out.append(Outcome(("name", used, o.local, raw + bytes([b]) if inner != ("open",) else raw), None,
+                                   True))
+            elif (value := json.loads(b'"' + raw + b'"')) not in used:
+                out.append(Outcome(("colon", used | {value}, None), None, True))
+        return out
+    if b == END:
+        return []
+    grown = raw + bytes([b])
+    value, more = _unwritten(literal_values(keys), used, grown)
+    return [*([] if value is None else [Outcome(("colon", used | {value}, None), None, True)]),
+            *([Outcome(("name", used, None, grown), None, True)] if more else [])]
+
+
+def _unwritten(values: Values, written: frozenset, grown: bytes) -> tuple[int | None, bool]:
+    """Of a set of values, the one whose text ``grown`` is, if not written yet (else None), and
+    whether ``grown`` begins the text of one not written."""
+    texts, value_of, _ = values
+    value = value_of.get(grown)
+    at = bisect.bisect_right(texts, grown)  # the texts grown begins sort right after it
+    while at < len(texts) and texts[at].startswith(grown):
+        if value_of[texts[at]] not in written:
+            return (None if value in written else value), True
+        at += 1
+    return (None if value in written else value), False
+
+
 def _open_keys(node: Obj, used: frozenset, depth: int) -> list[bytes]:
     """The declared keys that may come next, whose values fit here: those after the last one written,
-    in declared order, up to the first required one (a required key is never skipped)."""
+    in declared order, up to the first required one (a required key is never skipped); where the keys
+    are counted, only those after which minProperties can still be reached and the required keys
+    still fit under maxProperties."""
     last = max((node.order[k] for k in used), default=-1)
+    tail = list(itertools.islice(node.props.items(), last + 1, None))
     out = []
-    for k, v in itertools.islice(node.props.items(), last + 1, None):
-        if _fits(v, depth):
+    for i, (k, v) in enumerate(tail):
+        if _fits(v, depth) and (not node.counted or _countable(node, len(used) + 1, tail[i + 1:], depth)):
             out.append(k)
         if k in node.required:
             break
     return out
+
+
+def _countable(node: Obj, written: int, later: list[tuple[bytes, Node]], depth: int) -> bool:
+    """Whether, ``written`` keys in and ``later`` still to come, minProperties and maxProperties can be met."""
+    if written + sum(_fits(v, depth) for _, v in later) < node.min_props:
+        return False
+    return node.max_props is None or written + sum(k in node.required for k, _ in later) <= node.max_props
 
 
 def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
@@ -475,18 +558,10 @@ def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
     if b == END:
         return []
     _, n, written, prefix = local
-    texts, value_of, _ = unique_items(node)
     grown = prefix + bytes([b])
-    out = []
-    if value_of.get(grown, -1) not in (-1, *written):
-        out.append(Outcome(("after", n + 1, written | {value_of[grown]}), None, True))
-    at = bisect.bisect_right(texts, grown)  # the texts grown begins sort right after it
-    while at < len(texts) and texts[at].startswith(grown):
-        if value_of[texts[at]] not in written:
-            out.append(Outcome(("item", n, written, grown), None, True))
-            break
-        at += 1
-    return out
+    value, more = _unwritten(unique_items(node), written, grown)
+    return [*([] if value is None else [Outcome(("after", n + 1, written | {value}), None, True)]),
+            *([Outcome(("item", n, written, grown), None, True)] if more else [])]
 
 
 # a unique array's item, by what its items are: the local kind reading it, and its frame's start

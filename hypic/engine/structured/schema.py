@@ -3,7 +3,8 @@
 Structured output (OpenAI's ``response_format``, vLLM's guided JSON) constrains decoding so the
 text generated *is* a JSON value the schema accepts. The subset here is what generation can
 enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
-``additionalProperties``, ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
+``additionalProperties`` / ``propertyNames`` / one pattern of ``patternProperties`` / ``minProperties`` /
+``maxProperties`` (``Obj``), ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
 date-time, uuid, ipv4, ipv6, ipvanyaddress, email, uri, duration — as patterns; binary, path, password —
 any string), ``enum`` and ``const`` (with any keyword beside them:
@@ -15,7 +16,7 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
 ``unique_items``), free strings or unbounded integers. Any
-other keyword (``minProperties`` …) or format is refused by name rather than silently not enforced: an
+other keyword (``dependentRequired`` …) or format is refused by name rather than silently not enforced: an
 output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
 lengths matches, a ``$ref`` cycle with no way out), or none nested within ``MAX_DEPTH``.
@@ -51,6 +52,7 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
                          "discriminator"})  # OpenAPI's, beside pydantic's oneOf: its options are disjoint anyway
 KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+                      "propertyNames", "patternProperties", "minProperties", "maxProperties",
                       "minLength", "maxLength", "pattern", "format", "enum", "const", "anyOf", "oneOf", "allOf",
                       "$ref", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
                       "prefixItems", "uniqueItems"})
@@ -138,6 +140,22 @@ class Obj:
     # order (the order keys are written in); empty: free keys
     required: frozenset[bytes]
     extra: Node | None  # the values of free keys (used when ``props`` is empty); None: no key at all
+    keys: Node | None = None  # free keys' own schema (``propertyNames``, ``patternProperties``' pattern): a
+    # string or an enum of strings; None: any string
+    min_props: int = 0  # ``minProperties`` / ``maxProperties``: keys written (declared or free)
+    max_props: int | None = None
+
+    @property
+    def counted(self) -> bool:
+        """Whether the frame counts its keys (free keys are not counted otherwise, so that the states of
+        every free-keyed object's values repeat and share the vocabulary's memo)."""
+        return self.min_props > 0 or self.max_props is not None
+
+    @property
+    def distinct(self) -> bool:
+        """Free keys written once each: where two or more are due, a key written twice would count twice
+        here and once in the parsed object."""
+        return not self.props and self.min_props >= 2
 
     @cached_property
     def order(self) -> dict[bytes, int]:
@@ -339,7 +357,8 @@ def _node(schema: object, where: str, cx: _Compiling, depth: int) -> Node:
             return nodes[0] if len(nodes) == 1 else Alt(nodes)
     kind = schema.get("type")
     if kind is None:
-        kind = "object" if {"properties", "required", "additionalProperties"} & keys else \
+        kind = "object" if {"properties", "required", "additionalProperties", "propertyNames", "patternProperties",
+                            "minProperties", "maxProperties"} & keys else \
             "array" if {"items", "prefixItems", "minItems", "maxItems"} & keys else \
             "string" if {"minLength", "maxLength", "pattern", "format"} & keys else \
             "number" if {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"} & keys else None
@@ -546,18 +565,18 @@ def unique_items(arr: Arr) -> Values | Str | Num | None:
     always grow by a character, so one equal to a value written is only refused at its closing quote);
     unbounded integers (``set[int]``: refused where an equal one ends, and a prefix that cannot grow —
     ``0``, 16 digits — where it is written); else None: not served."""
-    node = arr.items
-    for _ in range(MAX_CHAIN):
-        if not isinstance(node, Ref):
-            break
-        node = node.target
+    node = _through_refs(arr.items)
     if isinstance(node, Str):
         return node if node.pattern is None and node.max_len is None else None
     if isinstance(node, Num):
         return node if node.integer and node.bounds is None else None
-    if not isinstance(node, Lit):
-        return None
-    # JSON equality, not text: 1 and 1.0 are one value, and so are objects whose keys differ in order
+    return literal_values(node) if isinstance(node, Lit) else None
+
+
+@lru_cache(maxsize=256)
+def literal_values(node: Lit) -> Values:
+    """A literal's texts, each numbered by its value — JSON equality, not text: 1 and 1.0 are one
+    value, and so are objects whose keys differ in order."""
     values: dict[object, int] = {}
     value_of = {text: values.setdefault(_same_value(json.loads(text, parse_float=Decimal)), len(values))
                 for text in node.ordered}
@@ -663,7 +682,7 @@ def reachable(root: Node) -> list[Node]:
 
 def _children(n: Node) -> list[Node]:
     if isinstance(n, Obj):
-        return [*n.props.values(), *([] if n.extra is None else [n.extra])]
+        return [*n.props.values(), *([] if n.extra is None else [n.extra]), *([] if n.keys is None else [n.keys])]
     if isinstance(n, Arr):
         return [*n.prefix, *([] if n.items is None else [n.items])]
     if isinstance(n, Alt):
@@ -675,7 +694,14 @@ def _children(n: Node) -> list[Node]:
 
 def _least(n: Node, depth: dict[int, float]) -> float:
     if isinstance(n, Obj):
-        return 1 + max((depth[id(n.props[k])] for k in n.required), default=0)
+        due = [depth[id(n.props[k])] for k in n.required]
+        if n.min_props > len(due):  # the shallowest optional or free values make up the count
+            if n.props:
+                others = sorted(depth[id(v)] for k, v in n.props.items() if k not in n.required)
+            else:
+                others = [] if n.extra is None else [depth[id(n.extra)]] * n.min_props
+            due += others[:n.min_props - len(due)]
+        return 1 + max(due, default=0)
     if isinstance(n, Arr):
         due = [n.prefix[i] if i < len(n.prefix) else n.items for i in range(min(n.min_items, len(n.prefix) + 1))]
         return 1 + max((depth[id(c)] for c in due if c is not None), default=0)
@@ -684,6 +710,85 @@ def _least(n: Node, depth: dict[int, float]) -> float:
     if isinstance(n, Ref):
         return float("inf") if n.target is None else depth[id(n.target)]
     return n.least(depth) if hasattr(n, "least") else 1  # a grammar's frames (grammar.py)
+
+
+def _free_keys(schema: dict, declared: bool, where: str, cx: _Compiling, depth: int) -> tuple[Node | None, Node | None]:
+    """Free keys' own schema and their values' (None: any string; additionalProperties'), from
+    ``propertyNames`` (pydantic's ``dict[SomeEnum, …]``, ``dict[Literal[…], …]``) or one pattern of
+    ``patternProperties`` (``dict[constr(pattern=…), …]``). Only such keys are written, as only declared
+    keys are beside ``properties``; a key that may match several patterns, or a declared key that must
+    also meet them, is refused by name."""
+    names, patterns = schema.get("propertyNames"), schema.get("patternProperties")
+    if names is None and patterns is None:
+        return None, None
+    word = "propertyNames" if names is not None else "patternProperties"
+    if declared:
+        raise ValueError(f"{where}: {word} beside properties is not supported in structured output")
+    if names is not None and patterns is not None:
+        raise ValueError(f"{where}: propertyNames beside patternProperties is not supported in structured output")
+    if patterns is not None:
+        if not isinstance(patterns, dict) or len(patterns) != 1:
+            raise ValueError(f"{where}: patternProperties with one pattern is supported in structured output, "
+                             f"got {len(patterns) if isinstance(patterns, dict) else json.dumps(patterns)[:40]}")
+        (pattern, sub), = patterns.items()
+        keys = Str(0, None, _pattern({"pattern": pattern}, f"{where}.patternProperties"))
+        if not keys.pattern.finishes(keys.pattern.start, Window.between(0, None)):
+            raise ValueError(f"{where}: no string matches patternProperties' pattern")
+        return keys, _node(sub, f"{where}.patternProperties.{pattern}", cx, depth)
+    keys = _node(names, f"{where}.propertyNames", cx, depth)
+    cx.checks.append(lambda: _check_names(keys, where))
+    return (None if isinstance(keys, AnyValue) else keys), None
+
+
+def _check_names(keys: Node, where: str) -> None:
+    """``propertyNames`` must read strings only: a string's rules or an enum of strings."""
+    named = _through_refs(keys)
+    if not (isinstance(named, Str) or isinstance(named, Lit) and all(v[:1] == b'"' for v in named.values)):
+        raise ValueError(f"{where}: propertyNames is supported in structured output as a string's rules or an "
+                         "enum of strings")
+
+
+@lru_cache(maxsize=256)
+def free_key(obj: Obj) -> Str | Lit:
+    """What an object's free keys are, its ``$ref`` chain crossed: a string's rules or a literal."""
+    return ANY_STR if obj.keys is None else _through_refs(obj.keys)
+
+
+def _through_refs(node: Node | None) -> Node | None:
+    """The node at the end of ``node``'s chain of references."""
+    for _ in range(MAX_CHAIN):
+        if not isinstance(node, Ref):
+            break
+        node = node.target
+    return node
+
+
+def _check_counts(obj: Obj, where: str, cx: _Compiling) -> None:
+    """minProperties / maxProperties that some object meets; where free keys are due twice or more,
+    keys that can be told apart (``Obj.distinct``): any string, or an enum with enough values."""
+    low, high = obj.min_props, obj.max_props
+    if high is not None and high < low:
+        raise ValueError(f"{where}: maxProperties {high} is below minProperties {low}")
+    if obj.props:
+        if low > len(obj.props):
+            raise ValueError(f"{where}: minProperties {low}, but only {len(obj.props)} properties are declared")
+        if high is not None and len(obj.required) > high:
+            raise ValueError(f"{where}: maxProperties {high} is below its {len(obj.required)} required properties")
+        return
+    if low and obj.extra is None:
+        raise ValueError(f"{where}: minProperties {low}, but additionalProperties is false and none is declared")
+
+    def distinct_keys() -> None:
+        keys = free_key(obj)
+        if isinstance(keys, Lit):
+            count = literal_values(keys).count
+            if low > count:
+                raise ValueError(f"{where}: minProperties {low}, but its keys have only {count} values")
+        elif keys.pattern is not None or keys.max_len is not None:
+            raise ValueError(f"{where}: minProperties {low} with keys bounded by a pattern or maxLength is not "
+                             "supported in structured output (keys written once each must be told apart)")
+    if obj.distinct:
+        cx.checks.append(distinct_keys)
 
 
 def _alone(schema: dict, word: str, where: str) -> None:
@@ -776,8 +881,14 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
             raise ValueError(f"{where}: required property {missing[0]!r} is not among the properties")
         extra = schema.get("additionalProperties", True)
         nodes = {compact(k)[1:-1]: _node(v, f"{where}.properties.{k}", cx, depth) for k, v in props.items()}
-        free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", cx, depth)
-        return Obj(nodes, frozenset(compact(r)[1:-1] for r in required), free)
+        keys, free = _free_keys(schema, bool(props), where, cx, depth)
+        if free is None:
+            free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", cx, depth)
+        low, high = _count(schema, "minProperties", where) or 0, _count(schema, "maxProperties", where)
+        node = Obj(nodes, frozenset(compact(r)[1:-1] for r in required), free, keys, low, high)
+        if low or high is not None:
+            _check_counts(node, where, cx)
+        return node
     if kind == "array":
         items = schema.get("items", True)
         if isinstance(items, list):
