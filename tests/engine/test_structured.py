@@ -356,7 +356,8 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired' is not supported"),
     ({"type": "array", "items": {"type": "number"}, "uniqueItems": True}, "uniqueItems is supported in structured "
      "output where items are a finite set of values"),
-    ({"type": "array", "items": {"type": "integer", "maximum": 9}, "uniqueItems": True}, "or integers without bounds"),
+    ({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 4, "multipleOf": 2}, "uniqueItems": True,
+      "minItems": 4}, "minItems 4 with uniqueItems, but its items have only 3 distinct values"),
     ({"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}, "strings without "
      "maxLength, pattern or format"),
     ({"type": "array", "items": {"enum": [1, 1.0]}, "uniqueItems": True, "minItems": 2},
@@ -667,6 +668,39 @@ def test_a_multiple_s_prefix_always_has_a_way_to_finish(schema: dict) -> None:
                 break
             c = rng.choice(nexts)
             state, text = advance(state, ord(c)), text + c
+
+
+@pytest.mark.parametrize("items, low", [({"minimum": 0, "maximum": 12}, 3),
+                                        ({"minimum": -3, "maximum": 3, "multipleOf": 2}, 0),
+                                        ({"exclusiveMinimum": 0}, 2),
+                                        ({"maximum": 5}, 2),
+                                        ({"minimum": 7, "exclusiveMaximum": 10}, 3)])
+def test_a_unique_bounded_integer_array_is_never_stranded(items: dict, low: int) -> None:
+    """pydantic's ``set[conint(…)]``: 300 random walks over the bytes of integer arrays, each byte drawn
+    among those the matcher lets through: some byte or the end is always allowed (no prefix whose every
+    integer within the bounds was written, no comma once none is left), and every array a walk ends on
+    holds distinct integers within the bounds, at least minItems of them."""
+    schema = {"type": "array", "items": {"type": "integer", **items}, "uniqueItems": True, "minItems": low}
+    rng, node = random.Random(2), compile_schema(schema)
+    lengths = []
+    for _ in range(300):
+        state, text = start(node), ""
+        while True:
+            nexts = [c for c in "[],-0123456789" if advance(state, ord(c)) is not None]
+            ends = accepting(state)
+            assert nexts or ends, (schema, text)
+            if ends and (not nexts or rng.random() < 0.1):
+                value = json.loads(text)
+                assert valid(value, schema) and len(set(value)) == len(value) >= low, (schema, text)
+                lengths.append(len(value))
+                break
+            c = rng.choice(nexts)
+            state, text = advance(state, ord(c)), text + c
+    assert max(lengths) >= 3, lengths
+    full = compile_schema({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2},
+                           "uniqueItems": True})
+    assert advance_bytes(start(full), b"[2,0,1,") is None and advance_bytes(start(full), b"[2,0,2") is None
+    assert advance_bytes(start(compile_schema(schema)), b"[") is not None
 
 
 def test_a_unique_array_takes_each_value_once_and_ends_where_its_values_do() -> None:

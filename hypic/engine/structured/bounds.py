@@ -60,14 +60,26 @@ class Bounds:
         return Bounds(None if self.low is None else self.low * k, None if self.high is None else self.high * k,
                       self.low_open, self.high_open)
 
-    def _integers_meet(self, lo: Decimal, hi: Decimal, every: Decimal | None = None) -> bool:
-        """Whether an integer in [lo, hi] — a multiple of ``every`` (a whole number) — lies inside the bounds."""
+    def integers_in(self, lo: int, hi: int) -> int:
+        """How many integers in [lo, hi] lie inside the bounds, on a multiple of the step (an integer
+        is a multiple of 2.5 when it is one of 5: the step's numerator)."""
+        first, last = self._clamped(Decimal(lo), Decimal(hi))
+        every = 1 if self.step is None else Fraction(self.step).numerator
+        return max(0, int(last) // every - (int(first) - 1) // every)
+
+    def _clamped(self, lo: Decimal, hi: Decimal) -> tuple[Decimal, Decimal]:
+        """[lo, hi] (integral ends) cut to the integers inside the bounds."""
         if self.low is not None:
             first = self.low.to_integral_value(rounding="ROUND_CEILING")
             lo = max(lo, first + 1 if self.low_open and first == self.low else first)
         if self.high is not None:
             last = self.high.to_integral_value(rounding="ROUND_FLOOR")
             hi = min(hi, last - 1 if self.high_open and last == self.high else last)
+        return lo, hi
+
+    def _integers_meet(self, lo: Decimal, hi: Decimal, every: Decimal | None = None) -> bool:
+        """Whether an integer in [lo, hi] — a multiple of ``every`` (a whole number) — lies inside the bounds."""
+        lo, hi = self._clamped(lo, hi)
         if every is not None:
             lo = (lo / every).to_integral_value(rounding="ROUND_CEILING") * every
         return lo <= hi
@@ -101,3 +113,24 @@ def _any(integer: bool, bounds: Bounds, digits_left: int) -> bool:
     """Whether some non-negative number of at most ``digits_left`` + 1 integer digits fits."""
     top = Decimal(10) ** (digits_left + 1)
     return bounds.meets(Decimal(0), top - 1 if integer else top, integer)
+
+
+UNBOUNDED = Bounds(None, None)
+
+
+def integer_completions(prefix: str, bounds: Bounds | None) -> int:
+    """How many integers of at most MAX_DIGITS digits inside ``bounds`` are written as ``prefix`` and
+    more digits (``0`` and ``-0``: zero alone; ``-``: every negative one; nothing: all of them)."""
+    bounds = bounds or UNBOUNDED
+    if prefix == "":
+        return integer_completions("-", bounds) + integer_completions("0", bounds) + \
+            bounds.integers_in(1, 10**MAX_DIGITS - 1)
+    if prefix in ("0", "-0"):
+        return bounds.integers_in(0, 0)
+    if prefix.startswith("-"):
+        mirrored = bounds.mirrored()
+        if prefix == "-":
+            return mirrored.integers_in(1, 10**MAX_DIGITS - 1)
+        return integer_completions(prefix[1:], mirrored)
+    head = int(prefix)
+    return sum(bounds.integers_in(head * 10**k, (head + 1) * 10**k - 1) for k in range(MAX_DIGITS - len(prefix) + 1))

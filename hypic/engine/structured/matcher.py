@@ -27,6 +27,7 @@ import json
 from functools import lru_cache
 from typing import NamedTuple
 
+from hypic.engine.structured.bounds import integer_completions
 from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
 from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, Seq, grammar_frame
 from hypic.engine.structured.grammar import initial as grammar_initial
@@ -505,13 +506,14 @@ def _array(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         if b in (END, ord("]")) or not room or child is None:
             return out
         if node.unique:  # the item's reading starts with this byte
-            kind, *inner = _UNIQUE_STARTS[type(unique_items(node))]
+            items = unique_items(node)
+            kind = _UNIQUE_STARTS[type(items)]
+            inner = () if isinstance(items, Values) else (_initial(items),)
             return out + _UNIQUE_READS[kind](node, (kind, n, local[2], *inner, b""), b, depth)
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        items = unique_items(node) if node.unique else None
-        left = not isinstance(items, Values) or len(local[2]) < items.count  # (strings, integers: endless)
+        left = not node.unique or len(local[2]) < _distinct(unique_items(node))
         return [Outcome(("next", *local[1:]), None, True)] if room and left and _fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
@@ -546,10 +548,19 @@ def _unique_integer(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome
             value = int(raw)
             if value not in written:
                 out += _array(node, ("after", n + 1, written | {value}), b, depth)
-        elif not (o.local[0] == "zero" or (o.local[0] == "int" and o.local[1] == MAX_DIGITS)) \
-                or int(raw + bytes([b])) not in written:
+        elif _unwritten_integer(item, (raw + bytes([b])).decode(), written):
             out.append(Outcome(("integer", n, written, o.local, raw + bytes([b])), None, True))
     return out
+
+
+def _unwritten_integer(item: Num, prefix: str, written: frozenset) -> bool:
+    """Whether some integer inside the item's bounds not written yet is spelled ``prefix`` and more
+    digits: more of them than of those written (each written one is one of them if it begins so)."""
+    spelled = "0" if prefix == "-0" else prefix
+    if item.bounds is None and spelled not in ("-", "0") and len(spelled.lstrip("-")) < MAX_DIGITS:
+        return True  # it can grow, and ten times more ways with each digit than any array writes
+    ahead = sum(1 for w in written if (str(w) == "0" if spelled == "0" else str(w).startswith(spelled)))
+    return integer_completions(prefix, item.bounds) > ahead
 
 
 def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
@@ -564,8 +575,15 @@ def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
             *([Outcome(("item", n, written, grown), None, True)] if more else [])]
 
 
-# a unique array's item, by what its items are: the local kind reading it, and its frame's start
-_UNIQUE_STARTS = {Values: ("item",), Str: ("string", ("open",)), Num: ("integer", ("start", 0))}
+def _distinct(items: Values | Str | Num) -> int:
+    """How many distinct items a unique array may hold (free strings: endless)."""
+    if isinstance(items, Values):
+        return items.count
+    return UNBOUNDED if isinstance(items, Str) or items.bounds is None else integer_completions("", items.bounds)
+
+
+# a unique array's item, by what its items are: the local kind reading it (its frame's start: ``_initial``)
+_UNIQUE_STARTS = {Values: "item", Str: "string", Num: "integer"}
 _UNIQUE_READS = {"item": _unique_item, "string": _unique_string, "integer": _unique_integer}
 
 

@@ -15,7 +15,7 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
-``unique_items``), free strings or unbounded integers. Any
+``unique_items``), free strings or integers. Any
 other keyword (``dependentRequired`` …) or format is refused by name rather than silently not enforced: an
 output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
@@ -45,7 +45,7 @@ from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from hypic.engine.request import check_utf8
-from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible
+from hypic.engine.structured.bounds import MAX_DIGITS, Bounds, feasible, integer_completions
 from hypic.engine.structured.regex import LengthsTooCostly, Regex, Window, compile_regex
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
@@ -563,13 +563,14 @@ def unique_items(arr: Arr) -> Values | Str | Num | None:
     a finite set of values (an enum, a const, a boolean: ``Values``, each item one of those not
     written yet); free strings (no maxLength, pattern or format: pydantic's ``set[str]`` — each can
     always grow by a character, so one equal to a value written is only refused at its closing quote);
-    unbounded integers (``set[int]``: refused where an equal one ends, and a prefix that cannot grow —
-    ``0``, 16 digits — where it is written); else None: not served."""
+    integers, bounded or not (``set[int]``, ``set[conint(ge=0, le=9)]``: refused where an equal one ends,
+    and a prefix at once when every integer inside the bounds it can still become was written —
+    ``0``, 16 digits, ``9`` under ``maximum: 9``: ``bounds.integer_completions``); else None: not served."""
     node = _through_refs(arr.items)
     if isinstance(node, Str):
         return node if node.pattern is None and node.max_len is None else None
     if isinstance(node, Num):
-        return node if node.integer and node.bounds is None else None
+        return node if node.integer else None
     return literal_values(node) if isinstance(node, Lit) else None
 
 
@@ -599,10 +600,12 @@ def _check_unique(arr: Arr, where: str) -> None:
     if items is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
                          "values (an enum, a const, a boolean), strings without maxLength, pattern or format, "
-                         "or integers without bounds, not for other items")
-    if isinstance(items, Values) and arr.min_items > items.count:
+                         "or integers, not for other items")
+    count = items.count if isinstance(items, Values) else \
+        integer_completions("", items.bounds) if isinstance(items, Num) and items.bounds is not None else None
+    if count is not None and arr.min_items > count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
-                         f"{items.count} distinct values")
+                         f"{count} distinct values")
 
 
 def needs(node: Node) -> int:
