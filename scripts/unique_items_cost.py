@@ -4,7 +4,8 @@ vocabulary's size (``structured_mask_cost.synthetic_pieces``), each state new (m
 
     python scripts/unique_items_cost.py [--vocab 151000] [--values 20,250,1000]
 
-and the same for free strings (``set[str]``) and integers (``set[int]``), each byte a state.
+and the same for free strings (``set[str]``) and integers (``set[int]``, ``set[conint(ge=0, le=10**5)]``),
+each byte a state.
 
 Every state of a unique array is new per set of values written, so each is walked, in the serving
 loop: what matters is the cost of one walk.
@@ -54,6 +55,9 @@ def main() -> None:
     # of an item is a new state
     rows.append(("strings", {"type": "string"}, [bytes([b]) for b in b'["alpha beta","gamma delta"']))
     rows.append(("integers", {"type": "integer"}, [bytes([b]) for b in b"[12345,678,90123,4"]))
+    # bounded ones (set[conint(ge=0, le=10**5)]): each prefix's unwritten completions counted, per byte walked
+    rows.append(("bounded integers", {"type": "integer", "minimum": 0, "maximum": 10**5},
+                 [bytes([b]) for b in b"[12345,678,90123,4"]))
     print("| values | uniqueItems | states | max mask (ms) | all masks (ms) |")
     print("|---|---|---|---|---|")
     for label, items, pieces in rows:

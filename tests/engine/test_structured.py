@@ -670,6 +670,25 @@ def test_a_multiple_s_prefix_always_has_a_way_to_finish(schema: dict) -> None:
             state, text = advance(state, ord(c)), text + c
 
 
+def test_integer_completions_count_as_a_scan_of_every_integer_does() -> None:
+    """``bounds.integer_completions`` (how many integers within bounds, on a multiple, a prefix can still
+    become — what keeps a unique integer array from stranding) against counting every integer in range."""
+    from hypic.engine.structured.bounds import Bounds, integer_completions
+
+    def spelled(x: int, prefix: str) -> bool:
+        return x == 0 if prefix in ("0", "-0") else x <= 0 if prefix == "-" else str(x).startswith(prefix)
+
+    rng = random.Random(1)
+    for _ in range(1500):
+        lo = rng.randint(-3000, 3000)
+        hi = lo + rng.randint(0, 3000)
+        bounds = Bounds(Decimal(lo), Decimal(hi), rng.random() < 0.3, rng.random() < 0.3,
+                        rng.choice([None, Decimal(2), Decimal("2.5"), Decimal(7), Decimal("0.5")]))
+        prefix = rng.choice(["", "-", "0", "-0", "1", "12", "-1", "-12", "5", "9", "-3", "100", "-100", "25"])
+        want = sum(1 for x in range(lo, hi + 1) if bounds.contains(Decimal(x)) and spelled(x, prefix))
+        assert integer_completions(prefix, bounds) == want, (bounds, prefix)
+
+
 @pytest.mark.parametrize("items, low", [({"minimum": 0, "maximum": 12}, 3),
                                         ({"minimum": -3, "maximum": 3, "multipleOf": 2}, 0),
                                         ({"exclusiveMinimum": 0}, 2),

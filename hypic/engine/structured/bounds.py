@@ -120,17 +120,15 @@ UNBOUNDED = Bounds(None, None)
 
 def integer_completions(prefix: str, bounds: Bounds | None) -> int:
     """How many integers of at most MAX_DIGITS digits inside ``bounds`` are written as ``prefix`` and
-    more digits (``0`` and ``-0``: zero alone; ``-``: every negative one; nothing: all of them)."""
+    more digits (``0`` and ``-0``: zero alone; ``-``: every negative one and zero, as ``-0``; nothing: all)."""
     bounds = bounds or UNBOUNDED
+    top = 10**MAX_DIGITS - 1
     if prefix == "":
-        return integer_completions("-", bounds) + integer_completions("0", bounds) + \
-            bounds.integers_in(1, 10**MAX_DIGITS - 1)
+        return bounds.integers_in(-top, top)
     if prefix in ("0", "-0"):
         return bounds.integers_in(0, 0)
     if prefix.startswith("-"):
         mirrored = bounds.mirrored()
-        if prefix == "-":
-            return mirrored.integers_in(1, 10**MAX_DIGITS - 1)
-        return integer_completions(prefix[1:], mirrored)
+        return mirrored.integers_in(0, top) if prefix == "-" else integer_completions(prefix[1:], mirrored)
     head = int(prefix)
     return sum(bounds.integers_in(head * 10**k, (head + 1) * 10**k - 1) for k in range(MAX_DIGITS - len(prefix) + 1))

@@ -559,8 +559,10 @@ def _unwritten_integer(item: Num, prefix: str, written: frozenset) -> bool:
     spelled = "0" if prefix == "-0" else prefix
     if item.bounds is None and spelled not in ("-", "0") and len(spelled.lstrip("-")) < MAX_DIGITS:
         return True  # it can grow, and ten times more ways with each digit than any array writes
-    ahead = sum(1 for w in written if (str(w) == "0" if spelled == "0" else str(w).startswith(spelled)))
-    return integer_completions(prefix, item.bounds) > ahead
+    ahead = sum(1 for w in written if (w == 0 if spelled == "0" else w <= 0 if spelled == "-" else
+                                       str(w).startswith(spelled)))
+    # none written begins so: the number frame let the prefix through only if one within the bounds follows
+    return ahead == 0 or integer_completions(prefix, item.bounds) > ahead
 
 
 def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
