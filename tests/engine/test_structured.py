@@ -351,7 +351,7 @@ def test_token_bytes_join_to_the_tokenizers_own_decoding(tokenizer) -> None:
     ({"type": "string", "pattern": "^a|b$"}, "ambiguous"),
     ({"type": "string", "pattern": "a{99}"}, "at most 64"),
     ({"type": "string", "pattern": "[z-a]"}, "out of order"),
-    ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
+    ({"type": "string", "format": "idn-hostname"}, "format 'idn-hostname' is not supported"),
     ({"type": "string", "pattern": "a", "format": "date"}, "pattern beside format"),
     ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired' is not supported"),
     ({"type": "array", "items": {"type": "number"}, "uniqueItems": True}, "uniqueItems is supported in structured "

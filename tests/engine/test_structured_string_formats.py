@@ -80,6 +80,32 @@ def test_every_duration_pydantic_writes_is_one_the_format_reads_and_pydantic_rea
         assert not _matches(schema, json.dumps(text)), text
 
 
+def _host_name(text: str) -> bool:
+    """RFC 1123's host name read directly: dot-separated labels of 1–63 ASCII letters, digits and
+    hyphens, none first or last in a label, 253 characters at most."""
+    return len(text) <= 253 and all(
+        0 < len(label) <= 63 and label[0] != "-" and label[-1] != "-"
+        and all(c.isascii() and (c.isalnum() or c == "-") for c in label) for label in text.split("."))
+
+
+def test_every_host_name_the_format_accepts_is_one_rfc_1123_allows() -> None:
+    """Random texts of label pieces: every one the format accepts is a host name (the format is the
+    subset of up to four labels of at most 62 characters), and those of that shape are all accepted."""
+    schema, rng, read = {"type": "string", "format": "hostname"}, random.Random(11), 0
+    pieces = ["a", "Z", "0", "-", ".", "ab", "x" * 30, "é", "_", ""]
+    for _ in range(4000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        ok = _matches(schema, json.dumps(text))
+        if ok:
+            read += 1
+            assert _host_name(text), text
+        elif _host_name(text) and text.count(".") <= 3 and all(len(label) <= 62 for label in text.split(".")):
+            raise AssertionError(f"refused a host name of the subset: {text!r}")
+    assert read > 100
+    assert _matches(schema, '"api.example.com"') and not _matches(schema, '"-a.com"')
+    assert not _matches(schema, json.dumps("a" * 63))  # one past the subset's label
+
+
 def test_bytes_under_max_length_are_ascii_so_that_characters_count_as_pydantic_s_bytes() -> None:
     schema = TypeAdapter(Annotated[bytes, Field(max_length=4)]).json_schema()
     assert _matches(schema, '"ab c"') and not _matches(schema, '"éé"')  # 2 characters, 4 bytes: refused anyway

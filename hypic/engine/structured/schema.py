@@ -6,7 +6,7 @@ enforce byte by byte: ``type`` (one or a list), ``properties`` / ``required`` /
 ``additionalProperties`` / ``propertyNames`` / one pattern of ``patternProperties`` / ``minProperties`` /
 ``maxProperties`` (``Obj``), ``items`` / ``prefixItems`` / ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``,
 ``pattern`` (``hypic.engine.structured.regex``'s subset), ``format`` (``FORMATS``: date, time,
-date-time, uuid, ipv4, ipv6, ipvanyaddress, email, uri, duration — as patterns; binary, path, password —
+date-time, uuid, ipv4, ipv6, ipvanyaddress, email, uri, duration, hostname — as patterns; binary, path, password —
 any string), ``enum`` and ``const`` (with any keyword beside them:
 the values it refuses are dropped), ``anyOf``, ``oneOf`` whose options no value can satisfy two
 of (different types; objects told apart by a required property's constants: pydantic's
@@ -114,6 +114,9 @@ FORMATS: dict[str, str | None] = {
     "uri": (rf"^https?://({_LABEL}\.)*[a-z][a-z0-9]*(-[a-z0-9]+)*(:[1-9]\d{{0,3}})?(/{_URL_CHAR}*)*"
             rf"(\?({_URL_CHAR}|[/?])*)?"
             rf"(#({_URL_CHAR}|[/?])*)?$"),
+    # RFC 1123 host names (OpenAI's structured outputs list the format): 1–4 dot-separated labels of
+    # letters, digits and inner hyphens, each ≤ 62 characters, so that the whole stays within 253
+    "hostname": r"^[A-Za-z0-9]([A-Za-z0-9-]{0,60}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,60}[A-Za-z0-9])?){0,3}$",
     # formats whose every string is valid (None: no pattern): pydantic's bytes (read as UTF-8 text —
     # under maxLength printable ASCII only, which it counts in bytes), Path and SecretStr
     "binary": None, "path": None, "password": None,
