@@ -26,6 +26,7 @@ from hypic.cache.layout import HOST_DTYPES
 if TYPE_CHECKING:
     from hypic.llm import LLM
     from hypic.server.settings import ServerSettings
+from hypic.engine.collector import freeze_long_lived
 from hypic.engine.modes import MODES
 from hypic.engine.request import check_seed
 from hypic.ops import recurrence as R
@@ -320,6 +321,10 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     loaded = _load_saved_cache(llm, args.cache_dir)
     if loaded is not None:
         print(f"hypic {command}: {loaded} cached segments loaded from {args.cache_dir}", flush=True)
+    # a process of its own: what it holds now (the model, the warm-up's vocabulary) out of the cycle
+    # collector's full passes, and structured output's vocabulary too if it is built later
+    llm.engine.freeze_collector = True
+    freeze_long_lived()
     return llm, settings
 
 

@@ -5,7 +5,7 @@ vocabulary's size (``structured_mask_cost.synthetic_pieces``), each state new (m
     python scripts/unique_items_cost.py [--vocab 151000] [--values 20,250,1000]
 
 and the same for free strings (``set[str]``) and integers (``set[int]``, ``set[conint(ge=0, le=10**5)]``),
-each byte a state.
+each byte a state, and for a dict whose free keys are counted (``minProperties: 2``).
 
 Every state of a unique array is new per set of values written, so each is walked, in the serving
 loop: what matters is the cost of one walk.
@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from structured_mask_cost import synthetic_pieces  # noqa: E402
 
 
-def masks(vocab, items: dict, pieces: list[bytes], unique: bool) -> list[float]:
-    """ms of each mask along an array of ``items``, one after each piece (its bytes, one token each)."""
+def masks(vocab, schema: dict, pieces: list[bytes]) -> list[float]:
+    """ms of each mask along a value of ``schema``, one after each piece (its bytes, one token each)."""
     from hypic.engine.structured import JsonConstraint, compile_schema
 
-    c = JsonConstraint(vocab, compile_schema({"type": "array", "items": items, "uniqueItems": unique}), set())
+    c = JsonConstraint(vocab, compile_schema(schema), set())
     times = []
     for piece in pieces:
         for b in piece:  # (the synthetic vocabulary's first 256 tokens are the bytes)
@@ -62,8 +62,14 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for label, items, pieces in rows:
         for unique in (False, True):
-            times = masks(vocab, items, pieces, unique)
+            times = masks(vocab, {"type": "array", "items": items, "uniqueItems": unique}, pieces)
             print(f"| {label} | {'yes' if unique else 'no'} | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
+    # a dict whose keys are counted (dict[str, int] with min_length=2: keys written once each, so the
+    # object carries them and every state inside it is new) against the plain dict
+    pieces = [bytes([b]) for b in b'{"alpha beta":12,"gamma":345,"delta":6']
+    for label, extra in (("dict[str, int]", {}), ("dict[str, int], minProperties 2", {"minProperties": 2})):
+        times = masks(vocab, {"type": "object", "additionalProperties": {"type": "integer"}, **extra}, pieces)
+        print(f"| {label} | — | {len(times)} | {max(times):.1f} | {sum(times):.1f} |")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from hypic.engine.bad_words import BadWords, bad_words
 from hypic.engine.cold import entry_template
 from hypic.engine.cold_combine import ColdCombineContext
 from hypic.engine.cold_prefill import ColdPrefill, cold_graphs_mode
+from hypic.engine.collector import freeze_long_lived
 from hypic.engine.combine import CombineContext
 from hypic.engine.memory import within_memory
 from hypic.engine.modes import ASSEMBLY, check_mode
@@ -199,6 +200,9 @@ class Engine(ColdPrefill, PrefixPrefill):
         self.eos = _eos_ids(loaded)
         self._token_vocab: TokenVocab | None = None  # structured output's trie, built at its first use
         self._token_vocab_lock = threading.Lock()  # built once, whichever thread asks first
+        # a serving process's (hypic serve, run-batch): the vocabulary's tries, once built, out of the cycle
+        # collector's full passes (``hypic.engine.collector``); never on a library caller's process
+        self.freeze_collector = False
         self.dtype_name = str(loaded.dtype).removeprefix("torch.")
         # the configuration's, not the folder's: a checkpoint copied or moved (a container's mount, the
         # bundled model in another environment) keeps its saved cache; its weights are checked apart
@@ -544,6 +548,8 @@ class Engine(ColdPrefill, PrefixPrefill):
                     raise ValueError("json_schema: this model has no tokenizer.json, which structured output reads")
                 tok = self.loaded.tokenizer
                 self._token_vocab = TokenVocab(token_bytes(tok), token_marks(tok, set(self.eos)))
+                if self.freeze_collector:
+                    freeze_long_lived()
             return self._token_vocab
 
     def prompt_logprobs(self, prompt: list[list[int]], top: int = 0,
