@@ -56,7 +56,7 @@ def _type(rng: random.Random, depth: int, names: list[int]) -> object:
         return tuple[inner, rng.choice(LEAVES)]
     if kind == 5:
         return rng.choice([set[str], set[Shade], set[int], frozenset[Size], set[bool], set[conint(ge=0, le=5)],
-                           set[conint(gt=-10, multiple_of=3)]])
+                           set[float], set[conint(gt=-10, multiple_of=3)]])
     if kind == 6:
         return dict[rng.choice([str, Shade, Literal["a", "b"], constr(pattern=r"^k[0-9]$")]), inner]
     if kind == 7:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+from decimal import Decimal
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ from hypic.engine.structured.bounds import integer_completions
 from hypic.engine.structured.frames import DIGITS, END, POP, Outcome
 from hypic.engine.structured.grammar import GRAMMAR_NODES, Chars, Rep, Seq, grammar_frame
 from hypic.engine.structured.grammar import initial as grammar_initial
-from hypic.engine.structured.numbers import number
+from hypic.engine.structured.numbers import MAX_EXP_DIGITS, number
 from hypic.engine.structured.regex import normal
 from hypic.engine.structured.schema import (
     ANY_ARR,
@@ -535,22 +536,42 @@ def _unique_string(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]
     return out
 
 
-def _unique_integer(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
-    """A unique array's integer item, read by the number frame's handler (its local ``local[3]``)
-    with its digits ``local[4]`` kept: where it ends (the byte handed back, read by the array after
-    it) its value must be none of those written, and a digit that leaves a prefix unable to grow
-    (``0``, ``-0``, the 16th digit) is refused at once when that value was written."""
+def _unique_number(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
+    """A unique array's number item, read by the number frame's handler (its local ``local[3]``) with
+    its bytes ``local[4]`` kept: where it ends (the byte handed back, read by the array after it) its
+    value — an int, or an exact Decimal: ``1``, ``1.0`` and ``1e0`` are one — must be none of those
+    written, and a byte is refused at once when every value the prefix can still become was written
+    (an integer's ``0``, ``-0`` or 16th digit; a number's last exponent digit)."""
     _, n, written, inner, raw = local
     item = unique_items(node)
     out = []
     for o in number(item, inner, b):
-        if o.local is POP:  # the integer ended before b: b is the array's
-            value = int(raw)
+        if o.local is POP:  # the number ended before b: b is the array's
+            value = int(raw) if item.integer else Decimal(raw.decode())
             if value not in written:
                 out += _array(node, ("after", n + 1, written | {value}), b, depth)
-        elif _unwritten_integer(item, (raw + bytes([b])).decode(), written):
-            out.append(Outcome(("integer", n, written, o.local, raw + bytes([b])), None, True))
+        elif (_unwritten_integer(item, (raw + bytes([b])).decode(), written) if item.integer
+              else _unwritten_number(o.local, (raw + bytes([b])).decode(), written)):
+            out.append(Outcome(("number", n, written, o.local, raw + bytes([b])), None, True))
     return out
+
+
+def _unwritten_number(phase: tuple, prefix: str, written: frozenset) -> bool:
+    """Whether a number's prefix, in ``phase``, can still become a value not written. Only an
+    exponent's, or a fraction at its last digit, can become few values (an exponent has at most
+    ``MAX_EXP_DIGITS`` digits): those are tried; any other prefix grows into endless ones."""
+    kind, digits = phase[0], phase[1]
+    if not written:
+        return True
+    if kind in ("exp0", "esign"):  # one or two exponent digits to come
+        tails = [*"0123456789", *(a + c for a in "0123456789" for c in "0123456789")]
+    elif kind == "exp":
+        tails = ["", *("0123456789" if digits < MAX_EXP_DIGITS else "")]
+    elif kind == "frac" and digits == MAX_DIGITS:  # only an exponent left to write
+        tails = ["", *(f"e{k}" for k in range(-10**MAX_EXP_DIGITS + 1, 10**MAX_EXP_DIGITS))]
+    else:
+        return True
+    return any(Decimal(prefix + t) not in written for t in tails)
 
 
 def _unwritten_integer(item: Num, prefix: str, written: frozenset) -> bool:
@@ -585,8 +606,8 @@ def _distinct(items: Values | Str | Num) -> int:
 
 
 # a unique array's item, by what its items are: the local kind reading it (its frame's start: ``_initial``)
-_UNIQUE_STARTS = {Values: "item", Str: "string", Num: "integer"}
-_UNIQUE_READS = {"item": _unique_item, "string": _unique_string, "integer": _unique_integer}
+_UNIQUE_STARTS = {Values: "item", Str: "string", Num: "number"}
+_UNIQUE_READS = {"item": _unique_item, "string": _unique_string, "number": _unique_number}
 
 
 def _literal(node: Lit, prefix: bytes, b: int) -> list[Outcome]:

@@ -15,7 +15,7 @@ one-element ``allOf``, and local ``$ref`` into ``$defs`` / ``definitions`` (pyda
 ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` and ``multipleOf`` (``bounds``; a
 bounded number is written without an exponent). Annotations (``title``, ``description``, ``default`` …) are
 ignored. ``uniqueItems`` holds where the items are a finite set of values (an enum, a const, a boolean:
-``unique_items``), free strings or integers. Any
+``unique_items``), free strings, integers or unbounded numbers. Any
 other keyword (``dependentRequired`` …) or format is refused by name rather than silently not enforced: an
 output the caller's validator then rejects is worse than a 400. So
 is a schema generation would dead-end in: no value at all (a pattern no string of the allowed
@@ -568,12 +568,13 @@ def unique_items(arr: Arr) -> Values | Str | Num | None:
     always grow by a character, so one equal to a value written is only refused at its closing quote);
     integers, bounded or not (``set[int]``, ``set[conint(ge=0, le=9)]``: refused where an equal one ends,
     and a prefix at once when every integer inside the bounds it can still become was written —
-    ``0``, 16 digits, ``9`` under ``maximum: 9``: ``bounds.integer_completions``); else None: not served."""
+    ``0``, 16 digits, ``9`` under ``maximum: 9``: ``bounds.integer_completions``); numbers without bounds
+    (``set[float]``: compared as exact decimals, ``1`` and ``1.0`` one value); else None: not served."""
     node = _through_refs(arr.items)
     if isinstance(node, Str):
         return node if node.pattern is None and node.max_len is None else None
     if isinstance(node, Num):
-        return node if node.integer else None
+        return node if node.integer or node.bounds is None else None
     return literal_values(node) if isinstance(node, Lit) else None
 
 
@@ -603,9 +604,10 @@ def _check_unique(arr: Arr, where: str) -> None:
     if items is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
                          "values (an enum, a const, a boolean), strings without maxLength, pattern or format, "
-                         "or integers, not for other items")
+                         "integers, or numbers without bounds, not for other items")
     count = items.count if isinstance(items, Values) else \
-        integer_completions("", items.bounds) if isinstance(items, Num) and items.bounds is not None else None
+        integer_completions("", items.bounds) if isinstance(items, Num) and items.integer and items.bounds is not None \
+        else None
     if count is not None and arr.min_items > count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
                          f"{count} distinct values")
