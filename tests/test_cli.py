@@ -117,8 +117,8 @@ def test_generate_answers_in_json_with_a_schema_inline_or_from_a_file(tmp_path, 
     assert outs[0] == outs[1] and set(value) == {"city"} and len(value["city"]) <= 10
     assert main(["generate", "--json-schema", "{not json", prompt]) == 2
     assert "--json-schema: neither a file nor JSON" in capsys.readouterr().err
-    assert main(["generate", "--json-schema", '{"type": "string", "format": "hostname"}', prompt]) == 2
-    assert "format 'hostname' is not supported" in capsys.readouterr().err
+    assert main(["generate", "--json-schema", '{"type": "string", "format": "idn-hostname"}', prompt]) == 2
+    assert "format 'idn-hostname' is not supported" in capsys.readouterr().err
 
 
 def test_generate_answers_as_a_grammar_or_a_regex_says(tmp_path, capsys) -> None:

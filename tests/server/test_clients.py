@@ -163,7 +163,7 @@ def test_vllms_structured_outputs_constrain_as_response_format(http: httpx.Clien
                          ({"guided_choice": []}, "guided_choice"),
                          ({"guided_json": schema, "structured_outputs": {"json": schema}}, "guided_json"),
                          ({"structured_outputs": {"json": "{no"}}, "structured_outputs"),
-                         ({"guided_json": {"type": "string", "format": "hostname"}}, "guided_json")):
+                         ({"guided_json": {"type": "string", "format": "idn-hostname"}}, "guided_json")):
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"].startswith(param), (extra, r.text)
 
