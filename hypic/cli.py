@@ -297,7 +297,8 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
             max_prompt_tokens=args.max_prompt_tokens, max_completion_tokens=args.max_completion_tokens,
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
             max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
-            shutdown_timeout_s=args.shutdown_timeout, max_prefill_tokens=args.max_prefill_tokens,
+            shutdown_timeout_s=args.shutdown_timeout, shutdown_drain=args.shutdown_drain,
+            max_prefill_tokens=args.max_prefill_tokens,
             cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
             max_stored_responses=args.max_stored_responses)
     except ValueError as e:  # named by the flag the user typed, not the setting behind it
@@ -597,6 +598,9 @@ def _served_options(p: argparse.ArgumentParser) -> None:
                         "in_context, nor for the full and prefix modes)")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests may finish")
+    p.add_argument("--shutdown-drain", action="store_true",
+                   help="at shutdown, serve the queued requests within --shutdown-timeout too (default: a 503 "
+                        "with Retry-After at once, for a load balancer to send them elsewhere)")
     p.add_argument("--max-stored-responses", type=int, default=1024,
                    help="Responses API: the latest responses kept in memory for previous_response_id (0: none)")
     p.add_argument("--reasoning-parser", choices=["think"],

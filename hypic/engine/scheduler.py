@@ -365,21 +365,29 @@ class Scheduler:
         with self._cv:
             self._running = [s for s in self._running if not s.run.done]
 
-    def shutdown(self, timeout: float | None = 30.0) -> None:
-        """Stop admitting; let running requests finish (cancel them after ``timeout`` seconds)."""
+    def shutdown(self, timeout: float | None = 30.0, drain: bool = False) -> None:
+        """Stop admitting; let running requests finish — and, with ``drain``, the queued ones — and cancel
+        what has not after ``timeout`` seconds. Without ``drain`` the queued are refused at once (a
+        ``QueueFull``: another server can take them now, rather than after this one's timeout)."""
         with self._cv:
             self._stopping = True
-            for s in self._waiting:
-                s.events.put(Event("error", error=QueueFull("the server is shutting down")))
-            self._waiting.clear()
+            if not drain:
+                self._refuse_waiting(QueueFull("the server is shutting down"))
             self._cv.notify()
         self._thread.join(timeout)
         if self._thread.is_alive():
             with self._cv:
                 self._cancel_all = True
+                self._refuse_waiting(RuntimeError(SHUTDOWN))  # queued, drained, and not reached in time
                 for s in self._running:
                     s.cancel(SHUTDOWN)
             self._thread.join()
+
+    def _refuse_waiting(self, error: Exception) -> None:
+        """Every queued request ended with ``error`` (the caller holds the lock)."""
+        for s in self._waiting:
+            s.events.put(Event("error", error=error))
+        self._waiting.clear()
 
 
 def _without_cancelled(subs: Iterable[Submission]) -> list[Submission]:

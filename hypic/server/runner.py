@@ -86,8 +86,9 @@ def ended_error(reason: str) -> APIError:
 def event_error(event: Event, retry_after_s: int = 1) -> APIError:
     """What an ``error`` event means for the client."""
     e = event.error
-    if isinstance(e, QueueFull):
-        return APIError(503, "the server is shutting down", kind="shutting_down", type="server_error")
+    if isinstance(e, QueueFull):  # queued as the server began to stop: another server can take it now
+        return APIError(503, "the server is shutting down", kind="shutting_down", type="server_error",
+                        headers={"Retry-After": str(retry_after_s)})
     if isinstance(e, torch.OutOfMemoryError):  # alone, next to the requests running now: later, not never
         return APIError(503, "the prompt did not fit in device memory next to the requests running; retry later",
                         kind="out_of_memory", type="server_error", headers={"Retry-After": str(retry_after_s)})
@@ -129,12 +130,14 @@ class Runner:
                 for sub in subs]
 
     def begin_shutdown(self) -> None:
-        """Stop admitting now; in-flight jobs get the shutdown timeout to finish, then are cancelled
-        with an error of their own (a stream ends with an error event and ``[DONE]``). Called as the
+        """Stop admitting now; in-flight jobs (and queued ones, ``shutdown_drain``) get the shutdown timeout
+        to finish, then are cancelled with an error of their own (a stream ends with an error event and
+        ``[DONE]``). Called as the
         server begins to stop (``HypicServer``), so it runs while uvicorn still writes responses."""
         if self._stopping is None:
             self.closing, self.closing_at = True, time.monotonic()
-            self._stopping = threading.Thread(target=self.scheduler.shutdown, args=(self.settings.shutdown_timeout_s,),
+            self._stopping = threading.Thread(target=self.scheduler.shutdown,
+                                              args=(self.settings.shutdown_timeout_s, self.settings.shutdown_drain),
                                               name="hypic-shutdown", daemon=True)
             self._stopping.start()
 

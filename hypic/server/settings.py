@@ -28,6 +28,9 @@ class ServerSettings:
     max_prefill_tokens: int | None = None  # tokens computed per prefill call (Scheduler); None: no limit
     request_timeout_s: float = 600.0  # arrival to last token; beyond: cancelled, 504
     shutdown_timeout_s: float = 30.0  # in-flight requests may finish for this long, then are cancelled
+    # at shutdown, requests queued (admitted, not yet running) are served within the timeout too; by default
+    # they are refused at once with a 503 and Retry-After, so a load balancer sends them to another replica
+    shutdown_drain: bool = False
     max_body_bytes: int = 32 << 20
     retry_after_s: int = 1  # the Retry-After a 429/503 advertises
     cache_dir: str | None = None  # where POST /v1/segments/save writes the cache (``hypic serve --cache-dir``)
@@ -55,6 +58,8 @@ class ServerSettings:
         if not isinstance(self.max_stored_responses, int) or isinstance(self.max_stored_responses, bool) \
                 or self.max_stored_responses < 0:
             raise ValueError(f"max_stored_responses: expected an integer ≥ 0, got {self.max_stored_responses!r}")
+        if not isinstance(self.shutdown_drain, bool):
+            raise ValueError(f"shutdown_drain: expected a boolean, got {self.shutdown_drain!r}")
         if self.reasoning_parser not in (None, "think"):
             raise ValueError(f"reasoning_parser: expected 'think' or None, got {self.reasoning_parser!r}")
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):

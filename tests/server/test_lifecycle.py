@@ -174,6 +174,60 @@ def test_shutdown_cancels_what_does_not_finish_in_time(endless: LLM) -> None:
     assert live.app.state.hypic.runner.scheduler.depth == (0, 0)
 
 
+@pytest.mark.parametrize("drain", [False, True])
+def test_queued_requests_at_shutdown_are_refused_at_once_or_drained(endless: LLM, drain: bool) -> None:
+    """A request queued behind a running one when the server begins to stop: by default refused at
+    once with a 503 and Retry-After (a load balancer sends it to another replica now, not after this
+    one's timeout) while the running one finishes; with ``shutdown_drain`` served too, within the
+    timeout."""
+    live = serve(endless, max_concurrent=1, shutdown_timeout_s=20, shutdown_drain=drain)
+    queued: dict[str, httpx.Response] = {}
+    waiter = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
+        f"{live.url}/v1/completions", json=body(3), timeout=60)))
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body(60, stream=True), timeout=60) as r:
+        it = r.iter_lines()
+        next(it)
+        waiter.start()
+        wait_for(lambda: metric(live.url, "hypic_queue_depth") == 1)
+        live.server.should_exit = True  # what SIGINT/SIGTERM does
+        if not drain:
+            waiter.join(5)  # refused at once, before the running stream is over
+            assert not waiter.is_alive()
+        lines = [x for x in it if x]
+    waiter.join(30)
+    chunks = [json.loads(x.removeprefix("data: ")) for x in lines if x.startswith("data: {")]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and lines[-1] == "data: [DONE]"
+    if drain:
+        assert queued["r"].status_code == 200 and queued["r"].json()["usage"]["completion_tokens"] == 3
+    else:
+        assert queued["r"].status_code == 503 and queued["r"].headers["retry-after"] == "1"
+        assert queued["r"].json()["error"]["message"] == "the server is shutting down"
+    live.thread.join(30)
+    assert not live.thread.is_alive()
+
+
+def test_drained_requests_not_reached_within_the_shutdown_timeout_end_as_the_running_do(endless: LLM) -> None:
+    live = serve(endless, max_concurrent=1, shutdown_timeout_s=1, shutdown_drain=True, max_completion_tokens=LONG)
+    queued: dict[str, httpx.Response] = {}
+    waiter = threading.Thread(target=lambda: queued.setdefault("r", httpx.post(
+        f"{live.url}/v1/completions", json=body(3), timeout=60)))
+    with httpx.stream("POST", f"{live.url}/v1/completions", json=body(LONG, stream=True), timeout=60) as r:
+        it = r.iter_lines()
+        next(it)
+        waiter.start()
+        wait_for(lambda: metric(live.url, "hypic_queue_depth") == 1)
+        live.server.should_exit = True
+        lines = [x for x in it if x]
+    waiter.join(30)
+    assert json.loads(lines[-2].removeprefix("data: "))["error"]["message"] == SHUTDOWN_MESSAGE
+    assert queued["r"].status_code == 503 and queued["r"].json()["error"]["message"] == SHUTDOWN_MESSAGE
+    live.thread.join(30)
+    assert not live.thread.is_alive() and live.app.state.hypic.runner.scheduler.depth == (0, 0)
+
+
+SHUTDOWN_MESSAGE = "the server shut down before the request finished"
+
+
 def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     env = {**os.environ, "HYPIC_API_KEY": "sk-cli"}

@@ -8,7 +8,7 @@ from hypic.server.settings import ServerSettings
 @pytest.mark.parametrize("field, value", [
     ("max_queue", 0),  # every request waits in the queue first: with no room nothing is ever served
     ("max_choices", 0), ("max_concurrent", 0), ("max_segments", True), ("max_prompt_tokens", 0),
-    ("request_timeout_s", 0), ("model_name", ""), ("api_key", ""),
+    ("request_timeout_s", 0), ("model_name", ""), ("api_key", ""), ("shutdown_drain", "yes"),
 ])
 def test_bad_settings_name_the_field(field: str, value) -> None:
     with pytest.raises(ValueError, match=field):
