@@ -10,6 +10,8 @@ END = 256  # the byte after the text
 POP = "pop"
 DIGITS = frozenset(b"0123456789")
 HEX = frozenset(b"0123456789abcdefABCDEF")
+WS = frozenset(b" ")  # between tokens; JSON's other whitespace (tab, newline, return) is never needed
+UNBOUNDED = 1 << 30  # a free string's room with no maxLength (and free strings' distinct count)
 
 
 class Outcome(NamedTuple):

@@ -16,6 +16,11 @@ _NUMBER_ENDS = {"zero", "int", "frac", "exp"}
 MAX_EXP_DIGITS = 2
 
 
+def initial(node: Num) -> tuple:
+    """A number frame's first local: a bounded one carries its text so far."""
+    return ("start", 0) if node.bounds is None else ("start", 0, "")
+
+
 def number(node: Num, local: tuple, b: int) -> list[Outcome]:
     if node.bounds is None:
         return _number_phases(node, local, b)
