@@ -296,6 +296,6 @@ def _distinct(items: Values | Str | Num) -> int:
     return UNBOUNDED if isinstance(items, Str) or items.bounds is None else integer_completions("", items.bounds)
 
 
-# a unique array's item, by what its items are: the local kind reading it (its frame's start: ``_initial``)
+# a unique array's item, by what its items are: the local kind reading it (its frame's start: ``_item_start``)
 _UNIQUE_STARTS = {Values: "item", Str: "string", Num: "number"}
 _UNIQUE_READS = {"item": _unique_item, "string": _unique_string, "number": _unique_number}
