@@ -132,8 +132,8 @@ class Runner:
     def begin_shutdown(self) -> None:
         """Stop admitting now; in-flight jobs (and queued ones, ``shutdown_drain``) get the shutdown timeout
         to finish, then are cancelled with an error of their own (a stream ends with an error event and
-        ``[DONE]``). Called as the
-        server begins to stop (``HypicServer``), so it runs while uvicorn still writes responses."""
+        ``[DONE]``). Called as the server begins to stop (``HypicServer``), so it runs while uvicorn still
+        writes responses."""
         if self._stopping is None:
             self.closing, self.closing_at = True, time.monotonic()
             self._stopping = threading.Thread(target=self.scheduler.shutdown,

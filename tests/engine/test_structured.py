@@ -680,16 +680,26 @@ def test_a_multiple_s_prefix_always_has_a_way_to_finish(schema: dict) -> None:
     rng = random.Random(0)
     node = compile_schema(schema)
     for _ in range(300):
-        state, text = start(node), ""
-        while True:
-            nexts = [c for c in "-0123456789." if advance(state, ord(c)) is not None]
-            ends = accepting(state)
-            assert nexts or ends, (schema, text)  # never stranded
-            if ends and (not nexts or rng.random() < 0.3 or len(text) > 12):
-                assert within(Decimal(text), schema), (schema, text)
-                break
-            c = rng.choice(nexts)
-            state, text = advance(state, ord(c)), text + c
+        text = walk_never_stranded(node, "-0123456789.", rng, 0.3, ends_past=12)
+        assert within(Decimal(text), schema), (schema, text)
+
+
+def walk_never_stranded(node: object, alphabet: str, rng: random.Random, end_p: float, ends_past: int | None = None,
+                        give_up_past: int | None = None) -> str | None:
+    """Bytes of ``alphabet`` drawn at random among those the matcher lets through, from the start:
+    some byte, or the end, is always allowed (asserted: never stranded). The text where the walk
+    ends — with chance ``end_p`` wherever it may end, at once past ``ends_past`` bytes, or where nothing
+    can follow — or None once it has run ``give_up_past`` bytes without ending."""
+    state, text = start(node), ""
+    while give_up_past is None or len(text) < give_up_past:
+        nexts = [c for c in alphabet if advance(state, ord(c)) is not None]
+        ends = accepting(state)
+        assert nexts or ends, text  # never stranded
+        if ends and (not nexts or rng.random() < end_p or (ends_past is not None and len(text) > ends_past)):
+            return text
+        c = rng.choice(nexts)
+        state, text = advance(state, ord(c)), text + c
+    return None
 
 
 def test_integer_completions_count_as_a_scan_of_every_integer_does() -> None:
@@ -725,18 +735,10 @@ def test_a_unique_bounded_integer_array_is_never_stranded(items: dict, low: int)
     rng, node = random.Random(2), compile_schema(schema)
     lengths = []
     for _ in range(300):
-        state, text = start(node), ""
-        while True:
-            nexts = [c for c in "[],-0123456789" if advance(state, ord(c)) is not None]
-            ends = accepting(state)
-            assert nexts or ends, (schema, text)
-            if ends and (not nexts or rng.random() < 0.1):
-                value = json.loads(text)
-                assert valid(value, schema) and len(set(value)) == len(value) >= low, (schema, text)
-                lengths.append(len(value))
-                break
-            c = rng.choice(nexts)
-            state, text = advance(state, ord(c)), text + c
+        text = walk_never_stranded(node, "[],-0123456789", rng, 0.1)
+        value = json.loads(text)
+        assert valid(value, schema) and len(set(value)) == len(value) >= low, (schema, text)
+        lengths.append(len(value))
     assert max(lengths) >= 3, lengths
     full = compile_schema({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2},
                            "uniqueItems": True})
@@ -757,17 +759,9 @@ def test_a_unique_number_array_compares_values_and_is_never_stranded() -> None:
     assert _matches(schema, "[1,1.5e0, -1]") and _matches(schema, "[1e1,1e-1]")
     rng = random.Random(3)
     for _ in range(300):
-        state, text = start(node), ""
-        while True:
-            nexts = [c for c in "[],-0123456789.eE+" if advance(state, ord(c)) is not None]
-            ends = accepting(state)
-            assert nexts or ends, text
-            if ends and (not nexts or rng.random() < 0.1):
-                values = json.loads(text, parse_float=Decimal)
-                assert len(values) >= 2 and len({Decimal(v) for v in values}) == len(values), text
-                break
-            c = rng.choice(nexts)
-            state, text = advance(state, ord(c)), text + c
+        text = walk_never_stranded(node, "[],-0123456789.eE+", rng, 0.1)
+        values = json.loads(text, parse_float=Decimal)
+        assert len(values) >= 2 and len({Decimal(v) for v in values}) == len(values), text
 
 
 def test_a_unique_array_takes_each_value_once_and_ends_where_its_values_do() -> None:

@@ -15,22 +15,23 @@ import json
 from decimal import Decimal
 
 from hypic.engine.structured.bounds import integer_completions
-from hypic.engine.structured.frames import END, POP, UNBOUNDED, WS, Outcome
+from hypic.engine.structured.frames import END, POP, WS, Outcome
 from hypic.engine.structured.numbers import MAX_EXP_DIGITS, number
 from hypic.engine.structured.numbers import initial as initial_number
 from hypic.engine.structured.schema import (
     MAX_DEPTH,
     MAX_DIGITS,
     Arr,
-    Lit,
     Node,
     Num,
     Obj,
     Str,
     Values,
     free_key,
+    key_count,
     literal_values,
     needs,
+    unique_count,
     unique_items,
 )
 from hypic.engine.structured.strings import string
@@ -86,7 +87,7 @@ def obj_frame(node: Obj, local: tuple, b: int, depth: int) -> list[Outcome]:
     # "after" a value
     if b == ord(","):
         if free:
-            more = _room(node, used) and (not node.distinct or len(used) < _names(node))
+            more = _room(node, used) and (not node.distinct or _below(len(used), key_count(node)))
         else:
             more = bool(_open_keys(node, used, depth))
         return [Outcome(("k1", used), None, True)] if more else []
@@ -107,10 +108,9 @@ def _room(node: Obj, used: frozenset | int) -> bool:
     return node.max_props is None or _written(used) < node.max_props
 
 
-def _names(node: Obj) -> int:
-    """How many distinct free keys there are (an enum's values; strings: endless)."""
-    keys = free_key(node)
-    return literal_values(keys).count if isinstance(keys, Lit) else UNBOUNDED
+def _below(written: int, count: int | None) -> bool:
+    """Whether another distinct value is left after ``written`` of ``count`` (None: endless)."""
+    return count is None or written < count
 
 
 def _free_name(node: Obj, local: tuple, b: int) -> list[Outcome]:
@@ -120,20 +120,27 @@ def _free_name(node: Obj, local: tuple, b: int) -> list[Outcome]:
     _, used, inner, raw = local
     keys = free_key(node)
     if isinstance(keys, Str):
-        out = []
-        for o in string(keys, inner, b):
-            if o.local is not POP:
-                out.append(Outcome(("name", used, o.local, raw + bytes([b]) if inner != ("open",) else raw), None,
-                                   True))
-            elif (value := json.loads(b'"' + raw + b'"')) not in used:
-                out.append(Outcome(("colon", used | {value}, None), None, True))
-        return out
+        return [Outcome(("colon", used | {got}, None) if step is POP else ("name", used, step, got), None, True)
+                for step, got in _string_read(keys, inner, raw, b, used)]
     if b == END:
         return []
     grown = raw + bytes([b])
     value, more = _unwritten(literal_values(keys), used, grown)
     return [*([] if value is None else [Outcome(("colon", used | {value}, None), None, True)]),
             *([Outcome(("name", used, None, grown), None, True)] if more else [])]
+
+
+def _string_read(node: Str, inner: tuple, raw: bytes, b: int, written: frozenset) -> list[tuple[object, object]]:
+    """A string read by the string frame's own handler (its local ``inner``) with its raw bytes kept
+    (the opening quote not among them): (the handler's next local, the bytes so far) while it goes on;
+    (POP, its value, escapes read) where it closes on a value not ``written``."""
+    out: list[tuple[object, object]] = []
+    for o in string(node, inner, b):
+        if o.local is not POP:
+            out.append((o.local, raw + bytes([b]) if inner != ("open",) else raw))
+        elif (value := json.loads(b'"' + raw + b'"')) not in written:
+            out.append((POP, value))
+    return out
 
 
 def _unwritten(values: Values, written: frozenset, grown: bytes) -> tuple[int | None, bool]:
@@ -200,7 +207,7 @@ def array_frame(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
         return [*out, Outcome(("after", n + 1), child, False)]
     if b == ord(","):  # only if the next item can be finished here
         child = node.prefix[n] if n < len(node.prefix) else node.items
-        left = not node.unique or len(local[2]) < _distinct(unique_items(node))
+        left = not node.unique or _below(len(local[2]), unique_count(node))
         return [Outcome(("next", *local[1:]), None, True)] if room and left and fits(child, depth) else []
     if b == ord("]") and n >= node.min_items:
         return [Outcome(POP, None, True)]
@@ -212,14 +219,8 @@ def _unique_string(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]
     ``local[3]``) with its raw bytes ``local[4]`` kept: at the closing quote, its value (escapes
     read) must be none of those written."""
     _, n, written, inner, raw = local
-    out = []
-    for o in string(unique_items(node), inner, b):
-        if o.local is not POP:
-            out.append(Outcome(("string", n, written, o.local, raw + bytes([b]) if inner != ("open",) else raw), None,
-                               True))
-        elif (value := json.loads(b'"' + raw + b'"')) not in written:
-            out.append(Outcome(("after", n + 1, written | {value}), None, True))
-    return out
+    return [Outcome(("after", n + 1, written | {got}) if step is POP else ("string", n, written, step, got), None, True)
+            for step, got in _string_read(unique_items(node), inner, raw, b, written)]
 
 
 def _unique_number(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
@@ -287,13 +288,6 @@ def _unique_item(node: Arr, local: tuple, b: int, depth: int) -> list[Outcome]:
 def _item_start(items: Str | Num) -> tuple:
     """The first local of the frame whose handler reads a unique array's string or number."""
     return ("open",) if isinstance(items, Str) else initial_number(items)
-
-
-def _distinct(items: Values | Str | Num) -> int:
-    """How many distinct items a unique array may hold (free strings: endless)."""
-    if isinstance(items, Values):
-        return items.count
-    return UNBOUNDED if isinstance(items, Str) or items.bounds is None else integer_completions("", items.bounds)
 
 
 # a unique array's item, by what its items are: the local kind reading it (its frame's start: ``_item_start``)

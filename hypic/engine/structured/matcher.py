@@ -134,8 +134,6 @@ def _undominated(alts: list[tuple[Stack, int]]) -> tuple[tuple[Stack, int], ...]
     return tuple(kept)
 
 
-
-
 def _only_top(state: State) -> tuple[object, object] | None:
     """The top frame's (node, local) of the only alternative; None when there are several."""
     return (state.alts[0][0][0], state.alts[0][0][1]) if len(state.alts) == 1 else None

@@ -534,15 +534,24 @@ def _same_value(value: object) -> object:
     return ("object", tuple(sorted((k, _same_value(v)) for k, v in value.items())))
 
 
-def _check_unique(arr: Arr, where: str) -> None:
+@lru_cache(maxsize=256)
+def unique_count(arr: Arr) -> int | None:
+    """How many distinct items a unique array can hold — a set of values' count, the integers within
+    the bounds — or None where endless (free strings, unbounded integers and numbers)."""
     items = unique_items(arr)
-    if items is None:
+    if isinstance(items, Values):
+        return items.count
+    if isinstance(items, Num) and items.integer and items.bounds is not None:
+        return integer_completions("", items.bounds)
+    return None
+
+
+def _check_unique(arr: Arr, where: str) -> None:
+    if unique_items(arr) is None:
         raise ValueError(f"{where}: uniqueItems is supported in structured output where items are a finite set of "
                          "values (an enum, a const, a boolean), strings without maxLength, pattern or format, "
                          "integers, or numbers without bounds, not for other items")
-    count = items.count if isinstance(items, Values) else \
-        integer_completions("", items.bounds) if isinstance(items, Num) and items.integer and items.bounds is not None \
-        else None
+    count = unique_count(arr)
     if count is not None and arr.min_items > count:
         raise ValueError(f"{where}: minItems {arr.min_items} with uniqueItems, but its items have only "
                          f"{count} distinct values")
@@ -697,6 +706,13 @@ def free_key(obj: Obj) -> Str | Lit:
     return ANY_STR if obj.keys is None else _through_refs(obj.keys)
 
 
+@lru_cache(maxsize=256)
+def key_count(obj: Obj) -> int | None:
+    """How many distinct free keys an object can write — an enum's values — or None where endless."""
+    keys = free_key(obj)
+    return literal_values(keys).count if isinstance(keys, Lit) else None
+
+
 def _through_refs(node: Node | None) -> Node | None:
     """The node at the end of ``node``'s chain of references."""
     for _ in range(MAX_CHAIN):
@@ -722,9 +738,8 @@ def _check_counts(obj: Obj, where: str, cx: _Compiling) -> None:
         raise ValueError(f"{where}: minProperties {low}, but additionalProperties is false and none is declared")
 
     def distinct_keys() -> None:
-        keys = free_key(obj)
-        if isinstance(keys, Lit):
-            count = literal_values(keys).count
+        keys, count = free_key(obj), key_count(obj)
+        if count is not None:
             if low > count:
                 raise ValueError(f"{where}: minProperties {low}, but its keys have only {count} values")
         elif keys.pattern is not None or keys.max_len is not None:
@@ -824,9 +839,9 @@ def _typed(schema: dict, kind: str, where: str, cx: _Compiling, depth: int) -> N
             raise ValueError(f"{where}: required property {missing[0]!r} is not among the properties")
         extra = schema.get("additionalProperties", True)
         nodes = {compact(k)[1:-1]: _node(v, f"{where}.properties.{k}", cx, depth) for k, v in props.items()}
-        keys, free = _free_keys(schema, bool(props), where, cx, depth)
-        if free is None:
-            free = None if props or extra is False else _node(extra, f"{where}.additionalProperties", cx, depth)
+        keys, free = _free_keys(schema, bool(props), where, cx, depth)  # (free: patternProperties' values)
+        if free is None and not props and extra is not False:
+            free = _node(extra, f"{where}.additionalProperties", cx, depth)
         low, high = _count(schema, "minProperties", where) or 0, _count(schema, "maxProperties", where)
         node = Obj(nodes, frozenset(compact(r)[1:-1] for r in required), free, keys, low, high)
         if low or high is not None:
