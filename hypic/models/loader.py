@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from hypic.models.hybrid import HybridLM
+from hypic.models.quantized import FLOAT8, IGNORED_SUFFIXES, SCALE_SUFFIXES, Fp8Weights, dequantize, fp8_weights
 from hypic.models.registry import resolve
 from hypic.models.tiktoken_file import PATTERNS, special_tokens, tiktoken_tokenizer
 
@@ -87,18 +89,26 @@ def _destination(params: dict[str, torch.nn.Parameter], target: str) -> tuple[st
 
 
 def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, fp8: Fp8Weights | None = None) -> None:
+    """Every checkpoint tensor into its parameter; ``fp8``: the checkpoint's 8-bit weights are
+    multiplied by their scales (``hypic.models.quantized``), which may lie in another shard."""
     params = dict(model.named_parameters())
     stacked = {n: p.shape[0] for n, p in params.items() if n.endswith(("experts.gate_proj", "experts.up_proj",
                                                                       "experts.down_proj"))}
     loaded: set[str] = set()
-    for file in files:
-        try:
-            handle = safe_open(str(file), framework="pt", device="cpu")
-        except Exception as e:  # safetensors' own error type: a damaged or truncated file
-            raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
-        with handle as f:
+    with ExitStack() as stack:
+        handles = {}
+        for file in files:  # opened up front (lazily read): a weight's scale may sit in another shard
+            try:
+                handles[file] = stack.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+            except Exception as e:  # safetensors' own error type: a damaged or truncated file
+                raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+        holder = {name: file for file, f in handles.items() for name in f.keys()}
+        scales_read: set[str] = set()
+        for file, f in handles.items():
             for name in f.keys():
+                if fp8 is not None and name.endswith(SCALE_SUFFIXES + IGNORED_SUFFIXES):
+                    continue  # read with its weight, or not needed (activation scales)
                 target = arch_name_map(name)
                 if target is None:
                     continue
@@ -109,7 +119,17 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                     raise ValueError(f"{file.name}: tensor {name!r} does not belong to this model")
                 target, param = dest
                 tensor = f.get_tensor(name)
-                if not tensor.dtype.is_floating_point:  # an integer/bool tensor cast into a weight: silently wrong
+                if tensor.dtype in FLOAT8:
+                    if fp8 is None:
+                        raise ValueError(f"{file.name}: tensor {name!r} is stored as {tensor.dtype}, but config.json "
+                                         "declares no quantization_config to scale it by")
+                    scale = fp8.scale_name(name)
+                    if scale not in holder:
+                        raise ValueError(f"{file.name}: tensor {name!r} is stored as {tensor.dtype}, and its scale "
+                                         f"{scale!r} is in no file of the checkpoint")
+                    tensor = dequantize(tensor, handles[holder[scale]].get_tensor(scale), fp8, name)
+                    scales_read.add(scale)
+                elif not tensor.dtype.is_floating_point:  # an integer/bool tensor cast into a weight: silently wrong
                     raise ValueError(f"{file.name}: tensor {name!r} has dtype {tensor.dtype}, "
                                      f"expected a floating-point tensor")
                 if tuple(tensor.shape) != tuple(param.shape):
@@ -118,6 +138,13 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                 with torch.no_grad():
                     param.copy_(tensor.to(device=device, dtype=param.dtype))  # fp32 where kept
                 loaded.add(target)
+        for name in sorted(set(holder) - scales_read):  # a scale no 8-bit weight used: its weight would be unscaled
+            if fp8 is not None and name.endswith(SCALE_SUFFIXES):
+                weight = name[:-len("_scale_inv")] if name.endswith("_scale_inv") else name[:-len("_scale")]
+                if arch_name_map(weight) is not None and weight in holder:
+                    stored = handles[holder[weight]].get_slice(weight).get_dtype()
+                    raise ValueError(f"{holder[name].name}: tensor {name!r} scales {weight!r}, which is not "
+                                     f"stored as 8-bit floats ({stored})")
     for name, experts in stacked.items():  # a stacked parameter is loaded when every slice is
         if all(f"{name}[{e}]" in loaded for e in range(experts)):
             loaded.add(name)
@@ -151,6 +178,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"model: {path} is not a directory")
     config = _read_json(path / "config.json")
     arch = resolve(config)
+    fp8 = fp8_weights(config)
     device = resolve_device(device)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if isinstance(dtype, str):
@@ -169,7 +197,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
     model = model.cast(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
-    load_weights(model, files, arch.checkpoint_name, device, dtype)
+    load_weights(model, files, arch.checkpoint_name, device, dtype, fp8)
     model.eval().requires_grad_(False)
     tokenizer = None
     tok_cfg = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}

@@ -1,0 +1,93 @@
+"""Checkpoints whose weights are stored as 8-bit floats (Hugging Face's ``quant_method: "fp8"``).
+
+Many hybrid models are released as FP8 builds beside (or instead of) their bf16 ones — Qwen3-Next's
+and Qwen3.5's "fine-grained FP8": every large projection an ``float8_e4m3fn`` tensor ``X.weight`` and
+beside it ``X.weight_scale_inv``, one scale per 128 × 128 block of it (``weight_block_size``), the
+small and sensitive tensors (norms, embeddings, the head, gates, the linear layers' ``A_log`` and
+conv) left in bf16 (``modules_to_not_convert``). Older FP8 builds (AutoFP8) have no blocks: one
+``X.weight_scale`` per tensor or per output row, and an ``X.input_scale`` for a static activation
+scheme.
+
+hypic reads such a checkpoint by turning each 8-bit weight back into the model's dtype as it is
+loaded: ``w = q · s`` element by element, ``s`` the scale of the block (row, tensor) holding it. The
+weights then serve as any other: the same kernels, the same position-independent algebra, and
+exactly the weights a bf16 checkpoint holding those products would give. Activation scales are for
+8-bit matmuls and are not needed here; they are read past. Any other ``quant_method`` (GPTQ, AWQ,
+compressed-tensors, bitsandbytes, ...) is refused by name: its integer tensors would otherwise load
+as garbage or fail far from the cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+                   if hasattr(torch, n))
+# tensors an fp8 checkpoint holds beside its weights, read with them (scales) or not at all
+SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+IGNORED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".q_scale", ".kv_scale", ".activation_scale")
+
+
+@dataclass(frozen=True)
+class Fp8Weights:
+    """How an fp8 checkpoint scales its weights: one scale per ``block`` (rows, columns) of a
+    weight, read from ``X.weight_scale_inv``; or, ``block`` None, ``X.weight_scale`` per tensor
+    or per output row."""
+
+    block: tuple[int, int] | None
+
+    def scale_name(self, weight_name: str) -> str:
+        return weight_name + "_scale_inv" if self.block is not None else weight_name + "_scale"
+
+
+def fp8_weights(config: dict[str, Any]) -> Fp8Weights | None:
+    """The checkpoint's fp8 scheme from ``quantization_config`` (top level, or a multimodal
+    config's ``text_config``); None when it declares none. ValueError for any other method."""
+    q = config.get("quantization_config")
+    if q is None and isinstance(config.get("text_config"), dict):
+        q = config["text_config"].get("quantization_config")
+    if q is None:
+        return None
+    if not isinstance(q, dict):
+        raise ValueError(f"config.json: quantization_config must be an object, got {type(q).__name__}")
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ValueError(f"config.json: quantization_config.quant_method {method!r} is not supported: hypic reads "
+                         "fp8 checkpoints (quant_method \"fp8\", block-scaled or per-tensor) and unquantized ones")
+    block = q.get("weight_block_size")
+    if block is None:
+        return Fp8Weights(None)
+    if (not isinstance(block, list | tuple) or len(block) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        raise ValueError(f"config.json: quantization_config.weight_block_size must be two positive integers "
+                         f"[rows, columns], got {block!r}")
+    return Fp8Weights((block[0], block[1]))
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, name: str) -> torch.Tensor:
+    """``weight`` (8-bit floats) times its scales, in fp32: per ``scheme.block`` of the last two
+    dimensions (a stacked [experts, out, in] weight has [experts, rows, columns] scales), else one
+    scale for the tensor or one per output row. ValueError naming ``name`` when the scales do not
+    fit the weight."""
+    w, s = weight.float(), scale.float()
+    if weight.dim() < 2:
+        raise ValueError(f"tensor {name!r} is stored as {weight.dtype} but is not a matrix "
+                         f"(shape {list(weight.shape)})")
+    out_dim, in_dim = weight.shape[-2:]
+    if scheme.block is not None:
+        rows, cols = scheme.block
+        want = (*weight.shape[:-2], -(-out_dim // rows), -(-in_dim // cols))
+        if tuple(s.shape) != want:
+            raise ValueError(f"tensor {name!r}: its block scales have shape {list(s.shape)}, a {list(weight.shape)} "
+                             f"weight in blocks of {rows} x {cols} needs {list(want)}")
+        s = s.repeat_interleave(rows, dim=-2)[..., :out_dim, :].repeat_interleave(cols, dim=-1)[..., :in_dim]
+        return w * s
+    if s.numel() == 1:
+        return w * s.reshape(())
+    if tuple(s.shape) in ((*weight.shape[:-1], 1), tuple(weight.shape[:-1])):
+        return w * s.reshape(*weight.shape[:-1], 1)
+    raise ValueError(f"tensor {name!r}: its scale has shape {list(s.shape)}, neither one value nor one per "
+                     f"output row of a {list(weight.shape)} weight")
