@@ -51,12 +51,14 @@ class LLM:
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
                  cache_host_dtype: str | None = AUTO, max_model_len: int | None = None,
-                 seed: int | None = None, max_num_seqs: int = 256) -> None:
+                 seed: int | None = None, max_num_seqs: int = 256, quantization: str | None = None) -> None:
         """vLLM's ``dtype="auto"`` (the default: the checkpoint's on a GPU, fp32 on the CPU),
         ``max_model_len`` (a context shorter than the model's), ``seed`` (torch's global generator,
         which requests without a seed draw from: their answers repeat from run to run) and
         ``max_num_seqs`` (the most answers ``generate`` decodes at once: the rest wait their turn)
-        mean what they mean there; ``model`` is a local folder (nothing is downloaded)."""
+        mean what they mean there; ``model`` is a local folder (nothing is downloaded).
+        ``quantization="fp8"`` holds the projections and experts in 8 bits with row scales, as vLLM's
+        ``quantization="fp8"`` does: half the weight memory (hypic.models.layers.fp8)."""
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():
@@ -71,7 +73,8 @@ class LLM:
         self.max_num_seqs = max_num_seqs
         if seed is not None:
             torch.manual_seed(seed)
-        self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype)
+        self.loaded = load_model(model, device=device, dtype=None if dtype == "auto" else dtype,
+                                 quantization=quantization)
         self.engine = Engine(self.loaded, seam=seam, cold=cold, cache_device_bytes=cache_device_bytes,
                              cache_host_bytes=cache_host_bytes, cold_workers=cold_workers, route=route,
                              cache_host_dtype=cache_host_dtype)

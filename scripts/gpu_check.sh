@@ -16,6 +16,8 @@
 #   GPU_DEVIATION=1      per-layer deviation from full, fp32, into $OUT/deviation.md (GPU_DEVIATION_ARGS)
 #   GPU_GRAPH_AB=1       decode steps as CUDA graphs vs eager, in serving, inside one process
 #                        (scripts/graph_ab.py; GPU_GRAPH_AB_ARGS)
+#   GPU_FP8=1            bf16 against 8-bit weights (--quantization fp8): memory, logits, TTFT, decode steps,
+#                        on the 35B-A3B shape both ways and the 80B-A3B shape in 8 bits (scripts/fp8_weights.py)
 #   GPU_FIRST=1          a fresh process's first requests with the warm-up off and on, each with an empty
 #                        Triton cache (scripts/first_requests.py; GPU_FIRST_ARGS, e.g. --model for the bundled one)
 #   GPU_CUDNN=1          `full` prompts of new and met lengths ≥ 8 192 tokens: flash, cuDNN on exact lengths, cuDNN on
@@ -69,6 +71,8 @@ section() {  # section NAME SECONDS command...: stdout+stderr into $OUT/NAME.log
   python3 scripts/gpu_models.py --out "$OUT" ${GPU_MODELS_ARGS:-}
 [ "${GPU_TTFT:-0}" = 1 ] && section ttft "${GPU_TTFT_SECONDS:-200}" \
   python3 -m hypic.cli bench ttft --shape qwen3.5-9b --device cuda --out "$OUT/ttft.md" ${GPU_TTFT_ARGS:-}
+[ "${GPU_FP8:-0}" = 1 ] && section fp8 "${GPU_FP8_SECONDS:-500}" \
+  python3 scripts/fp8_weights.py --out "$OUT/fp8.md" ${GPU_FP8_ARGS:-}
 [ "${GPU_FIRST:-0}" = 1 ] && section first "${GPU_FIRST_SECONDS:-400}" \
   python3 scripts/first_requests.py --device cuda ${GPU_FIRST_ARGS:-}
 [ "${GPU_CUDNN:-0}" = 1 ] && section cudnn "${GPU_CUDNN_SECONDS:-300}" \
@@ -153,8 +157,8 @@ xdist="" workers=${GPU_TESTS_WORKERS:-4}
 # the tables last
 [ -f "$OUT/train_profile.log" ] && grep -E '^(data|step|kernel)' "$OUT/train_profile.log"
 [ -f "$OUT/pytest_gpu.log" ] && tail -n 16 "$OUT/pytest_gpu.log"
-for f in ops models ttft first cudnn echo scatter trace graph_ab decode_attention combine_bench agreement; do
-  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|failed \(rc|^warm-up (on|off):|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
+for f in ops models ttft fp8 first cudnn echo scatter trace graph_ab decode_attention combine_bench agreement; do
+  [ -f "$OUT/$f.log" ] && grep -E '^\||FAILED|Error|^\{|failed \(rc|^warm-up (on|off):|warm /|^ttft |^scatter |^trace |^(uniform|skewed):' "$OUT/$f.log" | tail -n 60
 done
 [ -f "$OUT/warm_profile.log" ] && grep -E '^\||^profiled|time total' "$OUT/warm_profile.log" | head -n 14
 [ -f "$OUT/store_moves.log" ] && grep -E '^\||^(persist|churn|40 )' "$OUT/store_moves.log"

@@ -17,6 +17,8 @@ def weight_fingerprint(model: torch.nn.Module) -> list[float]:
     reduction over the same numbers), and any changed tensor shows."""
     out: list[float] = []
     for _, p in sorted(model.named_parameters()):
+        if p.dtype.itemsize == 1:  # 8-bit weights (hypic.models.layers.fp8): reductions want a wider type
+            p = p.float()
         out += [torch.sum(p, dtype=torch.float64).item(), torch.linalg.vector_norm(p, dtype=torch.float64).item()]
     return out
 

@@ -20,7 +20,17 @@ import torch
 from safetensors import safe_open
 
 from hypic.models.hybrid import HybridLM
-from hypic.models.quantized import FLOAT8, IGNORED_SUFFIXES, SCALE_SUFFIXES, Fp8Weights, dequantize, fp8_weights
+from hypic.models.layers.fp8 import FP8, quantize_rows
+from hypic.models.quantized import (
+    FLOAT8,
+    IGNORED_SUFFIXES,
+    SCALE_SUFFIXES,
+    Fp8Weights,
+    check_quantization,
+    dequantize,
+    fp8_weights,
+    hold_in_fp8,
+)
 from hypic.models.registry import resolve
 from hypic.models.tiktoken_file import PATTERNS, special_tokens, tiktoken_tokenizer
 
@@ -34,6 +44,7 @@ class LoadedModel:
     tokenizer_config: dict[str, Any]
     device: torch.device
     dtype: torch.dtype
+    quantization: str | None = None  # "fp8": projections and experts held in 8 bits (hypic.models.layers.fp8)
 
 
 def default_device() -> torch.device:
@@ -76,6 +87,14 @@ def checkpoint_files(path: Path) -> list[Path]:
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
+def _scale_of(params: dict[str, torch.nn.Parameter], target: str) -> tuple[str, torch.Tensor]:
+    """An 8-bit parameter's row scales (or, for one expert's slice, that expert's)."""
+    m = re.fullmatch(r"(.*)\[(\d+)\]", target)
+    if m:
+        return f"{m[1]}_scale[{m[2]}]", params[f"{m[1]}_scale"][int(m[2])]
+    return f"{target}_scale", params[f"{target}_scale"]
+
+
 def _destination(params: dict[str, torch.nn.Parameter], target: str) -> tuple[str, torch.Tensor] | None:
     """The parameter (or the slice of a stacked expert parameter) a checkpoint tensor fills."""
     if target in params:
@@ -93,8 +112,8 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
     """Every checkpoint tensor into its parameter; ``fp8``: the checkpoint's 8-bit weights are
     multiplied by their scales (``hypic.models.quantized``), which may lie in another shard."""
     params = dict(model.named_parameters())
-    stacked = {n: p.shape[0] for n, p in params.items() if n.endswith(("experts.gate_proj", "experts.up_proj",
-                                                                      "experts.down_proj"))}
+    stacked = {n: p.shape[0] for n, p in params.items()
+               if n.removesuffix("_scale").endswith(("experts.gate_proj", "experts.up_proj", "experts.down_proj"))}
     loaded: set[str] = set()
     with ExitStack() as stack:
         handles = {}
@@ -136,7 +155,14 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                     raise ValueError(f"{file.name}: tensor {name!r} has shape {list(tensor.shape)}, "
                                      f"the model expects {list(param.shape)}")
                 with torch.no_grad():
-                    param.copy_(tensor.to(device=device, dtype=param.dtype))  # fp32 where kept
+                    if param.dtype == FP8:  # held in 8 bits: quantized as it is read, on the device
+                        values, row_scales = quantize_rows(tensor.to(device=device, dtype=torch.float32))
+                        param.copy_(values)
+                        scale_name, scale = _scale_of(params, target)
+                        scale.copy_(row_scales)
+                        loaded.add(scale_name)
+                    else:
+                        param.copy_(tensor.to(device=device, dtype=param.dtype))  # fp32 where kept
                 loaded.add(target)
         for name in sorted(set(holder) - scales_read):  # a scale no 8-bit weight used: its weight would be unscaled
             if fp8 is not None and name.endswith(SCALE_SUFFIXES):
@@ -172,7 +198,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def load_model(path: str | Path, *, device: str | torch.device | None = None,
-               dtype: torch.dtype | str | None = None) -> LoadedModel:
+               dtype: torch.dtype | str | None = None, quantization: str | None = None) -> LoadedModel:
+    """``quantization="fp8"``: the projections and experts held in 8 bits with row scales, each
+    quantized as it is read (``hypic.models.layers.fp8``); None: every weight in ``dtype``."""
+    check_quantization(quantization)
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"model: {path} is not a directory")
@@ -194,7 +223,10 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"{path / 'config.json'}: missing key {e.args[0]!r}") from None
     except TypeError as e:  # a value of the wrong type (a string for a size, ...)
         raise ValueError(f"{path / 'config.json'}: a value has the wrong type ({e})") from None
-    model = model.cast(dtype).to_empty(device=device)  # cast on meta: never an fp32 copy on the device
+    model = model.cast(dtype)  # on meta: never an fp32 copy on the device
+    if quantization == "fp8":
+        hold_in_fp8(model)
+    model = model.to_empty(device=device)
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     load_weights(model, files, arch.checkpoint_name, device, dtype, fp8)
@@ -212,4 +244,4 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         # Kimi-Linear ships a tiktoken file and remote code: converted here (hypic.models.tiktoken_file)
         tokenizer = tiktoken_tokenizer(path / "tiktoken.model", PATTERNS[config["model_type"]],
                                        special_tokens(tok_cfg))
-    return LoadedModel(model, config, path, tokenizer, tok_cfg, device, dtype)
+    return LoadedModel(model, config, path, tokenizer, tok_cfg, device, dtype, quantization)

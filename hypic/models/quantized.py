@@ -91,3 +91,39 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, na
         return w * s.reshape(*weight.shape[:-1], 1)
     raise ValueError(f"tensor {name!r}: its scale has shape {list(s.shape)}, neither one value nor one per "
                      f"output row of a {list(weight.shape)} weight")
+
+
+# `LLM(quantization=...)`: how the loaded weights are held (None: in the serving dtype)
+QUANTIZATIONS = ("fp8",)
+# projections left in the serving dtype under quantization="fp8": the head, and the small ones that
+# set the linear layers' decays and gates (the FP8 builds leave them in bf16 too)
+KEEP_UNQUANTIZED = frozenset({"lm_head", "in_proj_ba", "in_proj_b", "in_proj_a", "shared_expert_gate",
+                              "f_a_proj", "f_b_proj", "b_proj", "g_a_proj", "g_b_proj"})
+
+
+def check_quantization(quantization: str | None) -> str | None:
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization: expected one of {', '.join(QUANTIZATIONS)} or None, got {quantization!r}")
+    return quantization
+
+
+def hold_in_fp8(model: torch.nn.Module) -> int:
+    """Every projection and expert stack the caches' algebra never sees as 8-bit weights with row
+    scales (``hypic.models.layers.fp8``), built on the meta device before the weights are loaded
+    (the loader quantizes each tensor as it is read: the full-precision model never exists on the
+    device). Returns how many modules now hold 8-bit weights."""
+    from hypic.models.layers.fp8 import Fp8Linear, quantizable
+    from hypic.models.layers.moe import Experts
+
+    held = 0
+    for module in list(model.modules()):
+        if isinstance(module, Experts):
+            module.hold_in_fp8()
+            held += 1
+            continue
+        for name, child in list(module.named_children()):
+            if name not in KEEP_UNQUANTIZED and quantizable(child):
+                with torch.device(child.weight.device):
+                    setattr(module, name, Fp8Linear(child.in_features, child.out_features))
+                held += 1
+    return held

@@ -14,22 +14,31 @@ from typing import Any
 
 import torch
 
+from hypic.models.layers.fp8 import FP8, quantize_rows
 from hypic.models.loader import LoadedModel
+from hypic.models.quantized import check_quantization, hold_in_fp8
 from hypic.models.registry import resolve
 
 
 @torch.no_grad()
 def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: torch.dtype,
-                 seed: int = 0) -> LoadedModel:
+                 seed: int = 0, quantization: str | None = None) -> LoadedModel:
+    """``quantization="fp8"``: the projections and experts drawn as any weight is, then held in 8
+    bits with row scales (hypic.models.layers.fp8), one tensor at a time."""
+    check_quantization(quantization)
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):  # storage only in the target dtype: a 48 B-parameter shape in fp32 would not fit
         model = resolve(config).build(config)
-    model = model.cast(dtype).to_empty(device=device)  # every parameter is written below
+    model = model.cast(dtype)
+    if quantization == "fp8":
+        hold_in_fp8(model)
+    model = model.to_empty(device=device)  # every parameter is written below
     if model.tie_embeddings:  # to_empty unties shared parameters
         model.lm_head.weight = model.model.embed_tokens.weight
     zero_centred = {f"{n}.weight" for n, m in model.named_modules() if getattr(m, "zero_centred", False)}
-    for name, p in model.named_parameters():
+    params = dict(model.named_parameters())
+    for name, p in params.items():
         leaf = name.rsplit(".", 1)[-1]
         if "norm" in name:
             p.fill_(0.0 if name in zero_centred else 1.0)  # each norm's own neutral value
@@ -40,8 +49,15 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
             p.copy_(dt + torch.log(-torch.expm1(-dt)))  # inverse softplus
         elif leaf == "e_score_correction_bias":
             p.zero_()
+        elif leaf.endswith("_scale"):
+            continue  # written with its 8-bit weight
+        elif p.dtype == FP8:
+            drawn = torch.randn(p.shape, device=device, generator=gen) / math.sqrt(p.shape[-1])
+            values, row_scales = quantize_rows(drawn)
+            p.copy_(values)
+            params[f"{name}_scale"].copy_(row_scales)
         else:
             fan_in = p.shape[-1] if p.dim() > 1 else 1
             p.copy_(torch.randn(p.shape, device=device, generator=gen) / math.sqrt(fan_in))
     model.eval().requires_grad_(False)
-    return LoadedModel(model, config, Path(f"random:{seed}"), None, {}, device, dtype)
+    return LoadedModel(model, config, Path(f"random:{seed}"), None, {}, device, dtype, quantization)

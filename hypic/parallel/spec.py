@@ -23,19 +23,21 @@ class ModelSpec:
     config: dict[str, Any] | None  # the random-weight model's config
     seed: int
     dtype: str
+    quantization: str | None = None
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> ModelSpec:
         dtype = str(loaded.dtype).removeprefix("torch.")
         name = str(loaded.path)
         if name.startswith("random:"):  # hypic.models.random_init names its models so
-            return cls(None, loaded.config, int(name.removeprefix("random:")), dtype)
-        return cls(str(loaded.path), None, 0, dtype)
+            return cls(None, loaded.config, int(name.removeprefix("random:")), dtype, loaded.quantization)
+        return cls(str(loaded.path), None, 0, dtype, loaded.quantization)
 
     def build(self, device: torch.device) -> LoadedModel:
         if self.path is not None:
-            return load_model(self.path, device=device, dtype=self.dtype)
+            return load_model(self.path, device=device, dtype=self.dtype, quantization=self.quantization)
         from hypic.models.random_init import random_model
 
-        return random_model(self.config or {}, device=device, dtype=getattr(torch, self.dtype), seed=self.seed)
+        return random_model(self.config or {}, device=device, dtype=getattr(torch, self.dtype), seed=self.seed,
+                            quantization=self.quantization)
 

@@ -37,6 +37,16 @@ def test_linear_only_model_is_exact_for_seam_at_least_conv_width(linear_only_pat
         assert _maxdiff(_logits(llm, prompt, "hypic"), _logits(llm, prompt, "full")) <= TOL
 
 
+def test_reuse_stays_exact_on_an_8_bit_model(linear_only_path) -> None:
+    """Activations are quantized per token, so a segment's projections do not depend on what
+    surrounds it: a linear-only model's `hypic` answer is `full`'s, as in fp32."""
+    llm = LLM(str(linear_only_path), device="cpu", seam=5, quantization="fp8")
+    prompt = _segments(4, [64, 100, 65, 17])
+    full = _logits(llm, prompt, "full")
+    err = {m: _maxdiff(_logits(llm, prompt, m), full) for m in ("hypic", "naive")}
+    assert err["hypic"] <= TOL and err["naive"] > 10 * err["hypic"], err
+
+
 def test_zero_state_of_a_linear_only_model_is_the_query_alone(linear_only_path) -> None:
     """With no attention layer the documents can reach the query only through linear state, so
     ``zero_state`` (every run from a zero state) answers as if the query were the whole prompt — and

@@ -15,24 +15,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hypic.models.layers.fp8 import Fp8Linear, fp8_linear
+
 
 class FusedLinears:
-    """``x → (x Wᵢᵀ)ᵢ`` for bias-free linears over the same input, as one matmul and a split."""
+    """``x → (x Wᵢᵀ)ᵢ`` for bias-free linears over the same input, as one matmul and a split — or
+    one per run of neighbours held alike, when some are 8-bit (``Fp8Linear``) and some are not
+    (GDN's decay projections stay in the serving dtype: hypic.models.layers.fp8)."""
 
-    def __init__(self, linears: list[nn.Linear]) -> None:
-        if any(lin.bias is not None for lin in linears):
+    def __init__(self, linears: list[nn.Module]) -> None:
+        if any(getattr(lin, "bias", None) is not None for lin in linears):
             raise ValueError("FusedLinears: only bias-free linears can be fused")
-        with torch.no_grad():
-            weight = torch.cat([lin.weight for lin in linears])
-        self.sizes = [lin.out_features for lin in linears]
-        start = 0
-        for lin, size in zip(linears, self.sizes, strict=True):
-            lin.weight = nn.Parameter(weight[start:start + size], requires_grad=False)
-            start += size
-        self.weight = weight
+        self.parts: list[tuple[Tensor, Tensor | None, list[int]]] = []  # (weight, fp8 row scales, sizes)
+        run: list[nn.Module] = []
+        for lin in [*linears, None]:
+            if run and (lin is None or type(lin) is not type(run[0])):
+                self.parts.append(self._concatenated(run))
+                run = []
+            if lin is not None:
+                run.append(lin)
+        self.weight = self.parts[0][0]
+
+    @staticmethod
+    def _concatenated(linears: list[nn.Module]) -> tuple[Tensor, Tensor | None, list[int]]:
+        """The run's weights (and 8-bit scales) as one tensor each, every module's now a view of it."""
+        names = ("weight", "weight_scale") if isinstance(linears[0], Fp8Linear) else ("weight",)
+        sizes = [lin.out_features for lin in linears]
+        whole = []
+        for name in names:
+            with torch.no_grad():
+                joined = torch.cat([getattr(lin, name) for lin in linears])
+            start = 0
+            for lin, size in zip(linears, sizes, strict=True):
+                setattr(lin, name, nn.Parameter(joined[start:start + size], requires_grad=False))
+                start += size
+            whole.append(joined)
+        return whole[0], whole[1] if len(whole) > 1 else None, sizes
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
-        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+        out: list[Tensor] = []
+        for weight, scale, sizes in self.parts:
+            y = F.linear(x, weight) if scale is None else fp8_linear(x, weight, scale)
+            out += y.split(sizes, dim=-1)
+        return tuple(out)
 
 
 def fuse_projections(model: nn.Module) -> int:

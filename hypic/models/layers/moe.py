@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from hypic.models.layers.fp8 import FP8, grouped_fp8
 from hypic.models.layers.mlp import SwiGLU
 
 _MIXTRAL_EXPERT = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
@@ -96,8 +97,22 @@ class Experts(nn.Module):
         self.up_proj = nn.Parameter(torch.empty(cfg.experts, cfg.intermediate, cfg.hidden))
         self.down_proj = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.intermediate))
 
+    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+    def hold_in_fp8(self) -> None:
+        """Each expert's weights as e4m3 with one fp32 scale per row (``<proj>_scale [E, rows]``,
+        hypic.models.layers.fp8). On the meta device, before the weights are loaded."""
+        for name in self.PROJECTIONS:
+            w = getattr(self, name)
+            setattr(self, name, nn.Parameter(torch.empty(w.shape, dtype=FP8, device=w.device), requires_grad=False))
+            setattr(self, f"{name}_scale", nn.Parameter(torch.empty(w.shape[:2], device=w.device), requires_grad=False))
+
     def forward(self, x: Tensor, counts: Tensor) -> Tensor:
         """x: rows sorted by expert, counts [E] rows per expert."""
+        if self.gate_proj.dtype == FP8:
+            gate = grouped_fp8(x, self.gate_proj, self.gate_proj_scale, counts)
+            up = grouped_fp8(x, self.up_proj, self.up_proj_scale, counts)
+            return grouped_fp8(F.silu(gate) * up, self.down_proj, self.down_proj_scale, counts)
         if x.dtype in (torch.float32, torch.bfloat16) and hasattr(torch, "_grouped_mm") and (
                 x.device.type == "cuda" or x.dtype == torch.float32):
             offs = counts.cumsum(0).to(torch.int32)

@@ -1,0 +1,86 @@
+"""Projections whose weights are held in 8 bits (``quantization="fp8"``).
+
+A weight ``W [out, in]`` is kept as e4m3 values and one fp32 scale per output row (``W ≈ diag(s) Q``);
+each call quantizes its input per row (token) the same way, ``x ≈ diag(t) P``, multiplies the two
+8-bit matrices with fp32 accumulation (``torch._scaled_mm``: the H200's fp8 tensor cores) and
+applies both scales to the product: ``y = diag(t) (P Qᵀ) diag(s)``. Weights take half the memory of
+bf16 — what lets an 80B-parameter model (Qwen3-Next) fit on one 141 GB GPU — and matmuls read half
+the bytes. Per-row scales (not per tensor) keep one outlier row or token from flattening the rest.
+
+Only what the caches' algebra never sees is quantized: the projections around the mixers and the
+experts. The linear layers' recurrences, their states and transitions, the attention keys and
+values, norms, routers and the LM head stay in the serving dtype, so every exactness property of
+position-independent reuse holds for the quantized model as for any other.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+# cuBLAS's fp8 GEMMs need both matrix dimensions a multiple of 16; a projection that is not stays as it is
+ALIGN = 16
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(e4m3 values, fp32 scale per row) with ``x ≈ values · scale[:, None]`` over the last dim;
+    a row of zeros gets scale 1."""
+    amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.squeeze(-1)
+
+
+def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """``x Wᵀ`` for ``W = diag(scale) weight`` (e4m3), in ``x``'s dtype."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+    q, t = quantize_rows(rows)
+    # cuBLAS's row-wise scaled GEMM writes bf16 only; the CPU's writes any float
+    out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
+    y = torch._scaled_mm(q, weight.t(), scale_a=t[:, None], scale_b=scale[None, :].float(), out_dtype=out_dtype)
+    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+class Fp8Linear(nn.Module):
+    """A bias-free ``nn.Linear`` whose weight is held as e4m3 with a per-row ``weight_scale``."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=FP8), requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.empty(out_features), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fp8_linear(x, self.weight, self.weight_scale)
+
+
+def quantizable(linear: nn.Module) -> bool:
+    return (type(linear) is nn.Linear and linear.bias is None
+            and linear.in_features % ALIGN == 0 and linear.out_features % ALIGN == 0)
+
+
+def grouped_fp8(x: Tensor, weight: Tensor, scale: Tensor, counts: Tensor) -> Tensor:
+    """Rows sorted by expert (``counts`` per expert) times their expert's ``W_eᵀ``, ``W_e =
+    diag(scale[e]) weight[e]``: one grouped fp8 GEMM on the GPU, one GEMM per expert elsewhere."""
+    q, t = quantize_rows(x)
+    if x.is_cuda:
+        offs = counts.cumsum(0).to(torch.int32)
+        y = torch._scaled_grouped_mm(q, weight.transpose(1, 2), t, scale.float(), offs=offs,
+                                     out_dtype=torch.bfloat16)
+        return y.to(x.dtype)
+    out, start = x.new_empty(x.shape[0], weight.shape[1]), 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            out[start:start + n] = torch._scaled_mm(q[start:start + n], weight[e].t(), scale_a=t[start:start + n, None],
+                                                    scale_b=scale[e][None, :].float(), out_dtype=x.dtype)
+        start += n
+    return out
+
+
+def dequantized(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """The weight an 8-bit one stands for (tests, fingerprints)."""
+    return (weight.float() * scale.float()[..., None]).to(dtype)
+
