@@ -38,10 +38,17 @@ def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     if rows.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
     q, t = quantize_rows(rows)
-    # cuBLAS's row-wise scaled GEMM writes bf16 only; the CPU's writes any float
-    out_dtype = torch.bfloat16 if x.is_cuda else x.dtype
-    y = torch._scaled_mm(q, weight.t(), scale_a=t[:, None], scale_b=scale[None, :].float(), out_dtype=out_dtype)
-    return y.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    return _scaled_product(q, t, weight, scale).to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def _scaled_product(q: Tensor, t: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """``diag(t) (q weightᵀ) diag(scale)``: on the GPU one fp8 GEMM (cuBLAS's row-wise scaled GEMM
+    writes bf16 only); elsewhere the 8-bit values widened to fp32, whose products of two e4m3
+    numbers are exact (torch's CPU fp8 GEMM takes one scale per tensor only, before torch 2.13)."""
+    if q.is_cuda:
+        return torch._scaled_mm(q, weight.t(), scale_a=t[:, None], scale_b=scale[None, :].float(),
+                                out_dtype=torch.bfloat16)
+    return (q.float() @ weight.float().t()) * t[:, None] * scale[None, :].float()
 
 
 class Fp8Linear(nn.Module):
@@ -74,13 +81,7 @@ def grouped_fp8(x: Tensor, weight: Tensor, scale: Tensor, counts: Tensor) -> Ten
     out, start = x.new_empty(x.shape[0], weight.shape[1]), 0
     for e, n in enumerate(counts.tolist()):
         if n:
-            out[start:start + n] = torch._scaled_mm(q[start:start + n], weight[e].t(), scale_a=t[start:start + n, None],
-                                                    scale_b=scale[e][None, :].float(), out_dtype=x.dtype)
+            rows = slice(start, start + n)
+            out[rows] = _scaled_product(q[rows], t[rows], weight[e], scale[e]).to(x.dtype)
         start += n
     return out
-
-
-def dequantized(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
-    """The weight an 8-bit one stands for (tests, fingerprints)."""
-    return (weight.float() * scale.float()[..., None]).to(dtype)
-
