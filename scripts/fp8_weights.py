@@ -4,6 +4,9 @@ the 8-bit weights are the bf16 arm's, quantized), TTFT across the ladder and dec
 
     python scripts/fp8_weights.py --arms qwen3.5-35b-a3b:bf16,qwen3.5-35b-a3b:fp8,qwen3-next-80b-a3b:fp8
 
+An arm ``shape:fp8-torch`` quantizes the activations with PyTorch's elementwise ops instead of the
+Triton pass (HYPIC_FP8_TRITON=0), for an A/B in one run.
+
 Each arm builds its random-weight model (hypic.models.random_init), measures, and frees it before
 the next; the table prints last (and to --out). An arm whose weights do not fit is reported as such.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -99,7 +103,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arms", default="qwen3.5-35b-a3b:bf16,qwen3.5-35b-a3b:fp8,qwen3-next-80b-a3b:fp8")
+    p.add_argument("--arms", default="qwen3.5-35b-a3b:bf16,qwen3.5-35b-a3b:fp8-torch,qwen3.5-35b-a3b:fp8,"
+                                     "qwen3-next-80b-a3b:fp8")
     p.add_argument("--docs", type=int, default=32)
     p.add_argument("--doc-tokens", type=int, default=1024)
     p.add_argument("--reps", type=int, default=3)
@@ -108,7 +113,11 @@ def main() -> None:
     rows, reference = [], {}
     for arm in args.arms.split(","):
         shape, _, quant = arm.partition(":")
-        rows.append(measure(shape, None if quant in ("", "bf16") else quant, args, reference))
+        # fp8-torch: the activations quantized by PyTorch's elementwise ops, not the Triton pass (an A/B)
+        os.environ["HYPIC_FP8_TRITON"] = "0" if quant == "fp8-torch" else "1"
+        row = measure(shape, None if quant in ("", "bf16") else "fp8", args, reference)
+        row["arm"] = arm
+        rows.append(row)
     text = table(rows)
     print(text)
     if args.out:

@@ -61,7 +61,7 @@ def test_experts_multiply_their_own_rows() -> None:
     q, s = quantize_rows(weight)
     counts = torch.tensor([5, 0, 17, 3])
     x = torch.randn(int(counts.sum()), 64, generator=gen)
-    got = grouped_fp8(x, q, s, counts)
+    got = grouped_fp8(*quantize_rows(x), q, s, counts, torch.float32)
     owner = torch.repeat_interleave(torch.arange(4), counts)
     qx, sx = reference_rows(x)
     for r in range(x.shape[0]):
@@ -135,10 +135,16 @@ def test_unknown_quantization_is_refused(next_path) -> None:
 def test_the_gpu_kernels_compute_what_the_cpu_does() -> None:
     gen = torch.Generator().manual_seed(5)
     x, w = torch.randn(77, 256, generator=gen), torch.randn(4, 128, 256, generator=gen) / 16
+    x[3] = 0.0
     q, s = quantize_rows(w)
     counts = torch.tensor([20, 0, 50, 7])
-    cpu = grouped_fp8(x.bfloat16().float(), q, s, counts)
-    gpu = grouped_fp8(x.bfloat16().cuda(), q.cuda(), s.cuda(), counts.cuda()).float().cpu()
+    xb = x.bfloat16()
+    gq, gs = quantize_rows(xb.cuda())  # the Triton pass
+    want_q, want_s = reference_rows(xb.float())
+    assert torch.allclose(gs.cpu().double(), want_s, rtol=1e-6) and gs[3] == 1.0
+    assert (gq.cpu().float() != want_q.float()).float().mean() <= 1e-3
+    cpu = grouped_fp8(*quantize_rows(xb.float()), q, s, counts, torch.float32)
+    gpu = grouped_fp8(gq, gs, q.cuda(), s.cuda(), counts.cuda(), torch.bfloat16).float().cpu()
     assert (gpu - cpu).abs().max() <= 0.01 * cpu.abs().max()  # bf16 output rounding
-    dense = fp8_linear(x.bfloat16().cuda(), q[0].cuda(), s[0].cuda()).float().cpu()
-    assert (dense - fp8_linear(x.bfloat16().float(), q[0], s[0])).abs().max() <= 0.01 * dense.abs().max()
+    dense = fp8_linear(xb.cuda(), q[0].cuda(), s[0].cuda()).float().cpu()
+    assert (dense - fp8_linear(xb.float(), q[0], s[0])).abs().max() <= 0.01 * dense.abs().max()

@@ -15,8 +15,12 @@ position-independent reuse holds for the quantized model as for any other.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
+
+from hypic.ops.kernels import kernel_device
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max  # 448
@@ -26,7 +30,11 @@ ALIGN = 16
 
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """(e4m3 values, fp32 scale per row) with ``x ≈ values · scale[:, None]`` over the last dim;
-    a row of zeros gets scale 1."""
+    a row of zeros gets scale 1. On CUDA one Triton pass (hypic.ops.triton_fp8)."""
+    if x.dim() == 2 and kernel_device(x.device) and os.environ.get("HYPIC_FP8_TRITON") != "0":
+        from hypic.ops.triton_fp8 import quantize_rows_triton
+
+        return quantize_rows_triton(x)
     amax = x.abs().amax(dim=-1, keepdim=True).float()
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.squeeze(-1)
@@ -69,19 +77,19 @@ def quantizable(linear: nn.Module) -> bool:
             and linear.in_features % ALIGN == 0 and linear.out_features % ALIGN == 0)
 
 
-def grouped_fp8(x: Tensor, weight: Tensor, scale: Tensor, counts: Tensor) -> Tensor:
-    """Rows sorted by expert (``counts`` per expert) times their expert's ``W_eᵀ``, ``W_e =
-    diag(scale[e]) weight[e]``: one grouped fp8 GEMM on the GPU, one GEMM per expert elsewhere."""
-    q, t = quantize_rows(x)
-    if x.is_cuda:
+def grouped_fp8(q: Tensor, t: Tensor, weight: Tensor, scale: Tensor, counts: Tensor, dtype: torch.dtype) -> Tensor:
+    """Quantized rows (``q``, ``t``: ``quantize_rows``) sorted by expert (``counts`` per expert)
+    times their expert's ``W_eᵀ``, ``W_e = diag(scale[e]) weight[e]``, in ``dtype``: one grouped
+    fp8 GEMM on the GPU, one GEMM per expert elsewhere."""
+    if q.is_cuda:
         offs = counts.cumsum(0).to(torch.int32)
         y = torch._scaled_grouped_mm(q, weight.transpose(1, 2), t, scale.float(), offs=offs,
                                      out_dtype=torch.bfloat16)
-        return y.to(x.dtype)
-    out, start = x.new_empty(x.shape[0], weight.shape[1]), 0
+        return y.to(dtype)
+    out, start = torch.empty(q.shape[0], weight.shape[1], dtype=dtype), 0
     for e, n in enumerate(counts.tolist()):
         if n:
             rows = slice(start, start + n)
-            out[rows] = _scaled_product(q[rows], t[rows], weight[e], scale[e]).to(x.dtype)
+            out[rows] = _scaled_product(q[rows], t[rows], weight[e], scale[e]).to(dtype)
         start += n
     return out

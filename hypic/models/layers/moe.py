@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hypic.models.layers.fp8 import FP8, grouped_fp8
+from hypic.models.layers.fp8 import FP8, grouped_fp8, quantize_rows
 from hypic.models.layers.mlp import SwiGLU
 
 _MIXTRAL_EXPERT = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
@@ -107,12 +107,17 @@ class Experts(nn.Module):
             setattr(self, name, nn.Parameter(torch.empty(w.shape, dtype=FP8, device=w.device), requires_grad=False))
             setattr(self, f"{name}_scale", nn.Parameter(torch.empty(w.shape[:2], device=w.device), requires_grad=False))
 
-    def forward(self, x: Tensor, counts: Tensor) -> Tensor:
-        """x: rows sorted by expert, counts [E] rows per expert."""
-        if self.gate_proj.dtype == FP8:
-            gate = grouped_fp8(x, self.gate_proj, self.gate_proj_scale, counts)
-            up = grouped_fp8(x, self.up_proj, self.up_proj_scale, counts)
-            return grouped_fp8(F.silu(gate) * up, self.down_proj, self.down_proj_scale, counts)
+    def forward(self, x: Tensor, rows: Tensor, counts: Tensor) -> Tensor:
+        """``x``'s ``rows`` (a gather: rows sorted by expert, a token once per expert it chose)
+        through their experts; counts [E] rows per expert."""
+        if self.gate_proj.dtype == FP8:  # each token quantized once, before the k-fold gather
+            q, t = quantize_rows(x)
+            q, t = q[rows], t[rows]
+            gate = grouped_fp8(q, t, self.gate_proj, self.gate_proj_scale, counts, x.dtype)
+            up = grouped_fp8(q, t, self.up_proj, self.up_proj_scale, counts, x.dtype)
+            h, s = quantize_rows(F.silu(gate) * up)
+            return grouped_fp8(h, s, self.down_proj, self.down_proj_scale, counts, x.dtype)
+        x = x[rows]
         if x.dtype in (torch.float32, torch.bfloat16) and hasattr(torch, "_grouped_mm") and (
                 x.device.type == "cuda" or x.dtype == torch.float32):
             offs = counts.cumsum(0).to(torch.int32)
@@ -149,7 +154,7 @@ class MoE(nn.Module):
         counts = torch.zeros(self.cfg.experts, dtype=torch.long, device=x.device).scatter_add_(
             0, flat, torch.ones_like(flat))
         out = torch.empty(T * k, x.shape[1], dtype=x.dtype, device=x.device)
-        out[order] = self.experts(x[order // k], counts)  # back to (token, choice) order
+        out[order] = self.experts(x, order // k, counts)  # back to (token, choice) order
         y = (out.view(T, k, -1).float() * weights[..., None]).sum(1).to(x.dtype)  # no atomics: deterministic
         if self.cfg.shared_intermediate:
             shared = self.shared_expert(x)
