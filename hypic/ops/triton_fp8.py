@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-E4M3_MAX = 448.0
+E4M3_MAX = tl.constexpr(448.0)  # a global a kernel reads must be a constexpr
 
 
 @triton.jit(do_not_specialize=["rows"])  # one binary for every row count
