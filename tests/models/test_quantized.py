@@ -196,3 +196,19 @@ def test_activation_scales_are_read_past(qwen3_next_fp8, tmp_path) -> None:
     static = load_model(path, device="cpu")
     ids = torch.arange(3, 40)
     assert torch.equal(hypic_logits(plain, ids), hypic_logits(static, ids))
+
+
+def test_an_fp8_build_can_stay_in_8_bits(qwen3_next_fp8) -> None:
+    """``quantization="fp8"`` over an FP8 build: each weight read as its block products, then held
+    per row in 8 bits (a second rounding, within e4m3's step of the first)."""
+    _, path, expected, plain = qwen3_next_fp8
+    held = load_model(path, device="cpu", quantization="fp8")
+    params = dict(held.model.named_parameters())
+    weight = "model.layers.0.linear_attn.out_proj.weight"
+    assert params[weight].dtype == torch.float8_e4m3fn
+    back = params[weight].double() * params[weight + "_scale"].double()[:, None]
+    want = expected[weight].double()
+    assert ((back - want).abs() <= want.abs() / 16 + want.abs().amax(1, keepdim=True) * 2 ** -9 / 448).all()
+    ids = torch.randint(3, 512, (80,), generator=torch.Generator().manual_seed(6))
+    a, b = hypic_logits(load_model(plain, device="cpu"), ids), hypic_logits(held, ids)
+    assert (a - b).norm() / a.norm() <= 0.1 and (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9

@@ -113,3 +113,19 @@ def test_a_request_larger_than_the_server_can_ever_hold_is_a_400_not_endless_429
     results, totals = asyncio.run(asyncio.wait_for(run_batch(app, lines, 2), timeout=120))
     assert [r["response"]["status_code"] for r in results] == [400, 200]
     assert results[0]["response"]["body"]["error"]["param"] == "n"
+
+
+def test_a_batch_is_served_with_8_bit_weights(model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    """``--quantization fp8`` reaches the loader (a spy that calls through) and the answers come."""
+    import hypic.llm
+
+    seen, real = [], hypic.llm.load_model
+    monkeypatch.setattr(hypic.llm, "load_model", lambda *a, **k: seen.append(k.get("quantization")) or real(*a, **k))
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text(json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                               "body": _chat(DOCS)}) + "\n")
+    assert main(["run-batch", "--model", str(model_dir), "--served-model-name", MODEL, "--device", "cpu",
+                 "--quantization", "fp8", "-i", str(src), "-o", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert seen == ["fp8"] and result["response"]["status_code"] == 200
+    assert result["response"]["body"]["usage"]["completion_tokens"] > 0
