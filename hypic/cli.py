@@ -298,6 +298,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
             max_concurrent=args.max_concurrent, max_queue=args.max_queue, max_choices=args.max_choices,
             max_prompts=args.max_prompts, request_timeout_s=args.request_timeout,
             shutdown_timeout_s=args.shutdown_timeout, shutdown_drain=args.shutdown_drain,
+            scheduling_policy=args.scheduling_policy,
             max_prefill_tokens=args.max_prefill_tokens,
             cache_dir=args.cache_dir, reasoning_parser=args.reasoning_parser,
             max_stored_responses=args.max_stored_responses)
@@ -591,6 +592,9 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-completion-tokens", type=int, default=2048, help="cap on max_tokens")
     p.add_argument("--max-concurrent", type=int, default=16, help="requests decoding together")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting; beyond it: 429")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="priority: waiting requests are admitted by their `priority` (lower first), then by "
+                        "arrival (vLLM's); fcfs: by arrival, and a request's priority must be 0")
     p.add_argument("--max-choices", type=int, default=8, help="cap on a request's n (each choice is a request)")
     p.add_argument("--max-prompts", type=int, default=32,
                    help="cap on the prompts of one completions request (a batch; each prompt × n is a request)")

@@ -75,6 +75,7 @@ class Submission:
     # its first-token logits, computed already (an echo's scoring forward): nothing to prefill, one
     # token to draw (``Engine.start(first_logits=…)``)
     first_logits: torch.Tensor | None = None
+    priority: int = 0  # vLLM's: a lower value is admitted first, ties in arrival order
 
     def cancel(self, reason: str = CANCELLED) -> None:
         if not self.cancelled.is_set():
@@ -127,17 +128,22 @@ class Scheduler:
         return self.submit_all([(prompt, params, mode, salt)])[0]
 
     def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]],
-                   first_logits: list[torch.Tensor | None] | None = None) -> list[Submission]:
+                   first_logits: list[torch.Tensor | None] | None = None,
+                   priorities: list[int] | None = None) -> list[Submission]:
         """(prompt, params, mode, salt) each, queued together or not at all (``QueueFull``): a request's
         ``n`` choices take their places at once, so a refused one never held places another request
         could have had. The places are the queue's and the running slots free now (which the requests
         waiting take first). ``first_logits``: per item, its first-token logits if computed already
-        (``Submission.first_logits``)."""
-        if first_logits is not None and len(first_logits) != len(items):
-            raise ValueError(f"first_logits: expected one per item ({len(items)}), got {len(first_logits)}")
+        (``Submission.first_logits``). ``priorities``: per item, vLLM's priority — each waits behind
+        those of a lower or equal value and ahead of the higher ones (None: all 0, first come first
+        served); a request already running is never stopped for one."""
+        for name, given in (("first_logits", first_logits), ("priorities", priorities)):
+            if given is not None and len(given) != len(items):
+                raise ValueError(f"{name}: expected one per item ({len(items)}), got {len(given)}")
         subs = [Submission(prompt, params, mode, salt) for prompt, params, mode, salt in items]
-        for sub, row in zip(subs, first_logits or [None] * len(subs), strict=True):
-            sub.first_logits = row
+        for sub, row, rank in zip(subs, first_logits or [None] * len(subs), priorities or [0] * len(subs),
+                                  strict=True):
+            sub.first_logits, sub.priority = row, rank
             sub.ahead = row is None  # nothing of its prompt is prefilled, ahead or not
         with self._cv:
             self._drop_cancelled_waiting()
@@ -147,9 +153,20 @@ class Scheduler:
             if len(self._waiting) + len(subs) > self.max_queue + free:
                 need = "" if len(subs) == 1 else f"; this request needs {len(subs)} places"
                 raise QueueFull(f"{len(self._waiting)} requests are waiting (limit {self.max_queue}){need}")
-            self._waiting.extend(subs)
+            for sub in subs:
+                self._enqueue(sub)
             self._cv.notify()
         return subs
+
+    def _enqueue(self, sub: Submission) -> None:
+        """Into the queue behind every request of a lower or equal priority (the caller holds the lock)."""
+        if not self._waiting or self._waiting[-1].priority <= sub.priority:
+            self._waiting.append(sub)  # first come, first served: always here
+            return
+        at = len(self._waiting)
+        while at > 0 and self._waiting[at - 1].priority > sub.priority:
+            at -= 1
+        self._waiting.insert(at, sub)
 
     def _drop_cancelled_waiting(self) -> None:
         """Cancelled requests out of the waiting queue (the caller holds the lock): a client that went
@@ -257,10 +274,10 @@ class Scheduler:
             built = self.engine.prefill_ahead(head.prompt, mode=head.mode, salt=head.salt,
                                               max_tokens=self.max_prefill_tokens, skip=head.warmed)
         except Exception as e:  # noqa: BLE001 — a bad request fails here, alone, and the queue goes on
-            with self._cv:
-                told = bool(self._waiting) and self._waiting[0] is head  # else a shutdown told it already
+            with self._cv:  # still queued (a request of a lower priority value may have gone ahead of
+                told = any(s is head for s in self._waiting)  # it meanwhile)? Else a shutdown told it
                 if told:
-                    self._waiting.popleft()
+                    self._waiting = deque(s for s in self._waiting if s is not head)
             if told:
                 head.events.put(Event("error", error=e))
             return True

@@ -141,6 +141,12 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             raise APIError(404, f"model: {name!r} is not served here (serving {settings.model_name!r})",
                            param="model", kind="not_found", code="model_not_found")
 
+    def scheduled(priority: int) -> int:
+        if priority != 0 and settings.scheduling_policy != "priority":
+            raise bad_request(f"priority: {priority} asks for priority scheduling, which this server does not do: it "
+                              "serves first come, first served (hypic serve --scheduling-policy priority)", "priority")
+        return priority
+
     def choices(n: int) -> int:
         if n > settings.max_choices:
             raise bad_request(f"n: {n} choices exceed this server's limit of {settings.max_choices} "
@@ -252,6 +258,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
                 gens.append(Generation(False, settings.model_name, segments, params, req.mode, req.cache_salt,
                                        req.stream, req.include_usage, req.stops, req.logprobs, n,
                                        eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
+                                       priority=scheduled(req.priority),
                                        continuous_usage=req.continuous_usage, token_ids=bool(req.return_token_ids),
                                        as_ids=bool(req.return_tokens_as_token_ids)))
             return gens
@@ -302,6 +309,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         return Generation(True, settings.model_name, segments, params, req.mode, req.cache_salt, req.stream,
                           req.include_usage, req.stops, top, choices(req.n), tools=calling, think=think,
                           eos=tuple(sorted(llm.engine.eos)), request_id=req.request_id,
+                          priority=scheduled(req.priority),
                           continuous_usage=req.continuous_usage, token_ids=bool(req.return_token_ids),
                           as_ids=bool(req.return_tokens_as_token_ids))
 

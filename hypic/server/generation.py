@@ -85,6 +85,7 @@ class Generation:
     # token to draw, no prefill: ``Submission.first_logits``)
     first_logits: torch.Tensor | None = None
     prompt_logprobs: list[dict[str, dict] | None] | None = None  # vLLM's, rendered (``vllm_prompt_logprobs``)
+    priority: int = 0  # vLLM's: a lower value is admitted first (``--scheduling-policy priority``)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -413,7 +414,8 @@ async def respond(request: Request, runner: Runner, metrics: Metrics, tokenizer:
     # all choices or none, queued at once (a refused request holds no places meanwhile)
     jobs = runner.submit_all([(gen.prompt, gen.params.for_choice(i), gen.mode, gen.salt)
                               for gen in gens for i in range(gen.n)], arrival,
-                             [gen.first_logits for gen in gens for _ in range(gen.n)])
+                             [gen.first_logits for gen in gens for _ in range(gen.n)],
+                             [gen.priority for gen in gens for _ in range(gen.n)])
     gen = gens[0]
     metrics.requests.labels(endpoint or ("chat" if gen.chat else "completions")).inc()
     stream_body, whole_body = shape or (_stream, _whole)

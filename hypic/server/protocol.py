@@ -117,12 +117,6 @@ EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's reasoning eff
 VERBOSITY = ("low", "medium", "high")  # OpenAI's verbosity hints
 
 
-def _first_come(value: int) -> int:
-    if value != 0:
-        raise ValueError("not supported: hypic serves requests first come, first served (priority 0 only)")
-    return value
-
-
 class StreamOptions(Strict):
     include_usage: bool = False
     include_obfuscation: bool | None = None  # OpenAI's padding against length side channels: none is added
@@ -282,8 +276,9 @@ class Common(Strict):
         = None
     # vLLM's: the response's id ("cmpl-" / "chatcmpl-" + it; else the X-Request-Id header, else random)
     request_id: str | None = Field(None, pattern=f"^{REQUEST_ID}$")
-    # vLLM's priority scheduling: hypic serves first come, first served (0 only)
-    priority: Annotated[int, AfterValidator(_first_come)] = 0
+    # vLLM's priority scheduling: a lower value is admitted first (hypic serve --scheduling-policy
+    # priority; under the default first come, first served only 0 is taken: hypic.server.app)
+    priority: int = Field(0, ge=-(2 ** 63), lt=2 ** 63)
     # vLLM's: the prompt's and the answer's token ids beside the text (what an RL rollout trains on);
     # streamed, the prompt's with a choice's first chunk and each chunk's own tokens' with it
     return_token_ids: bool | None = None

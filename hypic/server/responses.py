@@ -198,6 +198,7 @@ class ResponsesRequest(Strict):
     top_logprobs: int | None = Field(None, ge=0, le=20)  # with include's LOGPROBS: the likeliest per token
     background: Literal[False] | None = None
     prompt_cache_retention: Literal["in-memory", "24h"] | None = None  # accepted: hypic's cache has its own budget
+    priority: int = Field(0, ge=-(2 ** 63), lt=2 ** 63)  # vLLM's (--scheduling-policy priority)
     reasoning: ReasoningConfig | None = None
     max_tool_calls: int | None = Field(None, ge=1)  # accepted: it bounds built-in tools' calls; hypic has none
     stream_options: ResponsesStreamOptions | None = None
@@ -309,6 +310,7 @@ def chat_request(req: ResponsesRequest, earlier: list[Any] = ()) -> ChatRequest:
             "reasoning_effort": None if req.reasoning is None else req.reasoning.effort,
             "tool_choice": choice, "parallel_tool_calls": req.parallel_tool_calls,
             "response_format": response_format, "cache_salt": req.cache_salt, "mode": req.mode,
+            "priority": req.priority,
             **({"logprobs": True, "top_logprobs": req.top_logprobs or 0} if wants_logprobs(req) else {})}
     try:
         return ChatRequest.model_validate({k: v for k, v in body.items() if v is not None})

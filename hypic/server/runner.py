@@ -115,13 +115,15 @@ class Runner:
         return self.submit_all([(prompt, params, mode, salt)], arrival)[0]
 
     def submit_all(self, items: list[tuple[list[list[int]], SamplingParams, str, str | None]],
-                   arrival: float, first_logits: list[torch.Tensor | None] | None = None) -> list[Job]:
+                   arrival: float, first_logits: list[torch.Tensor | None] | None = None,
+                   priorities: list[int] | None = None) -> list[Job]:
         """(prompt, params, mode, salt) each — a request's choices — queued all or none (429 / 503);
-        ``first_logits``: per item, its first-token logits if computed already (echo scoring)."""
+        ``first_logits``: per item, its first-token logits if computed already (echo scoring);
+        ``priorities``: per item, the request's priority (``--scheduling-policy priority``)."""
         if self.closing:
             raise self._unavailable("the server is shutting down", 503, "shutting_down")
         try:
-            subs = self.scheduler.submit_all(items, first_logits)
+            subs = self.scheduler.submit_all(items, first_logits, priorities)
         except QueueFull as e:
             if self.closing or "shutting down" in str(e):
                 raise self._unavailable("the server is shutting down", 503, "shutting_down") from None

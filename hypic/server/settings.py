@@ -31,6 +31,9 @@ class ServerSettings:
     # at shutdown, requests queued (admitted, not yet running) are served within the timeout too; by default
     # they are refused at once with a 503 and Retry-After, so a load balancer sends them to another replica
     shutdown_drain: bool = False
+    # vLLM's --scheduling-policy: "fcfs" (first come, first served; a request's priority must be 0)
+    # or "priority" (the queue ordered by each request's priority, lower first, then by arrival)
+    scheduling_policy: str = "fcfs"
     max_body_bytes: int = 32 << 20
     retry_after_s: int = 1  # the Retry-After a 429/503 advertises
     cache_dir: str | None = None  # where POST /v1/segments/save writes the cache (``hypic serve --cache-dir``)
@@ -60,6 +63,8 @@ class ServerSettings:
             raise ValueError(f"max_stored_responses: expected an integer ≥ 0, got {self.max_stored_responses!r}")
         if not isinstance(self.shutdown_drain, bool):
             raise ValueError(f"shutdown_drain: expected a boolean, got {self.shutdown_drain!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy: expected 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if self.reasoning_parser not in (None, "think"):
             raise ValueError(f"reasoning_parser: expected 'think' or None, got {self.reasoning_parser!r}")
         if self.cache_dir is not None and (not isinstance(self.cache_dir, str) or not self.cache_dir):

@@ -365,3 +365,36 @@ def test_a_row_whose_logits_are_not_finite_fails_its_request_alone(llm, monkeypa
     with pytest.raises(RuntimeError, match="not finite"):  # and the engine's (evaluation, benchmarks)
         llm.engine.generate([_prompt(40), prompts[0]], [poisoned, plain])
     assert llm.engine.store.check_integrity()
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival(llm) -> None:
+    """vLLM's priority scheduling: behind a running request, the queue holds each newcomer behind
+    every request of a lower or equal priority value; one slot, so they finish in that order. The
+    running request is never stopped for them."""
+    sched = Scheduler(llm.engine, max_running=1)
+    busy = sched.submit(_prompt(1), SamplingParams(max_tokens=400))
+    next(busy.stream(timeout=60))
+    arrivals = [("b", 5), ("c", 0), ("d", 5), ("e", -1), ("f", 0)]
+    subs = {name: sched.submit_all([(_prompt(i + 2), SamplingParams(max_tokens=2), "hypic", None)], priorities=[p])[0]
+            for i, (name, p) in enumerate(arrivals)}
+    names = {id(s): n for n, s in subs.items()}
+    assert [names[id(s)] for s in sched._waiting] == ["e", "c", "f", "b", "d"]
+    finished: list[str] = []
+    lock = threading.Lock()
+
+    def consume(name: str) -> None:
+        events = list(subs[name].stream(timeout=60))
+        with lock:
+            finished.append(name if events[-1].kind == "done" else f"{name}!")
+
+    threads = [threading.Thread(target=consume, args=(n,)) for n in subs]
+    for t in threads:
+        t.start()
+    assert sched.depth == (5, 1)  # still running, not preempted
+    busy.cancel()
+    for t in threads:
+        t.join()
+    assert finished == ["e", "c", "f", "b", "d"]
+    with pytest.raises(ValueError, match="priorities: expected one per item"):
+        sched.submit_all([(_prompt(9), SamplingParams(max_tokens=2), "hypic", None)], priorities=[1, 2])
+    sched.shutdown()

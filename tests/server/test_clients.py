@@ -404,3 +404,25 @@ def test_continuous_usage_stats_put_each_choices_usage_in_every_chunk(http: http
     done = [u["completion_tokens"] for u in counted]
     assert done == sorted(done) and done[-1] == final["completion_tokens"] == 5
     assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in counted)
+
+
+def test_priority_scheduling_takes_a_request_s_priority(llm: LLM) -> None:
+    """With ``--scheduling-policy priority`` a request's priority is taken (completions, chat, and the
+    Responses API, which passes it on); the default server refuses any but 0 (above)."""
+    live = serve(llm, scheduling_policy="priority")
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            for path, body in (("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+                               ("/v1/chat/completions", {"messages": [USER], "max_tokens": 2}),
+                               ("/v1/responses", {"input": "hi", "max_output_tokens": 2})):
+                r = http.post(path, json={"model": MODEL, **body, "priority": -3})
+                assert r.status_code == 200, r.text
+    finally:
+        live.stop()
+    fcfs = serve(llm)
+    try:
+        with httpx.Client(base_url=fcfs.url, timeout=60) as http:
+            r = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "priority": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
+    finally:
+        fcfs.stop()
