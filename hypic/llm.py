@@ -163,11 +163,13 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt], sampling: SamplingParams | list[SamplingParams] | None = None,
                  *, mode: str = "hypic", cache_salt: str | None = None,
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool | Callable[..., Any] = True) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable[..., Any] = True, priority: list[int] | None = None) -> list[RequestOutput]:
         """Answer each prompt (``sampling_params``: vLLM's name for ``sampling``; ``use_tqdm`` is
         taken for vLLM's callers and shows nothing). The runs decode together; one whose text reaches a
         stop string ends there, the others go on. A prompt with ``n`` answers runs n requests (answer
-        i seeded seed + i), returned as one output whose ``outputs`` lists them."""
+        i seeded seed + i), returned as one output whose ``outputs`` lists them. ``priority`` (vLLM's):
+        one integer per prompt; when more answers than ``max_num_seqs`` wait, a lower value starts
+        first, ties in order (the outputs keep the prompts' order)."""
         items = self._normalize(prompts)
         sampling = _sampling(sampling, sampling_params) or SamplingParams()
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling] * len(items)
@@ -179,9 +181,13 @@ class LLM:
             self.check_context(sum(len(s) for s in segments), p.max_tokens,
                                "the prompt" if len(ids) == 1 else f"prompts[{i}]")
             self._check_text_options(p)
+        if priority is not None and (not isinstance(priority, (list, tuple)) or len(priority) != len(items) or not all(
+                isinstance(v, int) and not isinstance(v, bool) for v in priority)):
+            raise ValueError(f"priority: expected one integer per prompt ({len(items)}), got {priority!r}"[:300])
         answers = [(i, j) for i, p in enumerate(params) for j in range(p.n)]
+        ranks = None if priority is None else [priority[i] for i, _ in answers]
         outputs = self._run([ids[i] for i, _ in answers], [params[i].for_choice(j) for i, j in answers],
-                            mode, self._salt(cache_salt))
+                            mode, self._salt(cache_salt), ranks)
         result, at = [], 0
         for item, segments, p in zip(items, ids, params, strict=True):
             group, at = outputs[at:at + p.n], at + p.n
@@ -195,7 +201,7 @@ class LLM:
         return result
 
     def _run(self, ids: list[list[list[int]]], params: list[SamplingParams], mode: str,
-             salt: str | None) -> list[RequestOutput]:
+             salt: str | None, priority: list[int] | None = None) -> list[RequestOutput]:
         """One answer per prompt (texts and stop strings with a tokenizer). At most ``max_num_seqs``
         decode at once; as answers end, the next prompts are prefilled between decode steps and join
         them — so a batch of any size (10 000 prompts, or one prompt with a large ``n``) runs in the
@@ -205,7 +211,8 @@ class LLM:
         texts = [None if self.tokenizer is None else self._text_stream(p) for p in params]
         runs: list[Any] = [None] * len(ids)
         read = [0] * len(ids)
-        pending = collections.deque(range(len(ids)))
+        order = range(len(ids)) if priority is None else sorted(range(len(ids)), key=priority.__getitem__)
+        pending = collections.deque(order)  # a stable sort: ties keep the prompts' order
         live: list[int] = []
         try:
             while True:

@@ -66,6 +66,23 @@ def test_a_batch_past_max_num_seqs_decodes_in_turns_with_the_same_answers(llm, q
         LLM(str(qwen3_5_path), device="cpu", max_num_seqs=0)
 
 
+def test_priority_orders_who_starts_when_slots_are_short(qwen3_5_path) -> None:
+    """vLLM's ``generate(..., priority=[...])``: past ``max_num_seqs``, a lower value starts first,
+    ties in the prompts' order; the outputs keep the prompts' order and their answers."""
+    one = LLM(str(qwen3_5_path), device="cpu", max_num_seqs=1)
+    started = []
+    start = one.engine.start
+    one.engine.start = lambda prompts, *a, **k: started.extend(p[1][0] for p in prompts) or start(prompts, *a, **k)
+    prompts = [_segments(60 + i, [20, 8, 5]) for i in range(4)]
+    sp = SamplingParams(max_tokens=2)
+    got = one.generate(prompts, sp, priority=[3, -1, 3, 0])
+    assert started == [prompts[i][1][0] for i in (1, 3, 0, 2)]
+    assert [o.token_ids for o in got] == [o.token_ids for o in one.generate(prompts, sp)]
+    for bad in ([1], [1, 2, 3, True], "0123"):
+        with pytest.raises(ValueError, match="priority: expected one integer per prompt"):
+            one.generate(prompts, sp, priority=bad)
+
+
 def test_a_generate_that_fails_midway_leaves_no_decode_state_behind(qwen3_5_path) -> None:
     """A decode step that raises in the second wave: the error reaches the caller, and every run
     started — the wave decoding, and the first wave's runs that had ended — holds no batch."""
