@@ -111,7 +111,8 @@ def eval_quality(args: argparse.Namespace) -> int:
         raise ValueError(f"--n: expected at least 1 example per family, got {n}")
     labels = _labels(args.labels)  # checked before the model loads
     path = args.model or str(bundled_model_path())
-    loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype, quantization=args.quantization)
+    loaded = load_model(path, device=args.device or "cpu", dtype=args.dtype,
+                        quantization=_quantization(args.quantization))
     shown = os.path.relpath(path)
     shown = path if shown.startswith("..") else shown  # inside the checkout: no machine-specific path
     difficulty = args.difficulty if args.difficulty is not None else (0.3 if args.quick else 1.0)
@@ -275,6 +276,11 @@ def parse_budget(text: str) -> int | str | None:
     return parse_bytes(text)
 
 
+def _quantization(value: str) -> str | None:
+    """--quantization's value: "none" keeps every weight in --dtype (the library's None)."""
+    return None if value == "none" else value
+
+
 SETTING_FLAGS = {"model_name": "--served-model-name", "request_timeout_s": "--request-timeout",
                  "shutdown_timeout_s": "--shutdown-timeout"}  # the rest: the setting's name as a flag
 
@@ -316,7 +322,7 @@ def _served(args: argparse.Namespace, command: str, api_key: str | None) -> tupl
     llm = LLM(args.model, device=args.device, dtype=args.dtype, seam=args.seam, cold=args.cold,
               cache_device_bytes=args.cache_device_bytes, cache_host_bytes=args.cache_host_bytes,
               cold_workers=args.cold_workers, route=args.route, cache_host_dtype=args.cache_host_dtype,
-              quantization=args.quantization)
+              quantization=_quantization(args.quantization))
     warm = getattr(args, "warm_up", "off")  # serve's option; run-batch pays its kernels in its batch anyway
     if warm == "on" or (warm == "auto" and llm.engine.device.type == "cuda"):
         # before the saved cache is loaded: the warm-up's documents never push a saved entry down a tier
@@ -569,8 +575,9 @@ def _served_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", help="the id clients pass as `model` (default: the folder's name)")
     p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--quantization", choices=["fp8"],
-                   help="fp8: projections and experts held in 8 bits with row scales (half the weight memory)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                   help="fp8: projections and experts held in 8 bits with row scales (half the weight memory); "
+                        "none: every weight in --dtype; auto (default): fp8 for an FP8 checkpoint on a GPU")
     p.add_argument("--seam", type=int, default=8, help="seam window w: tokens of each cached segment recomputed")
     p.add_argument("--cold", default="standalone", choices=["standalone", "in_context"])
     p.add_argument("--cold-workers", type=parse_workers, default=0,
@@ -705,7 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     p_q.add_argument("--labels", help="comma list of mode labels (default: all)")
     p_q.add_argument("--device")
     p_q.add_argument("--dtype", choices=["float32", "bfloat16"])
-    p_q.add_argument("--quantization", choices=["fp8"], help="fp8: projections and experts held in 8 bits")
+    p_q.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                     help="fp8: projections and experts held in 8 bits; none; auto: fp8 for an FP8 checkpoint on a GPU")
     p_q.add_argument("--batch", type=positive_int, default=8, help="prompts per engine call")
     p_q.add_argument("--out", help="write the markdown report here (a .md path; the plot and the JSON summary "
                                    "beside it), rewritten after every label")

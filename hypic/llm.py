@@ -51,14 +51,15 @@ class LLM:
                  cache_device_bytes: Budget = AUTO, cache_host_bytes: Budget = AUTO,
                  cold_workers: int | list[str] | None = None, route: str = "lpt",
                  cache_host_dtype: str | None = AUTO, max_model_len: int | None = None,
-                 seed: int | None = None, max_num_seqs: int = 256, quantization: str | None = None) -> None:
+                 seed: int | None = None, max_num_seqs: int = 256, quantization: str | None = "auto") -> None:
         """vLLM's ``dtype="auto"`` (the default: the checkpoint's on a GPU, fp32 on the CPU),
         ``max_model_len`` (a context shorter than the model's), ``seed`` (torch's global generator,
         which requests without a seed draw from: their answers repeat from run to run) and
         ``max_num_seqs`` (the most answers ``generate`` decodes at once: the rest wait their turn)
         mean what they mean there; ``model`` is a local folder (nothing is downloaded).
         ``quantization="fp8"`` holds the projections and experts in 8 bits with row scales, as vLLM's
-        ``quantization="fp8"`` does: half the weight memory (hypic.models.layers.fp8)."""
+        ``quantization="fp8"`` does: half the weight memory (hypic.models.layers.fp8); "auto" (the
+        default) does so for an FP8 checkpoint on a GPU; None keeps every weight in ``dtype``."""
         if model is None:
             model = str(bundled_model_path())
             if not Path(model).is_dir():

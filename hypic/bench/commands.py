@@ -28,14 +28,14 @@ def _bench_model(args: argparse.Namespace) -> tuple[object, str, str]:
     device = resolve_device(args.device)  # an unknown device, or CUDA missing: a ValueError, as for `LLM`
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype or
                                                                    ("bfloat16" if device.type == "cuda" else "float32")]
-    q = args.quantization
+    q = None if args.quantization == "none" else args.quantization
     if args.model:
         loaded, title = load_model(args.model, device=device, dtype=dtype, quantization=q), args.model
     else:
         loaded = random_model(SHAPES[args.shape], device=device, dtype=dtype, quantization=q)
         title = f"{args.shape} (random weights)"
-    if q is not None:
-        title += f", weights {q}"
+    if loaded.quantization is not None:
+        title += f", weights {loaded.quantization}"
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
     return loaded, f"{title}, {dtype}", machine
 
@@ -210,7 +210,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     shared.add_argument("--shape", default="qwen3.5-9b", choices=sorted(SHAPES))
     shared.add_argument("--device")
     shared.add_argument("--dtype", choices=["bfloat16", "float32"])
-    shared.add_argument("--quantization", choices=["fp8"], help="fp8: projections and experts held in 8 bits")
+    shared.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                        help="fp8: projections and experts held in 8 bits; none; auto: fp8 for an FP8 checkpoint on "
+                             "a GPU")
     shared.add_argument("--seam", type=int, default=8)
     shared.add_argument("--out", help="append the table to this markdown file")
     rag = argparse.ArgumentParser(add_help=False)  # the fixed-shape RAG prompts of ttft and scatter

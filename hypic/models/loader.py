@@ -30,6 +30,7 @@ from hypic.models.quantized import (
     dequantize,
     fp8_weights,
     hold_in_fp8,
+    resolved_quantization,
 )
 from hypic.models.registry import resolve
 from hypic.models.tiktoken_file import PATTERNS, special_tokens, tiktoken_tokenizer
@@ -198,9 +199,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def load_model(path: str | Path, *, device: str | torch.device | None = None,
-               dtype: torch.dtype | str | None = None, quantization: str | None = None) -> LoadedModel:
+               dtype: torch.dtype | str | None = None, quantization: str | None = "auto") -> LoadedModel:
     """``quantization="fp8"``: the projections and experts held in 8 bits with row scales, each
-    quantized as it is read (``hypic.models.layers.fp8``); None: every weight in ``dtype``."""
+    quantized as it is read (``hypic.models.layers.fp8``); None: every weight in ``dtype``; "auto"
+    (the default): "fp8" for an FP8 checkpoint on a GPU, else None."""
     check_quantization(quantization)
     path = Path(path)
     if not path.is_dir():
@@ -209,6 +211,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
     arch = resolve(config)
     fp8 = fp8_weights(config)
     device = resolve_device(device)
+    quantization = resolved_quantization(quantization, config, device)
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if isinstance(dtype, str):
         dtype = dtypes.get(dtype, dtype)

@@ -93,7 +93,9 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, na
                      f"output row of a {list(weight.shape)} weight")
 
 
-# `LLM(quantization=...)`: how the loaded weights are held (None: in the serving dtype)
+# `LLM(quantization=...)`: how the loaded weights are held (None: in the serving dtype; "auto": as
+# the checkpoint holds them where 8-bit matmuls run — an FP8 build on a GPU stays in 8 bits, as
+# vLLM serves it, else None)
 QUANTIZATIONS = ("fp8",)
 # projections left in the serving dtype under quantization="fp8": the head, and the small ones that
 # set the linear layers' decays and gates (the FP8 builds leave them in bf16 too)
@@ -102,9 +104,18 @@ KEEP_UNQUANTIZED = frozenset({"lm_head", "in_proj_ba", "in_proj_b", "in_proj_a",
 
 
 def check_quantization(quantization: str | None) -> str | None:
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization: expected one of {', '.join(QUANTIZATIONS)} or None, got {quantization!r}")
+    if quantization is not None and quantization not in (*QUANTIZATIONS, "auto"):
+        raise ValueError(f"quantization: expected one of {', '.join(QUANTIZATIONS)}, auto or None, "
+                         f"got {quantization!r}")
     return quantization
+
+
+def resolved_quantization(quantization: str | None, config: dict[str, Any], device: torch.device) -> str | None:
+    """``auto``: "fp8" for an FP8 checkpoint on a GPU (an 80B FP8 build dequantized would not fit
+    one), None otherwise (on the CPU 8-bit weights only save memory: each matmul widens them)."""
+    if quantization != "auto":
+        return quantization
+    return "fp8" if fp8_weights(config) is not None and device.type == "cuda" else None
 
 
 def hold_in_fp8(model: torch.nn.Module) -> int:

@@ -16,7 +16,7 @@ import torch
 
 from hypic.models.layers.fp8 import FP8, quantize_rows
 from hypic.models.loader import LoadedModel
-from hypic.models.quantized import check_quantization, hold_in_fp8
+from hypic.models.quantized import check_quantization, hold_in_fp8, resolved_quantization
 from hypic.models.registry import resolve
 
 
@@ -27,6 +27,7 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
     bits with row scales (hypic.models.layers.fp8), one tensor at a time."""
     check_quantization(quantization)
     device = torch.device(device)
+    quantization = resolved_quantization(quantization, config, device)  # "auto": none for random weights
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):  # storage only in the target dtype: a 48 B-parameter shape in fp32 would not fit
         model = resolve(config).build(config)

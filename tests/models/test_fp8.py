@@ -125,7 +125,7 @@ def test_workers_rebuild_the_same_8_bit_weights(next_path) -> None:
 
 
 def test_unknown_quantization_is_refused(next_path) -> None:
-    with pytest.raises(ValueError, match="quantization: expected one of fp8 or None, got 'int4'"):
+    with pytest.raises(ValueError, match="quantization: expected one of fp8, auto or None, got .int4."):
         load_model(next_path, device="cpu", quantization="int4")
     with pytest.raises(ValueError, match="quantization"):
         LLM(str(next_path), device="cpu", quantization="awq")

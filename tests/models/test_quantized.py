@@ -212,3 +212,21 @@ def test_an_fp8_build_can_stay_in_8_bits(qwen3_next_fp8) -> None:
     ids = torch.randint(3, 512, (80,), generator=torch.Generator().manual_seed(6))
     a, b = hypic_logits(load_model(plain, device="cpu"), ids), hypic_logits(held, ids)
     assert (a - b).norm() / a.norm() <= 0.1 and (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.9
+
+
+def test_auto_keeps_an_fp8_build_in_8_bits_on_a_gpu_only(qwen3_next_fp8) -> None:
+    """``quantization="auto"`` (the default): an FP8 build stays in 8 bits where 8-bit matmuls run
+    (an 80B FP8 build dequantized would not fit one GPU); on the CPU, and for any other checkpoint,
+    the weights are held in the serving dtype."""
+    from hypic.models.quantized import resolved_quantization
+
+    _, path, _, plain = qwen3_next_fp8
+    fp8_config = json.loads((path / "config.json").read_text())
+    plain_config = json.loads((plain / "config.json").read_text())
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # devices named only: nothing runs on them
+    assert resolved_quantization("auto", fp8_config, cuda) == "fp8"
+    assert resolved_quantization("auto", fp8_config, cpu) is None
+    assert resolved_quantization("auto", plain_config, cuda) is None
+    assert resolved_quantization(None, fp8_config, cuda) is None
+    assert resolved_quantization("fp8", plain_config, cpu) == "fp8"
+    assert load_model(path, device="cpu").quantization is None
