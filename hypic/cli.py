@@ -471,8 +471,11 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     auth = "API key required" if settings.api_key else "no API key"
     port = sockets[0].getsockname()[1]  # --port 0: the one the system chose, which a client must be told
-    print(f"hypic serve: {settings.model_name} on http://{args.host}:{port} ({llm.engine.device}, {auth})",
-          flush=True)
+    loaded = llm.loaded
+    held = f"{str(loaded.dtype).removeprefix('torch.')}" + (", weights in 8 bits" if loaded.quantization else "")
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters()) / 2**30
+    print(f"hypic serve: {settings.model_name} on http://{args.host}:{port} ({llm.engine.device}, {held}, "
+          f"{weights:.3g} GiB of weights, {auth})", flush=True)
     # uvicorn shuts down gracefully on SIGINT and SIGTERM (the app finishes or cancels in-flight
     # requests), then raises the signal again under the handler it found: SIGINT's is Python's
     # KeyboardInterrupt, SIGTERM's the default, which killed the process before the cache was saved

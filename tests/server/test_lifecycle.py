@@ -241,6 +241,7 @@ def test_hypic_serve_command(model_dir: Path, tmp_path: Path) -> None:
             first.append(proc.stdout.readline())
             assert first[-1] or proc.poll() is None, "".join(first)
         assert int(announced.group(1)) > 0, first[-1]
+        assert re.search(r"\(cpu, float32, [0-9.]+ GiB of weights, API key required\)", first[-1]), first[-1]
         url = f"http://127.0.0.1:{announced.group(1)}"
 
         def up() -> bool:
