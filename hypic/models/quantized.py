@@ -6,7 +6,8 @@ beside it ``X.weight_scale_inv``, one scale per 128 × 128 block of it (``weight
 small and sensitive tensors (norms, embeddings, the head, gates, the linear layers' ``A_log`` and
 conv) left in bf16 (``modules_to_not_convert``). Older FP8 builds (AutoFP8) have no blocks: one
 ``X.weight_scale`` per tensor or per output row, and an ``X.input_scale`` for a static activation
-scheme.
+scheme. llm-compressor's (``quant_method: "compressed-tensors"``, format ``float-quantized``) name
+every scale ``X.weight_scale``: per channel, per tensor or per block.
 
 hypic reads such a checkpoint by turning each 8-bit weight back into the model's dtype as it is
 loaded: ``w = q · s`` element by element, ``s`` the scale of the block (row, tensor) holding it. The
@@ -34,18 +35,21 @@ IGNORED_SUFFIXES = (".input_scale", ".k_scale", ".v_scale", ".q_scale", ".kv_sca
 @dataclass(frozen=True)
 class Fp8Weights:
     """How an fp8 checkpoint scales its weights: one scale per ``block`` (rows, columns) of a
-    weight, read from ``X.weight_scale_inv``; or, ``block`` None, ``X.weight_scale`` per tensor
-    or per output row."""
+    weight, or per tensor or per output row (told apart by the scale's shape), read from
+    ``X.weight`` + ``suffix`` (Hugging Face's fp8 blocks: ``_scale_inv``; otherwise ``_scale``)."""
 
     block: tuple[int, int] | None
+    suffix: str = "_scale"
 
     def scale_name(self, weight_name: str) -> str:
-        return weight_name + "_scale_inv" if self.block is not None else weight_name + "_scale"
+        return weight_name + self.suffix
 
 
 def fp8_weights(config: dict[str, Any]) -> Fp8Weights | None:
     """The checkpoint's fp8 scheme from ``quantization_config`` (top level, or a multimodal
-    config's ``text_config``); None when it declares none. ValueError for any other method."""
+    config's ``text_config``): Hugging Face's ``quant_method: "fp8"`` or compressed-tensors'
+    8-bit float weights (llm-compressor's FP8 builds); None when it declares none. ValueError for
+    any other method or format."""
     q = config.get("quantization_config")
     if q is None and isinstance(config.get("text_config"), dict):
         q = config["text_config"].get("quantization_config")
@@ -54,17 +58,55 @@ def fp8_weights(config: dict[str, Any]) -> Fp8Weights | None:
     if not isinstance(q, dict):
         raise ValueError(f"config.json: quantization_config must be an object, got {type(q).__name__}")
     method = q.get("quant_method")
+    if method == "compressed-tensors":
+        return _compressed_fp8(q)
     if method != "fp8":
         raise ValueError(f"config.json: quantization_config.quant_method {method!r} is not supported: hypic reads "
-                         "fp8 checkpoints (quant_method \"fp8\", block-scaled or per-tensor) and unquantized ones")
+                         "fp8 checkpoints (quant_method \"fp8\", or compressed-tensors' float-quantized 8-bit "
+                         "weights) and unquantized ones")
     block = q.get("weight_block_size")
     if block is None:
         return Fp8Weights(None)
+    return Fp8Weights(_block(block, "weight_block_size"), "_scale_inv")
+
+
+def _block(block: Any, where: str) -> tuple[int, int]:
     if (not isinstance(block, list | tuple) or len(block) != 2
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
-        raise ValueError(f"config.json: quantization_config.weight_block_size must be two positive integers "
+        raise ValueError(f"config.json: quantization_config.{where} must be two positive integers "
                          f"[rows, columns], got {block!r}")
-    return Fp8Weights((block[0], block[1]))
+    return block[0], block[1]
+
+
+def _compressed_fp8(q: dict[str, Any]) -> Fp8Weights:
+    """compressed-tensors' config: every group 8-bit float weights (``float-quantized``), scaled per
+    channel, per tensor or per block (one block shape for all); activation schemes are for 8-bit
+    matmuls and are not needed to read the weights. Integer and 4-bit groups are refused by name."""
+    groups = q.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError("config.json: quantization_config.config_groups: expected an object of groups "
+                         "(compressed-tensors)")
+    blocks = set()
+    for name, group in groups.items():
+        where = f"quantization_config.config_groups.{name}"
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(weights, dict):
+            raise ValueError(f"config.json: {where}.weights: expected an object")
+        fmt = group.get("format") or q.get("format")
+        bits, kind, strategy = weights.get("num_bits"), weights.get("type"), weights.get("strategy")
+        if bits != 8 or kind != "float" or fmt not in ("float-quantized", "naive-quantized", None):
+            raise ValueError(f"config.json: {where}: {bits}-bit {kind} weights ({fmt}) are not supported: hypic "
+                             "reads compressed-tensors' 8-bit float weights (float-quantized)")
+        if strategy == "block":
+            blocks.add(_block(weights.get("block_structure"), f"{where.removeprefix('quantization_config.')}"
+                                                               ".weights.block_structure"))
+        elif strategy not in ("channel", "tensor"):
+            raise ValueError(f"config.json: {where}.weights.strategy {strategy!r} is not supported: hypic reads "
+                             "8-bit weights scaled per channel, per tensor or per block")
+    if len(blocks) > 1:
+        raise ValueError(f"config.json: quantization_config: groups of different block shapes {sorted(blocks)} "
+                         "are not supported")
+    return Fp8Weights(blocks.pop() if blocks else None)
 
 
 def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, name: str) -> torch.Tensor:
@@ -77,6 +119,10 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, na
         raise ValueError(f"tensor {name!r} is stored as {weight.dtype} but is not a matrix "
                          f"(shape {list(weight.shape)})")
     out_dim, in_dim = weight.shape[-2:]
+    if s.numel() == 1:
+        return w * s.reshape(())
+    if tuple(s.shape) in ((*weight.shape[:-1], 1), tuple(weight.shape[:-1])):
+        return w * s.reshape(*weight.shape[:-1], 1)
     if scheme.block is not None:
         rows, cols = scheme.block
         want = (*weight.shape[:-2], -(-out_dim // rows), -(-in_dim // cols))
@@ -85,10 +131,6 @@ def dequantize(weight: torch.Tensor, scale: torch.Tensor, scheme: Fp8Weights, na
                              f"weight in blocks of {rows} x {cols} needs {list(want)}")
         s = s.repeat_interleave(rows, dim=-2)[..., :out_dim, :].repeat_interleave(cols, dim=-1)[..., :in_dim]
         return w * s
-    if s.numel() == 1:
-        return w * s.reshape(())
-    if tuple(s.shape) in ((*weight.shape[:-1], 1), tuple(weight.shape[:-1])):
-        return w * s.reshape(*weight.shape[:-1], 1)
     raise ValueError(f"tensor {name!r}: its scale has shape {list(s.shape)}, neither one value nor one per "
                      f"output row of a {list(weight.shape)} weight")
 

@@ -54,14 +54,18 @@ def dequantized_by_index(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: 
     return (q.double() * scale.double()[i, j]).float()  # a 4-bit by 8-bit mantissa product: exact in fp32
 
 
-def write_fp8(ref: torch.nn.Module, path, rows: int | None, cols: int | None) -> dict[str, torch.Tensor]:
+def write_fp8(ref: torch.nn.Module, path, rows: int | None, cols: int | None,
+              compressed: bool = False) -> dict[str, torch.Tensor]:
     """``ref``'s weights as an fp8 checkpoint in two shards, every scale in the second (apart from
     its weight): block scales (``rows`` × ``cols``) or, ``rows`` None, one fp32 scale per output
-    row. Returns the dequantized state dict the checkpoint stands for."""
+    row; as Hugging Face's fp8 writes it, or ``compressed``, as compressed-tensors does (llm-compressor:
+    scales named ``weight_scale`` whatever the strategy). Returns the dequantized state dict the
+    checkpoint stands for."""
     ref.save_pretrained(path)
     tensors = load_file(path / "model.safetensors")
     (path / "model.safetensors").unlink()
     weights, scales, expected = {}, {}, {}
+    block_suffix = "_scale" if compressed else "_scale_inv"
     for name, t in tensors.items():
         if not _quantized(name, t):
             weights[name] = expected[name] = t
@@ -71,17 +75,26 @@ def write_fp8(ref: torch.nn.Module, path, rows: int | None, cols: int | None) ->
             scales[name + "_scale"] = s
             expected[name] = (weights[name].double() * s.double()).float()
         else:
-            weights[name], scales[name + "_scale_inv"] = quantize_blocks(t, rows, cols)
-            expected[name] = dequantized_by_index(weights[name], scales[name + "_scale_inv"], rows, cols)
+            weights[name], scales[name + block_suffix] = quantize_blocks(t, rows, cols)
+            expected[name] = dequantized_by_index(weights[name], scales[name + block_suffix], rows, cols)
     save_file(weights, path / "model-00001-of-00002.safetensors", metadata={"format": "pt"})
     save_file(scales, path / "model-00002-of-00002.safetensors", metadata={"format": "pt"})
     index = {n: "model-00001-of-00002.safetensors" for n in weights}
     index |= {n: "model-00002-of-00002.safetensors" for n in scales}
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
     cfg = json.loads((path / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                  **({"weight_block_size": [rows, cols]} if rows is not None else {}),
-                                  "modules_to_not_convert": ["lm_head", "embed_tokens"]}
+    if compressed:
+        strategy = {"strategy": "channel"} if rows is None else {"strategy": "block", "block_structure": [rows, cols]}
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {
+                "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "symmetric": True, **strategy},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}}},
+            "ignore": ["lm_head"]}
+    else:
+        cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      **({"weight_block_size": [rows, cols]} if rows is not None else {}),
+                                      "modules_to_not_convert": ["lm_head", "embed_tokens"]}
     (path / "config.json").write_text(json.dumps(cfg))
     return expected
 
@@ -230,3 +243,36 @@ def test_auto_keeps_an_fp8_build_in_8_bits_on_a_gpu_only(qwen3_next_fp8) -> None
     assert resolved_quantization(None, fp8_config, cuda) is None
     assert resolved_quantization("fp8", plain_config, cpu) == "fp8"
     assert load_model(path, device="cpu").quantization is None
+
+
+@pytest.mark.parametrize("rows, cols", [(None, None), (32, 48)])
+def test_compressed_tensors_fp8_builds_load_as_their_products(tmp_path, rows, cols) -> None:
+    """llm-compressor's FP8 builds (compressed-tensors, float-quantized): channel or block scales,
+    all named ``weight_scale``."""
+    torch.manual_seed(2)
+    ref = T.Qwen3NextForCausalLM(T.Qwen3NextConfig(**TINY_BASE, **TINY_GDN, **TINY_MOE, intermediate_size=256)).eval()
+    expected = write_fp8(ref, tmp_path / "ct", rows, cols, compressed=True)
+    got = dict(load_model(tmp_path / "ct", device="cpu").model.named_parameters())
+    checked = 0
+    for name, want in expected.items():
+        if name in got and _quantized(name, want):
+            assert torch.equal(got[name], want), name
+            checked += 1
+    assert checked >= 2 * TINY_BASE["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda g: g["weights"].update(num_bits=4, type="int"), "4-bit int weights .* are not supported"),
+    (lambda g: g.update(format="pack-quantized"), r"\(pack-quantized\) are not supported"),
+    (lambda g: g["weights"].update(strategy="group", group_size=128), "strategy 'group' is not supported"),
+    (lambda g: g["weights"].update(block_structure=[128]), "block_structure must be two positive integers"),
+])
+def test_compressed_tensors_other_than_8_bit_floats_are_refused_by_name(tmp_path, edit, message) -> None:
+    torch.manual_seed(2)
+    ref = T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**TINY_BASE, **TINY_GDN, intermediate_size=256)).eval()
+    write_fp8(ref, tmp_path / "ct", 32, 48, compressed=True)
+    cfg = json.loads((tmp_path / "ct" / "config.json").read_text())
+    edit(cfg["quantization_config"]["config_groups"]["group_0"])
+    (tmp_path / "ct" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=message):
+        load_model(tmp_path / "ct", device="cpu")
