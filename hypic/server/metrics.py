@@ -125,6 +125,9 @@ class Metrics:
                               ["cache"], buckets=TTFT_BUCKETS, registry=r)
         self.prefill = Histogram("hypic_prefill_seconds", "Engine time to assemble a prompt's state and sample "
                                  "its first token", buckets=TTFT_BUCKETS, registry=r)
+        self.waiting = Histogram("hypic_wait_seconds", "Arrival to first token less the request's own prefill: "
+                                 "what it waited for (the queue, its scoring, other requests' prefills and decode "
+                                 "steps; vLLM's request_queue_time)", buckets=TTFT_BUCKETS, registry=r)
         self.inter_token = Histogram("hypic_inter_token_seconds", "Time between a request's consecutive tokens, "
                                      "as the serving loop emits them (decode steps and the prefills between "
                                      "them)", buckets=INTER_TOKEN_BUCKETS, registry=r)
@@ -159,6 +162,7 @@ class Metrics:
         """A request's prefill is done: its cache outcome and prompt accounting are known."""
         self.ttft.labels(cache_outcome(m)).observe(ttft_s)
         self.prefill.observe(m.ttft_s)
+        self.waiting.observe(max(0.0, ttft_s - m.ttft_s))
         self.segment_hits.inc(m.segment_hits)
         self.segment_misses.inc(m.segment_misses)
         self.prompt_tokens.inc(m.prompt_tokens)

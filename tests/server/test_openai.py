@@ -666,6 +666,9 @@ def test_metrics_move(http: httpx.Client, client: OpenAI) -> None:
                                                      if k.startswith("hypic_time_to_first_token_seconds_sum"))
     ttft = sum(v for k, v in delta.items() if k.startswith("hypic_time_to_first_token_seconds_count"))
     assert ttft == 2 and delta['hypic_time_to_first_token_seconds_count{cache="hit"}'] == 1
+    assert delta["hypic_wait_seconds_count"] == 2  # the time to first token, split into the wait and the prefill
+    assert 0 <= delta["hypic_wait_seconds_sum"] <= sum(v for k, v in delta.items()
+                                                        if k.startswith("hypic_time_to_first_token_seconds_sum"))
     assert after['hypic_cache_bytes{tier="device"}'] > 0 and after['hypic_cache_entries{tier="device"}'] > 0
     assert after["hypic_queue_depth"] == 0 and "hypic_running_requests" in after
     assert after["hypic_cache_host_pinned_bytes"] == 0  # a CPU engine's host tier moves nothing, pins nothing
