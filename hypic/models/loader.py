@@ -136,13 +136,16 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                 if dest is None:
                     if target == "lm_head.weight" and model.tie_embeddings:
                         continue
+                    if fp8 is None and name.endswith(SCALE_SUFFIXES + IGNORED_SUFFIXES):
+                        raise ValueError(f"{file.name}: tensor {name!r} is a quantization scale, but config.json "
+                                         "declares no quantization_config")
                     raise ValueError(f"{file.name}: tensor {name!r} does not belong to this model")
                 target, param = dest
                 tensor = f.get_tensor(name)
                 if tensor.dtype in FLOAT8:
-                    if fp8 is None:
+                    if fp8 is None or not fp8.weights:
                         raise ValueError(f"{file.name}: tensor {name!r} is stored as {tensor.dtype}, but config.json "
-                                         "declares no quantization_config to scale it by")
+                                         "declares no quantization_config of its weights to scale it by")
                     scale = fp8.scale_name(name)
                     if scale not in holder:
                         raise ValueError(f"{file.name}: tensor {name!r} is stored as {tensor.dtype}, and its scale "
@@ -168,14 +171,15 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
         for name in sorted(set(holder) - scales_read):  # a scale no 8-bit weight used: its weight would be unscaled
             if fp8 is not None and name.endswith(SCALE_SUFFIXES):
                 weight = name[:-len("_scale_inv")] if name.endswith("_scale_inv") else name[:-len("_scale")]
-                if arch_name_map(weight) is not None and weight in holder:
-                    stored = handles[holder[weight]].get_slice(weight).get_dtype()
+                stored = handles[holder[weight]].get_slice(weight).get_dtype() if weight in holder else ""
+                if arch_name_map(weight) is not None and stored and not stored.startswith("F8"):
                     raise ValueError(f"{holder[name].name}: tensor {name!r} scales {weight!r}, which is not "
                                      f"stored as 8-bit floats ({stored})")
     for name, experts in stacked.items():  # a stacked parameter is loaded when every slice is
         if all(f"{name}[{e}]" in loaded for e in range(experts)):
             loaded.add(name)
-    missing = sorted(set(params) - loaded - ({"lm_head.weight"} if model.tie_embeddings else set()))
+    own = {f"{n}_scale" for n, p in params.items() if p.dtype == FP8}  # hypic's row scales, not the checkpoint's
+    missing = sorted(set(params) - loaded - own - ({"lm_head.weight"} if model.tie_embeddings else set()))
     if missing:
         raise ValueError(f"{files[0].parent}: checkpoint lacks {len(missing)} tensors, e.g. {missing[:3]}")
 

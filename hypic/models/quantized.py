@@ -40,6 +40,7 @@ class Fp8Weights:
 
     block: tuple[int, int] | None
     suffix: str = "_scale"
+    weights: bool = True  # False: a quantization_config for the KV cache only; no weight is 8-bit
 
     def scale_name(self, weight_name: str) -> str:
         return weight_name + self.suffix
@@ -83,7 +84,9 @@ def _compressed_fp8(q: dict[str, Any]) -> Fp8Weights:
     channel, per tensor or per block (one block shape for all); activation schemes are for 8-bit
     matmuls and are not needed to read the weights. Integer and 4-bit groups are refused by name."""
     groups = q.get("config_groups")
-    if not isinstance(groups, dict) or not groups:
+    if groups in (None, {}):  # a quantized KV cache alone (kv_cache_scheme): the weights are as they are
+        return Fp8Weights(None, weights=False)
+    if not isinstance(groups, dict):
         raise ValueError("config.json: quantization_config.config_groups: expected an object of groups "
                          "(compressed-tensors)")
     blocks = set()
@@ -157,7 +160,8 @@ def resolved_quantization(quantization: str | None, config: dict[str, Any], devi
     one), None otherwise (on the CPU 8-bit weights only save memory: each matmul widens them)."""
     if quantization != "auto":
         return quantization
-    return "fp8" if fp8_weights(config) is not None and device.type == "cuda" else None
+    scheme = fp8_weights(config)
+    return "fp8" if scheme is not None and scheme.weights and device.type == "cuda" else None
 
 
 def hold_in_fp8(model: torch.nn.Module) -> int:
@@ -171,8 +175,9 @@ def hold_in_fp8(model: torch.nn.Module) -> int:
     held = 0
     for module in list(model.modules()):
         if isinstance(module, Experts):
-            module.hold_in_fp8()
-            held += 1
+            if module.quantizable():  # else left in the serving dtype, as a linear would be
+                module.hold_in_fp8()
+                held += 1
             continue
         for name, child in list(module.named_children()):
             if name not in KEEP_UNQUANTIZED and quantizable(child):

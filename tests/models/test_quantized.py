@@ -276,3 +276,54 @@ def test_compressed_tensors_other_than_8_bit_floats_are_refused_by_name(tmp_path
     (tmp_path / "ct" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=message):
         load_model(tmp_path / "ct", device="cpu")
+
+
+def test_edge_cases_of_fp8_builds_found_in_review(qwen3_next_fp8, tmp_path) -> None:
+    """(a) a tied model whose FP8 build also stores an 8-bit head (read as the embeddings, as any tied
+    head); (b) a missing projection named once, not with hypic's own row scales beside it; (c) a
+    compressed-tensors config for the KV cache alone (weights as they are, its k/v scales read past);
+    (d) an input scale in a checkpoint whose config declares no quantization, named as such."""
+    torch.manual_seed(0)
+    ref = T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**TINY_BASE, **TINY_GDN, intermediate_size=256,
+                                                   tie_word_embeddings=True)).eval()
+    write_fp8(ref, tmp_path / "tied", 32, 48)
+    _edit_files(tmp_path / "tied", lambda w, s: (w.__setitem__("lm_head.weight", quantize_blocks(
+        w["model.embed_tokens.weight"], 32, 48)[0]), s.__setitem__("lm_head.weight_scale_inv", torch.ones(16, 3))))
+    assert load_model(tmp_path / "tied", device="cpu").model.tie_embeddings
+
+    missing = _edit(qwen3_next_fp8[1], tmp_path / "missing", shard=(WEIGHTS, lambda t: t.pop(WEIGHT)))
+    with pytest.raises(ValueError,
+                       match=r"lacks 1 tensors, e\.g\. \['model\.layers\.0\.linear_attn\.out_proj\.weight'\]"):
+        load_model(missing, device="cpu", quantization="fp8")
+
+    kv_only = _edit(qwen3_next_fp8[3], tmp_path / "kv",
+                    lambda c: c.__setitem__("quantization_config", {
+                        "quant_method": "compressed-tensors", "config_groups": {}, "format": "dense",
+                        "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}),
+                    ("model.safetensors", lambda t: t.__setitem__("model.layers.3.self_attn.k_scale",
+                                                                  torch.tensor(1.0))))
+    plain = load_model(qwen3_next_fp8[3], device="cpu")
+    loaded = load_model(kv_only, device="cpu")
+    assert loaded.quantization is None
+    from hypic.models.quantized import resolved_quantization  # nor on a GPU: no weight is 8-bit
+
+    kv_config = json.loads((kv_only / "config.json").read_text())
+    assert resolved_quantization("auto", kv_config, torch.device("cuda")) is None
+    ids = torch.arange(3, 30)
+    assert torch.equal(hypic_logits(loaded, ids), hypic_logits(plain, ids))
+
+    static = _edit(qwen3_next_fp8[3], tmp_path / "static", None,
+                   ("model.safetensors", lambda t: t.__setitem__(WEIGHT[:-len("weight")] + "input_scale",
+                                                                 torch.tensor(0.5))))
+    with pytest.raises(ValueError, match="input_scale' is a quantization scale, but config.json declares no"):
+        load_model(static, device="cpu")
+
+
+def _edit_files(path, edit) -> None:
+    """``edit(weights, scales)`` over the two shards write_fp8 made, the index rewritten to match."""
+    w, s = load_file(path / WEIGHTS), load_file(path / SCALES)
+    edit(w, s)
+    save_file(w, path / WEIGHTS, metadata={"format": "pt"})
+    save_file(s, path / SCALES, metadata={"format": "pt"})
+    index = {n: WEIGHTS for n in w} | {n: SCALES for n in s}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))

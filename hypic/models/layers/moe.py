@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from hypic.models.layers.fp8 import FP8, grouped_fp8, quantize_rows
+from hypic.models.layers.fp8 import ALIGN, FP8, grouped_fp8, quantize_rows
 from hypic.models.layers.mlp import SwiGLU
 
 _MIXTRAL_EXPERT = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
@@ -98,6 +98,12 @@ class Experts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(cfg.experts, cfg.hidden, cfg.intermediate))
 
     PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+    def quantizable(self) -> bool:
+        """Whether the experts can be held in 8 bits: both matrix sizes multiples of 16, as the
+        GPU's grouped fp8 GEMM needs (hypic.models.layers.fp8.ALIGN)."""
+        experts, intermediate, hidden = self.gate_proj.shape
+        return intermediate % ALIGN == 0 and hidden % ALIGN == 0
 
     def hold_in_fp8(self) -> None:
         """Each expert's weights as e4m3 with one fp32 scale per row (``<proj>_scale [E, rows]``,
