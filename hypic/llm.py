@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hypic.cache.budgets import AUTO, Budget
+from hypic.engine.beam_search import BeamSearchOutput, BeamSearchParams, search
 from hypic.engine.engine import Engine
 from hypic.engine.request import RequestOutput, SamplingParams, check_seed, check_utf8
 from hypic.engine.warm_up import WarmUp, warm_up
@@ -316,6 +317,34 @@ class LLM:
         finally:
             if not run.done:
                 self.engine.forget(runs)
+
+    def beam_search(self, prompts: Prompt | list[Prompt], params: BeamSearchParams, *, mode: str = "hypic",
+                    cache_salt: str | None = None,
+                    use_tqdm: bool | Callable[..., Any] = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (``hypic.engine.beam_search``): per prompt, the ``params.beam_width``
+        best beams, best first, each with its tokens (the prompt's, then its own), their summed
+        log-probability and its text. Each step is one token of every live beam of every prompt,
+        decoded together; under ``hypic`` the documents are cached once and each step recomputes a
+        beam's seams and query with the tokens it chose."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params: expected a BeamSearchParams, got {type(params).__name__}")
+        items = self._normalize(prompts)
+        ids = [self._prompt_ids(item, SamplingParams(), f"prompts[{i}]") for i, item in enumerate(items)]
+        for i, segments in enumerate(ids):
+            self.check_context(sum(len(s) for s in segments), params.max_tokens,
+                               "the prompt" if len(ids) == 1 else f"prompts[{i}]")
+        salt = self._salt(cache_salt)
+
+        def step(batch: list[list[list[int]]], ask: SamplingParams) -> list[dict[int, float]]:
+            return [out.logprobs[0] for out in self._run(batch, [ask] * len(batch), mode, salt)]
+
+        results = search(step, ids, params, set(self.engine.eos))
+        for segments, result in zip(ids, results, strict=True):
+            start = sum(len(s) for s in segments)
+            for beam in result.sequences:
+                beam.text = None if self.tokenizer is None else self.tokenizer.decode(
+                    beam.tokens[start:], skip_special_tokens=not params.include_stop_str_in_output)
+        return results
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling: SamplingParams | list[SamplingParams] | None = None, *, mode: str = "hypic",
