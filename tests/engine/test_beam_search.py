@@ -2,18 +2,12 @@
 direct search over `full`'s logits keeps; EOS completes a beam; the documents are cached once and
 no beam's tokens become an entry; bad parameters are refused by name."""
 
-import random
-
 import pytest
 import torch
 
 from hypic import LLM, BeamSearchParams, SamplingParams
 from hypic.engine.beam_search import score
-
-
-def _segments(seed: int, lengths: list[int]) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 512) for _ in range(n)] for n in lengths]
+from tests.engine.test_families import _segments
 
 
 @pytest.fixture(scope="module")
