@@ -80,34 +80,64 @@ def score(beam: BeamSearchSequence, eos: set[int], length_penalty: float) -> flo
     return beam.cum_logprob / (n ** length_penalty)
 
 
+class BeamSearch:
+    """The search, step by step, for a caller that runs each step's requests itself (the library
+    synchronously, the server through its scheduler): ``pending()`` are the prompts whose next-token
+    log-probabilities (top ``asked.logprobs``) the next step needs, ``advance()`` takes them, and
+    ``results()`` are the beams kept once ``done``."""
+
+    def __init__(self, prompts: list[list[list[int]]], params: BeamSearchParams, eos: set[int]) -> None:
+        self.prompts, self.params, self.eos = prompts, params, eos
+        self.asked = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True)
+        self._beams = [[BeamSearchSequence(_flat(p))] for p in prompts]
+        self._done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
+        self._steps = 0
+
+    @property
+    def done(self) -> bool:
+        return self._steps >= self.params.max_tokens or not any(self._beams)
+
+    def _key(self, beam: BeamSearchSequence) -> float:
+        return score(beam, self.eos, self.params.length_penalty)
+
+    def pending(self) -> list[list[list[int]]]:
+        """Every live beam of every prompt as a prompt of its own, prompt by prompt."""
+        return [_extended(self.prompts[i], b, len(_flat(self.prompts[i]))) for i, group in enumerate(self._beams)
+                for b in group]
+
+    def advance(self, offered: list[dict[int, float]]) -> None:
+        """One step: ``offered`` — per pending prompt, its continuations' log-probabilities."""
+        live = [(i, b) for i, group in enumerate(self._beams) for b in group]
+        if len(offered) != len(live):
+            raise ValueError(f"offered: expected one per pending prompt ({len(live)}), got {len(offered)}")
+        grown: list[list[BeamSearchSequence]] = [[] for _ in self.prompts]
+        for (i, beam), tops in zip(live, offered, strict=True):
+            for token, logprob in tops.items():
+                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [tops], beam.cum_logprob + logprob)
+                (self._done[i] if token in self.eos and not self.params.ignore_eos else grown[i]).append(child)
+        self._beams = [sorted(g, key=self._key, reverse=True)[:self.params.beam_width] for g in grown]
+        self._steps += 1
+
+    def results(self) -> list[BeamSearchOutput]:
+        """Per prompt, the complete and the live beams' best ``beam_width``, best first."""
+        out = []
+        for i, p in enumerate(self.prompts):
+            ranked = sorted(self._done[i] + self._beams[i], key=self._key, reverse=True)[:self.params.beam_width]
+            for b in ranked:
+                ended = b.tokens[-1] in self.eos and not self.params.ignore_eos and len(b.tokens) > len(_flat(p))
+                b.finish_reason = "stop" if ended else "length"
+            out.append(BeamSearchOutput(ranked))
+        return out
+
+
 def search(step: Callable[[list[list[list[int]]], SamplingParams], list[dict[int, float]]],
            prompts: list[list[list[int]]], params: BeamSearchParams, eos: set[int]) -> list[BeamSearchOutput]:
     """``step(prompts, params)``: each prompt's next-token log-probabilities (its top 2·width). Per
     prompt, the beams kept after ``params.max_tokens`` steps, best first."""
-    width = params.beam_width
-    beams = [[BeamSearchSequence([t for s in p for t in s])] for p in prompts]
-    done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-    ask = SamplingParams(max_tokens=1, logprobs=2 * width, ignore_eos=True)
-    for _ in range(params.max_tokens):
-        live = [(i, b) for i, group in enumerate(beams) for b in group]
-        if not live:
-            break
-        offered = step([_extended(prompts[i], b, len(_flat(prompts[i]))) for i, b in live], ask)
-        grown: list[list[BeamSearchSequence]] = [[] for _ in prompts]
-        for (i, beam), tops in zip(live, offered, strict=True):
-            for token, logprob in tops.items():
-                child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [tops], beam.cum_logprob + logprob)
-                (done[i] if token in eos and not params.ignore_eos else grown[i]).append(child)
-        beams = [sorted(g, key=lambda b: score(b, eos, params.length_penalty), reverse=True)[:width] for g in grown]
-    out = []
-    for i, p in enumerate(prompts):
-        ranked = sorted(done[i] + beams[i], key=lambda b: score(b, eos, params.length_penalty), reverse=True)[:width]
-        for b in ranked:
-            ended = b.tokens[-1] in eos and not params.ignore_eos and len(b.tokens) > len(_flat(p))
-            b.finish_reason = "stop" if ended else "length"
-            b.stop_reason = None
-        out.append(BeamSearchOutput(ranked))
-    return out
+    beams = BeamSearch(prompts, params, eos)
+    while not beams.done:
+        beams.advance(step(beams.pending(), beams.asked))
+    return beams.results()
 
 
 def _flat(prompt: list[list[int]]) -> list[int]:

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 from hypic.engine.scheduler import CANCELLED, SHUTDOWN, Scheduler
 from hypic.engine.scoring import Scored, ScoringStopped
 from hypic.llm import LLM
-from hypic.server import prompts, responses
+from hypic.server import beams, prompts, responses
 from hypic.server.chat import ChatTemplate
 from hypic.server.errors import APIError, bad_request, from_validation_error, install_handlers
 from hypic.server.generation import Echo, Generation, echo_only, respond
@@ -232,6 +232,14 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if top is not None:
             await asyncio.to_thread(TokenTexts, llm.tokenizer)
 
+    async def beam_search(gens: list[Generation], arrival: float, req: Common, endpoint: str) -> Response:
+        """vLLM's use_beam_search (``hypic.server.beams``): n is the beam width, the answer whole."""
+        beams.check(gens)
+        metrics.requests.labels(endpoint).inc()
+        body = await beams.answer(state.live_runner(), llm.tokenizer, gens, arrival, set(llm.engine.eos),
+                                  req.length_penalty, req.include_stop_str_in_output)
+        return JSONResponse(body)
+
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
         arrival = time.monotonic()
@@ -264,6 +272,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
             return gens
 
         gens = await asyncio.to_thread(prepare)
+        if req.use_beam_search:
+            return await beam_search(gens, arrival, req, "completions")
         echo_top = req.logprobs if req.echo else None
         scores = await prompt_scores(request, req, gens, arrival, echo_top)
         if req.echo:
@@ -319,6 +329,8 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         req = await read_body(request, ChatRequest, settings.max_body_bytes)
         check_model(req.model)
         gen = await chat_generation(req)
+        if req.use_beam_search:
+            return await beam_search([gen], arrival, req, "chat")
         await prompt_scores(request, req, [gen], arrival)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
 

@@ -25,8 +25,6 @@ _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[A-Z].*|.*[\[\-].*)$")  # uni
 
 # fields other servers (vLLM, OpenAI) take and hypic does not: refused in words, not as a typo
 NOT_SERVED = {
-    "use_beam_search": "the server does not search beams (the library's LLM.beam_search does)",
-    "length_penalty": "the server does not search beams (the library's LLM.beam_search does)",
     "spaces_between_special_tokens": "special tokens are decoded as the tokenizer joins them",
     "guided_decoding_backend": "use response_format",
     "guided_whitespace_pattern": "use response_format", "functions": "the legacy functions; send tools",

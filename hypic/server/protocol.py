@@ -254,6 +254,9 @@ class Common(Strict):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     include_stop_str_in_output: bool = False  # the text ends after the stop string (or stop token) found
+    # vLLM's beam search (hypic.server.beams): n is the beam width; the n best beams are the choices
+    use_beam_search: bool = False
+    length_penalty: float = Field(1.0, ge=-10.0, le=10.0)  # a beam's score: cum_logprob / len ** length_penalty
     skip_special_tokens: bool = True  # special tokens left out of the text
     user: str | None = None  # accepted, unused
     # OpenAI's routing and accounting hints, accepted: hypic caches by content (a key adds nothing) and

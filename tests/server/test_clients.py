@@ -321,7 +321,8 @@ def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) ->
     assert header.headers["x-request-id"] == "bench-7" and '"id": "chatcmpl-bench-7"' in header.text
     for extra, param, why in (({"priority": 1}, "priority", "first come"),
                               ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "number of tokens"),
-                              ({"use_beam_search": True}, "use_beam_search", "beams"),
+                              ({"use_beam_search": True, "stream": True}, "stream", "beam"),
+                              ({"use_beam_search": True, "logprobs": 2}, "logprobs", "beam"),
                               ({"request_id": "é"}, "request_id", "")):
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
@@ -426,3 +427,25 @@ def test_priority_scheduling_takes_a_request_s_priority(llm: LLM) -> None:
             assert r.status_code == 400 and r.json()["error"]["param"] == "priority", r.text
     finally:
         fcfs.stop()
+
+
+def test_vllms_beam_search_answers_the_library_s_beams(http: httpx.Client, model_dir) -> None:
+    """``use_beam_search`` with n = 3: the choices are the three beams the library's LLM.beam_search
+    keeps (a model of its own: the server's runs in its serving loop), best first, on the completions
+    and the chat routes."""
+    from hypic import BeamSearchParams
+
+    prompt = "Profile of Mira. Mira lives in Quorvane and keeps bees.<<PIC_SEP>>Where does Mira live?"
+    r = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 5, "n": 3,
+                                           "use_beam_search": True, "ignore_eos": True, "length_penalty": 0.5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = LLM(str(model_dir), device="cpu").beam_search(
+        prompt, BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True, length_penalty=0.5))[0]
+    assert [c["text"] for c in body["choices"]] == [b.text for b in want.sequences]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2] and body["usage"]["completion_tokens"] == 15
+    chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [USER], "max_tokens": 3, "n": 2,
+                                                   "use_beam_search": True})
+    assert chat.status_code == 200, chat.text
+    assert len(chat.json()["choices"]) == 2 and chat.json()["object"] == "chat.completion"
+    assert all(c["message"]["role"] == "assistant" for c in chat.json()["choices"])
