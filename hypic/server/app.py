@@ -232,13 +232,25 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         if top is not None:
             await asyncio.to_thread(TokenTexts, llm.tokenizer)
 
-    async def beam_search(gens: list[Generation], arrival: float, req: Common, endpoint: str) -> Response:
-        """vLLM's use_beam_search (``hypic.server.beams``): n is the beam width, the answer whole."""
+    async def beam_search(request: Request, gens: list[Generation], arrival: float, req: Common,
+                          endpoint: str) -> Response:
+        """vLLM's use_beam_search (``hypic.server.beams``): n is the beam width, the answer whole; a
+        client that leaves stops the search (its step's requests cancelled)."""
         beams.check(gens)
         metrics.requests.labels(endpoint).inc()
-        body = await beams.answer(state.live_runner(), llm.tokenizer, gens, arrival, set(llm.engine.eos),
-                                  req.length_penalty, req.include_stop_str_in_output)
-        return JSONResponse(body)
+        search = asyncio.ensure_future(beams.answer(state.live_runner(), llm.tokenizer, gens, arrival,
+                                                    set(llm.engine.eos), req.length_penalty,
+                                                    req.include_stop_str_in_output))
+        watcher = asyncio.ensure_future(until_disconnected(request.receive))
+        try:
+            await asyncio.wait({search, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not search.done():
+                metrics.count_error("cancelled")
+                raise ended_error(CANCELLED)
+            return JSONResponse(search.result())
+        finally:
+            search.cancel()
+            watcher.cancel()
 
     @v1.post("/completions")
     async def completions(request: Request) -> Response:
@@ -273,7 +285,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
 
         gens = await asyncio.to_thread(prepare)
         if req.use_beam_search:
-            return await beam_search(gens, arrival, req, "completions")
+            return await beam_search(request, gens, arrival, req, "completions")
         echo_top = req.logprobs if req.echo else None
         scores = await prompt_scores(request, req, gens, arrival, echo_top)
         if req.echo:
@@ -330,7 +342,7 @@ def create_app(llm: LLM, settings: ServerSettings | None = None) -> FastAPI:
         check_model(req.model)
         gen = await chat_generation(req)
         if req.use_beam_search:
-            return await beam_search([gen], arrival, req, "chat")
+            return await beam_search(request, [gen], arrival, req, "chat")
         await prompt_scores(request, req, [gen], arrival)
         return await respond(request, state.live_runner(), metrics, llm.tokenizer, [gen], arrival)
 

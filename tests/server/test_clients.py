@@ -449,3 +449,24 @@ def test_vllms_beam_search_answers_the_library_s_beams(http: httpx.Client, model
     assert chat.status_code == 200, chat.text
     assert len(chat.json()["choices"]) == 2 and chat.json()["object"] == "chat.completion"
     assert all(c["message"]["role"] == "assistant" for c in chat.json()["choices"])
+
+
+def test_a_beam_search_whose_client_leaves_stops(http: httpx.Client, server) -> None:
+    """The search's steps are requests of the serving loop: a client that hangs up mid-search cancels
+    the step running and starts no other (counted as cancelled), and the loop is left idle."""
+    from tests.server.conftest import API_KEY
+    from tests.server.test_lifecycle import wait_for
+    from tests.server.test_openai import scrape
+
+    before = scrape(http)
+    body = {"model": MODEL, "prompt": "Where does Mira live?", "max_tokens": 64, "n": 8, "use_beam_search": True,
+            "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=httpx.Timeout(60, read=0.3))
+
+    def settled() -> bool:
+        now = scrape(http)
+        return (now['hypic_errors_total{kind="cancelled"}'] > before.get('hypic_errors_total{kind="cancelled"}', 0)
+                and now["hypic_queue_depth"] == 0 and now["hypic_running_requests"] == 0)
+    wait_for(settled, timeout=20)
