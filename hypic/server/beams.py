@@ -22,8 +22,20 @@ from hypic.server.runner import Runner, event_error
 
 
 def check(gens: list[Generation]) -> None:
-    """400 for what a beam search cannot answer."""
+    """400 for what a beam search cannot answer, or would silently not apply: the beams are ranked by
+    the model's own log-probabilities, so no stop string, banned or biased token, penalty or minimum
+    length changes them (sampling's temperature, top-k, top-p and min-p do not either, as in vLLM: read
+    past)."""
     gen = gens[0]
+    p = gen.params
+    for unapplied, param in ((bool(gen.stops) or bool(p.stop_token_ids), "stop"), (bool(p.logit_bias), "logit_bias"),
+                             (bool(p.bad_words), "bad_words"), (p.presence_penalty != 0.0, "presence_penalty"),
+                             (p.frequency_penalty != 0.0, "frequency_penalty"),
+                             (p.repetition_penalty != 1.0, "repetition_penalty"), (p.min_tokens > 0, "min_tokens"),
+                             (p.allowed_token_ids is not None, "allowed_token_ids")):
+        if unapplied:
+            raise bad_request(f"{param}: not with use_beam_search (beams are ranked by the model's own "
+                              "log-probabilities)", param)
     if gen.n > MAX_WIDTH:
         raise bad_request(f"n: with use_beam_search n is the beam width, at most {MAX_WIDTH}; got {gen.n}", "n")
     for refused, param in ((gen.stream, "stream"), (gen.top_logprobs is not None, "logprobs"),

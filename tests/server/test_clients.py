@@ -323,6 +323,9 @@ def test_vllms_other_fields_are_taken_or_refused_in_words(http: httpx.Client) ->
                               ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "number of tokens"),
                               ({"use_beam_search": True, "stream": True}, "stream", "beam"),
                               ({"use_beam_search": True, "logprobs": 2}, "logprobs", "beam"),
+                              ({"use_beam_search": True, "stop": ["x"]}, "stop", "log-probabilities"),
+                              ({"use_beam_search": True, "logit_bias": {"5": 3}}, "logit_bias", "beam"),
+                              ({"use_beam_search": True, "min_tokens": 2}, "min_tokens", "beam"),
                               ({"request_id": "é"}, "request_id", "")):
         r = http.post("/v1/completions", json={**body, **extra})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
