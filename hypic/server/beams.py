@@ -51,6 +51,10 @@ async def answer(runner: Runner, tokenizer: Any, gens: list[Generation], arrival
     """The response body: per prompt, its ``n`` best beams as choices (index = prompt × n + beam)."""
     check(gens)
     gen = gens[0]
+    places, room = len(gens) * gen.n, runner.settings.max_queue + runner.settings.max_concurrent
+    if places > room:  # a step's beams are queued at once: more than ever fit would be refused for ever
+        raise bad_request(f"n: this search's {places} beams a step need {places} places, more than the server ever "
+                          f"has ({room}: max_queue + max_concurrent)", "n")
     try:
         params = BeamSearchParams(beam_width=gen.n, max_tokens=min(g.params.max_tokens for g in gens),
                                   ignore_eos=gen.params.ignore_eos, length_penalty=length_penalty,

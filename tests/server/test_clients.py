@@ -473,3 +473,15 @@ def test_a_beam_search_whose_client_leaves_stops(http: httpx.Client, server) -> 
         return (now['hypic_errors_total{kind="cancelled"}'] > before.get('hypic_errors_total{kind="cancelled"}', 0)
                 and now["hypic_queue_depth"] == 0 and now["hypic_running_requests"] == 0)
     wait_for(settled, timeout=20)
+
+
+def test_a_beam_search_wider_than_the_server_can_ever_queue_is_a_400(llm: LLM) -> None:
+    live = serve(llm, max_queue=1, max_concurrent=1)
+    try:
+        with httpx.Client(base_url=live.url, timeout=60) as http:
+            r = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 3,
+                                                   "use_beam_search": True})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+            assert "max_queue + max_concurrent" in r.json()["error"]["message"]
+    finally:
+        live.stop()
