@@ -631,8 +631,10 @@ def generate(args: argparse.Namespace) -> int:
     try:
         if args.cache_dir is not None:  # "" ran without a cache, silently
             _take_cache_dir(args.cache_dir)
-        llm = LLM(args.model, device=args.device, seam=args.seam)
+        llm = LLM(args.model, device=args.device, seam=args.seam, quantization=_quantization(args.quantization))
         _load_saved_cache(llm, args.cache_dir)  # warm from an earlier run
+        if args.beam_width is not None:
+            return _beams(llm, args)
         schema = None
         if args.json_schema is not None:  # a file, or the JSON itself
             try:
@@ -656,6 +658,20 @@ def generate(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"hypic generate: {flagged(e, args) if isinstance(e, ValueError) else e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _beams(llm: object, args: argparse.Namespace) -> int:
+    """``generate --beam-width``: the beams the search keeps, best first, each with its summed
+    log-probability and how it ended."""
+    from hypic.engine.beam_search import BeamSearchParams
+
+    params = BeamSearchParams(beam_width=args.beam_width, max_tokens=args.max_tokens)
+    for _ in range(args.repeat):
+        for beam in llm.beam_search(args.prompt, params, mode=args.mode)[0].sequences:
+            print(f"{beam.cum_logprob:9.3f}  [{beam.finish_reason}] {beam.text}")
+    if args.cache_dir:
+        llm.save_cache(args.cache_dir)
     return 0
 
 
@@ -702,6 +718,10 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--grammar", help="answer with text this grammar derives (GBNF, root ::= …, or Lark, "
                        "start: …): a file or the grammar itself")
     p_gen.add_argument("--regex", help="answer with text this regular expression matches whole")
+    p_gen.add_argument("--beam-width", type=int, help="beam search: print this many beams, best first, each "
+                       "with its summed log-probability (at most 10)")
+    p_gen.add_argument("--quantization", default="auto", choices=["auto", "fp8", "none"],
+                       help="fp8: projections and experts held in 8 bits; auto: fp8 for an FP8 checkpoint on a GPU")
     p_gen.set_defaults(func=generate)
     add_bench_parser(sub)
     p_eval = sub.add_parser("eval", help="evaluations")

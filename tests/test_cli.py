@@ -121,6 +121,21 @@ def test_generate_answers_in_json_with_a_schema_inline_or_from_a_file(tmp_path, 
     assert "format 'idn-hostname' is not supported" in capsys.readouterr().err
 
 
+def test_generate_prints_the_beams_a_beam_search_keeps(capsys) -> None:
+    """``--beam-width``: the beams LLM.beam_search keeps, best first, each with its summed
+    log-probability; a width past 10 is refused by flag."""
+    from hypic import LLM, BeamSearchParams
+
+    prompt = "Profile of Mira. Mira lives in Quorvane.<<PIC_SEP>>Question: Where does Mira live?\nAnswer:"
+    assert main(["generate", "--beam-width", "3", "--max-tokens", "6", prompt]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    want = LLM().beam_search(prompt, BeamSearchParams(beam_width=3, max_tokens=6))[0].sequences
+    assert [float(line.split()[0]) for line in lines] == [round(b.cum_logprob, 3) for b in want]
+    assert all(line.endswith(b.text) for line, b in zip(lines, want, strict=True))
+    assert main(["generate", "--beam-width", "11", prompt]) == 2
+    assert "--beam-width: expected an integer in [1, 10]" in capsys.readouterr().err
+
+
 def test_generate_answers_as_a_grammar_or_a_regex_says(tmp_path, capsys) -> None:
     """``--grammar`` (a file or the text: GBNF or Lark, the text past a file name's length) and
     ``--regex``; two constraints at once are refused by flag."""
