@@ -160,3 +160,20 @@ def test_experts_whose_sizes_the_gpu_gemm_cannot_take_stay_in_the_serving_dtype(
     assert experts and all(e.gate_proj.dtype == torch.float32 for e in experts)
     assert any(isinstance(m, Fp8Linear) for m in held.model.modules())
     assert hypic_logits(held, torch.arange(3, 40)).isfinite().all()
+
+
+def test_a_fused_run_of_8_bit_and_full_precision_projections_computes_what_they_do_apart(tmp_path) -> None:
+    """Qwen3.5's GDN fuses qkv, z, b and a: in 8 bits qkv and z are one 8-bit matmul and b, a (decay
+    projections, kept in the serving dtype) another — what the four compute apart."""
+    from hypic.models.layers.gdn import GatedDeltaNet
+
+    torch.manual_seed(0)
+    ref = T.Qwen3_5ForCausalLM(T.Qwen3_5TextConfig(**TINY_BASE, **TINY_GDN, intermediate_size=256)).eval()
+    held = load_model(save_checkpoint(ref, tmp_path / "m"), device="cpu", quantization="fp8")
+    gdn = next(m for m in held.model.modules() if isinstance(m, GatedDeltaNet))
+    assert isinstance(gdn.in_proj_qkv, Fp8Linear) and not isinstance(gdn.in_proj_b, Fp8Linear)
+    ids = torch.randint(3, 512, (50,), generator=torch.Generator().manual_seed(7))
+    apart = hypic_logits(held, ids)
+    assert fuse_projections(held.model) > 0 and gdn._fused is not None
+    assert [len(sizes) for _, _, sizes in gdn._fused.parts] == [2, 2]  # [qkv, z] in 8 bits, [b, a] not
+    assert (hypic_logits(held, ids) - apart).abs().max() <= 1e-5  # one GEMM for two: fp32 rounding (6e-8)
