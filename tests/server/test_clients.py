@@ -462,11 +462,12 @@ def test_a_beam_search_whose_client_leaves_stops(http: httpx.Client, server) -> 
     from tests.server.test_openai import scrape
 
     before = scrape(http)
-    body = {"model": MODEL, "prompt": "Where does Mira live?", "max_tokens": 64, "n": 8, "use_beam_search": True,
-            "ignore_eos": True}
+    # 64 steps of 8 beams, each recomputing a long query: seconds, where the client waits 0.1 s
+    query = "Mira keeps bees on the roof and walks to the market every morning. " * 40 + "Where does Mira live?"
+    body = {"model": MODEL, "prompt": query, "max_tokens": 64, "n": 8, "use_beam_search": True, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
-                   timeout=httpx.Timeout(60, read=0.3))
+                   timeout=httpx.Timeout(60, read=0.1))
 
     def settled() -> bool:
         now = scrape(http)
