@@ -90,6 +90,7 @@ class BeamSearch:
         self.prompts, self.params, self.eos = prompts, params, eos
         self.asked = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width, ignore_eos=True)
         self._beams = [[BeamSearchSequence(_flat(p))] for p in prompts]
+        self._lengths = [len(b[0].tokens) for b in self._beams]  # each prompt's tokens
         self._done: list[list[BeamSearchSequence]] = [[] for _ in prompts]
         self._steps = 0
 
@@ -102,8 +103,7 @@ class BeamSearch:
 
     def pending(self) -> list[list[list[int]]]:
         """Every live beam of every prompt as a prompt of its own, prompt by prompt."""
-        return [_extended(self.prompts[i], b, len(_flat(self.prompts[i]))) for i, group in enumerate(self._beams)
-                for b in group]
+        return [_extended(self.prompts[i], b, self._lengths[i]) for i, group in enumerate(self._beams) for b in group]
 
     def advance(self, offered: list[dict[int, float]]) -> None:
         """One step: ``offered`` — per pending prompt, its continuations' log-probabilities."""
@@ -121,10 +121,10 @@ class BeamSearch:
     def results(self) -> list[BeamSearchOutput]:
         """Per prompt, the complete and the live beams' best ``beam_width``, best first."""
         out = []
-        for i, p in enumerate(self.prompts):
+        for i, length in enumerate(self._lengths):
             ranked = sorted(self._done[i] + self._beams[i], key=self._key, reverse=True)[:self.params.beam_width]
             for b in ranked:
-                ended = b.tokens[-1] in self.eos and not self.params.ignore_eos and len(b.tokens) > len(_flat(p))
+                ended = b.tokens[-1] in self.eos and not self.params.ignore_eos and len(b.tokens) > length
                 b.finish_reason = "stop" if ended else "length"
             out.append(BeamSearchOutput(ranked))
         return out

@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 
 from hypic.models.hybrid import HybridLM
-from hypic.models.layers.fp8 import FP8, quantize_rows
+from hypic.models.layers.fp8 import FP8, write_rows
 from hypic.models.quantized import (
     FLOAT8,
     IGNORED_SUFFIXES,
@@ -160,10 +160,8 @@ def load_weights(model: HybridLM, files: list[Path], arch_name_map: Any, device:
                                      f"the model expects {list(param.shape)}")
                 with torch.no_grad():
                     if param.dtype == FP8:  # held in 8 bits: quantized as it is read, on the device
-                        values, row_scales = quantize_rows(tensor.to(device=device, dtype=torch.float32))
-                        param.copy_(values)
                         scale_name, scale = _scale_of(params, target)
-                        scale.copy_(row_scales)
+                        write_rows(param, scale, tensor)
                         loaded.add(scale_name)
                     else:
                         param.copy_(tensor.to(device=device, dtype=param.dtype))  # fp32 where kept
@@ -202,6 +200,19 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def materialized(model: HybridLM, dtype: torch.dtype, device: torch.device, quantization: str | None) -> HybridLM:
+    """A model built on the meta device given uninitialised storage on ``device``: cast to ``dtype``
+    there first (never an fp32 copy on the device), its projections made 8-bit for ``"fp8"``, a tied
+    head tied again (``to_empty`` unties shared parameters)."""
+    model = model.cast(dtype)
+    if quantization == "fp8":
+        hold_in_fp8(model)
+    model = model.to_empty(device=device)
+    if model.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
 def load_model(path: str | Path, *, device: str | torch.device | None = None,
                dtype: torch.dtype | str | None = None, quantization: str | None = "auto") -> LoadedModel:
     """``quantization="fp8"``: the projections and experts held in 8 bits with row scales, each
@@ -230,12 +241,7 @@ def load_model(path: str | Path, *, device: str | torch.device | None = None,
         raise ValueError(f"{path / 'config.json'}: missing key {e.args[0]!r}") from None
     except TypeError as e:  # a value of the wrong type (a string for a size, ...)
         raise ValueError(f"{path / 'config.json'}: a value has the wrong type ({e})") from None
-    model = model.cast(dtype)  # on meta: never an fp32 copy on the device
-    if quantization == "fp8":
-        hold_in_fp8(model)
-    model = model.to_empty(device=device)
-    if model.tie_embeddings:  # to_empty unties shared parameters
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = materialized(model, dtype, device, quantization)
     load_weights(model, files, arch.checkpoint_name, device, dtype, fp8)
     model.eval().requires_grad_(False)
     tokenizer = None

@@ -9,13 +9,13 @@ conv) left in bf16 (``modules_to_not_convert``). Older FP8 builds (AutoFP8) have
 scheme. llm-compressor's (``quant_method: "compressed-tensors"``, format ``float-quantized``) name
 every scale ``X.weight_scale``: per channel, per tensor or per block.
 
-hypic reads such a checkpoint by turning each 8-bit weight back into the model's dtype as it is
-loaded: ``w = q · s`` element by element, ``s`` the scale of the block (row, tensor) holding it. The
-weights then serve as any other: the same kernels, the same position-independent algebra, and
-exactly the weights a bf16 checkpoint holding those products would give. Activation scales are for
-8-bit matmuls and are not needed here; they are read past. Any other ``quant_method`` (GPTQ, AWQ,
-compressed-tensors, bitsandbytes, ...) is refused by name: its integer tensors would otherwise load
-as garbage or fail far from the cause.
+hypic reads such a checkpoint by turning each 8-bit weight back into full precision as it is
+loaded: ``w = q · s`` element by element, ``s`` the scale of the block (row, tensor) holding it.
+The weights then serve as any other — exactly the weights a bf16 checkpoint holding those products
+would give — or, held in 8 bits (``quantization="fp8"``, ``hold_in_fp8``), are quantized again per
+row. Activation scales are for 8-bit matmuls and are not needed here; they are read past. Any other
+``quant_method`` (GPTQ, AWQ, bitsandbytes, ...) and compressed-tensors' integer or 4-bit formats are
+refused by name: their tensors would otherwise load as garbage or fail far from the cause.
 """
 
 from __future__ import annotations
@@ -164,24 +164,20 @@ def resolved_quantization(quantization: str | None, config: dict[str, Any], devi
     return "fp8" if scheme is not None and scheme.weights and device.type == "cuda" else None
 
 
-def hold_in_fp8(model: torch.nn.Module) -> int:
+def hold_in_fp8(model: torch.nn.Module) -> None:
     """Every projection and expert stack the caches' algebra never sees as 8-bit weights with row
     scales (``hypic.models.layers.fp8``), built on the meta device before the weights are loaded
     (the loader quantizes each tensor as it is read: the full-precision model never exists on the
-    device). Returns how many modules now hold 8-bit weights."""
+    device)."""
     from hypic.models.layers.fp8 import Fp8Linear, quantizable
     from hypic.models.layers.moe import Experts
 
-    held = 0
     for module in list(model.modules()):
         if isinstance(module, Experts):
             if module.quantizable():  # else left in the serving dtype, as a linear would be
                 module.hold_in_fp8()
-                held += 1
             continue
         for name, child in list(module.named_children()):
             if name not in KEEP_UNQUANTIZED and quantizable(child):
                 with torch.device(child.weight.device):
                     setattr(module, name, Fp8Linear(child.in_features, child.out_features))
-                held += 1
-    return held

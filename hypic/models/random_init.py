@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from hypic.models.layers.fp8 import FP8, quantize_rows
-from hypic.models.loader import LoadedModel
-from hypic.models.quantized import check_quantization, hold_in_fp8, resolved_quantization
+from hypic.models.layers.fp8 import FP8, write_rows
+from hypic.models.loader import LoadedModel, materialized
+from hypic.models.quantized import check_quantization, resolved_quantization
 from hypic.models.registry import resolve
 
 
@@ -31,12 +31,7 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):  # storage only in the target dtype: a 48 B-parameter shape in fp32 would not fit
         model = resolve(config).build(config)
-    model = model.cast(dtype)
-    if quantization == "fp8":
-        hold_in_fp8(model)
-    model = model.to_empty(device=device)  # every parameter is written below
-    if model.tie_embeddings:  # to_empty unties shared parameters
-        model.lm_head.weight = model.model.embed_tokens.weight
+    model = materialized(model, dtype, device, quantization)  # every parameter is written below
     zero_centred = {f"{n}.weight" for n, m in model.named_modules() if getattr(m, "zero_centred", False)}
     params = dict(model.named_parameters())
     for name, p in params.items():
@@ -53,10 +48,8 @@ def random_model(config: dict[str, Any], *, device: str | torch.device, dtype: t
         elif leaf.endswith("_scale"):
             continue  # written with its 8-bit weight
         elif p.dtype == FP8:
-            drawn = torch.randn(p.shape, device=device, generator=gen) / math.sqrt(p.shape[-1])
-            values, row_scales = quantize_rows(drawn)
-            p.copy_(values)
-            params[f"{name}_scale"].copy_(row_scales)
+            write_rows(p, params[f"{name}_scale"], torch.randn(p.shape, device=device, generator=gen)
+                       / math.sqrt(p.shape[-1]))
         else:
             fan_in = p.shape[-1] if p.dim() > 1 else 1
             p.copy_(torch.randn(p.shape, device=device, generator=gen) / math.sqrt(fan_in))

@@ -40,6 +40,14 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.squeeze(-1)
 
 
+def write_rows(weight: Tensor, scale: Tensor, values: Tensor) -> None:
+    """``values`` (full precision) into an 8-bit ``weight`` and its row ``scale``, quantized on the
+    weight's device."""
+    q, s = quantize_rows(values.to(device=weight.device, dtype=torch.float32))
+    weight.copy_(q)
+    scale.copy_(s)
+
+
 def fp8_linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
     """``x Wᵀ`` for ``W = diag(scale) weight`` (e4m3), in ``x``'s dtype."""
     rows = x.reshape(-1, x.shape[-1])
